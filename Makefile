@@ -1,0 +1,32 @@
+# `make demo` and `make test` set themselves up: a .venv in the repo root with the project installed.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup test demo lint bench clean
+
+setup: $(STAMP)
+
+# Re-installs only when pyproject.toml changes. torch is pinned exactly to the local CPU wheel.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(VENV)/bin/rlhf demo
+
+lint: setup
+	$(VENV)/bin/ruff check rlhf tests bench examples
+	$(VENV)/bin/ruff format --check rlhf tests bench examples
+
+bench: setup
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

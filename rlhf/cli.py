@@ -1,37 +1,230 @@
-"""The `rlhf` command. Each stage lives in its own module; this file only parses and dispatches."""
+"""The `rlhf` command. Each stage lives in its own module; this file only parses and dispatches.
+
+    rlhf sft   --model MODEL_DIR --data sft.jsonl --out runs/sft
+    rlhf rm    --model runs/sft --data pairs.jsonl --out runs/rm
+    rlhf train --preset ppo_max --policy runs/sft --reward-model runs/rm --prompts prompts.jsonl --out runs/ppo
+    rlhf train --resume runs/ppo
+    rlhf eval  --policy runs/ppo --baseline runs/sft --judge runs/rm --prompts test.jsonl
+
+Every stage also takes `--config FILE.yaml` and dotted overrides of any config field
+(`--train.iterations 20`, `--kl.beta 0.05`, `--seed 1`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 STAGES = {
-    "demo": "run the whole pipeline on the built-in world and write a report (not built yet)",
-    "sft": "supervised fine-tuning of a causal LM (not built yet)",
-    "rm": "train a reward model on preference pairs (not built yet)",
-    "train": "policy optimization: PPO, PPO-max, APA, AWR (not built yet)",
-    "eval": "reward and win rate of one policy against another (not built yet)",
-    "data": "inspect and validate datasets: `rlhf data check FILE` (not built yet)",
-    "report": "render report.html from run directories (not built yet)",
+    "demo": "run the whole pipeline on the built-in world and write report.html",
+    "sft": "supervised fine-tuning of a causal LM on prompt/response data",
+    "rm": "train a reward model on preference pairs (ranking + LM loss)",
+    "train": "policy optimization against a reward model: PPO, PPO-max, APA, AWR",
+    "eval": "mean reward and win rate of one policy against another on held-out prompts",
+    "data": "inspect and validate datasets: `rlhf data check FILE`",
+    "report": "render report.html from a demo output directory",
 }
+
+EPILOG = """examples:
+  rlhf sft   --model MODEL_DIR --data sft.jsonl --out runs/sft
+  rlhf rm    --model runs/sft --data pairs.jsonl --out runs/rm
+  rlhf train --preset ppo_max --policy runs/sft --reward-model runs/rm --prompts prompts.jsonl --out runs/ppo
+  rlhf train --resume runs/ppo
+  rlhf eval  --policy runs/ppo --baseline runs/sft --judge runs/rm --prompts test.jsonl
+Any config field can be overridden: --train.iterations 20 --kl.beta 0.05 --seed 1"""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlhf", description="RLHF: SFT, reward model, PPO-max, APA, AWR.")
+    parser = argparse.ArgumentParser(
+        prog="rlhf",
+        description="RLHF end to end: SFT, reward model, PPO / PPO-max / APA / AWR, evaluation.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
-    for name, help_text in STAGES.items():
-        sub.add_parser(name, help=help_text)
+
+    demo = sub.add_parser("demo", help=STAGES["demo"], description=STAGES["demo"])
+    demo.add_argument("--out", default="runs/demo", help="output directory (report.html, summary.json)")
+    demo.add_argument("--compare", action="store_true", help="run vanilla PPO, PPO-max, APA and AWR side by side")
+    demo.add_argument("--seeds", type=int, default=1, help="seeds per algorithm")
+    demo.add_argument("--config", help="YAML file of demo settings")
+
+    sft = sub.add_parser("sft", help=STAGES["sft"], description=STAGES["sft"])
+    sft.add_argument("--model", help="base model directory (save_pretrained), hub id, or GGUF directory")
+    sft.add_argument("--data", help="SFT data file (.jsonl/.json/.parquet)")
+    sft.add_argument("--out", help="run directory")
+    sft.add_argument("--config", help="YAML config file")
+
+    rm = sub.add_parser("rm", help=STAGES["rm"], description=STAGES["rm"])
+    rm.add_argument("--model", help="initialization, usually the SFT run directory")
+    rm.add_argument("--data", help="preference pairs (prompt/chosen/rejected, HH-RLHF, chat messages)")
+    rm.add_argument("--out", help="run directory")
+    rm.add_argument("--config", help="YAML config file")
+
+    train = sub.add_parser("train", help=STAGES["train"], description=STAGES["train"])
+    train.add_argument("--preset", help="vanilla_ppo | ppo_max | apa | awr")
+    train.add_argument("--policy", help="SFT model directory (also the frozen reference)")
+    train.add_argument("--reward-model", help="reward-model directory")
+    train.add_argument("--prompts", help="prompts file")
+    train.add_argument("--out", help="run directory")
+    train.add_argument("--config", help="YAML config file")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+
+    ev = sub.add_parser("eval", help=STAGES["eval"], description=STAGES["eval"])
+    ev.add_argument("--policy", required=True, help="policy directory to evaluate")
+    ev.add_argument("--baseline", required=True, help="policy directory to compare against")
+    ev.add_argument("--judge", required=True, help="reward-model directory (or 'world:DIR' for a built-in world's gold reward)")
+    ev.add_argument("--prompts", required=True, help="held-out prompts file")
+    ev.add_argument("--out", help="write eval.json here (default: beside the policy)")
+    ev.add_argument("--n", type=int, default=256, help="prompts to evaluate (the first N)")
+    ev.add_argument("--max-new-tokens", type=int, default=64)
+    ev.add_argument("--temperature", type=float, default=1.0)
+    ev.add_argument("--top-p", type=float, default=1.0)
+    ev.add_argument("--seed", type=int, default=0)
+
+    data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
+    data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
+    check = data_sub.add_parser("check", help="validate a dataset file and print its statistics")
+    from rlhf.data.check import add_check_arguments
+
+    add_check_arguments(check)
+
+    report = sub.add_parser("report", help=STAGES["report"], description=STAGES["report"])
+    report.add_argument("directory", help="a demo output directory (holds summary.json and runs/)")
     return parser
 
 
+def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
+    from rlhf.config import deep_merge, parse_overrides
+
+    overrides = parse_overrides(rest)
+    for dotted, value in named.items():
+        if value is None:
+            continue
+        node: dict = {}
+        top = node
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+        overrides = deep_merge(top, overrides)  # explicit dotted flags win over named ones
+    return overrides
+
+
+def run_sft_command(args, rest) -> int:
+    from rlhf.config import SFTConfig, load_config
+    from rlhf.train.sft import run_sft
+
+    config = load_config(
+        SFTConfig, file=args.config, overrides=_overrides(rest, {"model": args.model, "data.path": args.data, "out": args.out})
+    )
+    _require(config.model, "--model"), _require(config.data.path, "--data")
+    run_sft(config)
+    return 0
+
+
+def run_rm_command(args, rest) -> int:
+    from rlhf.config import RewardConfig, load_config
+    from rlhf.train.reward_model import run_reward_training
+
+    config = load_config(
+        RewardConfig,
+        file=args.config,
+        overrides=_overrides(rest, {"model": args.model, "data.path": args.data, "out": args.out}),
+    )
+    _require(config.model, "--model"), _require(config.data.path, "--data")
+    run_reward_training(config)
+    return 0
+
+
+def run_train_command(args, rest) -> int:
+    from rlhf.config import RLConfig, config_from_yaml, load_config
+    from rlhf.train.pipeline import run_rl
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").exists():
+            raise SystemExit(f"rlhf train --resume: {run_dir}/config.yaml not found. Fix: pass a run directory.")
+        config = config_from_yaml(RLConfig, run_dir / "config.yaml")
+        if rest:
+            from rlhf.config import deep_merge, from_dict, parse_overrides, to_dict
+
+            config = from_dict(RLConfig, deep_merge(to_dict(config), parse_overrides(rest)), origin="command line")
+        run_rl(config, resume=True)
+        return 0
+    named = {
+        "model.policy": args.policy,
+        "model.reward_model": args.reward_model,
+        "data.prompts": args.prompts,
+        "out": args.out,
+    }
+    config = load_config(RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named))
+    _require(config.model.policy, "--policy"), _require(config.model.reward_model, "--reward-model")
+    _require(config.data.prompts, "--prompts")
+    run_rl(config)
+    return 0
+
+
+def run_eval_command(args, rest) -> int:
+    from rlhf.train.pipeline import run_eval
+
+    if rest:
+        raise SystemExit(f"rlhf eval: unexpected arguments {rest}. Fix: see `rlhf eval --help`.")
+    run_eval(args)
+    return 0
+
+
+def run_demo_command(args, rest) -> int:
+    from rlhf.demo import run_demo
+
+    return run_demo(out=args.out, compare=args.compare, seeds=args.seeds, config_file=args.config, overrides=rest)
+
+
+def run_report_command(args, rest) -> int:
+    from rlhf.demo import rebuild_report
+
+    return rebuild_report(args.directory)
+
+
+def _require(value, flag: str) -> None:
+    if not value:
+        raise SystemExit(f"missing {flag}. Fix: pass {flag} (or set it in --config).")
+
+
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
-    args, _ = parser.parse_known_args(argv)
+    args, rest = parser.parse_known_args(argv)
     if args.stage is None:
         parser.print_help()
         return 0
-    print(f"rlhf {args.stage}: not built yet", file=sys.stderr)
-    return 2
+    from rlhf.config import ConfigError
+    from rlhf.data.errors import DataError
+    from rlhf.models.loading import ModelLoadingError
+
+    try:
+        if args.stage == "data":
+            if args.data_command != "check":
+                parser.parse_args(["data", "--help"])
+            if rest:
+                raise SystemExit(f"rlhf data check: unexpected arguments {rest}.")
+            from rlhf.data.check import run_check
+
+            return run_check(args)
+        handler = {
+            "sft": run_sft_command,
+            "rm": run_rm_command,
+            "train": run_train_command,
+            "eval": run_eval_command,
+            "demo": run_demo_command,
+            "report": run_report_command,
+        }[args.stage]
+        return handler(args, rest)
+    except (ConfigError, DataError, ModelLoadingError) as err:
+        print(f"rlhf {args.stage}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

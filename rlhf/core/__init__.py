@@ -1,0 +1,61 @@
+"""Pure tensor math of RLHF: no models, no I/O (DESIGN.md "The core API"; formulas in ALGORITHMS.md).
+
+Tensors are ``[B, T]`` over response tokens, right-padded, with a 0/1 `mask` of the same shape.
+Means are token means over the whole batch. No function reads values at masked positions, and a
+fully masked input gives zeros, never NaN.
+"""
+
+from rlhf.core.advantages import gae
+from rlhf.core.entropy import entropy_from_logits
+from rlhf.core.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_estimate
+from rlhf.core.losses import (
+    POLICY_LOSSES,
+    apa_loss,
+    awr_loss,
+    micro_batch_weight,
+    policy_loss,
+    ppo_loss,
+    register_policy_loss,
+    token_weighted_accumulate,
+    value_loss,
+)
+from rlhf.core.rewards import ScoreProcessor, token_rewards, whiten_advantages
+from rlhf.core.stats import (
+    RunningMoments,
+    explained_variance,
+    masked_max,
+    masked_mean,
+    masked_min,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+
+__all__ = [
+    "KL_KINDS",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "RunningMoments",
+    "ScoreProcessor",
+    "apa_loss",
+    "awr_loss",
+    "entropy_from_logits",
+    "explained_variance",
+    "gae",
+    "kl_estimate",
+    "masked_max",
+    "masked_mean",
+    "masked_min",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "micro_batch_weight",
+    "policy_loss",
+    "ppo_loss",
+    "register_policy_loss",
+    "token_rewards",
+    "token_weighted_accumulate",
+    "value_loss",
+    "whiten_advantages",
+]

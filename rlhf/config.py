@@ -1,0 +1,475 @@
+"""Configuration: one dataclass per stage, YAML presets, dotted command-line overrides.
+
+Layering (later wins): dataclass defaults < preset YAML < user YAML (`--config`) < `--a.b value` flags.
+Unknown keys are errors that name the key, where it came from and the nearest valid key.
+Every PPO trick of the PPO paper (sec. 5.3) is its own field, independent of the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration mistake (bad key, bad value, bad file)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared groups
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class LoraConfig:
+    enabled: bool = False  # train LoRA adapters instead of all weights (PEFT)
+    r: int = 8  # adapter rank
+    alpha: int = 16  # adapter scaling numerator
+    dropout: float = 0.0  # adapter dropout (keep 0 for an exact first PPO ratio)
+    target_modules: list[str] | None = None  # None: every linear layer of attention and MLP
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5  # peak learning rate (AdamW)
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas (PPO paper, OpenRLHF)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    warmup_steps: int = 0  # linear warmup steps from 0 to lr
+    schedule: str = "constant"  # "constant" | "cosine" | "linear" decay after warmup
+    min_lr_ratio: float = 0.0  # floor of the cosine/linear decay, as a fraction of lr
+    max_grad_norm: float | None = 1.0  # global gradient-norm clipping (PPO paper sec. 5.3.3); None: off
+
+
+# ---------------------------------------------------------------------------------------------
+# SFT
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class SFTDataConfig:
+    path: str = ""  # SFT data: prompt/response, prompt/completion or chat messages (.jsonl/.json/.parquet)
+    format: str = "auto"  # "auto" | "sft" | "messages"
+    test_fraction: float = 0.05  # held out for evaluation loss and perplexity
+    max_prompt_tokens: int = 256  # longer prompts drop their oldest turns, then left-truncate
+    max_response_tokens: int = 256  # longer responses right-truncate (EOS kept)
+    skip_invalid: bool = False  # skip malformed lines (counted) instead of stopping
+
+
+@dataclass
+class SFTTrainConfig:
+    epochs: float = 1.0  # passes over the training data (fractional allowed)
+    max_steps: int | None = None  # stop after this many optimizer steps (overrides epochs)
+    batch_size: int = 16  # examples per optimizer step
+    micro_batch_size: int = 8  # examples per forward/backward (gradient accumulation)
+    eval_every: int = 100  # evaluate every N steps (and at the end)
+    log_every: int = 10  # write metrics every N steps
+
+
+@dataclass
+class SFTConfig:
+    model: str = ""  # base model: a save_pretrained directory, a hub id (online) or a GGUF directory
+    gguf_file: str | None = None  # GGUF file name inside `model` (loads through transformers)
+    out: str = "runs/sft"  # run directory
+    seed: int = 0  # seed of data order and initialization
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5, warmup_steps=10, schedule="cosine"))
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    sinks: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + "tensorboard", "wandb"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward model
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RewardDataConfig:
+    path: str = ""  # preference pairs: prompt/chosen/rejected, HH-RLHF dialogues, or chat messages
+    format: str = "auto"  # "auto" | "pairs" | "hh" | "messages"
+    test_fraction: float = 0.05  # held out for accuracy and margins
+    max_prompt_tokens: int = 256  # prompt budget (oldest turns dropped first)
+    max_response_tokens: int = 256  # response budget
+    skip_invalid: bool = False  # skip malformed lines (counted) instead of stopping
+
+
+@dataclass
+class RewardTrainConfig:
+    epochs: float = 1.0  # passes over the pairs (PPO paper: about one)
+    max_steps: int | None = None  # stop after this many optimizer steps
+    batching: str = "pairs"  # "pairs": fixed pairs per step | "tokens": about max_tokens per step (PPO paper sec. 4)
+    batch_size: int = 16  # pairs per step when batching == "pairs"
+    max_tokens: int = 8192  # tokens per step when batching == "tokens"
+    micro_batch_size: int = 8  # pairs per forward/backward
+    lm_coef: float = 1.0  # beta_rm: weight of the LM imitation loss on the chosen response (paper 1, its code 0)
+    eval_every: int = 100  # evaluate on the held-out pairs every N steps; the best checkpoint is kept
+    log_every: int = 10  # write metrics every N steps
+
+
+@dataclass
+class RewardConfig:
+    model: str = ""  # initialization: usually the SFT run directory
+    gguf_file: str | None = None  # GGUF file name inside `model`
+    out: str = "runs/rm"  # run directory; the best checkpoint (by held-out accuracy) lands in it
+    seed: int = 0  # seed of data order and head initialization
+    data: RewardDataConfig = field(default_factory=RewardDataConfig)
+    train: RewardTrainConfig = field(default_factory=RewardTrainConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-6, warmup_steps=10, schedule="cosine"))
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    sinks: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+
+
+# ---------------------------------------------------------------------------------------------
+# RL (PPO, PPO-max, APA, AWR)
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RLModelConfig:
+    policy: str = ""  # the SFT model directory (also the frozen reference)
+    gguf_file: str | None = None  # GGUF file name inside `policy`
+    reward_model: str = ""  # reward-model directory (ScalarHeadModel)
+    critic_init: str = "reward_model"  # "reward_model" (PPO paper sec. 5.3.4) | "policy" (SFT trunk, fresh head)
+    critic_mode: str = "separate"  # "separate" critic network | "shared": value head on the policy trunk
+    value_coef: float = 0.5  # weight of the value loss when critic_mode == "shared"
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA policy; the reference is the adapter disabled
+
+
+@dataclass
+class RLDataConfig:
+    prompts: str = ""  # prompts file (any format with a prompt); preference/SFT files work too
+    format: str = "auto"  # "auto" | "prompt" | "sft" | "pairs" | "hh" | "messages"
+    max_prompt_tokens: int = 256  # prompt budget (oldest turns dropped first, then left-truncated)
+    ptx: str | None = None  # SFT data for the PPO-ptx loss (InstructGPT); None: no ptx loss
+    ptx_batch_size: int = 8  # SFT examples per ptx step
+    skip_invalid: bool = False  # skip malformed lines (counted) instead of stopping
+
+
+@dataclass
+class RolloutConfig:
+    batch_size: int = 64  # prompts sampled per iteration
+    max_new_tokens: int = 64  # response budget; responses without EOS are "truncated"
+    temperature: float = 1.0  # sampling temperature (log-probs use the same temperature)
+    top_p: float = 1.0  # nucleus sampling (PPO paper: 0.9)
+    top_k: int = 0  # top-k sampling; 0: off
+    repetition_penalty: float = 1.0  # CTRL-style penalty (PPO paper: 1.1); 1.0: off
+    truncated: str = "keep"  # responses that hit max_new_tokens: "keep" | "penalize" | "drop"
+    truncation_penalty: float = -1.0  # score given to truncated responses when truncated == "penalize"
+
+
+@dataclass
+class RewardProcessingConfig:
+    scale: bool = False  # reward scaling: divide by the running std (PPO paper sec. 5.3.1)
+    normalize: bool = False  # reward normalization: subtract running mean, divide by running std
+    clip: float | None = None  # reward clipping to [-clip, clip] after scaling/normalization
+    discounted: bool = False  # scaling uses the std of discounted returns (Engstrom et al.); needs scale
+    discount_gamma: float = 0.99  # discount of the running return when discounted is on (< 1)
+
+
+@dataclass
+class KLConfig:
+    beta: float = 0.05  # token-level KL penalty coefficient in the reward (PPO paper 0.05); 0: off
+    estimator: str = "k1"  # "k1" | "k2" | "k3" (ALGORITHMS.md sec. 3)
+    adaptive: bool = False  # Ziegler et al. adaptive controller instead of a fixed beta
+    target: float = 6.0  # adaptive target of the summed per-response KL
+    horizon: int = 10000  # adaptive controller horizon, in samples
+
+
+@dataclass
+class AdvantageConfig:
+    gamma: float = 1.0  # discount
+    lam: float = 0.95  # GAE lambda
+    whiten: bool = True  # advantage normalization per minibatch (PPO paper sec. 5.3.1)
+    clip: float | None = None  # clip whitened advantages to [-clip, clip] (paper tries 0.12, 0.5, 0.8)
+
+
+@dataclass
+class PolicyLossConfig:
+    loss: str = "ppo"  # "ppo" | "apa" | "awr" (a registry in rlhf.core)
+    clip_eps: float = 0.2  # PPO ratio clip
+    dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None: off
+    ratio_against: str = "old"  # importance-sampling denominator: "old" (behaviour) | "ref" (PPO paper 5.3.2)
+    apa_lam: float = 0.1  # APA lambda (= 1/c_sq of the APA code, which uses c_sq = 10)
+    awr_lam: float = 2.0  # AWR temperature (the APA code's c_log = 1/lam = 0.5)
+    awr_max_weight: float | None = 20.0  # AWR weight clip; None: off
+    entropy_coef: float = 0.0  # entropy bonus (PPO paper sec. 5.3.2: sensitive, off by default)
+    ptx_coef: float = 0.0  # PPO-ptx: weight of the SFT loss on data.ptx (needs data.ptx)
+
+
+@dataclass
+class CriticConfig:
+    value_clip: float | None = 0.2  # clipped value loss (ALGORITHMS.md sec. 7); None: unclipped
+    pretrain_iterations: int = 0  # value-only iterations before policy updates (PPO paper sec. 5.3.4)
+    pretrain_patience: int = 3  # stop pre-training after this many iterations without improvement
+    pretrain_min_delta: float = 0.01  # relative value-loss improvement that counts
+
+
+@dataclass
+class RLTrainConfig:
+    iterations: int = 100  # rollout + update cycles
+    ppo_epochs: int = 1  # passes over each rollout batch (PPO paper 1, APA paper 2)
+    minibatches: int = 1  # optimizer steps per epoch (the rollout batch is split into this many)
+    micro_batch_size: int = 16  # rows per forward/backward (token-weighted gradient accumulation)
+    buffer_size: int = 1  # rollout batches kept and reused (experience buffer, PPO paper sec. 5.3.2)
+
+
+@dataclass
+class CollapseConfig:
+    kl_rise: float | None = 3.0  # KL to the reference reaches this multiple of its early baseline
+    kl_floor: float = 0.5  # the KL baseline counts as at least this (nats per response)
+    ppl_drop: float | None = 0.25  # policy perplexity on its own responses falls by this fraction
+    length_drift: float | None = 0.3  # mean response length moves (up or down) by this fraction
+    window: int = 5  # iterations in the rolling median of each signal
+    baseline_steps: int = 5  # first iterations whose median is the baseline
+    patience: int = 3  # consecutive iterations the whole signature must hold before a warning
+
+
+@dataclass
+class LogConfig:
+    every: int = 1  # write metrics every N iterations
+    sinks: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + "tensorboard", "wandb"
+    stop_on_collapse: bool = False  # stop the run when the collapse detector fires
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)  # PPO paper sec. 5.2 signature
+    eval_every: int = 0  # evaluate on held-out prompts every N iterations; 0: off
+    samples_to_log: int = 4  # responses kept per evaluation in samples.jsonl
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # save a resumable checkpoint every N iterations (and at the end); 0: end only
+    keep: int = 2  # checkpoints kept (older ones removed)
+
+
+@dataclass
+class RLConfig:
+    out: str = "runs/rl"  # run directory
+    seed: int = 0  # seed of sampling, shuffling and head initialization
+    preset: str | None = None  # the preset this config started from (informational)
+    model: RLModelConfig = field(default_factory=RLModelConfig)
+    data: RLDataConfig = field(default_factory=RLDataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardProcessingConfig = field(default_factory=RewardProcessingConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    train: RLTrainConfig = field(default_factory=RLTrainConfig)
+    policy_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
+    critic_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-6))
+    log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+PRESETS = ("vanilla_ppo", "ppo_max", "apa", "awr")
+
+CHOICES = {
+    "kl.estimator": ("k1", "k2", "k3"),
+    "policy.loss": ("ppo", "apa", "awr"),
+    "policy.ratio_against": ("old", "ref"),
+    "model.critic_init": ("reward_model", "policy"),
+    "model.critic_mode": ("separate", "shared"),
+    "rollout.truncated": ("keep", "penalize", "drop"),
+    "optim.schedule": ("constant", "cosine", "linear"),
+    "train.batching": ("pairs", "tokens"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Building, validating, layering
+# ---------------------------------------------------------------------------------------------
+def preset_dict(name: str) -> dict:
+    """The YAML mapping of a shipped preset."""
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"unknown preset {name!r}. Fix: use one of {', '.join(PRESETS)}.")
+    return _read_yaml(path)
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found. Fix: check the path.") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}.")
+    return data
+
+
+def parse_overrides(args: list[str]) -> dict:
+    """`["--kl.beta", "0.05", "--train.iterations=20"]` -> nested dict; values parsed as YAML scalars."""
+    out: dict = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}. Fix: overrides look like --group.key value.")
+        key = arg[2:]
+        if "=" in key:
+            key, raw = key.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"--{key} needs a value. Fix: --{key} VALUE.")
+            raw = args[i + 1]
+            i += 2
+        key = key.replace("-", "_")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str) and raw.strip() == "":
+            value = ""
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--{key}: {part} is set both as a value and as a group.")
+        node[parts[-1]] = value
+    return out
+
+
+def deep_merge(base: dict, top: dict) -> dict:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def from_dict(cls: type, data: dict, *, origin: str = "config", prefix: str = ""):
+    """Build dataclass `cls` from a nested dict, checking keys and types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: {prefix or 'the config'} must be a mapping, got {data!r}.")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(_unknown_key_message(cls, key, dotted, origin, prefix))
+        kwargs[key] = _coerce(hints[key], value, dotted, origin)
+    return cls(**kwargs)
+
+
+def _unknown_key_message(cls: type, key: str, dotted: str, origin: str, prefix: str) -> str:
+    valid = [f"{prefix}{f.name}" for f in dataclasses.fields(cls)]
+    everywhere = _all_keys(cls, prefix)
+    close = difflib.get_close_matches(dotted, everywhere, n=1, cutoff=0.5) or difflib.get_close_matches(
+        key, [k.rsplit(".", 1)[-1] for k in everywhere], n=1, cutoff=0.5
+    )
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"{origin}: unknown key {dotted!r}.{hint} Valid keys here: {', '.join(valid)}."
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        keys.append(prefix + f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys.extend(_all_keys(hints[f.name], f"{prefix}{f.name}."))
+    return keys
+
+
+def _coerce(tp: Any, value: Any, key: str, origin: str):
+    def bad(expected: str):
+        return ConfigError(f"{origin}: {key} must be {expected}, got {value!r}.")
+
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, origin=origin, prefix=f"{key}.")
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, key, origin)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad("a string")
+        choices = next((c for k, c in CHOICES.items() if key == k or key.endswith(("." + k, "_" + k))), None)
+        if choices and value not in choices:
+            raise bad("one of " + ", ".join(repr(c) for c in choices))
+        return value
+    if typing.get_origin(tp) is list:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list):
+            raise bad("a list")
+        return [_coerce(args[0], v, key, origin) for v in value]
+    if typing.get_origin(tp) is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise bad(f"a list of {len(args)} numbers")
+        return tuple(_coerce(a, v, key, origin) for a, v in zip(args, value))
+    return value
+
+
+def to_dict(config) -> dict:
+    def plain(v):
+        if isinstance(v, tuple):
+            return list(v)
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(dataclasses.asdict(config))
+
+
+def load_config(cls: type, *, preset: str | None = None, file: str | None = None, overrides: dict | None = None):
+    """defaults < preset < file < overrides, validated into `cls`."""
+    merged: dict = {}
+    if preset:
+        merged = deep_merge(merged, preset_dict(preset))
+        merged["preset"] = preset
+    if file:
+        file_data = _read_yaml(Path(file))
+        from_dict(cls, deep_merge(to_dict(cls()), file_data), origin=str(file))  # name the file on errors
+        merged = deep_merge(merged, file_data)
+    if overrides:
+        from_dict(cls, deep_merge(to_dict(cls()), overrides), origin="command line")
+        merged = deep_merge(merged, overrides)
+    config = from_dict(cls, merged, origin=f"preset {preset}" if preset else "config")
+    validate(config)
+    return config
+
+
+def validate(config) -> None:
+    """Cross-field checks with the fix in the message."""
+    if isinstance(config, RLConfig):
+        if config.train.buffer_size < 1:
+            raise ConfigError("train.buffer_size must be >= 1 (rollout batches kept).")
+        if config.rollout.batch_size < config.train.minibatches:
+            raise ConfigError("train.minibatches must not exceed rollout.batch_size.")
+        if config.kl.adaptive and config.kl.beta <= 0:
+            raise ConfigError("kl.adaptive needs kl.beta > 0 as its initial value.")
+        if config.policy.dual_clip is not None and config.policy.dual_clip <= 1:
+            raise ConfigError("policy.dual_clip must be > 1 (or null to turn it off).")
+        if config.rollout.temperature <= 0:
+            raise ConfigError("rollout.temperature must be > 0.")
+
+
+def save_config(config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def config_from_yaml(cls: type, path: str | Path):
+    return from_dict(cls, _read_yaml(Path(path)), origin=str(path))

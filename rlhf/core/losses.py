@@ -1,0 +1,320 @@
+"""Policy losses (a registry: ppo, apa, awr), the value loss, and micro-batch gradient accumulation.
+
+Every loss is a token mean over the whole batch it is given (ALGORITHMS.md sections 6 and 7) and
+returns ``(loss, stats)``; stats are detached 0-d tensors (call ``float()`` to log them). Values at
+masked positions are never read: they change neither the loss nor its gradient.
+
+Gradient accumulation over micro-batches
+----------------------------------------
+A minibatch of N valid tokens split into micro-batches of n_i tokens has the token-mean loss
+``S / N = sum_i (n_i / N) * (S_i / n_i)``. So the trainer does::
+
+    total = int(minibatch.mask.sum())                       # tokens of the whole minibatch
+    for micro in minibatch.split(micro_batch_size):
+        loss, stats = policy_loss("ppo", ..., micro.mask)   # token mean over the micro-batch
+        (loss * micro_batch_weight(micro.mask, total)).backward()
+    optimizer.step()
+
+and gets exactly the gradient of the whole minibatch, however unequal the token counts (a plain
+average of micro-batch means would over-weight short micro-batches). Data-parallel ranks do the
+same with ``total`` summed over ranks and the gradients summed (not averaged) across ranks.
+``token_weighted_accumulate`` combines per-micro-batch token means (losses or stats such as the clip
+fraction) into the minibatch token mean for logging. Quantities that are not token means must be
+computed on the whole minibatch before splitting: advantage whitening (``whiten_advantages``),
+explained variance; maxima combine with ``max``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from rlhf.core._masks import as_bool_mask, check_same_shape, fill_masked
+from rlhf.core.kl import kl_estimate
+from rlhf.core.stats import explained_variance, masked_max, masked_mean, masked_min
+
+LossOutput = tuple[Tensor, dict[str, Tensor]]
+
+# exp() of a log-ratio beyond +-20 (a ratio above 4.9e8) is a blown-up policy; clamping keeps the
+# loss finite (0 * inf would be NaN) and only zeroes gradients in that already-broken regime.
+MAX_LOG_RATIO = 20.0
+
+
+class PolicyLossFn(Protocol):
+    def __call__(
+        self,
+        logp: Tensor,
+        old_logp: Tensor | None,
+        ref_logp: Tensor | None,
+        advantages: Tensor,
+        mask: Tensor,
+        **params: object,
+    ) -> LossOutput: ...
+
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+
+
+def register_policy_loss(name: str, *, replace: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator adding a policy loss to the registry under `name` (``policy_loss(name, ...)``).
+
+    The function takes ``(logp, old_logp, ref_logp, advantages, mask, **params)`` with keyword
+    parameters that have defaults, and returns ``(loss, stats)``.
+    """
+
+    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSSES and not replace:
+            raise ValueError(f"a policy loss named {name!r} is already registered; pass replace=True")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return decorator
+
+
+def policy_loss(
+    name: str,
+    logp: Tensor,
+    old_logp: Tensor | None,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    **params: object,
+) -> LossOutput:
+    """Policy loss `name` from the registry ("ppo", "apa", "awr", or one added with the decorator)."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}: choose one of {', '.join(sorted(POLICY_LOSSES))}")
+    fn = POLICY_LOSSES[name]
+    signature_params = list(inspect.signature(fn).parameters.values())
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature_params)
+    accepted = [p.name for p in signature_params[5:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown and not takes_any:
+        raise ValueError(
+            f"policy loss {name!r} got unknown parameter(s) {unknown}; it accepts {accepted or 'none'}"
+        )
+    return fn(logp, old_logp, ref_logp, advantages, mask, **params)
+
+
+def _require(tensor: Tensor | None, name: str, loss: str, why: str) -> Tensor:
+    if tensor is None:
+        raise ValueError(f"policy loss {loss!r} needs {name} ({why}), got None")
+    return tensor
+
+
+def _approx_kl_old_new(old_logp: Tensor | None, logp: Tensor, valid: Tensor) -> dict[str, Tensor]:
+    """k3 estimate of KL(old || new) on the behaviour policy's samples (a drift monitor)."""
+    if old_logp is None:
+        return {}
+    return {"approx_kl": masked_mean(kl_estimate(old_logp, logp, "k3", valid), valid)}
+
+
+@register_policy_loss("ppo")
+def ppo_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    dual_clip: float | None = None,
+    ratio_against: str = "old",
+) -> LossOutput:
+    """PPO clipped surrogate ``mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))``.
+
+    dual_clip: c > 1 caps the loss of tokens with A < 0 at ``-c * A`` (Ye et al. 2020, dual-clip PPO).
+    ratio_against: the importance-sampling denominator, "old" (behaviour policy, the default) or
+        "ref" (the reference policy: PPO paper sec. 5.3.2, "infinite experience buffer").
+    Stats: clip_fraction, dual_clip_fraction, approx_kl (k3, old vs new), ratio_mean/min/max.
+    """
+    if ratio_against not in ("old", "ref"):
+        raise ValueError(f"ppo ratio_against must be 'old' or 'ref', got {ratio_against!r}")
+    if not clip_eps > 0:
+        raise ValueError(f"ppo clip_eps must be > 0, got {clip_eps}")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"ppo dual_clip must be > 1 or None (off), got {dual_clip}")
+    denominator = (
+        _require(old_logp, "old_logp", "ppo", "ratio_against='old'")
+        if ratio_against == "old"
+        else _require(ref_logp, "ref_logp", "ppo", "ratio_against='ref'")
+    )
+    check_same_shape(logp, "logp", old_logp=old_logp, ref_logp=ref_logp, advantages=advantages)
+    valid = as_bool_mask(mask, logp, name="logp")
+    logp, adv = fill_masked(logp, valid), fill_masked(advantages, valid)
+    log_ratio = (logp - fill_masked(denominator, valid)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = log_ratio.exp()
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    per_token = torch.maximum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(valid)
+    if dual_clip is not None:
+        cap = -dual_clip * adv
+        dual_clipped = (adv < 0) & (per_token > cap)
+        per_token = torch.where(dual_clipped, cap, per_token)
+    loss = masked_mean(per_token, valid)
+    with torch.no_grad():
+        stats = {
+            "clip_fraction": masked_mean((clipped > unclipped).float(), valid),
+            "dual_clip_fraction": masked_mean(dual_clipped.float(), valid),
+            "ratio_mean": masked_mean(ratio, valid),
+            "ratio_min": masked_min(ratio, valid),
+            "ratio_max": masked_max(ratio, valid),
+            **_approx_kl_old_new(old_logp, logp, valid),
+        }
+    return loss, stats
+
+
+@register_policy_loss("apa")
+def apa_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    lam: float = 0.1,
+) -> LossOutput:
+    """APA (APA paper eq. 9): ``mean((logp - ref_logp - A / lam)^2)``; lam = 1/c_sq, code c_sq = 10.
+
+    Uses the reference (initial) policy, not the behaviour policy, and no importance ratio.
+    Stats: log_ratio_ref_mean (mean logp - ref_logp), target_mean (mean A/lam), residual_abs_mean,
+    approx_kl (k3, old vs new, when old_logp is given).
+    """
+    if not lam > 0:
+        raise ValueError(f"apa lam must be > 0, got {lam}")
+    ref_logp = _require(ref_logp, "ref_logp", "apa", "the loss is anchored on the reference policy")
+    check_same_shape(logp, "logp", old_logp=old_logp, ref_logp=ref_logp, advantages=advantages)
+    valid = as_bool_mask(mask, logp, name="logp")
+    logp, ref_logp = fill_masked(logp, valid), fill_masked(ref_logp, valid)
+    target = fill_masked(advantages, valid) / lam
+    residual = logp - ref_logp - target
+    loss = masked_mean(residual.square(), valid)
+    with torch.no_grad():
+        stats = {
+            "log_ratio_ref_mean": masked_mean(logp - ref_logp, valid),
+            "target_mean": masked_mean(target, valid),
+            "residual_abs_mean": masked_mean(residual.abs(), valid),
+            **_approx_kl_old_new(old_logp, logp, valid),
+        }
+    return loss, stats
+
+
+@register_policy_loss("awr")
+def awr_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    lam: float = 2.0,
+    max_weight: float | None = None,
+) -> LossOutput:
+    """AWR (APA paper eq. 6): ``-mean(min(exp(A / lam), max_weight) * logp)``, weights detached.
+
+    lam = 1/c_log (reference code c_log = 0.5 for HH: lam 2). exp weights explode for large A:
+    `max_weight` caps them. Stats: weight_mean, weight_max, weight_clip_fraction (tokens whose
+    weight was capped), approx_kl (k3, old vs new, when old_logp is given).
+    """
+    if not lam > 0:
+        raise ValueError(f"awr lam must be > 0, got {lam}")
+    if max_weight is not None and not max_weight > 0:
+        raise ValueError(f"awr max_weight must be > 0 or None (off), got {max_weight}")
+    check_same_shape(logp, "logp", old_logp=old_logp, ref_logp=ref_logp, advantages=advantages)
+    valid = as_bool_mask(mask, logp, name="logp")
+    logp = fill_masked(logp, valid)
+    with torch.no_grad():
+        raw_weights = (fill_masked(advantages, valid) / lam).exp()
+        capped = torch.zeros_like(valid) if max_weight is None else raw_weights > max_weight
+        weights = raw_weights if max_weight is None else raw_weights.clamp(max=max_weight)
+        weights = fill_masked(weights, valid)
+    loss = masked_mean(-weights * logp, valid)
+    with torch.no_grad():
+        stats = {
+            "weight_mean": masked_mean(weights, valid),
+            "weight_max": masked_max(weights, valid),
+            "weight_clip_fraction": masked_mean(capped.float(), valid),
+            **_approx_kl_old_new(old_logp, logp, valid),
+        }
+    return loss, stats
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor | None,
+    returns: Tensor,
+    mask: Tensor,
+    clip_eps: float | None = None,
+) -> LossOutput:
+    """Critic loss ``0.5 * mean((V - G)^2)``, or clipped (ALGORITHMS.md 7, PPO paper sec. 5.4)::
+
+        V_clip = V_old + clip(V - V_old, -eps, eps)
+        L      = 0.5 * mean(max((V - G)^2, (V_clip - G)^2))
+
+    Stats: value_clip_fraction (tokens where the clipped term is the larger), explained_variance
+    (1 - Var(G - V) / Var(G)), value_mean, return_mean, value_mse (mean (V - G)^2).
+    """
+    if clip_eps is not None and not clip_eps > 0:
+        raise ValueError(f"value clip_eps must be > 0 or None (off), got {clip_eps}")
+    if clip_eps is not None and old_values is None:
+        raise ValueError("the clipped value loss needs old_values (the critic's values at rollout)")
+    check_same_shape(values, "values", old_values=old_values, returns=returns)
+    valid = as_bool_mask(mask, values, name="values")
+    v, g = fill_masked(values, valid), fill_masked(returns, valid)
+    squared_error = (v - g).square()
+    clipped_active = torch.zeros_like(valid)
+    per_token = squared_error
+    if clip_eps is not None:
+        assert old_values is not None
+        old = fill_masked(old_values, valid)
+        clipped_error = (old + (v - old).clamp(-clip_eps, clip_eps) - g).square()
+        clipped_active = clipped_error > squared_error
+        per_token = torch.maximum(squared_error, clipped_error)
+    loss = 0.5 * masked_mean(per_token, valid)
+    with torch.no_grad():
+        stats = {
+            "value_clip_fraction": masked_mean(clipped_active.float(), valid),
+            "explained_variance": explained_variance(v, g, valid),
+            "value_mean": masked_mean(v, valid),
+            "return_mean": masked_mean(g, valid),
+            "value_mse": masked_mean(squared_error, valid),
+        }
+    return loss, stats
+
+
+def micro_batch_weight(mask: Tensor, total_tokens: int | float | Tensor) -> float:
+    """``n_tokens(mask) / total_tokens``: the factor on a micro-batch's token-mean loss before backward.
+
+    `total_tokens` counts the valid tokens of the whole minibatch (over every rank if data-parallel).
+    A micro-batch with no valid token gets weight 0.
+    """
+    n_tokens = float((mask != 0).sum())
+    total = float(total_tokens)
+    if n_tokens == 0:
+        return 0.0
+    if total < n_tokens:
+        raise ValueError(
+            f"total_tokens={total:g} is smaller than this micro-batch's {n_tokens:g} valid tokens: "
+            "pass the valid-token count of the whole minibatch"
+        )
+    return n_tokens / total
+
+
+def token_weighted_accumulate(values: Sequence[Tensor | float], masks: Sequence[Tensor]) -> Tensor:
+    """Token-count weighted mean ``sum_i n_i * v_i / sum_i n_i`` of per-micro-batch token means.
+
+    Turns micro-batch losses or stats into the value over the whole minibatch (0 if no token).
+    Differentiable: if `values` are live losses, ``.backward()`` on the result gives the minibatch
+    gradient (to free memory between micro-batches use ``micro_batch_weight`` instead).
+    """
+    if len(values) != len(masks):
+        raise ValueError(f"got {len(values)} values for {len(masks)} masks: pass one value per micro-batch")
+    counts = [float((m != 0).sum()) for m in masks]
+    total = sum(counts)
+    if total == 0:
+        return torch.zeros(())
+    return sum(torch.as_tensor(v) * (n / total) for v, n in zip(values, counts))  # type: ignore[return-value]

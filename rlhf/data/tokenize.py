@@ -1,0 +1,250 @@
+"""Render prompts, tokenize prompts and responses, and truncate them to a budget.
+
+Prompt and response are tokenized separately: the prompt with the tokenizer's special tokens (so a
+BOS appears when the tokenizer uses one; not when the text already starts with it, e.g. from a chat
+template), the response without them, followed by `tokenizer.eos_token_id`.
+
+Truncation, each counted in a `TruncationStats`:
+- a prompt longer than its budget first loses its oldest whole turns (HH "\\n\\nHuman:" /
+  "\\n\\nAssistant:" turns, or chat messages), never the text before the first turn (an HH
+  preamble) nor the system messages, nor the last user turn and what follows it; a dialogue
+  never starts with an assistant turn after a drop. If it is still too long, its tokens are cut
+  from the left, keeping the BOS and the end (where the generation cue is).
+- a response keeps its first `max_tokens - 1` text tokens and always ends with EOS. Decision: the
+  EOS is kept even when the text was cut, because the reward model reads its score at the last
+  token and must always read it at an EOS, as it will on the policy's finished responses (PEERS
+  points 8 and 11); the price is that SFT on cut responses teaches an early stop, which the
+  `responses_truncated` count makes visible.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from rlhf.data.examples import Message, PreferenceExample, Prompt, SFTExample
+from rlhf.data.formats import HH_ASSISTANT, HH_HUMAN
+
+_HH_TURN = re.compile(f"(?={re.escape(HH_HUMAN)}|{re.escape(HH_ASSISTANT)})")
+
+
+@dataclass
+class TruncationStats:
+    """Counts of what truncation did; pass one object to many encode calls to total them."""
+
+    prompts: int = 0  # prompts encoded
+    prompts_turns_dropped: int = 0  # prompts that lost at least one oldest turn
+    turns_dropped: int = 0  # whole turns dropped, over all prompts
+    prompts_left_truncated: int = 0  # prompts cut from the left after dropping every droppable turn
+    responses: int = 0  # responses encoded (a pair counts two)
+    responses_truncated: int = 0  # responses cut on the right (they still end with EOS)
+    pairs_identical_after_truncation: int = 0  # pairs whose chosen and rejected ids became equal
+
+    def merge(self, other: TruncationStats) -> None:
+        """Add the counts of `other` to this object."""
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line for logs: "prompts 3/10 turns dropped (5 turns), 1/10 left-truncated; responses 2/20 truncated"."""
+        return (
+            f"prompts {self.prompts_turns_dropped}/{self.prompts} had turns dropped ({self.turns_dropped} turns), "
+            f"{self.prompts_left_truncated}/{self.prompts} left-truncated; "
+            f"responses {self.responses_truncated}/{self.responses} truncated"
+            + (
+                f"; {self.pairs_identical_after_truncation} pairs identical after truncation"
+                if self.pairs_identical_after_truncation
+                else ""
+            )
+        )
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+
+def plain_chat_text(messages: list[Message], add_generation_prompt: bool = True) -> str:
+    """The rendering used when the tokenizer has no chat template: "role: content" blocks
+    separated by blank lines, then "assistant:" as the generation cue."""
+    blocks = [f"{m['role']}: {m['content']}" for m in messages]
+    if add_generation_prompt:
+        blocks.append("assistant:")
+    return "\n\n".join(blocks)
+
+
+def render_prompt(tokenizer, prompt: Prompt) -> str:
+    """The prompt text: a string as is; messages through the tokenizer's chat template (with the
+    generation prompt) when it has one, else `plain_chat_text`."""
+    if isinstance(prompt, str):
+        return prompt
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        except Exception as error:  # jinja raises TemplateError (e.g. "roles must alternate")
+            raise ValueError(
+                f"the tokenizer's chat template rejected the prompt messages ({error}). "
+                "Fix: give messages the template accepts (roles, order), or clear tokenizer.chat_template"
+            ) from error
+    return plain_chat_text(prompt)
+
+
+def _uses_chat_template(tokenizer, prompt: Prompt) -> bool:
+    return not isinstance(prompt, str) and bool(getattr(tokenizer, "chat_template", None))
+
+
+# --- turns ----------------------------------------------------------------------------------------
+
+
+def hh_turns(text: str) -> tuple[str, list[str]]:
+    """Split an HH transcript into (preamble, turns); each turn starts with its "\\n\\nHuman:" or
+    "\\n\\nAssistant:" marker, and "".join([preamble, *turns]) == text."""
+    pieces = _HH_TURN.split(text)
+    return pieces[0], [p for p in pieces[1:] if p]
+
+
+@dataclass
+class _Dialogue:
+    """A prompt seen as a kept head, droppable turns, and a protected tail (from the last user turn)."""
+
+    head: list
+    turns: list
+    is_assistant: list[bool]
+    protected_from: int  # index in `turns` of the first turn that is never dropped
+    join: Callable[[list, list], Prompt]
+
+
+def _as_dialogue(prompt: Prompt) -> _Dialogue:
+    if isinstance(prompt, str):
+        preamble, turns = hh_turns(prompt)
+        is_assistant = [t.startswith(HH_ASSISTANT) for t in turns]
+        return _Dialogue(
+            [preamble], turns, is_assistant, _last_user(is_assistant), lambda h, t: "".join(h + t)
+        )
+    system = 0
+    while system < len(prompt) and prompt[system]["role"] == "system":
+        system += 1
+    turns = list(prompt[system:])
+    is_assistant = [m["role"] == "assistant" for m in turns]
+    return _Dialogue(list(prompt[:system]), turns, is_assistant, _last_user(is_assistant), lambda h, t: h + t)
+
+
+def _last_user(is_assistant: list[bool]) -> int:
+    users = [i for i, assistant in enumerate(is_assistant) if not assistant]
+    return users[-1] if users else max(len(is_assistant) - 1, 0)
+
+
+# --- encoding -------------------------------------------------------------------------------------
+
+
+def _encode_rendered(tokenizer, prompt: Prompt) -> list[int]:
+    text = render_prompt(tokenizer, prompt)
+    bos = getattr(tokenizer, "bos_token", None)
+    # A chat template writes its own BOS text; adding special tokens again would double it.
+    add_special = not _uses_chat_template(tokenizer, prompt) and not (bos and text.startswith(bos))
+    return list(tokenizer.encode(text, add_special_tokens=add_special))
+
+
+def encode_prompt(
+    tokenizer, prompt: Prompt, max_tokens: int | None = None, stats: TruncationStats | None = None
+) -> list[int]:
+    """Token ids of the rendered prompt, at most `max_tokens` (None: no limit); see the module doc."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    ids = _encode_rendered(tokenizer, prompt)
+    dropped = 0
+    if max_tokens is not None and len(ids) > max_tokens:
+        dialogue = _as_dialogue(prompt)
+        start = 0
+        while len(ids) > max_tokens and start < dialogue.protected_from:
+            start += 1
+            while start < dialogue.protected_from and dialogue.is_assistant[start]:
+                start += 1  # a dialogue starts with a user turn
+            dropped = start
+            ids = _encode_rendered(tokenizer, dialogue.join(dialogue.head, dialogue.turns[start:]))
+    left_truncated = max_tokens is not None and len(ids) > max_tokens
+    if left_truncated:
+        keep_bos = int(bool(ids) and ids[0] == getattr(tokenizer, "bos_token_id", None))
+        if max_tokens <= keep_bos:
+            raise ValueError(
+                f"max_tokens={max_tokens} leaves no room for the prompt after its BOS token; raise it"
+            )
+        ids = ids[:keep_bos] + ids[len(ids) - (max_tokens - keep_bos) :]
+    if not ids:
+        raise ValueError(f"the prompt {str(prompt)[:80]!r} encodes to no token; a prompt needs at least one")
+    if stats is not None:
+        stats.prompts += 1
+        stats.prompts_turns_dropped += int(dropped > 0)
+        stats.turns_dropped += dropped
+        stats.prompts_left_truncated += int(left_truncated)
+    return ids
+
+
+def eos_token_id(tokenizer) -> int:
+    """The tokenizer's EOS id, or a clear error when it has none."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise ValueError(
+            "the tokenizer has no EOS token, so responses cannot be terminated. "
+            "Fix: set tokenizer.eos_token (the model's end-of-sequence or end-of-turn token), "
+            "e.g. with rlhf.models.loading.prepare_tokenizer"
+        )
+    return int(eos)
+
+
+def encode_response(
+    tokenizer, text: str, max_tokens: int | None = None, stats: TruncationStats | None = None
+) -> list[int]:
+    """Token ids of the response (no special tokens) followed by EOS, at most `max_tokens` in all.
+
+    A text that already ends with the EOS token does not get a second one.
+    """
+    eos = eos_token_id(tokenizer)
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1 (room for EOS), got {max_tokens}")
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if ids and ids[-1] == eos:
+        ids.pop()
+    truncated = max_tokens is not None and len(ids) + 1 > max_tokens
+    if truncated:
+        ids = ids[: max_tokens - 1]
+    if stats is not None:
+        stats.responses += 1
+        stats.responses_truncated += int(truncated)
+    return ids + [eos]
+
+
+def encode_sft(
+    tokenizer,
+    example: SFTExample,
+    max_prompt_tokens: int | None = None,
+    max_response_tokens: int | None = None,
+    stats: TruncationStats | None = None,
+) -> tuple[list[int], list[int]]:
+    """(prompt ids, response ids ending with EOS) of an SFT example."""
+    return (
+        encode_prompt(tokenizer, example.prompt, max_prompt_tokens, stats),
+        encode_response(tokenizer, example.response, max_response_tokens, stats),
+    )
+
+
+def encode_pair(
+    tokenizer,
+    example: PreferenceExample,
+    max_prompt_tokens: int | None = None,
+    max_response_tokens: int | None = None,
+    stats: TruncationStats | None = None,
+) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, chosen ids, rejected ids) of a preference pair; both responses end with EOS.
+
+    Two responses that share their first `max_response_tokens - 1` tokens become identical; such
+    a pair teaches the reward model nothing and is counted in `stats.pairs_identical_after_truncation`.
+    """
+    prompt = encode_prompt(tokenizer, example.prompt, max_prompt_tokens, stats)
+    chosen = encode_response(tokenizer, example.chosen, max_response_tokens, stats)
+    rejected = encode_response(tokenizer, example.rejected, max_response_tokens, stats)
+    if stats is not None and chosen == rejected:
+        stats.pairs_identical_after_truncation += 1
+    return prompt, chosen, rejected

@@ -1,0 +1,108 @@
+"""How this library calls a Hugging Face causal LM: its decoder, then its output head, separately.
+
+Calling the two halves ourselves lets log-probs, values and sampling run the vocabulary-sized head
+only on the columns they need. Position ids always come from the attention mask (internals.md,
+"Tensor layout of a rollout"), so a sequence gets the same hidden states whatever padding
+surrounds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """`attention_mask.cumsum(-1) - 1` clamped at 0: position 0 at the first real token of each row."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """True for a PEFT wrapper (`PeftModel`), whose LoRA layers are injected into the wrapped model."""
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+def unwrap_causal_lm(model: nn.Module) -> nn.Module:
+    """The `*ForCausalLM` module: `model` itself, or the LoRA-injected model inside a PEFT wrapper."""
+    return model.get_base_model() if is_peft_model(model) else model
+
+
+def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(decoder, output head) of a causal LM; with PEFT, the LoRA-injected ones (so that
+    `disable_adapter()` on the wrapper applies to them)."""
+    lm = unwrap_causal_lm(model)
+    get_decoder = getattr(lm, "get_decoder", None)
+    decoder = get_decoder() if get_decoder is not None else getattr(lm, "base_model", None)
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    if decoder is None or decoder is lm or head is None:
+        raise TypeError(
+            f"{type(lm).__name__} does not look like a Hugging Face causal LM (need get_decoder() and "
+            "get_output_embeddings()). Fix: load it with AutoModelForCausalLM."
+        )
+    return decoder, head
+
+
+def decoder_hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Last hidden states [B, L, H] of the decoder, position ids from the mask, no KV cache."""
+    decoder, _ = causal_lm_parts(model)
+    out = decoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+        use_cache=False,
+    )
+    return out[0]
+
+
+def output_head(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """hidden [..., H] -> logits [..., V]: the output head plus the post-head transforms some
+    architectures apply in their own forward (Cohere's `logit_scale`, Granite's `logits_scaling`,
+    Gemma 2/3's `final_logit_softcapping`), so that logits equal `model(...).logits` there."""
+    _, head = causal_lm_parts(model)
+    config = unwrap_causal_lm(model).config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    scale = getattr(config, "logit_scale", None)
+    scaling = getattr(config, "logits_scaling", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+    factor = 1.0
+    if isinstance(scale, (int, float)):
+        factor *= scale
+    if isinstance(scaling, (int, float)) and scaling != 0:
+        factor /= scaling
+    cap = float(cap) if isinstance(cap, (int, float)) and cap > 0 else None
+    if factor == 1.0 and cap is None:
+        return head
+
+    def apply(hidden: torch.Tensor) -> torch.Tensor:
+        logits = head(hidden)
+        if factor != 1.0:
+            logits = logits * factor
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return apply
+
+
+def head_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """`output_head(model)(hidden)`."""
+    return output_head(model)(hidden)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put every submodule in eval mode (no dropout) and restore each one's own flag on exit."""
+    flags = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in flags:
+            module.training = training

@@ -1,0 +1,146 @@
+"""Loading tokenizers and causal LMs: a `save_pretrained` directory, a hub id (online) or a GGUF file.
+
+Tokenizer rules (PEERS.md pain points 7 and 8):
+- an EOS token is required: without it no response can end (`prepare_tokenizer` stops with the fix);
+- a pad token is always set, preferring a real pad or unk token; EOS is reused as the pad *filler
+  id* only as a last resort. That is safe here because every mask in this library is built from
+  explicit lengths, never by comparing ids with `pad_token_id`;
+- the padding side is never assumed: code that lets the tokenizer pad says which side it wants
+  (`padding_side(tokenizer, "left")`); the collators of `rlhf.data` pad explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+# Tokens that some vocabularies hold for padding without declaring them as the pad token.
+PAD_TOKEN_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>", "<|padding|>", "<|finetune_right_pad_id|>")
+
+
+class ModelLoadingError(ValueError):
+    """A model or tokenizer could not be loaded or is unusable; the message names the path and the fix."""
+
+
+def _source_name(tokenizer: PreTrainedTokenizerBase, source: str | os.PathLike | None) -> str:
+    if source is not None:
+        return str(source)
+    return getattr(tokenizer, "name_or_path", "") or "<tokenizer built in memory>"
+
+
+def prepare_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, *, source: str | os.PathLike | None = None
+) -> PreTrainedTokenizerBase:
+    """Check that `tokenizer` has an EOS token and give it a pad token; returns the same object.
+
+    The pad token, when missing, is (in order of preference) a pad-like token already in the
+    vocabulary, the unk token, then the EOS token as a filler id. The padding side is not touched.
+    Raises `ModelLoadingError` naming the tokenizer's path and the fix when there is no EOS token.
+    """
+    name = _source_name(tokenizer, source)
+    if tokenizer.eos_token_id is None:
+        raise ModelLoadingError(
+            f"The tokenizer loaded from {name!r} has no EOS token, so a sampled response could never "
+            "end and no reward could be read at its last token. Fix: set one before training, e.g. "
+            "`tokenizer.eos_token = '<|endoftext|>'` (a token of its vocabulary), or add "
+            '"eos_token": "..." to tokenizer_config.json in that directory.'
+        )
+    if tokenizer.pad_token_id is not None:
+        return tokenizer
+    vocab = tokenizer.get_vocab()
+    for candidate in PAD_TOKEN_CANDIDATES:
+        if candidate in vocab:
+            tokenizer.pad_token = candidate
+            logger.info("Tokenizer %s: using its vocabulary token %r as the pad token.", name, candidate)
+            return tokenizer
+    if tokenizer.unk_token is not None and tokenizer.unk_token_id is not None:
+        tokenizer.pad_token = tokenizer.unk_token
+        logger.info("Tokenizer %s: no pad token, using the unk token %r.", name, tokenizer.unk_token)
+        return tokenizer
+    # Last resort: EOS as the pad filler id. Masks come from lengths, so a real EOS stays unmasked.
+    tokenizer.pad_token = tokenizer.eos_token
+    logger.info(
+        "Tokenizer %s: no pad or unk token, using EOS %r as the pad filler id (masks come from lengths).",
+        name,
+        tokenizer.eos_token,
+    )
+    return tokenizer
+
+
+@contextlib.contextmanager
+def padding_side(tokenizer: PreTrainedTokenizerBase, side: str) -> Iterator[PreTrainedTokenizerBase]:
+    """Temporarily set `tokenizer.padding_side` to "left" or "right" (restored on exit)."""
+    if side not in ("left", "right"):
+        raise ValueError(f"padding side must be 'left' or 'right', got {side!r}")
+    previous = tokenizer.padding_side
+    tokenizer.padding_side = side
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.padding_side = previous
+
+
+def _check_source(path: str | os.PathLike, gguf_file: str | None, needs_model_config: bool = True) -> None:
+    """Fail early with the fix when a local path is given but is not loadable."""
+    p = Path(path)
+    if not p.exists():
+        if str(path).startswith((".", "/", "~")) or str(path).count("/") > 1:
+            raise ModelLoadingError(f"Model path {str(path)!r} does not exist. Fix: pass an existing directory.")
+        return  # a hub id: let transformers resolve it (needs network or the local cache)
+    if p.is_file() and gguf_file is None:
+        raise ModelLoadingError(
+            f"{str(path)!r} is a file; a model is loaded from a directory. Fix: for a GGUF file pass "
+            f"path={str(p.parent)!r}, gguf_file={p.name!r}."
+        )
+    if gguf_file is not None:
+        if not (p / gguf_file).is_file() and not Path(gguf_file).is_file():
+            raise ModelLoadingError(
+                f"GGUF file {gguf_file!r} not found in {str(path)!r}. Fix: pass the directory holding it "
+                "as path and the file name as gguf_file."
+            )
+        return
+    if needs_model_config and p.is_dir() and not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+        raise ModelLoadingError(
+            f"{str(path)!r} has no config.json: it is not a save_pretrained directory. Fix: point to the "
+            "directory written by save_pretrained, or pass gguf_file= for a GGUF checkpoint."
+        )
+
+
+def _wrap_os_error(path: str | os.PathLike, err: OSError) -> ModelLoadingError:
+    return ModelLoadingError(
+        f"Could not load {str(path)!r}: {err}. Fix: pass a local save_pretrained directory or a GGUF file "
+        "(gguf_file=), or connect to the hub for a hub id."
+    )
+
+
+def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None) -> PreTrainedTokenizerBase:
+    """Load a tokenizer (directory, hub id, or `gguf_file` inside `path`) and `prepare_tokenizer` it."""
+    _check_source(path, gguf_file, needs_model_config=False)
+    kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
+    except OSError as err:
+        raise _wrap_os_error(path, err) from err
+    source = os.path.join(str(path), gguf_file) if gguf_file else str(path)
+    return prepare_tokenizer(tokenizer, source=source)
+
+
+def load_causal_lm(
+    path: str | os.PathLike, gguf_file: str | None = None, dtype: torch.dtype = torch.float32
+) -> PreTrainedModel:
+    """Load a causal LM in `dtype` (float32 by default; GGUF weights are dequantized) in eval mode."""
+    _check_source(path, gguf_file)
+    kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
+    except OSError as err:
+        raise _wrap_os_error(path, err) from err
+    return model.eval()

@@ -1,0 +1,128 @@
+"""Log-probabilities (and entropies) of response tokens given prompt + response.
+
+Layout (docs/internals.md): `input_ids` [B, P + T] is a left-padded prompt block then a
+right-padded response block; the log-prob of response token t is read from the logits at
+column P - 1 + t. The logits are divided by the sampling temperature, so the behaviour policy's
+log-probs (`old_logp`) and the trained policy's come from this same function and the first PPO
+ratio is exactly 1 on the batch just sampled (PEERS.md pain point 10).
+
+Memory: the output head runs only on the T response columns, chunked over time, and each chunk
+reduces its [B, t, V] logits to [B, t] with a logsumexp and a gather; under autograd each chunk
+is checkpointed (recomputed in backward) so only one chunk of logits is alive at any time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from rlhf.models.backbone import causal_lm_parts, decoder_hidden_states, output_head, position_ids
+
+__all__ = ["position_ids", "response_logprobs", "logprobs_from_hidden", "default_chunk_size"]
+
+# Vocabulary-sized elements materialized per chunk (float32: 64 MiB).
+LOGITS_CHUNK_ELEMENTS = 1 << 24
+
+
+def default_chunk_size(batch_size: int, vocab_size: int) -> int:
+    """Response columns per chunk so that a chunk of logits holds about `LOGITS_CHUNK_ELEMENTS`."""
+    return max(1, LOGITS_CHUNK_ELEMENTS // max(1, batch_size * vocab_size))
+
+
+def _vocab_size(model: nn.Module) -> int:
+    head = causal_lm_parts(model)[1]
+    return int(getattr(head, "out_features", 0) or head.weight.shape[0])
+
+
+def _check_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> None:
+    if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must both "
+            "be [B, P + T]."
+        )
+    if not 1 <= prompt_length <= input_ids.shape[1]:
+        raise ValueError(
+            f"prompt_length must be in [1, {input_ids.shape[1]}] (the prompt block's width P), got {prompt_length}."
+        )
+
+
+def _chunk_logprobs(
+    head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(target) and entropy for one chunk: [B, t, H] -> two [B, t] (entropy empty if not asked)."""
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_norm = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    if not with_entropy:
+        return logp, logp.new_empty(0)
+    # H = -sum p log p = logsumexp(z) - sum p z
+    entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
+def logprobs_from_hidden(
+    model: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Apply `model`'s output head to `hidden` [B, T, H] chunk by chunk and return the log-prob of
+    `targets` [B, T] under softmax(logits / temperature), and optionally that distribution's entropy."""
+    batch, steps = targets.shape
+    if steps == 0:
+        empty = hidden.new_zeros(batch, 0, dtype=torch.float32)
+        return empty, (empty.clone() if with_entropy else None)
+    if chunk_size is None:
+        chunk_size = default_chunk_size(batch, _vocab_size(model))
+    head = output_head(model)
+    recompute = torch.is_grad_enabled() and steps > chunk_size
+    logps, entropies = [], []
+    for start in range(0, steps, chunk_size):
+        h, y = hidden[:, start : start + chunk_size], targets[:, start : start + chunk_size]
+        if recompute:
+            logp, entropy = checkpoint(
+                _chunk_logprobs, head, h, y, temperature, with_entropy, use_reentrant=False
+            )
+        else:
+            logp, entropy = _chunk_logprobs(head, h, y, temperature, with_entropy)
+        logps.append(logp)
+        entropies.append(entropy)
+    logp = torch.cat(logps, dim=1)
+    return logp, (torch.cat(entropies, dim=1) if with_entropy else None)
+
+
+def response_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [B, T] of the response tokens `input_ids[:, P:]`, and their entropies [B, T] or None.
+
+    One forward of the decoder over prompt + response; the head runs on hidden[:, P-1:-1] only.
+    `temperature` must be the sampling temperature. Padded response positions
+    (`attention_mask[:, P:] == 0`) hold 0 in both outputs: callers mask them anyway.
+    """
+    _check_layout(input_ids, attention_mask, prompt_length)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (the sampling temperature), got {temperature}.")
+    hidden = decoder_hidden_states(model, input_ids, attention_mask)
+    targets = input_ids[:, prompt_length:]
+    logp, entropy = logprobs_from_hidden(
+        model, hidden[:, prompt_length - 1 : -1], targets, temperature, with_entropy, chunk_size
+    )
+    valid = attention_mask[:, prompt_length:].bool()
+    logp = torch.where(valid, logp, torch.zeros_like(logp))
+    if entropy is not None:
+        entropy = torch.where(valid, entropy, torch.zeros_like(entropy))
+    return logp, entropy

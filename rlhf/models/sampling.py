@@ -1,0 +1,270 @@
+"""Sampling responses: our own KV-cache loop over a Hugging Face causal LM.
+
+Prompts come left-padded ([B, P], the last column real in every row). Each step feeds one token
+per row with position ids continuing from the mask and the attention mask grown by one column;
+a row stops at its EOS (kept, mask 1), is filled with the pad id afterwards (mask 0), and the
+loop exits as soon as every row has ended. The response block is trimmed to the longest response.
+
+Processing order per step, as in the usual samplers: repetition penalty on the raw logits, then
+temperature, top-k, top-p, then a draw (or argmax when `do_sample` is False).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rlhf.models.backbone import causal_lm_parts, eval_mode, output_head, position_ids
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 64  # response length limit (a response that hits it did not end with EOS)
+    temperature: float = 1.0  # logits are divided by it (response_logprobs must get the same value)
+    top_p: float = 1.0  # nucleus: keep the smallest set of tokens with probability >= top_p (1 = off)
+    top_k: int = 0  # keep the k most likely tokens (0 = off)
+    repetition_penalty: float = 1.0  # CTRL: logit/p if > 0 else logit*p for seen tokens (1 = off)
+    do_sample: bool = True  # False: greedy (argmax after the repetition penalty)
+    stop_at_eos: bool = True  # a row stops at its first EOS
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_new_tokens >= 1, "max_new_tokens", "an integer >= 1"),
+            (self.temperature > 0, "temperature", "> 0 (use do_sample=False for greedy)"),
+            (0 < self.top_p <= 1, "top_p", "in (0, 1] (1 = off)"),
+            (self.top_k >= 0, "top_k", "an integer >= 0 (0 = off)"),
+            (self.repetition_penalty > 0, "repetition_penalty", "> 0 (1 = off)"),
+        ]
+        for ok, name, expected in checks:
+            if not ok:
+                raise ValueError(f"SamplingConfig.{name} must be {expected}, got {getattr(self, name)!r}.")
+
+    @classmethod
+    def ppo_paper(cls, max_new_tokens: int = 64) -> SamplingConfig:
+        """The PPO paper's preset (Secrets of RLHF Part I): temperature 0.8, top-p 0.9, repetition
+        penalty 1.1."""
+        return cls(max_new_tokens=max_new_tokens, temperature=0.8, top_p=0.9, repetition_penalty=1.1)
+
+
+@dataclass
+class Rollout:
+    """A sampled batch in the layout of docs/internals.md."""
+
+    input_ids: torch.Tensor  # [B, P + T] left-padded prompt | right-padded response
+    attention_mask: torch.Tensor  # [B, P + T] 1 on real tokens (EOS included)
+    prompt_length: int  # P
+    response_mask: torch.Tensor  # [B, T] float, 1 on real response tokens (EOS included)
+    ended_with_eos: torch.Tensor  # [B] bool; False = truncated at max_new_tokens
+
+    @property
+    def response_ids(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_length :]
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1).long()
+
+    @property
+    def prompt_ids(self) -> torch.Tensor:
+        return self.input_ids[:, : self.prompt_length]
+
+    @property
+    def prompt_mask(self) -> torch.Tensor:
+        return self.attention_mask[:, : self.prompt_length]
+
+
+# -- logits processing (each a pure function, tested against plain loops) ----------------------
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL (Keskar et al. 2019): for tokens already in prompt + response (`seen` [B, V] bool),
+    divide positive logits by `penalty` and multiply negative ones by it."""
+    if penalty == 1.0:
+        return logits
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Set logits below the k-th largest of each row to -inf (ties with the k-th are kept)."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filtering (Holtzman et al. 2020): keep the most likely tokens until their cumulative
+    probability reaches `p` (the token that crosses it included, the most likely always kept);
+    the others get -inf."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    remove_sorted = mass_before >= p
+    remove_sorted[..., 0] = False
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    config: SamplingConfig,
+    seen: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per row [B] from next-token logits [B, V] under `config`."""
+    logits = logits.float()
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
+    if not config.do_sample:
+        return logits.argmax(dim=-1)
+    if config.temperature != 1.0:
+        logits = logits / config.temperature
+    logits = top_k_filter(logits, config.top_k)
+    logits = top_p_filter(logits, config.top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+# -- the loop -----------------------------------------------------------------------------------
+
+
+def _check_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+    if prompt_ids.dim() != 2 or prompt_ids.shape != prompt_mask.shape:
+        raise ValueError(
+            f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} must both be [B, P]."
+        )
+    if prompt_ids.shape[1] == 0:
+        raise ValueError("prompts are empty (P = 0): every prompt needs at least one token (e.g. BOS).")
+    not_left_padded = (prompt_mask[:, -1] == 0).nonzero().flatten()
+    if len(not_left_padded):
+        raise ValueError(
+            f"prompt rows {not_left_padded.tolist()} end with padding: prompts must be left-padded with at "
+            "least one real token. Fix: pad them with rlhf.data.collate.left_pad."
+        )
+
+
+def _eos_tensor(eos_token_id: int | Sequence[int], device: torch.device) -> torch.Tensor:
+    if eos_token_id is None:
+        raise ValueError("eos_token_id is None: give the tokenizer's EOS id (see prepare_tokenizer).")
+    ids = torch.as_tensor(eos_token_id, dtype=torch.long, device=device).flatten()
+    if ids.numel() == 0:
+        raise ValueError("eos_token_id is empty: give the tokenizer's EOS id.")
+    return ids
+
+
+def _seen_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, V] bool: which tokens occur among the real prompt tokens (pads ignored, duplicates fine)."""
+    counts = torch.zeros(prompt_ids.shape[0], vocab_size, dtype=torch.int32, device=prompt_ids.device)
+    counts.scatter_add_(1, prompt_ids, prompt_mask.to(torch.int32))
+    return counts > 0
+
+
+def _sample_loop(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    config: SamplingConfig,
+    eos_ids: torch.Tensor,
+    pad_token_id: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(tokens [B, max_new], mask [B, P + max_new], steps taken); runs under inference mode."""
+    from transformers import DynamicCache
+
+    decoder, _ = causal_lm_parts(model)
+    head = output_head(model)
+    batch, prompt_len = prompt_ids.shape
+    device = prompt_ids.device
+    max_new = config.max_new_tokens
+    mask = torch.zeros(batch, prompt_len + max_new, dtype=torch.long, device=device)
+    mask[:, :prompt_len] = prompt_mask
+    tokens = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
+    pad = torch.full((batch,), pad_token_id, dtype=torch.long, device=device)
+    cache = DynamicCache(config=decoder.config)
+
+    # Prefill: the whole prompt block, the head on the last column only.
+    positions = position_ids(prompt_mask)
+    hidden = decoder(
+        input_ids=prompt_ids,
+        attention_mask=mask[:, :prompt_len],
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    )[0]
+    logits = head(hidden[:, -1])
+    seen = None
+    if config.repetition_penalty != 1.0:
+        seen = _seen_tokens(prompt_ids, prompt_mask, logits.shape[-1])
+    next_position = positions[:, -1:] + 1
+    running = torch.ones(batch, dtype=torch.bool, device=device)
+    rows = torch.arange(batch, device=device)
+
+    steps = 0
+    for step in range(max_new):
+        chosen = torch.where(running, next_tokens(logits, config, seen, generator), pad)
+        tokens[:, step] = chosen
+        mask[:, prompt_len + step] = running  # the EOS itself is a real token
+        steps = step + 1
+        if config.stop_at_eos:
+            running &= ~torch.isin(chosen, eos_ids)
+            if not bool(running.any()):
+                break  # every row has ended: exit early, T = longest response
+        if steps == max_new:
+            break
+        if seen is not None:
+            seen[rows, chosen] = True
+        hidden = decoder(
+            input_ids=chosen.unsqueeze(1),
+            attention_mask=mask[:, : prompt_len + steps],
+            position_ids=next_position,
+            past_key_values=cache,
+            use_cache=True,
+        )[0]
+        logits = head(hidden[:, -1])
+        next_position = next_position + 1
+    return tokens, mask, steps
+
+
+def generate(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    config: SamplingConfig,
+    eos_token_id: int | Sequence[int],
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Sample one response per left-padded prompt. The model runs in eval mode (restored after).
+
+    `generator` (a torch.Generator on the model's device) makes sampling reproducible. A response
+    ends at its first EOS (`eos_token_id`: one id or several) or at `max_new_tokens`; positions
+    after it hold `pad_token_id` with mask 0 (masks never compare ids with the pad id, so the pad
+    id may equal the EOS id).
+    """
+    _check_prompts(prompt_ids, prompt_mask)
+    eos_ids = _eos_tensor(eos_token_id, prompt_ids.device)
+    with torch.inference_mode(), eval_mode(model):
+        tokens, mask, steps = _sample_loop(
+            model, prompt_ids, prompt_mask.long(), config, eos_ids, pad_token_id, generator
+        )
+    # Clone outside inference mode: the trainer uses these tensors in autograd graphs.
+    prompt_len = prompt_ids.shape[1]
+    response = tokens[:, :steps].clone()
+    attention_mask = mask[:, : prompt_len + steps].clone()
+    response_mask = attention_mask[:, prompt_len:].float()
+    lengths = response_mask.sum(-1).long()
+    last_token = response.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    ended_with_eos = torch.isin(last_token, eos_ids) & (lengths > 0)
+    return Rollout(
+        input_ids=torch.cat([prompt_ids.clone(), response], dim=1),
+        attention_mask=attention_mask,
+        prompt_length=prompt_len,
+        response_mask=response_mask,
+        ended_with_eos=ended_with_eos,
+    )

@@ -1,0 +1,175 @@
+"""`MetricsLogger`: one call per iteration fans a metrics dict out to every sink of a run.
+
+    with MetricsLogger("runs/rl", total=200, config=asdict(cfg)) as logger:
+        for iteration in range(1, 201):
+            ...
+            logger.log(iteration, {"reward/proxy_mean": scores.mean(), "kl/ref": kl})
+            for message in detector.update(iteration, metrics):
+                logger.warn(message)
+
+`step` counts what is done: the first iteration is logged as 1, so the bar reads `step/total`.
+The jsonl record of that call is `{"iteration": 1, "reward/proxy_mean": 0.51, "kl/ref": 0.012}`
+(the step key is `kind`: "iteration" for RL, "step" for SFT and reward-model training).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from numbers import Integral
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from rlhf.monitor.console import DEFAULT_KEY_METRICS, ConsoleSink, KeyMetrics
+from rlhf.monitor.records import flatten_metrics, read_metrics
+from rlhf.monitor.sinks import JsonlSink, Sink, TensorBoardSink, WandbSink
+
+SINK_NAMES = ("console", "jsonl", "tensorboard", "wandb")
+METRICS_FILE = "metrics.jsonl"
+
+__all__ = ["MetricsLogger", "read_metrics", "SINK_NAMES", "METRICS_FILE"]
+
+
+class MetricsLogger:
+    """Logs metric dicts of a run to its sinks; see the module docstring.
+
+    Args:
+        run_dir: the run directory; `metrics.jsonl` is written in it (created if missing).
+        sinks: names among "console", "jsonl", "tensorboard" (into run_dir/tensorboard), "wandb"
+            (offline unless WANDB_MODE says otherwise), or objects with log/warn/close methods.
+        total: the number of steps of the run, for the progress bar and ETA (None: unknown).
+        key_metrics: the metrics shown on the console line, {label: key} or a list of keys.
+        run_name: shown on the console and given to wandb.
+        config: the resolved run configuration, given to tensorboard (as text) and wandb.
+        resume: continue an existing run: append to metrics.jsonl; with `resume_step`, drop the
+            records of steps > resume_step first (they were written after the checkpoint).
+        overwrite: start over, replacing an existing metrics.jsonl (otherwise that is an error).
+        console: the rich Console to draw on (default: stdout).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        sinks: Sequence[str | Sink] = ("console", "jsonl"),
+        total: int | None = None,
+        key_metrics: KeyMetrics = DEFAULT_KEY_METRICS,
+        run_name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        *,
+        resume: bool = False,
+        resume_step: int | None = None,
+        overwrite: bool = False,
+        console: Console | None = None,
+    ) -> None:
+        if isinstance(sinks, str):
+            sinks = (sinks,)
+        if resume_step is not None and not resume:
+            raise ValueError("MetricsLogger: resume_step is only meaningful with resume=True")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / METRICS_FILE
+        self.last_step: int | None = resume_step  # the highest step logged so far
+        self._last_kind = "iteration"
+        self._closed = False
+        self.sinks: list[Sink] = []
+        config_dict = dict(config) if config is not None else None
+        try:
+            for sink in sinks:
+                if not isinstance(sink, str):
+                    if not isinstance(sink, Sink):
+                        raise TypeError(
+                            f"MetricsLogger: a sink must be one of {SINK_NAMES} or have log/warn/close, got {sink!r}"
+                        )
+                    self.sinks.append(sink)
+                elif sink == "jsonl":
+                    jsonl = JsonlSink(
+                        self.metrics_path, resume=resume, resume_step=resume_step, overwrite=overwrite
+                    )
+                    self.last_step = jsonl.last_step if resume_step is None else resume_step
+                    self.sinks.append(jsonl)
+                elif sink == "console":
+                    start = resume_step or 0
+                    self.sinks.append(
+                        ConsoleSink(total, key_metrics, run_name, console=console, start_step=start)
+                    )
+                elif sink == "tensorboard":
+                    self.sinks.append(TensorBoardSink(self.run_dir / "tensorboard", config=config_dict))
+                elif sink == "wandb":
+                    self.sinks.append(WandbSink(self.run_dir, run_name=run_name, config=config_dict))
+                else:
+                    raise ValueError(
+                        f"MetricsLogger: unknown sink {sink!r}; choose among {', '.join(SINK_NAMES)}"
+                    )
+        except BaseException:
+            self.close()
+            raise
+
+    def log(self, step: int, metrics: Mapping[str, Any], kind: str = "iteration") -> dict[str, Any]:
+        """Send one record `{kind: step, **metrics}` to every sink; return the record as written.
+
+        Values may be floats, ints, tensors, numpy values or lists; nested dicts are flattened
+        to "outer/inner" keys; NaN and infinities are written as null.
+        """
+        self._check_open()
+        if isinstance(step, bool) or not isinstance(step, Integral) or step < 0:
+            raise ValueError(f"MetricsLogger.log: step must be a non-negative int, got {step!r}")
+        if not isinstance(kind, str) or not kind or kind == "event":
+            raise ValueError(
+                f"MetricsLogger.log: kind must be a step name such as 'iteration' or 'step', got {kind!r}"
+            )
+        if not isinstance(metrics, Mapping):
+            raise TypeError(f"MetricsLogger.log: metrics must be a dict, got {type(metrics).__name__}")
+        step = int(step)
+        flat = flatten_metrics(metrics)
+        if kind in flat and flat[kind] != step:
+            raise ValueError(
+                f"MetricsLogger.log: metrics[{kind!r}] = {flat[kind]!r} disagrees with step {step}"
+            )
+        record = {kind: step, **{k: v for k, v in flat.items() if k != kind}}
+        for sink in self.sinks:
+            sink.log(step, kind, record)
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        self._last_kind = kind
+        return record
+
+    def warn(self, message: str, step: int | None = None, kind: str | None = None) -> dict[str, Any]:
+        """Show `message` highlighted and record `{"event": "warning", kind: step, "message": ...}`.
+
+        `step` defaults to the last logged step, `kind` to the last logged kind.
+        """
+        self._check_open()
+        kind = kind or self._last_kind
+        step = self.last_step if step is None else int(step)
+        record: dict[str, Any] = {"event": "warning"}
+        if step is not None:
+            record[kind] = step
+        record["message"] = str(message)
+        for sink in self.sinks:
+            sink.warn(record)
+        return record
+
+    def close(self) -> None:
+        """Close every sink (idempotent): flushes files, stops the progress bar, finishes wandb."""
+        if self._closed:
+            return
+        self._closed = True
+        errors = []
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as error:  # close the other sinks regardless
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("MetricsLogger is closed; create a new one (resume=True to continue the run)")
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

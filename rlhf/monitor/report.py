@@ -1,0 +1,582 @@
+"""The self-contained `report.html` of a demo: every figure embedded as a base64 PNG, inline CSS,
+no scripts and no external assets (it opens offline and can be mailed as one file).
+
+Input contract
+==============
+
+    write_report(path, summary, runs, title="rlhf demo report", notes=None, *,
+                 metric_keys=DEFAULT_METRIC_KEYS, max_samples=5, reward_buckets=6) -> Path
+
+`summary` (dict; every key optional, extra keys allowed and ignored unless listed here):
+
+    {
+      "world": str | dict,                        # what was trained on, shown in the overview
+      "sft": {"gold_mean", "gold_std", "proxy_mean"},
+      "reward_model": {"label_accuracy", "gold_accuracy"},          # fractions in [0, 1]
+      "runs": [{"algorithm", "seed",
+                "final": {"proxy", "gold", "kl", "ppl", "length", "distinct2"},
+                "peak_gold", "collapse_detected", "iterations", "seconds"}],
+      "findings": [{"claim": str, "holds": bool, "evidence": str}],
+    }
+
+`runs` (list, one dict per algorithm x seed; only "algorithm" is required):
+
+    {
+      "algorithm": str, "seed": int,
+      "metrics": [{"iteration": int, "reward/proxy_mean": .., "eval/gold": .., "kl/ref": ..,
+                   "policy_ppl": .., "response_length": .., "eval/distinct2": .., ...}],
+      "eval": [{"iteration", "proxy", "gold", "kl", "ppl", "length", "distinct2"}],
+      "reward_samples": [{"iteration": int, "scores": [float, ...]}],
+      "samples": {"start": [{"prompt", "response", "proxy", "gold"}], "end": [...]},
+      "warnings": [{"iteration": int, "message": str}],
+    }
+
+- "metrics" are the per-iteration training records (as in metrics.jsonl); `metric_keys` maps the
+  names proxy, gold, kl, ppl, length, distinct2 to their keys (defaults above).
+- The curves come from "eval"; a run without "eval" falls back to its "metrics" through `metric_keys`.
+- Curves are the mean over seeds with a min-max band; collapse warnings are dashed vertical lines.
+- The final-figures table uses summary["runs"]; without it, each run's last evaluation.
+- A prompt may be a string or a list of chat messages {"role", "content"}. All text is HTML-escaped.
+- None (NaN in jsonl) and missing values are skipped; a missing piece leaves a note in its section.
+
+Sections (h2, always present, in this order; `SECTIONS`): Overview, Curves, Training monitors,
+Gold reward against KL, Reward distribution over training, Final figures, Sample responses,
+Collapse warnings. Figures: the curves (also written beside the
+html as `report_overview.png`), the per-iteration training monitors (if any "metrics"), gold
+against KL (if gold and KL were recorded), the reward distribution (if any "reward_samples").
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from numbers import Integral, Real
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlhf.monitor import plots
+from rlhf.monitor.records import read_metrics
+
+SECTIONS = (
+    "Overview",
+    "Curves",
+    "Training monitors",
+    "Gold reward against KL",
+    "Reward distribution over training",
+    "Final figures",
+    "Sample responses",
+    "Collapse warnings",
+)
+OVERVIEW_PNG = "report_overview.png"
+
+# the names of the evaluation figures -> the keys of the per-iteration training records
+DEFAULT_METRIC_KEYS: dict[str, str] = {
+    "proxy": "reward/proxy_mean",
+    "gold": "eval/gold",
+    "kl": "kl/ref",
+    "ppl": "policy_ppl",
+    "length": "response_length",
+    "distinct2": "eval/distinct2",
+}
+PANEL_TITLES: dict[str, str] = {
+    "proxy": "proxy reward (reward model)",
+    "gold": "gold reward",
+    "kl": "KL to reference",
+    "ppl": "policy perplexity (own responses)",
+    "length": "response length (tokens)",
+    "distinct2": "distinct-2 (diversity)",
+}
+# the eval keys a trainer writes into metrics.jsonl, read by `load_run`
+DEFAULT_EVAL_KEYS: dict[str, str] = {name: f"eval/{name}" for name in PANEL_TITLES}
+
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1180px;
+       color: #222; line-height: 1.45; padding: 0 1em; }
+h1 { border-bottom: 3px solid #1f77b4; padding-bottom: .2em; }
+h2 { border-bottom: 1px solid #ccc; margin-top: 2em; }
+table { border-collapse: collapse; margin: .6em 0 1.2em; font-size: 0.92em; }
+th, td { border: 1px solid #ddd; padding: .3em .6em; vertical-align: top; }
+th { background: #f3f6fa; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.text { white-space: pre-wrap; max-width: 34em; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; }
+.pass { background: #2ca02c; color: #fff; padding: .1em .5em; border-radius: 3px; font-weight: bold; }
+.fail { background: #d62728; color: #fff; padding: .1em .5em; border-radius: 3px; font-weight: bold; }
+.note { color: #666; font-style: italic; }
+.warning { background: #fff4ce; border-left: 4px solid #e0a800; padding: .3em .6em; margin: .3em 0; }
+img { max-width: 100%; height: auto; border: 1px solid #eee; }
+nav { font-size: .9em; margin-bottom: 1em; }
+nav a { color: #1f77b4; text-decoration: none; }
+footer { margin-top: 3em; color: #888; font-size: .85em; }
+"""
+
+
+class _Html(str):
+    """A string of trusted HTML: inserted as is (everything else is escaped)."""
+
+
+class _NumText(str):
+    """Text that reads as a number ("1.5 ± 0.2", "82.0%"): right-aligned like numbers."""
+
+
+def _esc(value: Any) -> str:
+    return value if isinstance(value, _Html) else html.escape(str(value), quote=True)
+
+
+def _num(value: Any) -> float | None:
+    """A finite float, or None for anything else (None, NaN, inf, bools, strings)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Integral):
+        return str(int(value))
+    if isinstance(value, Real):
+        return f"{float(value):.{digits}g}" if math.isfinite(value) else "-"
+    return str(value)
+
+
+def _fmt_mean_std(values: Sequence[float]) -> str:
+    if not values:
+        return _NumText("-")
+    if len(values) == 1:
+        return _NumText(_fmt(values[0]))
+    return _NumText(f"{_fmt(statistics.fmean(values))} ± {_fmt(statistics.stdev(values), 2)}")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: Sequence[int] = ()) -> str:
+    """An HTML table; every cell is escaped unless it is `_Html`. Numbers are formatted and right-aligned."""
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = []
+        for index, cell in enumerate(row):
+            text = cell if isinstance(cell, str) else _fmt(cell)
+            numeric = isinstance(cell, _NumText) or (isinstance(cell, Real) and not isinstance(cell, bool))
+            css = "text" if index in text_columns else ("num" if numeric else "")
+            cells.append(f'<td class="{css}">{_esc(text)}</td>' if css else f"<td>{_esc(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _anchor(section: str) -> str:
+    return section.lower().replace(" ", "-")
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{_esc(text)}</p>'
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<p><img alt="{_esc(alt)}" src="{plots.png_data_uri(png)}"></p>'
+
+
+# -- data shaping ---------------------------------------------------------------------------------
+
+
+def _validate(summary: Any, runs: Any) -> None:
+    if isinstance(summary, (list, tuple)) and isinstance(runs, Mapping):
+        raise TypeError(
+            "write_report(path, summary: dict, runs: list): the summary and runs arguments look swapped"
+        )
+    if not isinstance(summary, Mapping):
+        raise TypeError(f"write_report: summary must be a dict, got {type(summary).__name__}")
+    if not isinstance(runs, (list, tuple)):
+        raise TypeError(f"write_report: runs must be a list of dicts, got {type(runs).__name__}")
+    for index, run in enumerate(runs):
+        if not isinstance(run, Mapping) or not isinstance(run.get("algorithm"), str):
+            raise ValueError(f"write_report: runs[{index}] must be a dict with an 'algorithm' string")
+
+
+def _points(records: Sequence[Mapping[str, Any]], key: str) -> list[tuple[float, float]]:
+    points = []
+    for record in records or ():
+        x, y = _num(record.get("iteration")), _num(record.get(key))
+        if x is not None and y is not None:
+            points.append((x, y))
+    return points
+
+
+def _eval_series(
+    run: Mapping[str, Any], metric_keys: Mapping[str, str]
+) -> dict[str, list[tuple[float, float]]]:
+    """Per name (proxy, gold, ...): (iteration, value) from "eval", else from "metrics" via metric_keys."""
+    if run.get("eval"):
+        return {name: _points(run["eval"], name) for name in PANEL_TITLES}
+    return {name: _points(run.get("metrics") or (), metric_keys.get(name, name)) for name in PANEL_TITLES}
+
+
+def _groups(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault(run["algorithm"], []).append(run)
+    return groups
+
+
+def _warning_iterations(runs: Sequence[Mapping[str, Any]]) -> list[float]:
+    found = {
+        _num(w.get("iteration")) for run in runs for w in run.get("warnings") or () if isinstance(w, Mapping)
+    }
+    return sorted(x for x in found if x is not None)
+
+
+def _bands(groups, series_of) -> dict[str, dict[str, plots.Band]]:
+    bands: dict[str, dict[str, plots.Band]] = {}
+    for algorithm, group in groups.items():
+        per_run = [series_of(run) for run in group]
+        names = {name for series in per_run for name in series}
+        bands[algorithm] = {}
+        for name in names:
+            band = plots.aggregate([series.get(name, []) for series in per_run])
+            if band is not None:
+                bands[algorithm][name] = band
+    return bands
+
+
+def _reward_buckets(group: Sequence[Mapping[str, Any]], n_buckets: int) -> list[tuple[str, np.ndarray]]:
+    """Pool the reward samples of a group's seeds into up to n_buckets contiguous iteration ranges."""
+    by_iteration: dict[float, list[float]] = {}
+    for run in group:
+        for entry in run.get("reward_samples") or ():
+            iteration = _num(entry.get("iteration"))
+            scores = [s for s in (_num(v) for v in entry.get("scores") or ()) if s is not None]
+            if iteration is not None and scores:
+                by_iteration.setdefault(iteration, []).extend(scores)
+    iterations = sorted(by_iteration)
+    buckets = []
+    for chunk in (
+        np.array_split(np.asarray(iterations), min(n_buckets, len(iterations))) if iterations else ()
+    ):
+        lo, hi = int(chunk[0]), int(chunk[-1])
+        scores = np.concatenate([np.asarray(by_iteration[x]) for x in chunk])
+        buckets.append((f"{lo}" if lo == hi else f"{lo}-{hi}", scores))
+    return buckets
+
+
+def _run_entries(summary: Mapping[str, Any], runs, metric_keys) -> list[Mapping[str, Any]]:
+    """summary["runs"], or the same figures derived from each run's last evaluation."""
+    if summary.get("runs"):
+        return list(summary["runs"])
+    entries = []
+    for run in runs:
+        series = _eval_series(run, metric_keys)
+        final = {name: points[-1][1] for name, points in series.items() if points}
+        golds = [y for _, y in series.get("gold", [])]
+        iterations = [x for points in series.values() for x, _ in points]
+        iterations += [x for x, _ in _points(run.get("metrics") or (), "iteration")]
+        entries.append(
+            {
+                "algorithm": run["algorithm"],
+                "seed": run.get("seed"),
+                "final": final,
+                "peak_gold": max(golds) if golds else None,
+                "collapse_detected": bool(run.get("warnings")),
+                "iterations": int(max(iterations)) if iterations else None,
+            }
+        )
+    return entries
+
+
+# -- sections ---------------------------------------------------------------------------------------
+
+
+def _overview(summary: Mapping[str, Any], runs, notes: Sequence[str] | None) -> str:
+    parts = []
+    groups = _groups(runs)
+    if groups:
+        what = ", ".join(
+            f"{algorithm} ({len(group)} seed{'s' if len(group) > 1 else ''}: "
+            f"{', '.join(str(run.get('seed', '?')) for run in group)})"
+            for algorithm, group in groups.items()
+        )
+        parts.append(f"<p><b>Runs:</b> {_esc(what)}.</p>")
+    else:
+        parts.append(_note("No runs were given."))
+    world = summary.get("world")
+    if isinstance(world, Mapping):
+        parts.append("<p><b>World:</b></p>" + _table(("key", "value"), [(k, v) for k, v in world.items()]))
+    elif world is not None:
+        parts.append(f"<p><b>World:</b> {_esc(world)}</p>")
+    rows = []
+    sft = summary.get("sft") or {}
+    if sft:
+        gold = _fmt(sft.get("gold_mean"))
+        if _num(sft.get("gold_std")) is not None:
+            gold += f" ± {_fmt(sft['gold_std'], 3)}"
+        rows += [("SFT policy", "gold reward (mean ± std over responses)", _NumText(gold))]
+        rows += [("SFT policy", "proxy reward (mean)", _NumText(_fmt(sft.get("proxy_mean"))))]
+    rm = summary.get("reward_model") or {}
+    for key, label in (
+        ("label_accuracy", "accuracy on held-out preference labels"),
+        ("gold_accuracy", "agreement with the gold ordering"),
+    ):
+        if _num(rm.get(key)) is not None:
+            rows.append(("reward model", label, _NumText(f"{100 * rm[key]:.1f}%")))
+    parts.append(
+        _table(("model", "figure", "value"), rows)
+        if rows
+        else _note("No SFT or reward-model figures recorded.")
+    )
+    findings = summary.get("findings") or []
+    if findings:
+        held = sum(bool(f.get("holds")) for f in findings)
+        parts.append(f"<h3>Findings ({held}/{len(findings)} hold)</h3>")
+        table_rows = [
+            (
+                f.get("claim", ""),
+                _Html(
+                    '<span class="pass">PASS</span>' if f.get("holds") else '<span class="fail">FAIL</span>'
+                ),
+                f.get("evidence", ""),
+            )
+            for f in findings
+        ]
+        parts.append(_table(("claim", "result", "evidence"), table_rows))
+    if notes:
+        parts.append("<ul>" + "".join(f"<li>{_esc(n)}</li>" for n in notes) + "</ul>")
+    return "".join(parts)
+
+
+def _final_table(entries: Sequence[Mapping[str, Any]]) -> str:
+    if not entries:
+        return _note("No final figures recorded.")
+    names = ("proxy", "gold", "kl", "ppl", "length", "distinct2")
+    by_algorithm: dict[str, list[Mapping[str, Any]]] = {}
+    for entry in entries:
+        by_algorithm.setdefault(str(entry.get("algorithm", "?")), []).append(entry)
+    rows = []
+    for algorithm, group in by_algorithm.items():
+        row: list[Any] = [algorithm, len(group)]
+        for name in names:
+            row.append(
+                _fmt_mean_std(
+                    [v for v in (_num((e.get("final") or {}).get(name)) for e in group) if v is not None]
+                )
+            )
+        for key in ("peak_gold", "iterations", "seconds"):
+            row.append(_fmt_mean_std([v for v in (_num(e.get(key)) for e in group) if v is not None]))
+        fired = sum(bool(e.get("collapse_detected")) for e in group)
+        row.append(_NumText(f"{fired}/{len(group)}"))
+        rows.append(row)
+    headers = (
+        "algorithm",
+        "seeds",
+        "proxy",
+        "gold",
+        "KL",
+        "perplexity",
+        "length",
+        "distinct-2",
+        "peak gold",
+        "iterations",
+        "seconds",
+        "collapse",
+    )
+    return _note("Mean ± std over seeds at the end of training.") + _table(headers, rows)
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, list):
+        return "\n".join(
+            f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, Mapping) else str(m)
+            for m in prompt
+        )
+    return "" if prompt is None else str(prompt)
+
+
+def _samples(runs, max_samples: int) -> str:
+    parts = []
+    for run in runs:
+        samples = run.get("samples") or {}
+        if not any(samples.get(when) for when in ("start", "end")):
+            continue
+        parts.append(f"<h3>{_esc(run['algorithm'])}, seed {_esc(run.get('seed', '?'))}</h3>")
+        for when, label in (("start", "start of training"), ("end", "end of training")):
+            chosen = list(samples.get(when) or ())[:max_samples]
+            if not chosen:
+                parts.append(_note(f"No samples at the {label}."))
+                continue
+            rows = [
+                (_prompt_text(s.get("prompt")), str(s.get("response", "")), s.get("proxy"), s.get("gold"))
+                for s in chosen
+            ]
+            parts.append(
+                f"<p><b>{_esc(label)}</b></p>"
+                + _table(("prompt", "response", "proxy", "gold"), rows, text_columns=(0, 1))
+            )
+    return "".join(parts) if parts else _note("No sample responses recorded.")
+
+
+def _warnings(runs) -> str:
+    rows = [
+        (run["algorithm"], run.get("seed", "?"), w.get("iteration"), w.get("message", ""))
+        for run in runs
+        for w in run.get("warnings") or ()
+        if isinstance(w, Mapping)
+    ]
+    if not rows:
+        return _note(
+            "No collapse warnings: the detector never saw KL rise, perplexity fall and length drift together."
+        )
+    intro = _note(
+        "Dashed vertical lines on the curves mark these iterations (PPO paper sec. 5.2, pattern collapse)."
+    )
+    return intro + _table(("algorithm", "seed", "iteration", "warning"), rows, text_columns=(3,))
+
+
+# -- entry points -----------------------------------------------------------------------------------
+
+
+def write_report(
+    path: str | os.PathLike,
+    summary: Mapping[str, Any],
+    runs: Sequence[Mapping[str, Any]],
+    title: str = "rlhf demo report",
+    notes: Sequence[str] | None = None,
+    *,
+    metric_keys: Mapping[str, str] = DEFAULT_METRIC_KEYS,
+    max_samples: int = 5,
+    reward_buckets: int = 6,
+) -> Path:
+    """Write the self-contained report to `path` and `report_overview.png` beside it; see the module docstring."""
+    _validate(summary, runs)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    groups = _groups(runs)
+    colors = plots.color_map(list(groups))
+    markers = {algorithm: _warning_iterations(group) for algorithm, group in groups.items()}
+    panels = list(PANEL_TITLES.items())
+    sections: dict[str, str] = {}
+
+    eval_bands = _bands(groups, lambda run: _eval_series(run, metric_keys))
+    if any(eval_bands.values()):
+        png = plots.figure_png(plots.curves_figure(eval_bands, panels, colors, markers))
+        (path.parent / OVERVIEW_PNG).write_bytes(png)
+        sections["Curves"] = _note(
+            "Evaluation figures per algorithm: mean over seeds, band = min-max over seeds."
+        ) + _img(png, "curves")
+    else:
+        sections["Curves"] = _note("No evaluation or training metrics recorded.")
+
+    def monitor_series(run):
+        return {name: _points(run.get("metrics") or (), key) for name, key in metric_keys.items()}
+
+    monitor_bands = _bands(groups, monitor_series)
+    if any(monitor_bands.values()):
+        recorded = {name for per_panel in monitor_bands.values() for name in per_panel}
+        titles = [
+            (name, f"{PANEL_TITLES.get(name, name)} [{key}]")
+            for name, key in metric_keys.items()
+            if name in recorded
+        ]
+        figure = plots.curves_figure(monitor_bands, titles, colors, markers)
+        sections["Training monitors"] = _note(
+            "Per-iteration training records, mean over seeds: KL rising, perplexity falling and length drifting together "
+            "signal pattern collapse (PPO paper sec. 5.2)."
+        ) + _img(plots.figure_png(figure), "training monitors")
+    else:
+        sections["Training monitors"] = _note("No per-iteration training metrics recorded.")
+
+    frontier, seed_points = {}, {}
+    for algorithm, group in groups.items():
+        band_kl, band_gold = eval_bands[algorithm].get("kl"), eval_bands[algorithm].get("gold")
+        if band_kl is None or band_gold is None:
+            continue
+        common = np.intersect1d(band_kl.x, band_gold.x)
+        if common.size == 0:
+            continue
+        frontier[algorithm] = (
+            band_kl.mean[np.isin(band_kl.x, common)],
+            band_gold.mean[np.isin(band_gold.x, common)],
+        )
+        pairs = []
+        for run in group:
+            series = _eval_series(run, metric_keys)
+            gold = dict(series["gold"])
+            pairs += [(kl, gold[x]) for x, kl in series["kl"] if x in gold]
+        seed_points[algorithm] = (np.asarray([p[0] for p in pairs]), np.asarray([p[1] for p in pairs]))
+    if frontier:
+        figure = plots.frontier_figure(
+            frontier, seed_points, colors, _num((summary.get("sft") or {}).get("gold_mean"))
+        )
+        sections["Gold reward against KL"] = _note(
+            "Each line follows an algorithm's seed-mean (KL, gold) through training; dots are single seeds."
+        ) + _img(plots.figure_png(figure), "gold against KL")
+    else:
+        sections["Gold reward against KL"] = _note("Gold reward and KL were not both recorded.")
+
+    buckets = {algorithm: _reward_buckets(group, reward_buckets) for algorithm, group in groups.items()}
+    buckets = {algorithm: b for algorithm, b in buckets.items() if b}
+    if buckets:
+        figure = plots.reward_distribution_figure(buckets, colors)
+        sections["Reward distribution over training"] = _note(
+            "Proxy reward of the sampled responses, seeds pooled; a growing one-sided tail is the long-tailed reward of hacking (PPO paper sec. 5.2)."
+        ) + _img(plots.figure_png(figure), "reward distribution")
+    else:
+        sections["Reward distribution over training"] = _note("No reward samples recorded.")
+
+    sections["Overview"] = _overview(summary, runs, notes)
+    sections["Final figures"] = _final_table(_run_entries(summary, runs, metric_keys))
+    sections["Sample responses"] = _samples(runs, max_samples)
+    sections["Collapse warnings"] = _warnings(runs)
+
+    from rlhf import __version__
+
+    nav = " · ".join(f'<a href="#{_anchor(name)}">{_esc(name)}</a>' for name in SECTIONS)
+    body = f"<nav>{nav}</nav>" + "".join(
+        f'<section id="{_anchor(name)}"><h2>{_esc(name)}</h2>{sections[name]}</section>' for name in SECTIONS
+    )
+    document = (
+        "<!DOCTYPE html>\n"
+        f'<html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title><style>{CSS}</style></head>'
+        f"<body><h1>{_esc(title)}</h1>{body}<footer>generated by rlhf {_esc(__version__)}</footer></body></html>\n"
+    )
+    path.write_text(document, encoding="utf-8")
+    return path
+
+
+def load_run(
+    run_dir: str | os.PathLike,
+    algorithm: str,
+    seed: int | None = None,
+    eval_keys: Mapping[str, str] = DEFAULT_EVAL_KEYS,
+) -> dict[str, Any]:
+    """A `runs` entry from a run directory's metrics.jsonl: training records become "metrics",
+    warning events "warnings", and records carrying any of `eval_keys` an "eval" entry.
+    Reward samples and sample responses are not in metrics.jsonl: add them to the dict if kept."""
+    records = read_metrics(Path(run_dir) / "metrics.jsonl")
+    metrics, warnings, evaluations = [], [], []
+    for record in records:
+        if record.get("event") == "warning":
+            warnings.append(
+                {
+                    "iteration": record.get("iteration", record.get("step")),
+                    "message": record.get("message", ""),
+                }
+            )
+            continue
+        if "event" in record:
+            continue
+        metrics.append(record)
+        if any(key in record for key in eval_keys.values()):
+            entry = {"iteration": record.get("iteration", record.get("step"))}
+            entry.update({name: record.get(key) for name, key in eval_keys.items()})
+            evaluations.append(entry)
+    return {
+        "algorithm": algorithm,
+        "seed": seed,
+        "metrics": metrics,
+        "eval": evaluations,
+        "warnings": warnings,
+    }

@@ -1,0 +1,114 @@
+"""Evaluation: mean reward of two policies on held-out prompts and the win/tie/loss rate between them.
+
+A judge maps a rollout to one score per response: a reward model (`reward_model_judge`) or any
+callable on texts, such as a built-in world's gold reward (`text_judge`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from rlhf.data.collate import left_pad
+from rlhf.models.sampling import Rollout, SamplingConfig, generate
+
+Judge = Callable[[Rollout, list[str]], torch.Tensor]
+
+
+def reward_model_judge(reward_model, micro_batch_size: int = 16) -> Judge:
+    @torch.inference_mode()
+    def judge(rollout: Rollout, responses: list[str]) -> torch.Tensor:
+        ids, attn = rollout.input_ids, rollout.attention_mask
+        return torch.cat(
+            [reward_model.score(ids[i : i + micro_batch_size], attn[i : i + micro_batch_size])
+             for i in range(0, len(ids), micro_batch_size)]
+        ).float()
+
+    return judge
+
+
+def text_judge(score_texts: Callable[[list[str], list[str], list[bool]], list[float]], prompts: list[str]) -> Judge:
+    """A judge from `score_texts(prompts, responses, ended_with_eos)`; `prompts` aligned with the rollout rows."""
+
+    def judge(rollout: Rollout, responses: list[str]) -> torch.Tensor:
+        return torch.tensor(score_texts(prompts, responses, rollout.ended_with_eos.tolist()), dtype=torch.float32)
+
+    return judge
+
+
+def decode_responses(tokenizer, rollout: Rollout) -> list[str]:
+    """Response texts without the EOS and padding (lengths come from the mask, not from pad ids)."""
+    texts = []
+    for ids, mask, ended in zip(rollout.response_ids.tolist(), rollout.response_mask.tolist(), rollout.ended_with_eos.tolist()):
+        n = int(sum(mask)) - (1 if ended else 0)
+        texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True).strip())
+    return texts
+
+
+@torch.inference_mode()
+def sample_responses(
+    policy, tokenizer, prompt_ids: list[list[int]], sampling: SamplingConfig, *, seed: int, batch_size: int = 32
+) -> tuple[list[Rollout], list[str]]:
+    generator = torch.Generator().manual_seed(seed)
+    rollouts, texts = [], []
+    for start in range(0, len(prompt_ids), batch_size):
+        ids, mask = left_pad(prompt_ids[start : start + batch_size], tokenizer.pad_token_id)
+        rollout = generate(policy, ids, mask, sampling, eos_token_id=tokenizer.eos_token_id,
+                           pad_token_id=tokenizer.pad_token_id, generator=generator)
+        rollouts.append(rollout)
+        texts.extend(decode_responses(tokenizer, rollout))
+    return rollouts, texts
+
+
+def score_policy(policy, tokenizer, prompt_ids, judge_factory, sampling, *, seed: int, batch_size: int = 32):
+    """Sample one response per prompt and score it. `judge_factory(start, end) -> Judge` for the prompt rows."""
+    rollouts, texts = sample_responses(policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=batch_size)
+    scores, start = [], 0
+    for rollout in rollouts:
+        end = start + rollout.input_ids.shape[0]
+        scores.append(judge_factory(start, end)(rollout, texts[start:end]))
+        start = end
+    return torch.cat(scores), texts, rollouts
+
+
+def mean_with_ci(values: torch.Tensor, z: float = 1.96) -> dict:
+    n = len(values)
+    mean = float(values.mean()) if n else 0.0
+    std = float(values.std()) if n > 1 else 0.0
+    half = z * std / math.sqrt(n) if n > 1 else 0.0
+    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half], "n": n}
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> list[float]:
+    """Wilson score interval of a proportion (stays inside [0, 1], sane for small n)."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+def compare_scores(a: torch.Tensor, b: torch.Tensor, tie_tolerance: float = 1e-6) -> dict:
+    """Win/tie/loss of `a` against `b` on paired prompts, with Wilson intervals; win rate counts ties as half."""
+    if a.shape != b.shape:
+        raise ValueError(f"paired scores differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
+    n = len(a)
+    diff = a - b
+    wins = int((diff > tie_tolerance).sum())
+    losses = int((diff < -tie_tolerance).sum())
+    ties = n - wins - losses
+    win_rate = (wins + 0.5 * ties) / n if n else 0.0
+    return {
+        "n": n,
+        "win": wins / n if n else 0.0,
+        "tie": ties / n if n else 0.0,
+        "loss": losses / n if n else 0.0,
+        "win_ci95": wilson_interval(wins, n),
+        "loss_ci95": wilson_interval(losses, n),
+        "win_rate": win_rate,
+        "win_rate_ci95": wilson_interval(wins + 0.5 * ties, n),
+    }

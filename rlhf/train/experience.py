@@ -1,0 +1,114 @@
+"""Experience: one rollout batch with everything the update needs, as plain tensors.
+
+The rollout layout (docs/internals.md): `input_ids [B, P+T]` is a left-padded prompt block
+followed by a right-padded response block; per-token tensors are `[B, T]` over the response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+@dataclass
+class Experience:
+    input_ids: torch.Tensor  # [B, P+T] long
+    attention_mask: torch.Tensor  # [B, P+T] long
+    prompt_length: int  # P: columns of the prompt block
+    response_mask: torch.Tensor  # [B, T] float, 1 on real response tokens (EOS included)
+    old_logp: torch.Tensor  # [B, T] behaviour policy log-probs (at the sampling temperature)
+    ref_logp: torch.Tensor  # [B, T] reference log-probs
+    old_values: torch.Tensor  # [B, T] critic values at sampling time
+    advantages: torch.Tensor  # [B, T] GAE advantages (0 at padding)
+    returns: torch.Tensor  # [B, T] value targets (0 at padding)
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_tokens(self) -> float:
+        return float(self.response_mask.sum())
+
+    def select(self, index: torch.Tensor) -> Experience:
+        """Rows `index`, with columns that are padding in every selected row trimmed away."""
+        picked = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "prompt_length"}
+        picked = {k: v[index] for k, v in picked.items()}
+        prompt_mask = picked["attention_mask"][:, : self.prompt_length]
+        lead = int((prompt_mask.sum(0) == 0).long().cumprod(0).sum())  # all-padding prompt columns
+        used = picked["response_mask"].sum(0) > 0
+        width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1  # all-padding response columns
+        out = {}
+        for k, v in picked.items():
+            if k in ("input_ids", "attention_mask"):
+                out[k] = v[:, lead : self.prompt_length + width]
+            else:
+                out[k] = v[:, :width]
+        return Experience(prompt_length=self.prompt_length - lead, **out)
+
+    def minibatches(self, count: int, generator: torch.Generator) -> Iterator[Experience]:
+        """`count` shuffled minibatches covering every row once (sizes differ by at most one)."""
+        order = torch.randperm(self.batch_size, generator=generator)
+        for chunk in torch.tensor_split(order, count):
+            if len(chunk):
+                yield self.select(chunk)
+
+    def micro_batches(self, size: int) -> Iterator[Experience]:
+        for chunk in torch.split(torch.arange(self.batch_size), size):
+            yield self.select(chunk)
+
+
+def concat_experiences(batches: list[Experience]) -> Experience:
+    """Join rollout batches of different prompt/response widths (the experience buffer)."""
+    if len(batches) == 1:
+        return batches[0]
+    p_max = max(b.prompt_length for b in batches)
+    t_max = max(b.response_mask.shape[1] for b in batches)
+    padded = []
+    for b in batches:
+        left = p_max - b.prompt_length
+        right = t_max - b.response_mask.shape[1]
+        seq = {
+            k: torch.nn.functional.pad(getattr(b, k), (left, right), value=0) for k in ("input_ids", "attention_mask")
+        }
+        tok = {
+            f.name: torch.nn.functional.pad(getattr(b, f.name), (0, right), value=0)
+            for f in fields(b)
+            if f.name not in ("input_ids", "attention_mask", "prompt_length")
+        }
+        padded.append(replace(b, prompt_length=p_max, **seq, **tok))
+    joined = {
+        f.name: torch.cat([getattr(b, f.name) for b in padded])
+        for f in fields(Experience)
+        if f.name != "prompt_length"
+    }
+    return Experience(prompt_length=p_max, **joined)
+
+
+def forward_in_chunks(
+    fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    response_width: int,
+    rows: int,
+) -> torch.Tensor:
+    """Apply a per-response-token function in row chunks (bounded memory), padding outputs back to [B, T].
+
+    `fn(input_ids, attention_mask, prompt_length) -> [b, t]`; each chunk is trimmed of columns that
+    are padding in all of its rows, so short prompts and responses cost no compute for long ones.
+    """
+    outputs = []
+    for start in range(0, input_ids.shape[0], rows):
+        ids = input_ids[start : start + rows]
+        mask = attention_mask[start : start + rows]
+        prompt_cols = mask[:, :prompt_length]
+        lead = int((prompt_cols.sum(0) == 0).long().cumprod(0).sum())
+        response_cols = mask[:, prompt_length:]
+        used = response_cols.sum(0) > 0
+        width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
+        out = fn(ids[:, lead : prompt_length + width], mask[:, lead : prompt_length + width], prompt_length - lead)
+        outputs.append(torch.nn.functional.pad(out, (0, response_width - out.shape[1]), value=0.0))
+    return torch.cat(outputs)

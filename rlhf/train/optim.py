@@ -1,0 +1,52 @@
+"""AdamW with a warmup + constant/cosine/linear schedule, and global gradient-norm clipping."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlhf.config import OptimConfig
+
+
+def build_optimizer(params, config: OptimConfig, total_steps: int):
+    """AdamW over trainable `params` and a LambdaLR schedule (warmup, then the configured decay)."""
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError("no trainable parameters: is every weight frozen?")
+    optimizer = torch.optim.AdamW(
+        params, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay, eps=1e-8
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_multiplier(config, total_steps))
+    return optimizer, scheduler
+
+
+def lr_multiplier(config: OptimConfig, total_steps: int):
+    """Multiplier of the peak lr at optimizer step `step` (0-based)."""
+    warmup = max(0, config.warmup_steps)
+    floor = config.min_lr_ratio
+
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if config.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if config.schedule == "cosine":
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        return floor + (1 - floor) * (1 - progress)  # linear
+
+    return multiplier
+
+
+def clip_and_step(optimizer, scheduler, params, max_grad_norm: float | None) -> float:
+    """Clip the global gradient norm (PPO paper sec. 5.3.3) when set, step, and return the pre-clip norm."""
+    params = [p for p in params if p.grad is not None]
+    if max_grad_norm is not None:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    else:
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])) if params else torch.zeros(())
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)

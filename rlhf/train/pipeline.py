@@ -1,0 +1,105 @@
+"""Glue from files to trainers: what `rlhf train` and `rlhf eval` do with their paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from rlhf.config import RLConfig
+from rlhf.data.collate import collate_sft
+from rlhf.data.loading import load_examples
+from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
+from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
+from rlhf.models.sampling import SamplingConfig
+from rlhf.monitor import print_summary
+from rlhf.train.evaluate import compare_scores, mean_with_ci, reward_model_judge, score_policy
+from rlhf.train.rl import RLTrainer
+from rlhf.train.roles import load_roles
+
+
+def encode_prompts(tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None) -> list[list[int]]:
+    loaded = load_examples(path, kind="prompt", format=format, skip_invalid=skip_invalid)
+    return [encode_prompt(tokenizer, ex.prompt, max_tokens, stats=stats) for ex in loaded.examples]
+
+
+def ptx_sampler(tokenizer, path: str, batch_size: int, max_prompt_tokens: int, max_response_tokens: int = 256):
+    """A function drawing a right-padded SFT batch for the PPO-ptx loss."""
+    loaded = load_examples(path, kind="sft")
+    rows = [
+        (encode_prompt(tokenizer, ex.prompt, max_prompt_tokens), encode_response(tokenizer, ex.response, max_response_tokens))
+        for ex in loaded.examples
+    ]
+
+    def draw(generator: torch.Generator) -> dict:
+        index = torch.randint(0, len(rows), (batch_size,), generator=generator).tolist()
+        return collate_sft([rows[i][0] for i in index], [rows[i][1] for i in index], tokenizer.pad_token_id)
+
+    return draw
+
+
+def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: bool = False) -> dict:
+    roles = load_roles(config)
+    stats = TruncationStats()
+    prompts = encode_prompts(
+        roles.tokenizer, config.data.prompts, format=config.data.format,
+        max_tokens=config.data.max_prompt_tokens, skip_invalid=config.data.skip_invalid, stats=stats,
+    )
+    ptx = None
+    if config.data.ptx and config.policy.ptx_coef > 0:
+        ptx = ptx_sampler(roles.tokenizer, config.data.ptx, config.data.ptx_batch_size, config.data.max_prompt_tokens)
+    trainer = RLTrainer(config, roles, prompts, ptx_batches=ptx, evaluator=evaluator, resume=resume, quiet=quiet)
+    final = trainer.train()
+    if not quiet:
+        shown = {k: v for k, v in final.items() if isinstance(v, (int, float)) and not k.startswith("time/")}
+        print_summary(f"RL run finished: {config.out}", shown)
+    return final
+
+
+def run_eval(args) -> dict:
+    """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison."""
+    tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
+    prompts = encode_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=False)[: args.n]
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    judge = _load_judge(args.judge, tokenizer, args.prompts, args.n)
+    results = {}
+    scores = {}
+    for name, path in (("policy", args.policy), ("baseline", args.baseline)):
+        model = load_causal_lm(path)
+        s, texts, _ = score_policy(model, tokenizer, prompts, judge, sampling, seed=args.seed)
+        scores[name] = s
+        results[name] = {"path": str(path), **mean_with_ci(s), "samples": texts[:5]}
+    results["comparison"] = compare_scores(scores["policy"], scores["baseline"])
+    results["judge"] = str(args.judge)
+    out = Path(args.out) if args.out else Path(args.policy) / "eval.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    cmp = results["comparison"]
+    print_summary(
+        f"eval: {args.policy} vs {args.baseline} (judge {args.judge}, n={cmp['n']})",
+        {
+            "policy reward": f"{results['policy']['mean']:.4f} ± {results['policy']['mean'] - results['policy']['ci95'][0]:.4f}",
+            "baseline reward": f"{results['baseline']['mean']:.4f} ± {results['baseline']['mean'] - results['baseline']['ci95'][0]:.4f}",
+            "win / tie / loss": f"{cmp['win']:.3f} / {cmp['tie']:.3f} / {cmp['loss']:.3f}",
+            "win rate (ties half)": f"{cmp['win_rate']:.3f} [{cmp['win_rate_ci95'][0]:.3f}, {cmp['win_rate_ci95'][1]:.3f}]",
+            "written": str(out),
+        },
+    )
+    return results
+
+
+def _load_judge(spec: str, tokenizer, prompts_path: str, n: int):
+    """`judge_factory(start, end)`: a reward-model directory, or `world:DIR` for a built-in world's gold reward."""
+    if spec.startswith("world:"):
+        from rlhf.data.tokenize import render_prompt
+        from rlhf.train.evaluate import text_judge
+        from rlhf.worlds import load_world
+
+        world = load_world(spec[len("world:") :])
+        texts = [render_prompt(tokenizer, ex.prompt) for ex in load_examples(prompts_path, kind="prompt").examples][:n]
+        return lambda start, end: text_judge(world.gold_rewards, texts[start:end])
+    from rlhf.models.scalar_head import ScalarHeadModel
+
+    judge = reward_model_judge(ScalarHeadModel.from_pretrained(spec))
+    return lambda start, end: judge

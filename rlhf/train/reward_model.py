@@ -1,0 +1,217 @@
+"""Reward-model training (`rlhf rm`): pairwise ranking loss + beta_rm * LM loss on the chosen response.
+
+    L_rank = -mean log sigmoid(r(x, y_w) - r(x, y_l))          (PPO paper sec. 4)
+    L_RM   = L_rank + lm_coef * L_LM(chosen)                    (token-mean next-token CE)
+
+The reward is read at the last real token (the EOS) from the attention mask. Pairs are batched by
+count or by token budget (the paper's dynamic batches); the best checkpoint by held-out accuracy
+is the one left in the run directory.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from rlhf.config import RewardConfig, save_config
+from rlhf.data.collate import collate_pairs, token_budget_batches
+from rlhf.data.loading import load_examples, split_examples
+from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
+from rlhf.models.backbone import head_logits
+from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
+from rlhf.models.lora import apply_lora
+from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
+from rlhf.monitor import MetricsLogger, print_summary
+from rlhf.train.checkpoint import atomic_directory
+from rlhf.train.lm_loss import token_nll
+from rlhf.train.optim import build_optimizer, clip_and_step
+
+
+@dataclass
+class EncodedPair:
+    prompt_ids: list[int]
+    chosen_ids: list[int]  # EOS included
+    rejected_ids: list[int]  # EOS included
+
+    @property
+    def num_tokens(self) -> int:
+        return 2 * len(self.prompt_ids) + len(self.chosen_ids) + len(self.rejected_ids)
+
+
+def encode_pairs(tokenizer, examples, config: RewardConfig, stats: TruncationStats) -> list[EncodedPair]:
+    d = config.data
+    return [
+        EncodedPair(
+            encode_prompt(tokenizer, ex.prompt, d.max_prompt_tokens, stats=stats),
+            encode_response(tokenizer, ex.chosen, d.max_response_tokens, stats=stats),
+            encode_response(tokenizer, ex.rejected, d.max_response_tokens, stats=stats),
+        )
+        for ex in examples
+    ]
+
+
+def pair_forward(model: ScalarHeadModel, rows: list[EncodedPair], pad_id: int, with_lm: bool):
+    """Rewards of chosen and rejected ([b] each) and the LM NLL sum/count on the chosen responses."""
+    batch = collate_pairs([r.prompt_ids for r in rows], [r.chosen_ids for r in rows], [r.rejected_ids for r in rows], pad_id)
+    ids, attn = batch["input_ids"], batch["attention_mask"]  # 2b rows, chosen first
+    hidden = model.hidden_states(ids, attn)
+    rewards = model.values_from_hidden(hidden).gather(1, last_token_index(attn).unsqueeze(1)).squeeze(1)
+    b = len(rows)
+    nll, count = torch.zeros(()), 0
+    if with_lm:  # the LM head only on the chosen rows
+        nll, count = token_nll(head_logits(model.causal_lm, hidden[:b]), ids[:b], batch["response_mask"][:b])
+    return rewards[:b], rewards[b:], nll, count
+
+
+def ranking_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """Sum over pairs of -log sigmoid(r_w - r_l) (the caller divides by the batch's pair count)."""
+    return -F.logsigmoid(chosen - rejected).sum()
+
+
+@torch.no_grad()
+def evaluate_pairs(model: ScalarHeadModel, rows: list[EncodedPair], pad_id: int, batch_size: int, with_lm: bool) -> dict:
+    """Accuracy (r_w > r_l), margins, ranking loss and the LM perplexity on held-out pairs."""
+    model.eval()
+    margins, nll_sum, count = [], 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        chosen, rejected, nll, n = pair_forward(model, rows[start : start + batch_size], pad_id, with_lm)
+        margins.append(chosen - rejected)
+        nll_sum, count = nll_sum + float(nll), count + n
+    margin = torch.cat(margins) if margins else torch.zeros(0)
+    out = {
+        "accuracy": float((margin > 0).float().mean()) if len(margin) else 0.0,
+        "margin_mean": float(margin.mean()) if len(margin) else 0.0,
+        "margin_std": float(margin.std()) if len(margin) > 1 else 0.0,
+        "rank_loss": float(-F.logsigmoid(margin).mean()) if len(margin) else 0.0,
+        "margins": [round(float(m), 4) for m in margin],  # the distribution (PPO paper Fig. 2)
+    }
+    if with_lm:
+        out["lm_ppl"] = math.exp(min(nll_sum / max(count, 1), 50.0))
+    return out
+
+
+def plan_batches(rows: list[EncodedPair], config: RewardConfig, generator: torch.Generator) -> list[list[int]]:
+    """One epoch of pair-index batches: fixed pair count, or about `max_tokens` tokens each."""
+    t = config.train
+    order = torch.randperm(len(rows), generator=generator).tolist()
+    if t.batching == "tokens":
+        lengths = [rows[i].num_tokens for i in order]
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        return [[order[j] for j in batch] for batch in token_budget_batches(lengths, t.max_tokens, max_batch=128, seed=seed)]
+    return [order[i : i + t.batch_size] for i in range(0, len(order), t.batch_size)]
+
+
+def run_reward_training(
+    config: RewardConfig,
+    *,
+    model: ScalarHeadModel | None = None,
+    tokenizer=None,
+    train_rows: list[EncodedPair] | None = None,
+    test_rows: list[EncodedPair] | None = None,
+    quiet: bool = False,
+) -> dict:
+    """Train, keep the best held-out checkpoint in `config.out`, return the final metrics."""
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(config, out / "config.yaml")
+    torch.manual_seed(config.seed)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.model, gguf_file=config.gguf_file)
+    tokenizer = prepare_tokenizer(tokenizer)
+    if model is None:
+        lm = load_causal_lm(config.model, gguf_file=config.gguf_file)
+        if config.lora.enabled:
+            lm = apply_lora(lm, r=config.lora.r, alpha=config.lora.alpha, dropout=config.lora.dropout,
+                            target_modules=config.lora.target_modules)
+        model = ScalarHeadModel.from_causal_lm(lm)
+    stats = TruncationStats()
+    if train_rows is None:
+        loaded = load_examples(config.data.path, kind="preference", format=config.data.format,
+                               skip_invalid=config.data.skip_invalid)
+        train_ex, test_ex = split_examples(loaded.examples, config.data.test_fraction, seed=config.seed)
+        train_rows = encode_pairs(tokenizer, train_ex, config, stats)
+        test_rows = encode_pairs(tokenizer, test_ex, config, stats)
+    test_rows = test_rows or []
+    t = config.train
+    with_lm = t.lm_coef > 0
+    pad_id = tokenizer.pad_token_id
+    generator = torch.Generator().manual_seed(config.seed)
+    epochs = max(1, math.ceil(t.epochs))
+    plan = [b for _ in range(epochs) for b in plan_batches(train_rows, config, generator)]
+    steps = t.max_steps or max(1, math.ceil(len(plan) * t.epochs / epochs))
+    plan = (plan * math.ceil(steps / max(len(plan), 1)))[:steps]
+    optimizer, scheduler = build_optimizer(model.parameters(), config.optim, steps)
+    logger = MetricsLogger(out, sinks=("jsonl",) if quiet else tuple(config.sinks), total=steps,
+                           key_metrics=("train/loss", "train/accuracy", "eval/accuracy"))
+    best = {"accuracy": -1.0, "step": -1}
+    final: dict = {}
+    with logger:
+        for step, indices in enumerate(plan):
+            model.train()
+            rows = [train_rows[i] for i in indices]
+            chosen_tokens = sum(len(r.chosen_ids) for r in rows)
+            rank_sum, lm_sum, correct, margin_sum = 0.0, 0.0, 0, 0.0
+            for start in range(0, len(rows), t.micro_batch_size):
+                micro = rows[start : start + t.micro_batch_size]
+                chosen, rejected, nll, _ = pair_forward(model, micro, pad_id, with_lm)
+                rank = ranking_loss(chosen, rejected)
+                loss = rank / len(rows) + (t.lm_coef * nll / chosen_tokens if with_lm else 0.0)
+                loss.backward()  # pair mean and chosen-token mean over the whole step
+                rank_sum += float(rank)
+                lm_sum += float(nll)
+                correct += int((chosen > rejected).sum())
+                margin_sum += float((chosen - rejected).sum())
+            grad_norm = clip_and_step(optimizer, scheduler, model.parameters(), config.optim.max_grad_norm)
+            metrics = {
+                "train/loss": rank_sum / len(rows) + (t.lm_coef * lm_sum / chosen_tokens if with_lm else 0.0),
+                "train/rank_loss": rank_sum / len(rows),
+                "train/accuracy": correct / len(rows),
+                "train/margin_mean": margin_sum / len(rows),
+                "train/pairs": len(rows),
+                "train/grad_norm": grad_norm,
+                "train/lr": scheduler.get_last_lr()[0],
+            }
+            if with_lm:
+                metrics["train/lm_ppl"] = math.exp(min(lm_sum / chosen_tokens, 50.0))
+            last = step == steps - 1
+            if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
+                result = evaluate_pairs(model, test_rows, pad_id, t.micro_batch_size, with_lm)
+                metrics.update({f"eval/{k}": v for k, v in result.items()})
+                if result["accuracy"] > best["accuracy"]:  # keep the best checkpoint by held-out accuracy
+                    best = {"accuracy": result["accuracy"], "step": step}
+                    save_reward_model(model, tokenizer, out / "best")
+            if last or step % t.log_every == 0 or "eval/accuracy" in metrics:
+                logger.log(step, metrics, kind="step")
+            final = metrics
+    model.eval()
+    if best["step"] >= 0:
+        for item in (out / "best").iterdir():  # promote the best checkpoint to the run directory
+            target = out / item.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            item.replace(target)
+        shutil.rmtree(out / "best", ignore_errors=True)
+    else:
+        save_reward_model(model, tokenizer, out)
+    final["best_step"], final["best_accuracy"] = best["step"], best["accuracy"]
+    if not quiet:
+        print_summary(f"Reward model finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)})
+    return final
+
+
+def save_reward_model(model: ScalarHeadModel, tokenizer, directory: Path) -> None:
+    """Atomic `save_pretrained` (LoRA adapters merged) with the tokenizer beside it."""
+    to_save = model
+    if hasattr(model.causal_lm, "merge_and_unload"):
+        import copy
+
+        to_save = copy.deepcopy(model)
+        to_save.causal_lm = to_save.causal_lm.merge_and_unload()
+    with atomic_directory(Path(directory)) as tmp:
+        to_save.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)

@@ -1,0 +1,136 @@
+"""Supervised fine-tuning: next-token loss on response tokens only (`rlhf sft`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlhf.config import SFTConfig, save_config
+from rlhf.data.collate import collate_sft
+from rlhf.data.loading import load_examples, split_examples
+from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
+from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
+from rlhf.models.lora import apply_lora
+from rlhf.monitor import MetricsLogger, print_summary
+from rlhf.train.lm_loss import model_token_nll
+from rlhf.train.optim import build_optimizer, clip_and_step
+
+
+@dataclass
+class EncodedSFT:
+    prompt_ids: list[int]
+    response_ids: list[int]  # EOS included
+
+
+def encode_sft_examples(tokenizer, examples, config: SFTConfig, stats: TruncationStats) -> list[EncodedSFT]:
+    return [
+        EncodedSFT(
+            encode_prompt(tokenizer, ex.prompt, config.data.max_prompt_tokens, stats=stats),
+            encode_response(tokenizer, ex.response, config.data.max_response_tokens, stats=stats),
+        )
+        for ex in examples
+    ]
+
+
+def sft_batch(rows: list[EncodedSFT], pad_id: int) -> dict:
+    return collate_sft([r.prompt_ids for r in rows], [r.response_ids for r in rows], pad_id)
+
+
+def train_steps(model, rows: list[EncodedSFT], pad_id: int, micro_batch_size: int) -> tuple[float, int]:
+    """Forward/backward one optimizer batch with token-weighted gradient accumulation."""
+    total = sum(len(r.response_ids) for r in rows)
+    loss_sum = 0.0
+    for start in range(0, len(rows), micro_batch_size):
+        batch = sft_batch(rows[start : start + micro_batch_size], pad_id)
+        nll, count = model_token_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        (nll / total).backward()  # token mean over the whole batch, however it is split
+        loss_sum += float(nll)
+    return loss_sum, total
+
+
+@torch.no_grad()
+def evaluate_nll(model, rows: list[EncodedSFT], pad_id: int, batch_size: int) -> dict:
+    """Token-mean NLL and perplexity on response tokens (EOS included)."""
+    was_training = model.training
+    model.eval()
+    nll_sum, count = 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        batch = sft_batch(rows[start : start + batch_size], pad_id)
+        nll, n = model_token_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        nll_sum, count = nll_sum + float(nll), count + n
+    model.train(was_training)
+    loss = nll_sum / max(count, 1)
+    return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": count}
+
+
+def run_sft(
+    config: SFTConfig,
+    *,
+    model=None,
+    tokenizer=None,
+    train_rows: list[EncodedSFT] | None = None,
+    test_rows: list[EncodedSFT] | None = None,
+    quiet: bool = False,
+) -> dict:
+    """Train, evaluate, and save a Hugging Face directory at `config.out`. Returns the final metrics."""
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(config, out / "config.yaml")
+    torch.manual_seed(config.seed)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.model, gguf_file=config.gguf_file)
+    tokenizer = prepare_tokenizer(tokenizer)
+    if model is None:
+        model = load_causal_lm(config.model, gguf_file=config.gguf_file)
+    if config.lora.enabled:
+        model = apply_lora(
+            model, r=config.lora.r, alpha=config.lora.alpha, dropout=config.lora.dropout,
+            target_modules=config.lora.target_modules,
+        )
+    stats = TruncationStats()
+    if train_rows is None:
+        loaded = load_examples(
+            config.data.path, kind="sft", format=config.data.format, skip_invalid=config.data.skip_invalid
+        )
+        train_ex, test_ex = split_examples(loaded.examples, config.data.test_fraction, seed=config.seed)
+        train_rows = encode_sft_examples(tokenizer, train_ex, config, stats)
+        test_rows = encode_sft_examples(tokenizer, test_ex, config, stats)
+    test_rows = test_rows or []
+    pad_id = tokenizer.pad_token_id
+    t = config.train
+    steps = t.max_steps or max(1, math.ceil(t.epochs * len(train_rows) / t.batch_size))
+    optimizer, scheduler = build_optimizer(model.parameters(), config.optim, steps)
+    generator = torch.Generator().manual_seed(config.seed)
+    order: list[int] = []
+    logger = MetricsLogger(out, sinks=("jsonl",) if quiet else tuple(config.sinks), total=steps,
+                           key_metrics=("train/loss", "eval/loss", "eval/ppl"))
+    final: dict = {}
+    model.train()
+    with logger:
+        for step in range(steps):
+            if len(order) < t.batch_size:
+                order += torch.randperm(len(train_rows), generator=generator).tolist()
+            rows = [train_rows[i] for i in order[: t.batch_size]]
+            del order[: t.batch_size]
+            loss_sum, tokens = train_steps(model, rows, pad_id, t.micro_batch_size)
+            grad_norm = clip_and_step(optimizer, scheduler, model.parameters(), config.optim.max_grad_norm)
+            metrics = {"train/loss": loss_sum / max(tokens, 1), "train/grad_norm": grad_norm,
+                       "train/lr": scheduler.get_last_lr()[0], "train/tokens": tokens}
+            last = step == steps - 1
+            if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
+                metrics.update({f"eval/{k}": v for k, v in evaluate_nll(model, test_rows, pad_id, t.micro_batch_size).items()})
+            if last or step % t.log_every == 0 or "eval/loss" in metrics:
+                logger.log(step, metrics, kind="step")
+            final = metrics
+        final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
+    model.eval()
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if not quiet:
+        print_summary(f"SFT finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)})
+    return final

@@ -1,0 +1,323 @@
+"""Sampling: logits filters against plain loops, the KV-cache loop against a no-cache loop and HF."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from models_testing import fixed_logits_lm, left_pad
+
+from rlhf.models.backbone import position_ids
+from rlhf.models.logprobs import response_logprobs
+from rlhf.models.sampling import (
+    SamplingConfig,
+    apply_repetition_penalty,
+    generate,
+    next_tokens,
+    top_k_filter,
+    top_p_filter,
+)
+
+EOS, PAD = 3, 0
+PROMPTS = [[5, 6, 7, 8, 9], [10], [11, 12, 13]]
+GREEDY = SamplingConfig(max_new_tokens=12, do_sample=False)
+
+logit_rows = st.lists(
+    st.floats(-5, 5, allow_nan=False, width=32).map(lambda x: round(x, 2)), min_size=2, max_size=12
+)
+
+
+def reference_greedy(model, prompt, config, eos=EOS):
+    """No KV cache, one row, a Python set of seen tokens: the full forward at every step."""
+    ids = list(prompt)
+    response = []
+    for _ in range(config.max_new_tokens):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        for token in set(ids):
+            value = logits[token]
+            logits[token] = value / config.repetition_penalty if value > 0 else value * config.repetition_penalty
+        token = int(logits.argmax())
+        ids.append(token)
+        response.append(token)
+        if token == eos:
+            break
+    return response
+
+
+# -- config --------------------------------------------------------------------------------------
+
+
+def test_ppo_paper_preset():
+    config = SamplingConfig.ppo_paper(max_new_tokens=32)
+    assert (config.temperature, config.top_p, config.repetition_penalty) == (0.8, 0.9, 1.1)
+    assert config.do_sample and config.top_k == 0 and config.stop_at_eos and config.max_new_tokens == 32
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("max_new_tokens", 0), ("temperature", 0.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1), ("repetition_penalty", 0)],
+)
+def test_config_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"SamplingConfig.{field}"):
+        SamplingConfig(**{field: value})
+
+
+# -- filters -------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(row=logit_rows, seen_bits=st.lists(st.booleans(), min_size=12, max_size=12), penalty=st.floats(0.5, 2.0))
+def test_repetition_penalty_formula(row, seen_bits, penalty):
+    logits = torch.tensor([row])
+    seen = torch.tensor([seen_bits[: len(row)]])
+    out = apply_repetition_penalty(logits, seen, penalty)[0].tolist()
+    for i, x in enumerate(row):
+        x = torch.tensor(x).item()
+        want = (x / penalty if x > 0 else x * penalty) if seen_bits[i] else x
+        assert out[i] == pytest.approx(want, rel=1e-6, abs=1e-7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(row=st.lists(st.integers(-50, 50), min_size=2, max_size=12, unique=True), k=st.integers(0, 14))
+def test_top_k_keeps_exactly_the_k_largest(row, k):
+    logits = torch.tensor([row], dtype=torch.float32)
+    kept = torch.isfinite(top_k_filter(logits, k))[0].tolist()
+    if k == 0 or k >= len(row):
+        assert all(kept)
+    else:
+        largest = sorted(row, reverse=True)[:k]
+        assert kept == [x in largest for x in row]
+
+
+def nucleus(probs: list[float], p: float) -> set[int]:
+    """Plain loop: the most likely tokens, in order, until their mass reaches p."""
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])
+    kept, mass = set(), 0.0
+    for i in order:
+        kept.add(i)
+        mass += probs[i]
+        if mass >= p:
+            break
+    return kept
+
+
+@settings(max_examples=60, deadline=None)
+@given(row=st.lists(st.integers(-8, 8), min_size=2, max_size=10, unique=True), p=st.floats(0.05, 0.99))
+def test_top_p_keeps_the_nucleus(row, p):
+    logits = torch.tensor([row], dtype=torch.float32)
+    probs = torch.softmax(logits, -1)[0].double().tolist()
+    masses = sorted(probs, reverse=True)
+    boundary = [sum(masses[: i + 1]) for i in range(len(masses))]
+    if any(abs(b - p) < 1e-5 for b in boundary):
+        return  # a float tie at the boundary: either answer is right
+    kept = torch.isfinite(top_p_filter(logits, p))[0].tolist()
+    assert {i for i, k in enumerate(kept) if k} == nucleus(probs, p)
+
+
+def test_top_p_known_case():
+    logits = torch.log(torch.tensor([[0.05, 0.5, 0.15, 0.3]]))
+    assert torch.isfinite(top_p_filter(logits, 0.7)).tolist() == [[False, True, False, True]]
+    assert torch.isfinite(top_p_filter(logits, 0.9)).tolist() == [[False, True, True, True]]
+    assert torch.isfinite(top_p_filter(logits, 0.4)).tolist() == [[False, True, False, False]]
+    assert torch.equal(top_p_filter(logits, 1.0), logits)
+
+
+def test_sampling_never_leaves_the_nucleus_and_follows_its_renormalized_probabilities(lm):
+    probs = torch.zeros(44)
+    probs[[20, 21, 22, 23, 24, 25]] = torch.tensor([0.5, 0.25, 0.1, 0.05, 0.05, 0.05])
+    model = fixed_logits_lm(lm, torch.log(probs.clamp(min=1e-12)))
+    ids, mask = left_pad([[5]] * 200, PAD)
+    config = SamplingConfig(max_new_tokens=10, top_p=0.8)
+    rollout = generate(model, ids, mask, config, EOS, PAD, torch.Generator().manual_seed(0))
+    counts = torch.bincount(rollout.response_ids.flatten(), minlength=44).float()
+    # Nucleus of 0.8: 0.5 + 0.25 = 0.75 < 0.8, so the 0.1 token that crosses it is in; nothing else.
+    assert set(counts.nonzero().flatten().tolist()) == {20, 21, 22}
+    want = torch.tensor([0.5, 0.25, 0.1]) / 0.85
+    assert torch.allclose(counts[20:23] / counts.sum(), want, atol=0.03)
+
+
+def test_top_k_sampling_statistics(lm):
+    probs = torch.softmax(torch.linspace(0, 3, 44), -1)
+    model = fixed_logits_lm(lm, torch.log(probs))
+    ids, mask = left_pad([[5]] * 100, PAD)
+    config = SamplingConfig(max_new_tokens=20, top_k=3, stop_at_eos=False)
+    rollout = generate(model, ids, mask, config, EOS, PAD, torch.Generator().manual_seed(0))
+    counts = torch.bincount(rollout.response_ids.flatten(), minlength=44).float()
+    assert set(counts.nonzero().flatten().tolist()) == {41, 42, 43}
+    want = probs[41:] / probs[41:].sum()
+    assert torch.allclose(counts[41:] / counts.sum(), want, atol=0.03)
+
+
+# -- the loop ------------------------------------------------------------------------------------
+
+
+def test_greedy_matches_a_loop_without_cache_with_repetition_penalty(lm):
+    config = SamplingConfig(max_new_tokens=10, do_sample=False, repetition_penalty=1.5)
+    ids, mask = left_pad(PROMPTS, PAD)
+    rollout = generate(lm, ids, mask, config, EOS, PAD)
+    for b, prompt in enumerate(PROMPTS):
+        length = int(rollout.response_lengths[b])
+        assert rollout.response_ids[b, :length].tolist() == reference_greedy(lm, prompt, config)
+
+
+def test_greedy_generation_is_padding_invariant(lm):
+    """A batch of mixed prompt lengths gives each prompt the tokens it gets alone."""
+    ids, mask = left_pad(PROMPTS, PAD)
+    batch = generate(lm, ids, mask, GREEDY, EOS, PAD)
+    for b, prompt in enumerate(PROMPTS):
+        alone = generate(lm, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), GREEDY, EOS, PAD)
+        n = int(alone.response_lengths[0])
+        assert int(batch.response_lengths[b]) == n
+        assert batch.response_ids[b, :n].tolist() == alone.response_ids[0, :n].tolist()
+
+
+def test_greedy_equals_hugging_face_generate(lm):
+    ids, mask = left_pad(PROMPTS, PAD)
+    config = SamplingConfig(max_new_tokens=8, do_sample=False, stop_at_eos=False)
+    ours = generate(lm, ids, mask, config, EOS, PAD)
+    with torch.no_grad():
+        theirs = lm.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+            pad_token_id=PAD, eos_token_id=None,
+        )
+    assert torch.equal(ours.input_ids, theirs)
+
+
+def test_layout_of_a_sampled_rollout(lm):
+    ids, mask = left_pad(PROMPTS, PAD)
+    config = SamplingConfig(max_new_tokens=6)
+    probs = torch.full((44,), 1.0)
+    probs[EOS] = 6.0  # EOS likely but not certain: rows end at different steps
+    model = fixed_logits_lm(lm, probs.log())
+    rollout = generate(model, ids, mask, config, EOS, PAD, torch.Generator().manual_seed(3))
+    batch, total = rollout.input_ids.shape
+    prompt_length = rollout.prompt_length
+    assert prompt_length == ids.shape[1] and torch.equal(rollout.prompt_ids, ids)
+    assert torch.equal(rollout.prompt_mask, mask)
+    assert rollout.response_mask.dtype == torch.float32
+    assert torch.equal(rollout.response_mask, rollout.attention_mask[:, prompt_length:].float())
+    lengths = rollout.response_lengths.tolist()
+    assert max(lengths) == total - prompt_length  # trimmed to the longest response
+    assert len(set(lengths)) > 1
+    for b in range(batch):
+        n = lengths[b]
+        row = rollout.response_ids[b].tolist()
+        assert rollout.response_mask[b].tolist() == [1.0] * n + [0.0] * (len(row) - n)
+        assert all(t == PAD for t in row[n:])
+        assert EOS not in row[: n - 1]
+        assert bool(rollout.ended_with_eos[b]) == (row[n - 1] == EOS)
+
+
+def test_truncated_rows_did_not_end_with_eos(lm):
+    probs = torch.full((44,), 1.0)
+    probs[EOS] = 0.0  # EOS never sampled
+    model = fixed_logits_lm(lm, probs.log())
+    ids, mask = left_pad(PROMPTS, PAD)
+    rollout = generate(model, ids, mask, SamplingConfig(max_new_tokens=4), EOS, PAD, torch.Generator().manual_seed(0))
+    assert rollout.response_ids.shape == (3, 4)
+    assert not rollout.ended_with_eos.any()
+    assert (rollout.response_mask == 1).all()
+
+
+def test_early_exit_when_every_row_has_ended(lm):
+    probs = torch.full((44,), 1.0)
+    probs[EOS] = 100.0
+    model = fixed_logits_lm(lm, probs.log())
+    calls = []
+    model.model.register_forward_hook(lambda *_: calls.append(1))
+    ids, mask = left_pad(PROMPTS, PAD)
+    rollout = generate(model, ids, mask, SamplingConfig(max_new_tokens=50, do_sample=False), EOS, PAD)
+    assert rollout.response_ids.shape == (3, 1)
+    assert len(calls) == 1  # the prefill only: no step after every row chose EOS
+
+
+def test_stop_at_eos_off_runs_to_the_limit(lm):
+    probs = torch.full((44,), 1.0)
+    probs[EOS] = 100.0
+    model = fixed_logits_lm(lm, probs.log())
+    ids, mask = left_pad(PROMPTS, PAD)
+    config = SamplingConfig(max_new_tokens=5, do_sample=False, stop_at_eos=False)
+    rollout = generate(model, ids, mask, config, EOS, PAD)
+    assert rollout.response_ids.tolist() == [[EOS] * 5] * 3
+    assert (rollout.response_mask == 1).all()
+
+
+def test_seeded_generation_is_reproducible(lm):
+    ids, mask = left_pad(PROMPTS, PAD)
+    config = SamplingConfig.ppo_paper(max_new_tokens=10)
+    first = generate(lm, ids, mask, config, EOS, PAD, torch.Generator().manual_seed(7))
+    again = generate(lm, ids, mask, config, EOS, PAD, torch.Generator().manual_seed(7))
+    other = generate(lm, ids, mask, config, EOS, PAD, torch.Generator().manual_seed(8))
+    assert torch.equal(first.input_ids, again.input_ids)
+    assert torch.equal(first.attention_mask, again.attention_mask)
+    assert not torch.equal(first.input_ids, other.input_ids)
+
+
+def test_pad_equal_to_eos_keeps_the_eos_in_the_response_mask(lm):
+    """pad id == EOS id is allowed because masks come from lengths, never from comparing ids."""
+    probs = torch.full((44,), 1.0)
+    probs[EOS] = 5.0
+    model = fixed_logits_lm(lm, probs.log())
+    ids, mask = left_pad(PROMPTS, EOS)
+    rollout = generate(model, ids, mask, SamplingConfig(max_new_tokens=8), EOS, EOS, torch.Generator().manual_seed(0))
+    lengths = rollout.response_lengths
+    assert lengths.min() < lengths.max()  # some rows are padded with the EOS id
+    for b in range(len(PROMPTS)):
+        n = int(lengths[b])
+        if rollout.ended_with_eos[b]:
+            assert rollout.response_ids[b, n - 1] == EOS and rollout.response_mask[b, n - 1] == 1
+    logp, _ = response_logprobs(model, rollout.input_ids, rollout.attention_mask, rollout.prompt_length)
+    ended = rollout.ended_with_eos.nonzero().flatten()
+    assert len(ended) > 0
+    for b in ended.tolist():
+        assert logp[b, int(lengths[b]) - 1] < 0  # the EOS is scored as a real token
+
+
+def test_rollout_tensors_work_in_autograd(lm):
+    ids, mask = left_pad(PROMPTS, PAD)
+    rollout = generate(lm, ids, mask, SamplingConfig(max_new_tokens=4), EOS, PAD, torch.Generator().manual_seed(0))
+    assert not rollout.input_ids.is_inference() and not rollout.attention_mask.is_inference()
+    logp, _ = response_logprobs(lm, rollout.input_ids, rollout.attention_mask, rollout.prompt_length)
+    (logp * rollout.response_mask).sum().backward()
+    assert lm.lm_head.weight.grad is not None
+
+
+def test_model_mode_is_restored_and_prompts_are_checked(lm):
+    lm.train()
+    ids, mask = left_pad(PROMPTS, PAD)
+    generate(lm, ids, mask, GREEDY, EOS, PAD)
+    assert lm.training
+    right_ids = torch.flip(ids, [1])
+    with pytest.raises(ValueError, match=r"rows \[1, 2\].*left-padded"):
+        generate(lm, right_ids, torch.flip(mask, [1]), GREEDY, EOS, PAD)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        generate(lm, ids, mask, GREEDY, None, PAD)
+
+
+def test_several_eos_ids(lm):
+    probs = torch.full((44,), 1.0)
+    probs[7] = 100.0
+    model = fixed_logits_lm(lm, probs.log())
+    ids, mask = left_pad(PROMPTS, PAD)
+    rollout = generate(model, ids, mask, GREEDY, [EOS, 7], PAD)
+    assert rollout.response_ids.tolist() == [[7]] * 3 and rollout.ended_with_eos.all()
+
+
+def test_next_tokens_greedy_ignores_temperature_and_filters():
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]])
+    config = SamplingConfig(do_sample=False, temperature=5.0, top_k=1, top_p=0.1)
+    assert next_tokens(logits, config).tolist() == [1, 0]
+    seen = torch.tensor([[False, True, False], [True, False, False]])
+    penalized = SamplingConfig(do_sample=False, repetition_penalty=4.0)
+    assert next_tokens(logits, penalized, seen).tolist() == [2, 2]
+
+
+def test_position_ids_in_the_prefill_match_the_layout(lm):
+    """The loop's first step sees the same logits as a plain forward with mask-derived positions."""
+    ids, mask = left_pad(PROMPTS, PAD)
+    rollout = generate(lm, ids, mask, SamplingConfig(max_new_tokens=1, do_sample=False), EOS, PAD)
+    with torch.no_grad():
+        logits = lm(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[:, -1]
+    assert rollout.response_ids[:, 0].tolist() == logits.argmax(-1).tolist()

@@ -57,7 +57,9 @@ def find_gguf() -> Path:
 def chat_batch(tokenizer, questions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Chat-template prompts, left-padded (the layout `generate` expects)."""
     texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
         for q in questions
     ]
     with padding_side(tokenizer, "left"):
@@ -100,17 +102,23 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit")
     parser.add_argument("--bench-tokens", type=int, default=32, help="tokens per row in the throughput runs")
     parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per batch size (best kept)")
     parser.add_argument("--compare-hf", action="store_true", help="also time transformers' generate")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
 
     path = args.gguf or find_gguf()
     print(f"GGUF: {path}")
     start = time.perf_counter()
     tokenizer = load_tokenizer(path.parent, gguf_file=path.name)
     model = load_causal_lm(path.parent, gguf_file=path.name, dtype=torch.float32)
-    print(f"loaded in {time.perf_counter() - start:.1f}s: {type(model).__name__}, "
-          f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, float32")
+    print(
+        f"loaded in {time.perf_counter() - start:.1f}s: {type(model).__name__}, "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, float32"
+    )
 
     # One sampled answer with the PPO paper's sampling preset.
     config = SamplingConfig.ppo_paper(max_new_tokens=args.max_new_tokens)
@@ -131,17 +139,25 @@ def main() -> None:
 
     # Throughput: fixed-length responses (EOS ignored) so every run does the same work.
     bench = SamplingConfig(
-        max_new_tokens=args.bench_tokens, temperature=0.8, top_p=0.9, repetition_penalty=1.1, stop_at_eos=False
+        max_new_tokens=args.bench_tokens,
+        temperature=0.8,
+        top_p=0.9,
+        repetition_penalty=1.1,
+        stop_at_eos=False,
     )
-    print(f"\nsampling throughput ({args.bench_tokens} new tokens per row, {torch.get_num_threads()} threads):")
+    print(
+        f"\nsampling throughput ({args.bench_tokens} new tokens per row, {torch.get_num_threads()} threads, "
+        f"best of {args.repeats}):"
+    )
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
         questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(batch_size)]
         ids, mask = chat_batch(tokenizer, questions)
         time_ours(model, ids[:, -8:], mask[:, -8:], SamplingConfig(max_new_tokens=2), tokenizer)  # warm-up
-        ours = time_ours(model, ids, mask, bench, tokenizer)
+        ours = max(time_ours(model, ids, mask, bench, tokenizer) for _ in range(args.repeats))
         line = f"  batch {batch_size:>2}: rlhf.generate {ours:7.1f} tokens/s"
         if args.compare_hf:
-            line += f" | transformers generate {time_hf(model, ids, mask, bench, tokenizer):7.1f} tokens/s"
+            theirs = max(time_hf(model, ids, mask, bench, tokenizer) for _ in range(args.repeats))
+            line += f" | transformers generate {theirs:7.1f} tokens/s"
         print(line)
 
 

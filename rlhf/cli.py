@@ -147,11 +147,13 @@ def run_train_command(args, rest) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").exists():
             raise SystemExit(f"rlhf train --resume: {run_dir}/config.yaml not found. Fix: pass a run directory.")
+        from rlhf.config import deep_merge, from_dict, parse_overrides, to_dict, validate
+
         config = config_from_yaml(RLConfig, run_dir / "config.yaml")
         if rest:
-            from rlhf.config import deep_merge, from_dict, parse_overrides, to_dict
-
             config = from_dict(RLConfig, deep_merge(to_dict(config), parse_overrides(rest)), origin="command line")
+        config.out = str(run_dir)  # the run directory given, wherever the run was first written
+        validate(config)
         run_rl(config, resume=True)
         return 0
     named = {

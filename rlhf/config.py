@@ -320,6 +320,11 @@ def parse_overrides(args: list[str]) -> dict:
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, str):
+            try:
+                value = float(value)  # YAML 1.1 reads "1e-3" (no dot) as a string
+            except ValueError:
+                pass
         if isinstance(value, str) and raw.strip() == "":
             value = ""
         node = out
@@ -345,7 +350,7 @@ def deep_merge(base: dict, top: dict) -> dict:
 def from_dict(cls: type, data: dict, *, origin: str = "config", prefix: str = ""):
     """Build dataclass `cls` from a nested dict, checking keys and types."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: {prefix or 'the config'} must be a mapping, got {data!r}.")
+        raise ConfigError(f"{origin}: {prefix.rstrip('.') or 'the config'} must be a mapping, got {data!r}.")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -453,18 +458,52 @@ def load_config(cls: type, *, preset: str | None = None, file: str | None = None
 
 
 def validate(config) -> None:
-    """Cross-field checks with the fix in the message."""
-    if isinstance(config, RLConfig):
-        if config.train.buffer_size < 1:
-            raise ConfigError("train.buffer_size must be >= 1 (rollout batches kept).")
-        if config.rollout.batch_size < config.train.minibatches:
-            raise ConfigError("train.minibatches must not exceed rollout.batch_size.")
-        if config.kl.adaptive and config.kl.beta <= 0:
-            raise ConfigError("kl.adaptive needs kl.beta > 0 as its initial value.")
-        if config.policy.dual_clip is not None and config.policy.dual_clip <= 1:
-            raise ConfigError("policy.dual_clip must be > 1 (or null to turn it off).")
-        if config.rollout.temperature <= 0:
-            raise ConfigError("rollout.temperature must be > 0.")
+    """Cross-field and range checks, each naming the key and the fix."""
+    if not isinstance(config, RLConfig):
+        return
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    c = config
+    need(c.train.buffer_size >= 1, "train.buffer_size must be >= 1 (rollout batches kept).")
+    need(c.train.ppo_epochs >= 1, "train.ppo_epochs must be >= 1.")
+    need(c.train.minibatches >= 1, "train.minibatches must be >= 1.")
+    need(c.train.micro_batch_size >= 1, "train.micro_batch_size must be >= 1.")
+    need(c.rollout.batch_size >= c.train.minibatches, "train.minibatches must not exceed rollout.batch_size.")
+    need(c.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1.")
+    need(c.rollout.temperature > 0, "rollout.temperature must be > 0.")
+    need(0 < c.rollout.top_p <= 1, "rollout.top_p must be in (0, 1].")
+    need(c.kl.beta >= 0, "kl.beta must be >= 0 (0 turns the KL penalty off).")
+    need(not c.kl.adaptive or c.kl.beta > 0, "kl.adaptive needs kl.beta > 0 as its initial value.")
+    need(
+        not c.kl.adaptive or c.kl.horizon >= c.rollout.batch_size,
+        f"kl.horizon must be >= rollout.batch_size ({c.rollout.batch_size}) with kl.adaptive, "
+        "or the coefficient can turn negative.",
+    )
+    need(c.kl.target > 0, "kl.target must be > 0.")
+    need(
+        not c.reward.discounted or (c.reward.scale and not c.reward.normalize),
+        "reward.discounted is a variant of reward scaling: set reward.scale true and reward.normalize false.",
+    )
+    need(0 <= c.reward.discount_gamma < 1, "reward.discount_gamma must be in [0, 1).")
+    for key, value in (
+        ("reward.clip", c.reward.clip),
+        ("advantage.clip", c.advantage.clip),
+        ("critic.value_clip", c.critic.value_clip),
+        ("policy.awr_max_weight", c.policy.awr_max_weight),
+    ):
+        need(value is None or value > 0, f"{key} must be > 0, or null to turn it off.")
+    need(0 <= c.advantage.gamma <= 1, "advantage.gamma must be in [0, 1].")
+    need(0 <= c.advantage.lam <= 1, "advantage.lam must be in [0, 1].")
+    need(c.policy.clip_eps > 0, "policy.clip_eps must be > 0.")
+    need(c.policy.dual_clip is None or c.policy.dual_clip > 1, "policy.dual_clip must be > 1 (or null to turn it off).")
+    need(c.policy.apa_lam > 0, "policy.apa_lam must be > 0.")
+    need(c.policy.awr_lam > 0, "policy.awr_lam must be > 0.")
+    need(c.policy.entropy_coef >= 0, "policy.entropy_coef must be >= 0.")
+    need(c.policy.ptx_coef >= 0, "policy.ptx_coef must be >= 0.")
+    need(c.critic.pretrain_iterations >= 0, "critic.pretrain_iterations must be >= 0.")
 
 
 def save_config(config, path: str | Path) -> None:

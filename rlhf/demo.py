@@ -88,6 +88,7 @@ class DemoConfig:
     eval_prompts: int = 128  # held-out prompts per evaluation
     algorithms: list[str] = field(default_factory=lambda: ["ppo_max"])  # without --compare
     rl: dict = field(default_factory=dict)  # overrides applied to every RL run (dotted RLConfig keys, nested)
+    threads: int = 1  # torch intra-op threads: tiny models run fastest on one (no thread contention)
 
 
 # Settings of every demo RL run, layered over each algorithm's preset (tiny models want large rates).
@@ -173,6 +174,8 @@ def run_demo(
     quiet: bool = False,
 ) -> int:
     cfg = demo_config(config_file, overrides or [])
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
     out_dir = Path(out)
     clear_demo_outputs(out_dir)
     started = time.perf_counter()

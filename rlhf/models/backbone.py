@@ -49,7 +49,9 @@ def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return decoder, head
 
 
-def decoder_hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def decoder_hidden_states(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
     """Last hidden states [B, L, H] of the decoder, position ids from the mask, no KV cache."""
     decoder, _ = causal_lm_parts(model)
     out = decoder(

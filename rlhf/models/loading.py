@@ -93,7 +93,9 @@ def _check_source(path: str | os.PathLike, gguf_file: str | None, needs_model_co
     p = Path(path)
     if not p.exists():
         if str(path).startswith((".", "/", "~")) or str(path).count("/") > 1:
-            raise ModelLoadingError(f"Model path {str(path)!r} does not exist. Fix: pass an existing directory.")
+            raise ModelLoadingError(
+                f"Model path {str(path)!r} does not exist. Fix: pass an existing directory."
+            )
         return  # a hub id: let transformers resolve it (needs network or the local cache)
     if p.is_file() and gguf_file is None:
         raise ModelLoadingError(
@@ -107,7 +109,12 @@ def _check_source(path: str | os.PathLike, gguf_file: str | None, needs_model_co
                 "as path and the file name as gguf_file."
             )
         return
-    if needs_model_config and p.is_dir() and not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+    if (
+        needs_model_config
+        and p.is_dir()
+        and not (p / "config.json").is_file()
+        and not (p / "adapter_config.json").is_file()
+    ):
         raise ModelLoadingError(
             f"{str(path)!r} has no config.json: it is not a save_pretrained directory. Fix: point to the "
             "directory written by save_pretrained, or pass gguf_file= for a GGUF checkpoint."

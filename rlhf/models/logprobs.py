@@ -50,7 +50,11 @@ def _check_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
 
 
 def _chunk_logprobs(
-    head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target) and entropy for one chunk: [B, t, H] -> two [B, t] (entropy empty if not asked)."""
     logits = head(hidden).float()
@@ -60,8 +64,10 @@ def _chunk_logprobs(
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     if not with_entropy:
         return logp, logp.new_empty(0)
-    # H = -sum p log p = logsumexp(z) - sum p z
-    entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    # H = -sum p log p = logsumexp(z) - sum p z; -inf logits (banned tokens) become the lowest
+    # finite value so that p * z is 0, not NaN, in the forward and the backward pass.
+    finite = logits.clamp(min=torch.finfo(logits.dtype).min)
+    entropy = log_norm - (torch.softmax(finite, dim=-1) * finite).sum(-1)
     return logp, entropy
 
 

@@ -56,7 +56,9 @@ class ReferenceModel:
         with torch.no_grad(), eval_mode(self.model):
             if self.mode == "adapter":
                 with self.model.disable_adapter():
-                    logp, _ = response_logprobs(self.model, input_ids, attention_mask, prompt_length, temperature)
+                    logp, _ = response_logprobs(
+                        self.model, input_ids, attention_mask, prompt_length, temperature
+                    )
             else:
                 logp, _ = response_logprobs(self.model, input_ids, attention_mask, prompt_length, temperature)
         return logp

@@ -109,11 +109,14 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 def truncate_after(path: str | os.PathLike, step: int) -> int:
     """Drop every record whose step is > `step` (and an interrupted last line); return how many were kept.
 
+    Records without an `iteration`/`step` key (e.g. critic pre-training records, keyed `pretrain`)
+    are kept: a checkpoint is only written after pre-training has finished.
+
     The file is rewritten through a temporary file and `os.replace`, so a crash leaves either the
     old or the new file, never a half-written one.
     """
     path = Path(path)
-    kept = [record for record in read_metrics(path) if (record_step(record) or 0) <= step]
+    kept = [r for r in read_metrics(path) if record_step(r) is None or record_step(r) <= step]
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
         for record in kept:

@@ -22,18 +22,24 @@ def reward_model_judge(reward_model, micro_batch_size: int = 16) -> Judge:
     def judge(rollout: Rollout, responses: list[str]) -> torch.Tensor:
         ids, attn = rollout.input_ids, rollout.attention_mask
         return torch.cat(
-            [reward_model.score(ids[i : i + micro_batch_size], attn[i : i + micro_batch_size])
-             for i in range(0, len(ids), micro_batch_size)]
+            [
+                reward_model.score(ids[i : i + micro_batch_size], attn[i : i + micro_batch_size])
+                for i in range(0, len(ids), micro_batch_size)
+            ]
         ).float()
 
     return judge
 
 
-def text_judge(score_texts: Callable[[list[str], list[str], list[bool]], list[float]], prompts: list[str]) -> Judge:
+def text_judge(
+    score_texts: Callable[[list[str], list[str], list[bool]], list[float]], prompts: list[str]
+) -> Judge:
     """A judge from `score_texts(prompts, responses, ended_with_eos)`; `prompts` aligned with the rollout rows."""
 
     def judge(rollout: Rollout, responses: list[str]) -> torch.Tensor:
-        return torch.tensor(score_texts(prompts, responses, rollout.ended_with_eos.tolist()), dtype=torch.float32)
+        return torch.tensor(
+            score_texts(prompts, responses, rollout.ended_with_eos.tolist()), dtype=torch.float32
+        )
 
     return judge
 
@@ -41,7 +47,9 @@ def text_judge(score_texts: Callable[[list[str], list[str], list[bool]], list[fl
 def decode_responses(tokenizer, rollout: Rollout) -> list[str]:
     """Response texts without the EOS and padding (lengths come from the mask, not from pad ids)."""
     texts = []
-    for ids, mask, ended in zip(rollout.response_ids.tolist(), rollout.response_mask.tolist(), rollout.ended_with_eos.tolist()):
+    for ids, mask, ended in zip(
+        rollout.response_ids.tolist(), rollout.response_mask.tolist(), rollout.ended_with_eos.tolist()
+    ):
         n = int(sum(mask)) - (1 if ended else 0)
         texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True).strip())
     return texts
@@ -49,14 +57,27 @@ def decode_responses(tokenizer, rollout: Rollout) -> list[str]:
 
 @torch.inference_mode()
 def sample_responses(
-    policy, tokenizer, prompt_ids: list[list[int]], sampling: SamplingConfig, *, seed: int, batch_size: int = 32
+    policy,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    sampling: SamplingConfig,
+    *,
+    seed: int,
+    batch_size: int = 32,
 ) -> tuple[list[Rollout], list[str]]:
     generator = torch.Generator().manual_seed(seed)
     rollouts, texts = [], []
     for start in range(0, len(prompt_ids), batch_size):
         ids, mask = left_pad(prompt_ids[start : start + batch_size], tokenizer.pad_token_id)
-        rollout = generate(policy, ids, mask, sampling, eos_token_id=tokenizer.eos_token_id,
-                           pad_token_id=tokenizer.pad_token_id, generator=generator)
+        rollout = generate(
+            policy,
+            ids,
+            mask,
+            sampling,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            generator=generator,
+        )
         rollouts.append(rollout)
         texts.extend(decode_responses(tokenizer, rollout))
     return rollouts, texts
@@ -64,7 +85,9 @@ def sample_responses(
 
 def score_policy(policy, tokenizer, prompt_ids, judge_factory, sampling, *, seed: int, batch_size: int = 32):
     """Sample one response per prompt and score it. `judge_factory(start, end) -> Judge` for the prompt rows."""
-    rollouts, texts = sample_responses(policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=batch_size)
+    rollouts, texts = sample_responses(
+        policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=batch_size
+    )
     scores, start = [], 0
     for rollout in rollouts:
         end = start + rollout.input_ids.shape[0]
@@ -89,7 +112,9 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> list[float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return [max(0.0, centre - half), min(1.0, centre + half)]
+    low = 0.0 if successes <= 0 else max(0.0, centre - half)  # exact ends (rounding leaves ~1e-17)
+    high = 1.0 if successes >= n else min(1.0, centre + half)
+    return [low, high]
 
 
 def compare_scores(a: torch.Tensor, b: torch.Tensor, tie_tolerance: float = 1e-6) -> dict:

@@ -71,7 +71,8 @@ def concat_experiences(batches: list[Experience]) -> Experience:
         left = p_max - b.prompt_length
         right = t_max - b.response_mask.shape[1]
         seq = {
-            k: torch.nn.functional.pad(getattr(b, k), (left, right), value=0) for k in ("input_ids", "attention_mask")
+            k: torch.nn.functional.pad(getattr(b, k), (left, right), value=0)
+            for k in ("input_ids", "attention_mask")
         }
         tok = {
             f.name: torch.nn.functional.pad(getattr(b, f.name), (0, right), value=0)
@@ -109,6 +110,8 @@ def forward_in_chunks(
         response_cols = mask[:, prompt_length:]
         used = response_cols.sum(0) > 0
         width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
-        out = fn(ids[:, lead : prompt_length + width], mask[:, lead : prompt_length + width], prompt_length - lead)
+        out = fn(
+            ids[:, lead : prompt_length + width], mask[:, lead : prompt_length + width], prompt_length - lead
+        )
         outputs.append(torch.nn.functional.pad(out, (0, response_width - out.shape[1]), value=0.0))
     return torch.cat(outputs)

@@ -7,7 +7,9 @@ import torch
 from rlhf.models.logprobs import position_ids
 
 
-def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+def token_nll(
+    logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor
+) -> tuple[torch.Tensor, int]:
     """Sum of -log p(token) over positions where `loss_mask` is 1, and their count.
 
     `logits[:, j]` predicts `input_ids[:, j + 1]`, so token j is scored by the logits at j - 1;

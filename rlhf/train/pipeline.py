@@ -19,16 +19,23 @@ from rlhf.train.rl import RLTrainer
 from rlhf.train.roles import load_roles
 
 
-def encode_prompts(tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None) -> list[list[int]]:
+def encode_prompts(
+    tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None
+) -> list[list[int]]:
     loaded = load_examples(path, kind="prompt", format=format, skip_invalid=skip_invalid)
     return [encode_prompt(tokenizer, ex.prompt, max_tokens, stats=stats) for ex in loaded.examples]
 
 
-def ptx_sampler(tokenizer, path: str, batch_size: int, max_prompt_tokens: int, max_response_tokens: int = 256):
+def ptx_sampler(
+    tokenizer, path: str, batch_size: int, max_prompt_tokens: int, max_response_tokens: int = 256
+):
     """A function drawing a right-padded SFT batch for the PPO-ptx loss."""
     loaded = load_examples(path, kind="sft")
     rows = [
-        (encode_prompt(tokenizer, ex.prompt, max_prompt_tokens), encode_response(tokenizer, ex.response, max_response_tokens))
+        (
+            encode_prompt(tokenizer, ex.prompt, max_prompt_tokens),
+            encode_response(tokenizer, ex.response, max_response_tokens),
+        )
         for ex in loaded.examples
     ]
 
@@ -43,13 +50,21 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     roles = load_roles(config)
     stats = TruncationStats()
     prompts = encode_prompts(
-        roles.tokenizer, config.data.prompts, format=config.data.format,
-        max_tokens=config.data.max_prompt_tokens, skip_invalid=config.data.skip_invalid, stats=stats,
+        roles.tokenizer,
+        config.data.prompts,
+        format=config.data.format,
+        max_tokens=config.data.max_prompt_tokens,
+        skip_invalid=config.data.skip_invalid,
+        stats=stats,
     )
     ptx = None
     if config.data.ptx and config.policy.ptx_coef > 0:
-        ptx = ptx_sampler(roles.tokenizer, config.data.ptx, config.data.ptx_batch_size, config.data.max_prompt_tokens)
-    trainer = RLTrainer(config, roles, prompts, ptx_batches=ptx, evaluator=evaluator, resume=resume, quiet=quiet)
+        ptx = ptx_sampler(
+            roles.tokenizer, config.data.ptx, config.data.ptx_batch_size, config.data.max_prompt_tokens
+        )
+    trainer = RLTrainer(
+        config, roles, prompts, ptx_batches=ptx, evaluator=evaluator, resume=resume, quiet=quiet
+    )
     final = trainer.train()
     if not quiet:
         shown = {k: v for k, v in final.items() if isinstance(v, (int, float)) and not k.startswith("time/")}
@@ -60,8 +75,12 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
 def run_eval(args) -> dict:
     """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison."""
     tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
-    prompts = encode_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=False)[: args.n]
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    prompts = encode_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=False)[
+        : args.n
+    ]
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
+    )
     judge = _load_judge(args.judge, tokenizer, args.prompts, args.n)
     results = {}
     scores = {}
@@ -97,7 +116,9 @@ def _load_judge(spec: str, tokenizer, prompts_path: str, n: int):
         from rlhf.worlds import load_world
 
         world = load_world(spec[len("world:") :])
-        texts = [render_prompt(tokenizer, ex.prompt) for ex in load_examples(prompts_path, kind="prompt").examples][:n]
+        texts = [
+            render_prompt(tokenizer, ex.prompt) for ex in load_examples(prompts_path, kind="prompt").examples
+        ][:n]
         return lambda start, end: text_judge(world.gold_rewards, texts[start:end])
     from rlhf.models.scalar_head import ScalarHeadModel
 

@@ -8,7 +8,9 @@ import torch
 class PromptStream:
     def __init__(self, prompts: list[list[int]], seed: int):
         if not prompts:
-            raise ValueError("no prompts to sample from. Fix: check data.prompts (the file has no usable rows).")
+            raise ValueError(
+                "no prompts to sample from. Fix: check data.prompts (the file has no usable rows)."
+            )
         self.prompts = prompts
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch = 0

@@ -26,10 +26,11 @@ from rlhf.models.backbone import head_logits
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
 from rlhf.models.lora import apply_lora
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
-from rlhf.monitor import MetricsLogger, print_summary
+from rlhf.monitor import print_summary
 from rlhf.train.checkpoint import atomic_directory
 from rlhf.train.lm_loss import token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
+from rlhf.train.run_dir import check_fresh_run_dir, open_metrics_logger, quiet_hf_saves
 
 
 @dataclass
@@ -57,7 +58,9 @@ def encode_pairs(tokenizer, examples, config: RewardConfig, stats: TruncationSta
 
 def pair_forward(model: ScalarHeadModel, rows: list[EncodedPair], pad_id: int, with_lm: bool):
     """Rewards of chosen and rejected ([b] each) and the LM NLL sum/count on the chosen responses."""
-    batch = collate_pairs([r.prompt_ids for r in rows], [r.chosen_ids for r in rows], [r.rejected_ids for r in rows], pad_id)
+    batch = collate_pairs(
+        [r.prompt_ids for r in rows], [r.chosen_ids for r in rows], [r.rejected_ids for r in rows], pad_id
+    )
     ids, attn = batch["input_ids"], batch["attention_mask"]  # 2b rows, chosen first
     hidden = model.hidden_states(ids, attn)
     rewards = model.values_from_hidden(hidden).gather(1, last_token_index(attn).unsqueeze(1)).squeeze(1)
@@ -74,7 +77,9 @@ def ranking_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_pairs(model: ScalarHeadModel, rows: list[EncodedPair], pad_id: int, batch_size: int, with_lm: bool) -> dict:
+def evaluate_pairs(
+    model: ScalarHeadModel, rows: list[EncodedPair], pad_id: int, batch_size: int, with_lm: bool
+) -> dict:
     """Accuracy (r_w > r_l), margins, ranking loss and the LM perplexity on held-out pairs."""
     model.eval()
     margins, nll_sum, count = [], 0.0, 0
@@ -95,14 +100,19 @@ def evaluate_pairs(model: ScalarHeadModel, rows: list[EncodedPair], pad_id: int,
     return out
 
 
-def plan_batches(rows: list[EncodedPair], config: RewardConfig, generator: torch.Generator) -> list[list[int]]:
+def plan_batches(
+    rows: list[EncodedPair], config: RewardConfig, generator: torch.Generator
+) -> list[list[int]]:
     """One epoch of pair-index batches: fixed pair count, or about `max_tokens` tokens each."""
     t = config.train
     order = torch.randperm(len(rows), generator=generator).tolist()
     if t.batching == "tokens":
         lengths = [rows[i].num_tokens for i in order]
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        return [[order[j] for j in batch] for batch in token_budget_batches(lengths, t.max_tokens, max_batch=128, seed=seed)]
+        return [
+            [order[j] for j in batch]
+            for batch in token_budget_batches(lengths, t.max_tokens, max_batch=128, seed=seed)
+        ]
     return [order[i : i + t.batch_size] for i in range(0, len(order), t.batch_size)]
 
 
@@ -115,8 +125,13 @@ def run_reward_training(
     test_rows: list[EncodedPair] | None = None,
     quiet: bool = False,
 ) -> dict:
-    """Train, keep the best held-out checkpoint in `config.out`, return the final metrics."""
+    """Train, keep the best held-out checkpoint in `config.out`, return the final metrics.
+
+    `train_rows` / `test_rows` replace the pairs read from `config.data.path` (given test rows are
+    used as they are; without train rows the file is read and split by `data.test_fraction`).
+    """
     out = Path(config.out)
+    check_fresh_run_dir(out, resumable=False)
     out.mkdir(parents=True, exist_ok=True)
     save_config(config, out / "config.yaml")
     torch.manual_seed(config.seed)
@@ -126,17 +141,31 @@ def run_reward_training(
     if model is None:
         lm = load_causal_lm(config.model, gguf_file=config.gguf_file)
         if config.lora.enabled:
-            lm = apply_lora(lm, r=config.lora.r, alpha=config.lora.alpha, dropout=config.lora.dropout,
-                            target_modules=config.lora.target_modules)
+            lm = apply_lora(
+                lm,
+                r=config.lora.r,
+                alpha=config.lora.alpha,
+                dropout=config.lora.dropout,
+                target_modules=config.lora.target_modules,
+            )
         model = ScalarHeadModel.from_causal_lm(lm)
     stats = TruncationStats()
     if train_rows is None:
-        loaded = load_examples(config.data.path, kind="preference", format=config.data.format,
-                               skip_invalid=config.data.skip_invalid)
+        loaded = load_examples(
+            config.data.path,
+            kind="preference",
+            format=config.data.format,
+            skip_invalid=config.data.skip_invalid,
+        )
         train_ex, test_ex = split_examples(loaded.examples, config.data.test_fraction, seed=config.seed)
         train_rows = encode_pairs(tokenizer, train_ex, config, stats)
-        test_rows = encode_pairs(tokenizer, test_ex, config, stats)
+        if test_rows is None:
+            test_rows = encode_pairs(tokenizer, test_ex, config, stats)
     test_rows = test_rows or []
+    if not train_rows:
+        raise ValueError(
+            "no training preference pairs: the data left nothing to train on. Fix: check data.path."
+        )
     t = config.train
     with_lm = t.lm_coef > 0
     pad_id = tokenizer.pad_token_id
@@ -146,8 +175,13 @@ def run_reward_training(
     steps = t.max_steps or max(1, math.ceil(len(plan) * t.epochs / epochs))
     plan = (plan * math.ceil(steps / max(len(plan), 1)))[:steps]
     optimizer, scheduler = build_optimizer(model.parameters(), config.optim, steps)
-    logger = MetricsLogger(out, sinks=("jsonl",) if quiet else tuple(config.sinks), total=steps,
-                           key_metrics=("train/loss", "train/accuracy", "eval/accuracy"))
+    logger = open_metrics_logger(
+        out,
+        resumable=False,
+        sinks=("jsonl",) if quiet else tuple(config.sinks),
+        total=steps,
+        key_metrics=("train/loss", "train/accuracy", "eval/accuracy"),
+    )
     best = {"accuracy": -1.0, "step": -1}
     final: dict = {}
     with logger:
@@ -162,10 +196,10 @@ def run_reward_training(
                 rank = ranking_loss(chosen, rejected)
                 loss = rank / len(rows) + (t.lm_coef * nll / chosen_tokens if with_lm else 0.0)
                 loss.backward()  # pair mean and chosen-token mean over the whole step
-                rank_sum += float(rank)
-                lm_sum += float(nll)
+                rank_sum += float(rank.detach())
+                lm_sum += float(nll.detach())
                 correct += int((chosen > rejected).sum())
-                margin_sum += float((chosen - rejected).sum())
+                margin_sum += float((chosen - rejected).detach().sum())
             grad_norm = clip_and_step(optimizer, scheduler, model.parameters(), config.optim.max_grad_norm)
             metrics = {
                 "train/loss": rank_sum / len(rows) + (t.lm_coef * lm_sum / chosen_tokens if with_lm else 0.0),
@@ -200,7 +234,9 @@ def run_reward_training(
         save_reward_model(model, tokenizer, out)
     final["best_step"], final["best_accuracy"] = best["step"], best["accuracy"]
     if not quiet:
-        print_summary(f"Reward model finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)})
+        print_summary(
+            f"Reward model finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)}
+        )
     return final
 
 
@@ -212,6 +248,6 @@ def save_reward_model(model: ScalarHeadModel, tokenizer, directory: Path) -> Non
 
         to_save = copy.deepcopy(model)
         to_save.causal_lm = to_save.causal_lm.merge_and_unload()
-    with atomic_directory(Path(directory)) as tmp:
+    with atomic_directory(Path(directory)) as tmp, quiet_hf_saves():
         to_save.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf.config import RLConfig, save_config
+from rlhf.config import ConfigError, RLConfig, save_config
 from rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
@@ -38,9 +38,9 @@ from rlhf.core import (
 from rlhf.data.collate import left_pad
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.sampling import SamplingConfig, generate
-from rlhf.models.truncation import apply_truncation_policy
 from rlhf.models.scalar_head import response_values
-from rlhf.monitor import CollapseDetector, MetricsLogger
+from rlhf.models.truncation import apply_truncation_policy
+from rlhf.monitor import CollapseDetector
 from rlhf.train import checkpoint as ckpt
 from rlhf.train.experience import Experience, concat_experiences, forward_in_chunks
 from rlhf.train.lm_loss import model_token_nll
@@ -48,6 +48,7 @@ from rlhf.train.metrics import distinct_n
 from rlhf.train.optim import build_optimizer, clip_and_step
 from rlhf.train.prompts import PromptStream
 from rlhf.train.roles import Roles
+from rlhf.train.run_dir import open_metrics_logger, quiet_hf_saves
 
 KEY_METRICS = ("reward/raw_mean", "kl/ref", "policy_ppl", "response/length_mean", "policy/clip_fraction")
 Evaluator = Callable[["RLTrainer", int], dict]
@@ -103,14 +104,15 @@ class RLTrainer:
         self.shared_critic = c.model.critic_mode == "shared"
         steps_per_iter = c.train.ppo_epochs * c.train.minibatches
         total = max(1, c.train.iterations * steps_per_iter)
+        pretrain_steps = c.critic.pretrain_iterations * steps_per_iter
         policy_params = list(roles.policy.parameters())
-        if self.shared_critic:
+        if self.shared_critic:  # one optimizer; critic pre-training steps only the value head
             policy_params += list(roles.critic.head.parameters())
+            total += pretrain_steps
         self.policy_opt, self.policy_sched = build_optimizer(policy_params, c.policy_optim, total)
         if not self.shared_critic:
-            critic_total = total + c.critic.pretrain_iterations * steps_per_iter
             self.critic_opt, self.critic_sched = build_optimizer(
-                roles.critic.parameters(), c.critic_optim, critic_total
+                roles.critic.parameters(), c.critic_optim, total + pretrain_steps
             )
         self.buffer: list[Experience] = []
         self.iteration = 0
@@ -135,9 +137,16 @@ class RLTrainer:
             self.ptx_note = None
         self.ptx_generator = torch.Generator().manual_seed(c.seed + 3)
         if resume:
-            self.load_checkpoint(ckpt.list_checkpoints(self.run_dir)[-1])
-        self.logger = MetricsLogger(
+            found = ckpt.list_checkpoints(self.run_dir)
+            if not found:
+                raise ConfigError(
+                    f"{self.run_dir} has no complete checkpoint to resume from (checkpoints/iter_*/DONE). "
+                    "Fix: start a fresh run with another --out, or set checkpoint.every to save during a run."
+                )
+            self.load_checkpoint(found[-1])
+        self.logger = open_metrics_logger(
             self.run_dir,
+            resumable=True,
             sinks=tuple(c.log.sinks) if not quiet else ("jsonl",),
             total=c.train.iterations,
             key_metrics=KEY_METRICS,
@@ -178,10 +187,11 @@ class RLTrainer:
             import copy
 
             policy = copy.deepcopy(policy).merge_and_unload()
-        policy.save_pretrained(directory)
-        self.roles.tokenizer.save_pretrained(directory)
-        if not self.shared_critic:
-            self.roles.critic.save_pretrained(directory / "critic")
+        with quiet_hf_saves():
+            policy.save_pretrained(directory)
+            self.roles.tokenizer.save_pretrained(directory)
+            if not self.shared_critic:
+                self.roles.critic.save_pretrained(directory / "critic")
 
     def step(self) -> dict:
         """One iteration: rollout, experience, update, metrics."""
@@ -205,7 +215,9 @@ class RLTrainer:
         if self.iteration % c.log.every == 0 or self.iteration == c.train.iterations - 1:
             self.logger.log(self.iteration, metrics)
         if warnings and c.log.stop_on_collapse:
-            self.logger.warn("stopping: log.stop_on_collapse is set and the collapse detector fired", step=self.iteration)
+            self.logger.warn(
+                "stopping: log.stop_on_collapse is set and the collapse detector fired", step=self.iteration
+            )
             metrics["stop"] = True
         return metrics
 
@@ -216,16 +228,23 @@ class RLTrainer:
         stats = self.update(experience, train_policy=False)
         loss = stats["value/loss"]
         state["iterations"] += 1
-        if loss < state["best"] * (1 - c.critic.pretrain_min_delta):
+        improved = state["iterations"] == 1 or loss < state["best"] * (1 - c.critic.pretrain_min_delta)
+        if improved:  # the first iteration sets the baseline (inf * 0 would be NaN for min_delta 1)
             state["best"], state["stale"] = loss, 0
         else:
             state["stale"] += 1
         self.logger.log(
             state["iterations"] - 1,
-            {"critic_pretrain/value_loss": loss, "critic_pretrain/explained_var": stats["value/explained_variance"]},
+            {
+                "critic_pretrain/value_loss": loss,
+                "critic_pretrain/explained_var": stats["value/explained_variance"],
+            },
             kind="pretrain",
         )
-        if state["iterations"] >= c.critic.pretrain_iterations or state["stale"] >= c.critic.pretrain_patience:
+        if (
+            state["iterations"] >= c.critic.pretrain_iterations
+            or state["stale"] >= c.critic.pretrain_patience
+        ):
             self.pretrain_done = True
 
     # ----------------------------------------------------------------------------------------
@@ -256,7 +275,10 @@ class RLTrainer:
         ).float()
         # responses that hit max_new_tokens: keep, penalize or drop (PEERS.md point 8)
         scores, keep = apply_truncation_policy(
-            raw_scores, rollout.ended_with_eos, policy=c.rollout.truncated, penalty=c.rollout.truncation_penalty
+            raw_scores,
+            rollout.ended_with_eos,
+            policy=c.rollout.truncated,
+            penalty=c.rollout.truncation_penalty,
         )
         if not bool(keep.all()):
             mask = mask * keep[:, None].float()
@@ -314,7 +336,9 @@ class RLTrainer:
             "response/eos_rate": float(rollout.ended_with_eos.float().mean()),
             "response/distinct2": distinct_n(rollout.response_ids, rollout.response_mask, n=2),
             "advantage/mean": float(masked_mean(advantages, mask)),
-            "advantage/std": float(masked_mean((advantages - masked_mean(advantages, mask)) ** 2, mask).sqrt()),
+            "advantage/std": float(
+                masked_mean((advantages - masked_mean(advantages, mask)) ** 2, mask).sqrt()
+            ),
             "return/mean": float(masked_mean(returns, mask)),
             "value/mean": float(masked_mean(values, mask)),
             "time/generate": t1 - t0,
@@ -384,10 +408,16 @@ class RLTrainer:
                         loss = pg_loss - p.entropy_coef * mean_entropy  # entropy bonus (sec. 5.3.2)
                         pg_stats = {**pg_stats, "loss": pg_loss.detach(), "entropy": mean_entropy.detach()}
                         record(pg_stats, weight, "policy")
-                    values = response_values(r.critic, micro.input_ids, micro.attention_mask, micro.prompt_length)
+                    values = response_values(
+                        r.critic, micro.input_ids, micro.attention_mask, micro.prompt_length
+                    )
                     # clipped value loss (ALGORITHMS.md sec. 7)
                     vf_loss, vf_stats = value_loss(
-                        values, micro.old_values, micro.returns, micro.response_mask, clip_eps=c.critic.value_clip
+                        values,
+                        micro.old_values,
+                        micro.returns,
+                        micro.response_mask,
+                        clip_eps=c.critic.value_clip,
                     )
                     record({**vf_stats, "loss": vf_loss.detach()}, weight, "value")
                     if self.shared_critic:
@@ -398,23 +428,31 @@ class RLTrainer:
                 if train_policy and self.ptx_batches is not None and p.ptx_coef > 0:
                     # PPO-ptx (InstructGPT): keep the SFT objective to reduce the alignment tax
                     batch = self.ptx_batches(self.ptx_generator)
-                    nll, count = model_token_nll(r.policy, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+                    nll, count = model_token_nll(
+                        r.policy, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+                    )
                     ptx_loss = nll / max(count, 1)
                     (p.ptx_coef * ptx_loss).backward()
                     record({"loss": ptx_loss.detach()}, 1.0, "ptx")
                 # global gradient clipping, separately for policy and critic (sec. 5.3.3)
                 if train_policy or self.shared_critic:
                     params = [q for g in self.policy_opt.param_groups for q in g["params"]]
-                    if train_policy:
-                        grad_norms["policy/grad_norm"].append(
-                            clip_and_step(self.policy_opt, self.policy_sched, params, c.policy_optim.max_grad_norm)
+                    if not train_policy:
+                        # shared critic pre-training: the value head learns, the policy trunk stays
+                        head = {id(q) for q in r.critic.head.parameters()}
+                        for q in params:
+                            q.grad = q.grad if id(q) in head else None
+                    grad_norms["policy/grad_norm" if train_policy else "value/grad_norm"].append(
+                        clip_and_step(
+                            self.policy_opt, self.policy_sched, params, c.policy_optim.max_grad_norm
                         )
-                    else:
-                        self.policy_opt.zero_grad(set_to_none=True)
+                    )
                 if not self.shared_critic:
                     params = [q for g in self.critic_opt.param_groups for q in g["params"]]
                     grad_norms["value/grad_norm"].append(
-                        clip_and_step(self.critic_opt, self.critic_sched, params, c.critic_optim.max_grad_norm)
+                        clip_and_step(
+                            self.critic_opt, self.critic_sched, params, c.critic_optim.max_grad_norm
+                        )
                     )
         stats = {k: sums[k] / max(weights[k], 1e-12) for k in sums}
         stats.update(extremes)
@@ -451,7 +489,11 @@ class RLTrainer:
             "prompts": self.prompts.state_dict(),
             "detector": self.detector.state_dict(),
             "rng": ckpt.rng_state(
-                {"sample": self.sample_generator, "shuffle": self.shuffle_generator, "ptx": self.ptx_generator}
+                {
+                    "sample": self.sample_generator,
+                    "shuffle": self.shuffle_generator,
+                    "ptx": self.ptx_generator,
+                }
             ),
             "buffer": [asdict(e) for e in self.buffer],
         }
@@ -491,6 +533,7 @@ class RLTrainer:
         self.prompts.load_state_dict(state["prompts"])
         self.detector.load_state_dict(state["detector"])
         ckpt.set_rng_state(
-            state["rng"], {"sample": self.sample_generator, "shuffle": self.shuffle_generator, "ptx": self.ptx_generator}
+            state["rng"],
+            {"sample": self.sample_generator, "shuffle": self.shuffle_generator, "ptx": self.ptx_generator},
         )
         self.buffer = [Experience(**e) for e in state["buffer"]]

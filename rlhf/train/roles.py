@@ -59,7 +59,9 @@ def assemble_roles(
         critic.requires_grad_(True)
     policy.eval()  # no dropout: the first PPO ratio is exactly 1
     critic.eval()
-    return Roles(tokenizer=tokenizer, policy=policy, reference=reference, critic=critic, reward_model=reward_model)
+    return Roles(
+        tokenizer=tokenizer, policy=policy, reference=reference, critic=critic, reward_model=reward_model
+    )
 
 
 def load_roles(config: RLConfig) -> Roles:
@@ -67,7 +69,9 @@ def load_roles(config: RLConfig) -> Roles:
     if not config.model.policy:
         raise ValueError("model.policy is empty. Fix: --policy DIR (the SFT run directory).")
     if not config.model.reward_model:
-        raise ValueError("model.reward_model is empty. Fix: --reward-model DIR (the reward-model run directory).")
+        raise ValueError(
+            "model.reward_model is empty. Fix: --reward-model DIR (the reward-model run directory)."
+        )
     tokenizer = load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
     policy = load_causal_lm(config.model.policy, gguf_file=config.model.gguf_file)
     reward_model = ScalarHeadModel.from_pretrained(config.model.reward_model)

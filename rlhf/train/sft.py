@@ -14,9 +14,10 @@ from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
 from rlhf.models.lora import apply_lora
-from rlhf.monitor import MetricsLogger, print_summary
+from rlhf.monitor import print_summary
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
+from rlhf.train.run_dir import check_fresh_run_dir, open_metrics_logger, quiet_hf_saves
 
 
 @dataclass
@@ -47,7 +48,7 @@ def train_steps(model, rows: list[EncodedSFT], pad_id: int, micro_batch_size: in
         batch = sft_batch(rows[start : start + micro_batch_size], pad_id)
         nll, count = model_token_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
         (nll / total).backward()  # token mean over the whole batch, however it is split
-        loss_sum += float(nll)
+        loss_sum += float(nll.detach())
     return loss_sum, total
 
 
@@ -75,8 +76,13 @@ def run_sft(
     test_rows: list[EncodedSFT] | None = None,
     quiet: bool = False,
 ) -> dict:
-    """Train, evaluate, and save a Hugging Face directory at `config.out`. Returns the final metrics."""
+    """Train, evaluate, and save a Hugging Face directory at `config.out`. Returns the final metrics.
+
+    `train_rows` / `test_rows` replace the rows read from `config.data.path` (given test rows are
+    used as they are; without train rows the file is read and split by `data.test_fraction`).
+    """
     out = Path(config.out)
+    check_fresh_run_dir(out, resumable=False)
     out.mkdir(parents=True, exist_ok=True)
     save_config(config, out / "config.yaml")
     torch.manual_seed(config.seed)
@@ -87,7 +93,10 @@ def run_sft(
         model = load_causal_lm(config.model, gguf_file=config.gguf_file)
     if config.lora.enabled:
         model = apply_lora(
-            model, r=config.lora.r, alpha=config.lora.alpha, dropout=config.lora.dropout,
+            model,
+            r=config.lora.r,
+            alpha=config.lora.alpha,
+            dropout=config.lora.dropout,
             target_modules=config.lora.target_modules,
         )
     stats = TruncationStats()
@@ -97,31 +106,48 @@ def run_sft(
         )
         train_ex, test_ex = split_examples(loaded.examples, config.data.test_fraction, seed=config.seed)
         train_rows = encode_sft_examples(tokenizer, train_ex, config, stats)
-        test_rows = encode_sft_examples(tokenizer, test_ex, config, stats)
+        if test_rows is None:
+            test_rows = encode_sft_examples(tokenizer, test_ex, config, stats)
     test_rows = test_rows or []
+    if not train_rows:
+        raise ValueError("no training SFT examples: the data left nothing to train on. Fix: check data.path.")
     pad_id = tokenizer.pad_token_id
     t = config.train
     steps = t.max_steps or max(1, math.ceil(t.epochs * len(train_rows) / t.batch_size))
     optimizer, scheduler = build_optimizer(model.parameters(), config.optim, steps)
     generator = torch.Generator().manual_seed(config.seed)
     order: list[int] = []
-    logger = MetricsLogger(out, sinks=("jsonl",) if quiet else tuple(config.sinks), total=steps,
-                           key_metrics=("train/loss", "eval/loss", "eval/ppl"))
+    logger = open_metrics_logger(
+        out,
+        resumable=False,
+        sinks=("jsonl",) if quiet else tuple(config.sinks),
+        total=steps,
+        key_metrics=("train/loss", "eval/loss", "eval/ppl"),
+    )
     final: dict = {}
     model.train()
     with logger:
         for step in range(steps):
-            if len(order) < t.batch_size:
+            while len(order) < t.batch_size:  # a fresh shuffled epoch whenever the current one runs out
                 order += torch.randperm(len(train_rows), generator=generator).tolist()
             rows = [train_rows[i] for i in order[: t.batch_size]]
             del order[: t.batch_size]
             loss_sum, tokens = train_steps(model, rows, pad_id, t.micro_batch_size)
             grad_norm = clip_and_step(optimizer, scheduler, model.parameters(), config.optim.max_grad_norm)
-            metrics = {"train/loss": loss_sum / max(tokens, 1), "train/grad_norm": grad_norm,
-                       "train/lr": scheduler.get_last_lr()[0], "train/tokens": tokens}
+            metrics = {
+                "train/loss": loss_sum / max(tokens, 1),
+                "train/grad_norm": grad_norm,
+                "train/lr": scheduler.get_last_lr()[0],
+                "train/tokens": tokens,
+            }
             last = step == steps - 1
             if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
-                metrics.update({f"eval/{k}": v for k, v in evaluate_nll(model, test_rows, pad_id, t.micro_batch_size).items()})
+                metrics.update(
+                    {
+                        f"eval/{k}": v
+                        for k, v in evaluate_nll(model, test_rows, pad_id, t.micro_batch_size).items()
+                    }
+                )
             if last or step % t.log_every == 0 or "eval/loss" in metrics:
                 logger.log(step, metrics, kind="step")
             final = metrics
@@ -129,8 +155,9 @@ def run_sft(
     model.eval()
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with quiet_hf_saves():
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
     if not quiet:
         print_summary(f"SFT finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)})
     return final

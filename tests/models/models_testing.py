@@ -6,7 +6,9 @@ import torch
 from torch import nn
 
 
-def left_pad(rows: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    rows: list[list[int]], pad_id: int, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     width = width or max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)
@@ -17,7 +19,9 @@ def left_pad(rows: list[list[int]], pad_id: int, width: int | None = None) -> tu
     return ids, mask
 
 
-def right_pad(rows: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def right_pad(
+    rows: list[list[int]], pad_id: int, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     width = width or max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)

@@ -17,7 +17,9 @@ from rlhf.models.loading import (
 
 
 def make_tokenizer(vocab: list[str], **special) -> PreTrainedTokenizerFast:
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=special.get("unk_token")))
+    backend = Tokenizer(
+        models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=special.get("unk_token"))
+    )
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, **special)
 
@@ -33,7 +35,9 @@ def test_missing_eos_names_the_tokenizer_and_the_fix(tmp_path):
 
 
 def test_existing_pad_token_is_kept():
-    tok = make_tokenizer(["<pad>", "<unk>", "</s>", "a"], pad_token="<unk>", unk_token="<unk>", eos_token="</s>")
+    tok = make_tokenizer(
+        ["<pad>", "<unk>", "</s>", "a"], pad_token="<unk>", unk_token="<unk>", eos_token="</s>"
+    )
     assert prepare_tokenizer(tok).pad_token == "<unk>"
 
 

@@ -38,7 +38,9 @@ def test_scalar_head_keeps_its_head_trainable(lm):
     model = apply_lora(ScalarHeadModel.from_causal_lm(lm, head_init_std=0.1), r=2)
     assert isinstance(model, ScalarHeadModel) and is_peft_model(model.causal_lm)
     assert model.head.weight.requires_grad and model.head.bias.requires_grad
-    assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" not in n and "head." not in n)
+    assert not any(
+        p.requires_grad for n, p in model.named_parameters() if "lora_" not in n and "head." not in n
+    )
 
 
 def test_misuse_is_reported(lm):

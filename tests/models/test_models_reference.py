@@ -79,7 +79,9 @@ def test_reference_runs_without_dropout(lm):
     policy.train()
     for mode in ("adapter", "copy"):
         reference = ReferenceModel(policy, mode=mode)
-        assert torch.equal(reference.logprobs(ids, mask, prompt_length), reference.logprobs(ids, mask, prompt_length))
+        assert torch.equal(
+            reference.logprobs(ids, mask, prompt_length), reference.logprobs(ids, mask, prompt_length)
+        )
 
 
 def test_bad_modes_are_reported(lm):

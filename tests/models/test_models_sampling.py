@@ -15,6 +15,7 @@ from rlhf.models.sampling import (
     apply_repetition_penalty,
     generate,
     next_tokens,
+    sample_categorical,
     top_k_filter,
     top_p_filter,
 )
@@ -37,7 +38,9 @@ def reference_greedy(model, prompt, config, eos=EOS):
             logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
         for token in set(ids):
             value = logits[token]
-            logits[token] = value / config.repetition_penalty if value > 0 else value * config.repetition_penalty
+            logits[token] = (
+                value / config.repetition_penalty if value > 0 else value * config.repetition_penalty
+            )
         token = int(logits.argmax())
         ids.append(token)
         response.append(token)
@@ -57,7 +60,14 @@ def test_ppo_paper_preset():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("max_new_tokens", 0), ("temperature", 0.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1), ("repetition_penalty", 0)],
+    [
+        ("max_new_tokens", 0),
+        ("temperature", 0.0),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -1),
+        ("repetition_penalty", 0),
+    ],
 )
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"SamplingConfig.{field}"):
@@ -68,7 +78,9 @@ def test_config_rejects_bad_values_naming_the_field(field, value):
 
 
 @settings(max_examples=60, deadline=None)
-@given(row=logit_rows, seen_bits=st.lists(st.booleans(), min_size=12, max_size=12), penalty=st.floats(0.5, 2.0))
+@given(
+    row=logit_rows, seen_bits=st.lists(st.booleans(), min_size=12, max_size=12), penalty=st.floats(0.5, 2.0)
+)
 def test_repetition_penalty_formula(row, seen_bits, penalty):
     logits = torch.tensor([row])
     seen = torch.tensor([seen_bits[: len(row)]])
@@ -116,6 +128,31 @@ def test_top_p_keeps_the_nucleus(row, p):
     assert {i for i, k in enumerate(kept) if k} == nucleus(probs, p)
 
 
+@pytest.mark.parametrize("scale", [0.1, 1.0, 6.0])
+def test_top_p_on_a_large_vocabulary_candidates_or_full_sort(scale):
+    """V = 5000: a peaked row's nucleus fits the first candidate set, a flat one needs the full sort."""
+    logits = torch.randn(3, 5000, generator=torch.Generator().manual_seed(0)) * scale
+    kept = torch.isfinite(top_p_filter(logits, 0.9))
+    probs = torch.softmax(logits.double(), -1)
+    for b in range(3):
+        assert set(kept[b].nonzero().flatten().tolist()) == nucleus(probs[b].tolist(), 0.9)
+
+
+def test_categorical_draws_follow_the_weights_and_never_pick_a_zero():
+    weights = torch.tensor([[0.0, 1.0, 0.0, 3.0, 0.0], [2.0, 0.0, 0.0, 0.0, 2.0]]).repeat(2000, 1)
+    draws = sample_categorical(weights, torch.Generator().manual_seed(0)).reshape(2000, 2)
+    first = torch.bincount(draws[:, 0], minlength=5).float() / 2000
+    second = torch.bincount(draws[:, 1], minlength=5).float() / 2000
+    assert first[[0, 2, 4]].sum() == 0 and second[[1, 2, 3]].sum() == 0
+    assert abs(first[3] - 0.75) < 0.03 and abs(second[0] - 0.5) < 0.03
+
+
+def test_categorical_draw_at_the_top_of_the_range_takes_the_last_positive_weight(monkeypatch):
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.ones(*shape, dtype=kw.get("dtype")))
+    weights = torch.tensor([[1.0, 2.0, 0.0], [1.0, 1.0, 1.0]])
+    assert sample_categorical(weights).tolist() == [1, 2]
+
+
 def test_top_p_known_case():
     logits = torch.log(torch.tensor([[0.05, 0.5, 0.15, 0.3]]))
     assert torch.isfinite(top_p_filter(logits, 0.7)).tolist() == [[False, True, False, True]]
@@ -141,8 +178,8 @@ def test_sampling_never_leaves_the_nucleus_and_follows_its_renormalized_probabil
 def test_top_k_sampling_statistics(lm):
     probs = torch.softmax(torch.linspace(0, 3, 44), -1)
     model = fixed_logits_lm(lm, torch.log(probs))
-    ids, mask = left_pad([[5]] * 100, PAD)
-    config = SamplingConfig(max_new_tokens=20, top_k=3, stop_at_eos=False)
+    ids, mask = left_pad([[5]] * 200, PAD)
+    config = SamplingConfig(max_new_tokens=10, top_k=3, stop_at_eos=False)
     rollout = generate(model, ids, mask, config, EOS, PAD, torch.Generator().manual_seed(0))
     counts = torch.bincount(rollout.response_ids.flatten(), minlength=44).float()
     assert set(counts.nonzero().flatten().tolist()) == {41, 42, 43}
@@ -167,10 +204,27 @@ def test_greedy_generation_is_padding_invariant(lm):
     ids, mask = left_pad(PROMPTS, PAD)
     batch = generate(lm, ids, mask, GREEDY, EOS, PAD)
     for b, prompt in enumerate(PROMPTS):
-        alone = generate(lm, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), GREEDY, EOS, PAD)
+        alone = generate(
+            lm, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), GREEDY, EOS, PAD
+        )
         n = int(alone.response_lengths[0])
         assert int(batch.response_lengths[b]) == n
         assert batch.response_ids[b, :n].tolist() == alone.response_ids[0, :n].tolist()
+
+
+@settings(max_examples=5, deadline=None, derandomize=True)
+@given(prompts=st.lists(st.lists(st.integers(4, 43), min_size=1, max_size=6), min_size=2, max_size=3))
+def test_greedy_padding_invariance_property(_base_lm, prompts):
+    ids, mask = left_pad(prompts, PAD)
+    config = SamplingConfig(max_new_tokens=6, do_sample=False)
+    batch = generate(_base_lm, ids, mask, config, EOS, PAD)
+    for b, prompt in enumerate(prompts):
+        alone = generate(
+            _base_lm, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), config, EOS, PAD
+        )
+        n = int(alone.response_lengths[0])
+        assert batch.response_ids[b, :n].tolist() == alone.response_ids[0].tolist()
+        assert int(batch.response_lengths[b]) == n
 
 
 def test_greedy_equals_hugging_face_generate(lm):
@@ -179,8 +233,13 @@ def test_greedy_equals_hugging_face_generate(lm):
     ours = generate(lm, ids, mask, config, EOS, PAD)
     with torch.no_grad():
         theirs = lm.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
-            pad_token_id=PAD, eos_token_id=None,
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=8,
+            min_new_tokens=8,
+            do_sample=False,
+            pad_token_id=PAD,
+            eos_token_id=None,
         )
     assert torch.equal(ours.input_ids, theirs)
 
@@ -215,7 +274,9 @@ def test_truncated_rows_did_not_end_with_eos(lm):
     probs[EOS] = 0.0  # EOS never sampled
     model = fixed_logits_lm(lm, probs.log())
     ids, mask = left_pad(PROMPTS, PAD)
-    rollout = generate(model, ids, mask, SamplingConfig(max_new_tokens=4), EOS, PAD, torch.Generator().manual_seed(0))
+    rollout = generate(
+        model, ids, mask, SamplingConfig(max_new_tokens=4), EOS, PAD, torch.Generator().manual_seed(0)
+    )
     assert rollout.response_ids.shape == (3, 4)
     assert not rollout.ended_with_eos.any()
     assert (rollout.response_mask == 1).all()
@@ -261,7 +322,9 @@ def test_pad_equal_to_eos_keeps_the_eos_in_the_response_mask(lm):
     probs[EOS] = 5.0
     model = fixed_logits_lm(lm, probs.log())
     ids, mask = left_pad(PROMPTS, EOS)
-    rollout = generate(model, ids, mask, SamplingConfig(max_new_tokens=8), EOS, EOS, torch.Generator().manual_seed(0))
+    rollout = generate(
+        model, ids, mask, SamplingConfig(max_new_tokens=8), EOS, EOS, torch.Generator().manual_seed(0)
+    )
     lengths = rollout.response_lengths
     assert lengths.min() < lengths.max()  # some rows are padded with the EOS id
     for b in range(len(PROMPTS)):
@@ -277,7 +340,9 @@ def test_pad_equal_to_eos_keeps_the_eos_in_the_response_mask(lm):
 
 def test_rollout_tensors_work_in_autograd(lm):
     ids, mask = left_pad(PROMPTS, PAD)
-    rollout = generate(lm, ids, mask, SamplingConfig(max_new_tokens=4), EOS, PAD, torch.Generator().manual_seed(0))
+    rollout = generate(
+        lm, ids, mask, SamplingConfig(max_new_tokens=4), EOS, PAD, torch.Generator().manual_seed(0)
+    )
     assert not rollout.input_ids.is_inference() and not rollout.attention_mask.is_inference()
     logp, _ = response_logprobs(lm, rollout.input_ids, rollout.attention_mask, rollout.prompt_length)
     (logp * rollout.response_mask).sum().backward()
@@ -294,6 +359,8 @@ def test_model_mode_is_restored_and_prompts_are_checked(lm):
         generate(lm, right_ids, torch.flip(mask, [1]), GREEDY, EOS, PAD)
     with pytest.raises(ValueError, match="eos_token_id"):
         generate(lm, ids, mask, GREEDY, None, PAD)
+    with pytest.raises(ValueError, match="pad_token_id"):
+        generate(lm, ids, mask, GREEDY, EOS, None)
 
 
 def test_several_eos_ids(lm):

@@ -1,0 +1,170 @@
+"""`make bench`: our PPO iteration against TRL's PPOTrainer, against the machine's FLOP rate, and on
+a real 135M model, in one run. Prints a table and writes bench/results/latest.json.
+
+    .venv/bin/python bench/run.py                  # everything (about 20 minutes on 2 cores)
+    .venv/bin/python bench/run.py --quick          # one repetition, fewer iterations
+    .venv/bin/python bench/run.py --skip-trl --skip-smollm2
+    .venv/bin/python bench/run.py --only vs_trl    # sections: vs_trl, smollm2 (the matmul rate always runs)
+
+Every case runs in its own subprocess (its peak RSS comes from wait4); ours and TRL's alternate
+within each repetition so that both see the same machine load. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # `python bench/run.py` puts bench/ first, not the repo root
+    sys.path.insert(0, str(REPO))
+
+from bench import peer, smollm2  # noqa: E402
+from bench.common import child_env, run_case  # noqa: E402
+from bench.report import print_report, summarize  # noqa: E402
+from bench.workload import WORKLOADS  # noqa: E402
+
+SECTIONS = ("vs_trl", "smollm2")
+CACHE = REPO / "bench" / ".cache"
+RESULTS = REPO / "bench" / "results" / "latest.json"
+CASE_TIMEOUT = 1800.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one repetition and fewer iterations (a smoke run)")
+    parser.add_argument("--skip-trl", action="store_true", help="no TRL peer runs (ours still runs, for FLOP/s)")
+    parser.add_argument("--skip-smollm2", action="store_true", help="no SmolLM2-135M section")
+    parser.add_argument("--only", choices=SECTIONS, help="run only this section (and the matmul rate)")
+    parser.add_argument("--reps", type=int, help="alternated repetitions of each workload (default 3, quick 1)")
+    parser.add_argument("--iters", type=int, help="PPO iterations per run, first one warm-up (default 6, quick 4)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads of every case")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON results")
+    args = parser.parse_args(argv)
+    args.reps = args.reps or (1 if args.quick else 3)
+    args.iters = args.iters or (4 if args.quick else 6)
+    if args.iters < 2:
+        parser.error("--iters must be >= 2 (the first iteration is warm-up)")
+    return args
+
+
+class Runner:
+    """Runs cases as subprocesses, logging progress and the load average around each."""
+
+    def __init__(self, threads: int):
+        self.env = child_env(threads)
+        self.python = sys.executable
+        self.load_samples: list[float] = []
+        self.started = time.perf_counter()
+
+    def run(self, label: str, cmd: list[str]) -> dict:
+        self.load_samples.append(os.getloadavg()[0])
+        print(f"  [{time.perf_counter() - self.started:6.0f}s] {label} ...", end="", flush=True)
+        result = run_case(cmd, env=self.env, cwd=str(REPO), timeout=CASE_TIMEOUT)
+        self.load_samples.append(os.getloadavg()[0])
+        if "error" in result:
+            print(f" FAILED ({result['wall_s']}s)\n{result['error']}", flush=True)
+        else:
+            print(f" {result['wall_s']}s, load {self.load_samples[-1]:.1f}", flush=True)
+        return result
+
+    def module(self, name: str, *args: str) -> list[str]:
+        return [self.python, "-m", name, *args]
+
+
+def machine_section(runner: Runner, threads: int, reps: int) -> dict:
+    return runner.run(
+        f"fp32 matmul 2048^2 x{reps}",
+        runner.module("bench.machine", "--size", "2048", "--reps", str(reps), "--threads", str(threads)),
+    )
+
+
+def vs_trl_section(runner: Runner, args: argparse.Namespace) -> dict:
+    """Each repetition runs every workload with ours and TRL's, alternating which goes first."""
+    trl_python, why = (None, "--skip-trl") if args.skip_trl else peer.ensure_venv(REPO, CACHE / "trl_setup.log")
+    if trl_python is None:
+        print(f"  TRL comparison skipped: {why}", flush=True)
+    runs: dict[str, dict[str, list[dict]]] = {w.name: {"ours": [], "trl": []} for w in WORKLOADS}
+    for rep in range(args.reps):
+        for w in WORKLOADS:
+            ours_cmd = runner.module(
+                "bench.ours", "--workload", w.name, "--iters", str(args.iters), "--threads", str(args.threads)
+            )
+            order = [("ours", ours_cmd)]
+            if trl_python is not None:
+                trl_cmd = peer.trl_command(trl_python, REPO, w, args.iters, 1, args.threads)
+                order.append(("trl", trl_cmd))
+                if rep % 2:
+                    order.reverse()
+            for side, cmd in order:
+                runs[w.name][side].append(runner.run(f"rep {rep + 1}/{args.reps} {w.name:<9} {side}", cmd))
+    return {"runs": runs, "trl_skipped": why if trl_python is None else None}
+
+
+def smollm2_section(runner: Runner, args: argparse.Namespace) -> dict:
+    gguf, why = smollm2.ensure_gguf(CACHE / "smollm2", runner.python)
+    if gguf is None:
+        print(f"  SmolLM2 section skipped: {why}", flush=True)
+        return {"skipped": why}
+    model_dir = gguf.parent / "hf-float32"
+    if not model_dir.is_dir():
+        converted = runner.run(
+            "SmolLM2 GGUF -> float32 directory (once)",
+            runner.module("bench.smollm2", "convert", "--model", str(gguf), "--out", str(model_dir)),
+        )
+        if "error" in converted:
+            return {"skipped": "conversion failed: " + converted["error"]}
+    common = ["--model", str(model_dir), "--threads", str(args.threads)]
+    sampler = runner.run(
+        "SmolLM2 sampler vs generate",
+        runner.module("bench.smollm2", "sampler", *common, "--reps", "1" if args.quick else "2"),
+    )
+    ppo = runner.run(
+        "SmolLM2 PPO-max iteration (LoRA)",
+        runner.module("bench.smollm2", "ppo", *common, "--iters", "2", "--batch", "8", "--new-tokens", "64"),
+    )
+    return {"gguf": str(gguf.relative_to(REPO)), "sampler": sampler, "ppo": ppo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sections = [args.only] if args.only else [s for s in SECTIONS if not (s == "smollm2" and args.skip_smollm2)]
+    runner = Runner(args.threads)
+    started = dt.datetime.now().astimezone()
+    print(f"rlhf bench: sections {', '.join(sections)}; {args.reps} repetition(s), {args.iters} iterations per run")
+    raw: dict = {"machine": [machine_section(runner, args.threads, 10)]}
+    if "vs_trl" in sections:
+        raw["vs_trl"] = vs_trl_section(runner, args)
+    if "smollm2" in sections:
+        raw["smollm2"] = smollm2_section(runner, args)
+    raw["machine"].append(machine_section(runner, args.threads, 10))
+    meta = {
+        "date": started.isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, "bench/run.py", *(argv if argv is not None else sys.argv[1:])]),
+        "threads": args.threads,
+        "cores": os.cpu_count(),
+        "reps": args.reps,
+        "iters_per_run": args.iters,
+        "total_s": round(time.perf_counter() - runner.started, 1),
+        "load_average_1min": {
+            "mean": round(statistics.fmean(runner.load_samples), 2),
+            "min": round(min(runner.load_samples), 2),
+            "max": round(max(runner.load_samples), 2),
+        },
+    }
+    results = summarize(raw, meta)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print_report(results)
+    print(f"\nwritten: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

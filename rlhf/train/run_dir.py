@@ -1,0 +1,55 @@
+"""Run directories: the metrics logger of a fresh or resumed run, and quiet Hugging Face saves.
+
+A run directory holds the records of one run. Starting a fresh run into a directory that already
+has metrics stops before anything is written, with the fix in the message: nothing of the earlier
+run is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from rlhf.config import ConfigError
+from rlhf.monitor import MetricsLogger
+from rlhf.monitor.logger import METRICS_FILE
+
+
+def _existing_run_error(run_dir: str | Path, resumable: bool) -> ConfigError:
+    fix = f"use --resume {run_dir} or another --out" if resumable else "use another --out (or delete it)"
+    return ConfigError(f"run directory {run_dir} already has {METRICS_FILE}: {fix}.")
+
+
+def check_fresh_run_dir(run_dir: str | Path, *, resumable: bool) -> None:
+    """Raise ConfigError if `run_dir` already holds the metrics of a run (call before writing to it).
+
+    `resumable`: the stage can continue a run (`rlhf train --resume`), so the fix offers it.
+    """
+    metrics = Path(run_dir) / METRICS_FILE
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        raise _existing_run_error(run_dir, resumable)
+
+
+def open_metrics_logger(run_dir: str | Path, *, resumable: bool, **kwargs) -> MetricsLogger:
+    """`MetricsLogger(run_dir, **kwargs)`, with the ConfigError of `check_fresh_run_dir` instead of
+    the logger's FileExistsError for a fresh run into a used directory."""
+    try:
+        return MetricsLogger(run_dir, **kwargs)
+    except FileExistsError:
+        raise _existing_run_error(run_dir, resumable) from None
+
+
+@contextlib.contextmanager
+def quiet_hf_saves() -> Iterator[None]:
+    """Hide transformers' "Writing model shards" progress bars around `save_pretrained` calls."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    if enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()

@@ -1,0 +1,79 @@
+"""A very short demo runs end to end: world, SFT, reward model, RL runs of every algorithm, report.
+
+The full-length results are a benchmark (bench/demo_timing.py), not a test: here only the
+pipeline's wiring, the report's sections and the summary's schema are checked.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlhf.demo import ALGORITHMS, run_demo
+from rlhf.monitor.report import SECTIONS
+
+TINY = [
+    "--sft_steps", "6", "--rm_steps", "6", "--iterations", "3", "--eval_every", "2", "--eval_prompts", "8",
+    "--world.sft_train_examples", "64", "--world.sft_test_examples", "16",
+    "--world.pairs_train", "64", "--world.pairs_test", "16",
+    "--model.hidden_size", "16", "--model.num_layers", "1", "--model.num_heads", "2",
+    "--rl.rollout.batch_size", "8", "--rl.rollout.max_new_tokens", "6",
+    "--rl.critic.pretrain_iterations", "1",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("demo")
+    assert run_demo(out=str(out), compare=True, seeds=1, overrides=TINY, quiet=True) == 0
+    return out
+
+
+def test_summary_follows_the_documented_schema(demo_dir):
+    summary = json.loads((demo_dir / "summary.json").read_text())
+    assert {"gold_mean", "gold_std", "proxy_mean"} <= set(summary["sft"])
+    assert {"label_accuracy", "gold_accuracy"} <= set(summary["reward_model"])
+    assert 0.0 <= summary["reward_model"]["label_accuracy"] <= 1.0
+    assert 0.0 <= summary["reward_model"]["gold_accuracy"] <= 1.0
+    assert sorted(r["algorithm"] for r in summary["runs"]) == sorted(ALGORITHMS)
+    for run in summary["runs"]:
+        assert set(run) >= {"algorithm", "seed", "final", "peak_gold", "collapse_detected", "iterations", "seconds"}
+        assert set(run["final"]) == {"proxy", "gold", "kl", "ppl", "length", "distinct2"}
+        assert run["iterations"] == 3
+        assert run["peak_gold"] >= run["final"]["gold"]
+        assert run["final"]["ppl"] >= 1.0
+        assert 0.0 <= run["final"]["distinct2"] <= 1.0
+    claims = [f["claim"] for f in summary["findings"]]
+    assert len(claims) == 5 and all(isinstance(f["holds"], bool) for f in summary["findings"])
+
+
+def test_report_has_every_section_and_embeds_its_figures(demo_dir):
+    html = (demo_dir / "report.html").read_text()
+    for section in SECTIONS:
+        assert f">{section}<" in html, section
+    assert html.count("data:image/png;base64,") >= 4
+    assert "http://" not in html and "https://" not in html
+    assert (demo_dir / "report_overview.png").stat().st_size > 1000
+
+
+def test_every_stage_leaves_its_artifacts(demo_dir):
+    for name in ("sft_train.jsonl", "pairs_train.jsonl", "prompts_test.jsonl", "world.json"):
+        assert (demo_dir / "world" / name).exists()
+    assert (demo_dir / "sft" / "model.safetensors").exists()
+    assert (demo_dir / "rm" / "scalar_head.safetensors").exists()
+    for algorithm in ALGORITHMS:
+        run = demo_dir / "runs" / f"{algorithm}-seed0"
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["iteration"] for r in rows if "iteration" in r and "event" not in r] == [0, 1, 2]
+        assert (run / "config.yaml").exists()
+
+
+def test_a_rerun_into_the_same_directory_starts_clean(demo_dir):
+    short = TINY + ["--iterations", "1"]
+    assert run_demo(out=str(demo_dir / "again"), seeds=1, overrides=short, quiet=True) == 0
+    assert run_demo(out=str(demo_dir / "again"), seeds=1, overrides=short, quiet=True) == 0
+    summary = json.loads((demo_dir / "again" / "summary.json").read_text())
+    assert [r["algorithm"] for r in summary["runs"]] == ["ppo_max"]

@@ -1,0 +1,98 @@
+"""One short run of each preset: finite losses, moving parameters, every monitor present and sane."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from train_testing import MAX_NEW_TOKENS, metric_rows, params_of, rl_config
+
+from rlhf.config import PRESETS
+from rlhf.models.loading import load_causal_lm
+from rlhf.models.scalar_head import ScalarHeadModel
+
+# Monitors of ALGORITHMS.md sec. 9 that every algorithm logs each iteration.
+COMMON = (
+    "reward/raw_mean",
+    "reward/raw_std",
+    "reward/processed_mean",
+    "kl/ref",
+    "kl/k3",
+    "kl/beta",
+    "policy_ppl",
+    "ref_ppl",
+    "response/length_mean",
+    "response/length_max",
+    "response/eos_rate",
+    "response/distinct2",
+    "advantage/mean",
+    "return/mean",
+    "value/loss",
+    "value/explained_variance",
+    "value/value_clip_fraction",
+    "policy/loss",
+    "policy/entropy",
+    "policy/approx_kl",
+    "policy/lr",
+    "value/lr",
+    "collapse",
+)
+PER_LOSS = {
+    "ppo": ("policy/clip_fraction", "policy/ratio_mean", "policy/ratio_min", "policy/ratio_max"),
+    "apa": ("policy/log_ratio_ref_mean", "policy/residual_abs_mean"),
+    "awr": ("policy/weight_mean", "policy/weight_max", "policy/weight_clip_fraction"),
+}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_runs_with_sane_metrics(preset, make_trainer, tmp_path):
+    config = rl_config(preset, critic={"pretrain_iterations": 1})
+    trainer = make_trainer(config, run_dir=tmp_path / preset)
+    policy_before = params_of(trainer.roles.policy)
+    critic_before = params_of(trainer.roles.critic)
+    trainer.train()
+
+    for name, param in trainer.roles.policy.named_parameters():
+        assert not param.detach().equal(policy_before[name]), f"{name} did not move"
+    assert any(not p.detach().equal(critic_before[n]) for n, p in trainer.roles.critic.named_parameters())
+
+    rows = metric_rows(tmp_path / preset, kinds=("iteration",))
+    assert [r["iteration"] for r in rows] == [0, 1]
+    for row in rows:
+        missing = [k for k in COMMON + PER_LOSS[config.policy.loss] if k not in row]
+        assert not missing, f"{preset}: metrics missing {missing}"
+        for key, value in row.items():
+            if isinstance(value, float):
+                assert math.isfinite(value), f"{preset}: {key} = {value}"
+        assert 0.0 <= row["response/eos_rate"] <= 1.0
+        assert 0.0 <= row["response/distinct2"] <= 1.0
+        assert row["policy_ppl"] >= 1.0 and row["ref_ppl"] >= 1.0
+        assert 1.0 <= row["response/length_mean"] <= row["response/length_max"] <= MAX_NEW_TOKENS
+        assert row["kl/k3"] >= 0.0  # k3 is non-negative per token
+        assert row["value/loss"] >= 0.0
+        assert 0.0 <= row["value/value_clip_fraction"] <= 1.0
+        assert row["policy/entropy"] > 0.0
+        assert len(row["reward/raw_scores"]) == config.rollout.batch_size
+        if config.policy.loss == "ppo":
+            assert 0.0 <= row["policy/clip_fraction"] <= 1.0
+            assert 0.0 < row["policy/ratio_min"] <= row["policy/ratio_mean"] <= row["policy/ratio_max"]
+        if config.policy.loss == "awr":
+            assert 0.0 < row["policy/weight_mean"] <= row["policy/weight_max"] <= config.policy.awr_max_weight
+            assert 0.0 <= row["policy/weight_clip_fraction"] <= 1.0
+        if config.kl.beta == 0:
+            assert row["kl/beta"] == 0.0
+
+    pretrain = metric_rows(tmp_path / preset, kinds=("pretrain",))
+    assert [r["pretrain"] for r in pretrain] == [0]
+    assert math.isfinite(pretrain[0]["critic_pretrain/value_loss"])
+
+
+def test_run_directory_holds_config_checkpoint_and_loadable_models(make_trainer, tmp_path, capfd):
+    run = tmp_path / "run"
+    make_trainer(rl_config("ppo_max", train={"iterations": 1}), run_dir=run).train()
+    assert "Writing model shards" not in capfd.readouterr().err  # no progress bars from HF saves
+    assert (run / "config.yaml").is_file() and (run / "metrics.jsonl").is_file()
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["iter_000001"]
+    policy = load_causal_lm(run)
+    critic = ScalarHeadModel.from_pretrained(run / "critic")
+    assert policy.config.vocab_size == critic.config.vocab_size

@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help=STAGES["demo"], description=STAGES["demo"])
     demo.add_argument("--out", default="runs/demo", help="output directory (report.html, summary.json)")
-    demo.add_argument("--compare", action="store_true", help="run vanilla PPO, PPO-max, APA and AWR side by side")
+    demo.add_argument(
+        "--compare", action="store_true", help="run vanilla PPO, PPO-max, APA and AWR side by side"
+    )
     demo.add_argument("--seeds", type=int, default=1, help="seeds per algorithm")
     demo.add_argument("--config", help="YAML file of demo settings")
 
@@ -70,12 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--prompts", help="prompts file")
     train.add_argument("--out", help="run directory")
     train.add_argument("--config", help="YAML config file")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint"
+    )
 
     ev = sub.add_parser("eval", help=STAGES["eval"], description=STAGES["eval"])
     ev.add_argument("--policy", required=True, help="policy directory to evaluate")
     ev.add_argument("--baseline", required=True, help="policy directory to compare against")
-    ev.add_argument("--judge", required=True, help="reward-model directory (or 'world:DIR' for a built-in world's gold reward)")
+    ev.add_argument(
+        "--judge",
+        required=True,
+        help="reward-model directory (or 'world:DIR' for a built-in world's gold reward)",
+    )
     ev.add_argument("--prompts", required=True, help="held-out prompts file")
     ev.add_argument("--out", help="write eval.json here (default: beside the policy)")
     ev.add_argument("--n", type=int, default=256, help="prompts to evaluate (the first N)")
@@ -118,7 +126,9 @@ def run_sft_command(args, rest) -> int:
     from rlhf.train.sft import run_sft
 
     config = load_config(
-        SFTConfig, file=args.config, overrides=_overrides(rest, {"model": args.model, "data.path": args.data, "out": args.out})
+        SFTConfig,
+        file=args.config,
+        overrides=_overrides(rest, {"model": args.model, "data.path": args.data, "out": args.out}),
     )
     _require(config.model, "--model"), _require(config.data.path, "--data")
     run_sft(config)
@@ -146,12 +156,16 @@ def run_train_command(args, rest) -> int:
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").exists():
-            raise SystemExit(f"rlhf train --resume: {run_dir}/config.yaml not found. Fix: pass a run directory.")
+            raise SystemExit(
+                f"rlhf train --resume: {run_dir}/config.yaml not found. Fix: pass a run directory."
+            )
         from rlhf.config import deep_merge, from_dict, parse_overrides, to_dict, validate
 
         config = config_from_yaml(RLConfig, run_dir / "config.yaml")
         if rest:
-            config = from_dict(RLConfig, deep_merge(to_dict(config), parse_overrides(rest)), origin="command line")
+            config = from_dict(
+                RLConfig, deep_merge(to_dict(config), parse_overrides(rest)), origin="command line"
+            )
         config.out = str(run_dir)  # the run directory given, wherever the run was first written
         validate(config)
         run_rl(config, resume=True)
@@ -181,7 +195,9 @@ def run_eval_command(args, rest) -> int:
 def run_demo_command(args, rest) -> int:
     from rlhf.demo import run_demo
 
-    return run_demo(out=args.out, compare=args.compare, seeds=args.seeds, config_file=args.config, overrides=rest)
+    return run_demo(
+        out=args.out, compare=args.compare, seeds=args.seeds, config_file=args.config, overrides=rest
+    )
 
 
 def run_report_command(args, rest) -> int:

@@ -78,7 +78,9 @@ class SFTConfig:
     seed: int = 0  # seed of data order and initialization
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5, warmup_steps=10, schedule="cosine"))
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=2e-5, warmup_steps=10, schedule="cosine")
+    )
     lora: LoraConfig = field(default_factory=LoraConfig)
     sinks: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + "tensorboard", "wandb"
 
@@ -100,11 +102,15 @@ class RewardDataConfig:
 class RewardTrainConfig:
     epochs: float = 1.0  # passes over the pairs (PPO paper: about one)
     max_steps: int | None = None  # stop after this many optimizer steps
-    batching: str = "pairs"  # "pairs": fixed pairs per step | "tokens": about max_tokens per step (PPO paper sec. 4)
+    batching: str = (
+        "pairs"  # "pairs": fixed pairs per step | "tokens": about max_tokens per step (PPO paper sec. 4)
+    )
     batch_size: int = 16  # pairs per step when batching == "pairs"
     max_tokens: int = 8192  # tokens per step when batching == "tokens"
     micro_batch_size: int = 8  # pairs per forward/backward
-    lm_coef: float = 1.0  # beta_rm: weight of the LM imitation loss on the chosen response (paper 1, its code 0)
+    lm_coef: float = (
+        1.0  # beta_rm: weight of the LM imitation loss on the chosen response (paper 1, its code 0)
+    )
     eval_every: int = 100  # evaluate on the held-out pairs every N steps; the best checkpoint is kept
     log_every: int = 10  # write metrics every N steps
 
@@ -117,7 +123,9 @@ class RewardConfig:
     seed: int = 0  # seed of data order and head initialization
     data: RewardDataConfig = field(default_factory=RewardDataConfig)
     train: RewardTrainConfig = field(default_factory=RewardTrainConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-6, warmup_steps=10, schedule="cosine"))
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=5e-6, warmup_steps=10, schedule="cosine")
+    )
     lora: LoraConfig = field(default_factory=LoraConfig)
     sinks: list[str] = field(default_factory=lambda: ["console", "jsonl"])
 
@@ -130,7 +138,9 @@ class RLModelConfig:
     policy: str = ""  # the SFT model directory (also the frozen reference)
     gguf_file: str | None = None  # GGUF file name inside `policy`
     reward_model: str = ""  # reward-model directory (ScalarHeadModel)
-    critic_init: str = "reward_model"  # "reward_model" (PPO paper sec. 5.3.4) | "policy" (SFT trunk, fresh head)
+    critic_init: str = (
+        "reward_model"  # "reward_model" (PPO paper sec. 5.3.4) | "policy" (SFT trunk, fresh head)
+    )
     critic_mode: str = "separate"  # "separate" critic network | "shared": value head on the policy trunk
     value_coef: float = 0.5  # weight of the value loss when critic_mode == "shared"
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA policy; the reference is the adapter disabled
@@ -439,7 +449,9 @@ def to_dict(config) -> dict:
     return plain(dataclasses.asdict(config))
 
 
-def load_config(cls: type, *, preset: str | None = None, file: str | None = None, overrides: dict | None = None):
+def load_config(
+    cls: type, *, preset: str | None = None, file: str | None = None, overrides: dict | None = None
+):
     """defaults < preset < file < overrides, validated into `cls`."""
     merged: dict = {}
     if preset:
@@ -498,7 +510,10 @@ def validate(config) -> None:
     need(0 <= c.advantage.gamma <= 1, "advantage.gamma must be in [0, 1].")
     need(0 <= c.advantage.lam <= 1, "advantage.lam must be in [0, 1].")
     need(c.policy.clip_eps > 0, "policy.clip_eps must be > 0.")
-    need(c.policy.dual_clip is None or c.policy.dual_clip > 1, "policy.dual_clip must be > 1 (or null to turn it off).")
+    need(
+        c.policy.dual_clip is None or c.policy.dual_clip > 1,
+        "policy.dual_clip must be > 1 (or null to turn it off).",
+    )
     need(c.policy.apa_lam > 0, "policy.apa_lam must be > 0.")
     need(c.policy.awr_lam > 0, "policy.awr_lam must be > 0.")
     need(c.policy.entropy_coef >= 0, "policy.entropy_coef must be >= 0.")

@@ -126,15 +126,26 @@ def demo_config(config_file: str | None, overrides: list[str]) -> DemoConfig:
 # evaluation on held-out prompts
 # ---------------------------------------------------------------------------------------------
 @torch.inference_mode()
-def evaluate_policy(policy, reference, reward_model, tokenizer, world, prompts, prompt_ids, *, seed, max_new_tokens):
+def evaluate_policy(
+    policy, reference, reward_model, tokenizer, world, prompts, prompt_ids, *, seed, max_new_tokens
+):
     """Proxy and gold reward, KL to the reference (summed k1 per response), perplexity, length, distinct-2."""
     ids, mask = left_pad(prompt_ids, tokenizer.pad_token_id)
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0)
-    rollout = generate(policy, ids, mask, sampling, eos_token_id=tokenizer.eos_token_id,
-                       pad_token_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed))
+    rollout = generate(
+        policy,
+        ids,
+        mask,
+        sampling,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        generator=torch.Generator().manual_seed(seed),
+    )
     texts = decode_responses(tokenizer, rollout)
     proxy = reward_model.score(rollout.input_ids, rollout.attention_mask)
-    gold = torch.tensor(world.gold_rewards(prompts, texts, rollout.ended_with_eos.tolist()), dtype=torch.float32)
+    gold = torch.tensor(
+        world.gold_rewards(prompts, texts, rollout.ended_with_eos.tolist()), dtype=torch.float32
+    )
     P = rollout.prompt_length
     rmask = rollout.response_mask.float()
     logp = response_logprobs(policy, rollout.input_ids, rollout.attention_mask, P)[0]
@@ -187,16 +198,30 @@ def run_demo(
     world_dir = out_dir / "world"
     world.write(world_dir)
     tokenizer = world.tokenizer
-    model = tiny_causal_lm(tokenizer, seed=cfg.world.seed, hidden_size=cfg.model.hidden_size,
-                           num_layers=cfg.model.num_layers, num_heads=cfg.model.num_heads)
+    model = tiny_causal_lm(
+        tokenizer,
+        seed=cfg.world.seed,
+        hidden_size=cfg.model.hidden_size,
+        num_layers=cfg.model.num_layers,
+        num_heads=cfg.model.num_heads,
+    )
     sft_cfg = SFTConfig(
         out=str(out_dir / "sft"),
         seed=cfg.world.seed,
         data=SFTDataConfig(path=str(world_dir / "sft_train.jsonl"), test_fraction=0.05),
-        train=SFTTrainConfig(max_steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
-                             micro_batch_size=cfg.sft_batch_size, eval_every=max(1, cfg.sft_steps // 4)),
-        optim=OptimConfig(lr=cfg.sft_lr, warmup_steps=max(1, cfg.sft_steps // 20), schedule="cosine",
-                          min_lr_ratio=0.1, weight_decay=0.0),
+        train=SFTTrainConfig(
+            max_steps=cfg.sft_steps,
+            batch_size=cfg.sft_batch_size,
+            micro_batch_size=cfg.sft_batch_size,
+            eval_every=max(1, cfg.sft_steps // 4),
+        ),
+        optim=OptimConfig(
+            lr=cfg.sft_lr,
+            warmup_steps=max(1, cfg.sft_steps // 20),
+            schedule="cosine",
+            min_lr_ratio=0.1,
+            weight_decay=0.0,
+        ),
         sinks=["jsonl"] if quiet else ["console", "jsonl"],
     )
     t0 = time.perf_counter()
@@ -210,9 +235,16 @@ def run_demo(
         out=str(out_dir / "rm"),
         seed=cfg.world.seed,
         data=RewardDataConfig(path=str(world_dir / "pairs_train.jsonl"), test_fraction=0.0),
-        train=RewardTrainConfig(max_steps=cfg.rm_steps, batch_size=cfg.rm_batch_size, micro_batch_size=cfg.rm_batch_size,
-                                lm_coef=cfg.rm_lm_coef, eval_every=max(1, cfg.rm_steps // 4)),
-        optim=OptimConfig(lr=cfg.rm_lr, warmup_steps=max(1, cfg.rm_steps // 20), schedule="cosine", min_lr_ratio=0.1),
+        train=RewardTrainConfig(
+            max_steps=cfg.rm_steps,
+            batch_size=cfg.rm_batch_size,
+            micro_batch_size=cfg.rm_batch_size,
+            lm_coef=cfg.rm_lm_coef,
+            eval_every=max(1, cfg.rm_steps // 4),
+        ),
+        optim=OptimConfig(
+            lr=cfg.rm_lr, warmup_steps=max(1, cfg.rm_steps // 20), schedule="cosine", min_lr_ratio=0.1
+        ),
         sinks=["jsonl"] if quiet else ["console", "jsonl"],
     )
     test_pairs = load_examples(world_dir / "pairs_test.jsonl", kind="preference").examples
@@ -223,7 +255,8 @@ def run_demo(
     reward_model = ScalarHeadModel.from_pretrained(out_dir / "rm").eval()
     rm_eval = evaluate_pairs(reward_model, test_rows, tokenizer.pad_token_id, 64, with_lm=False)
     gold_margin = [
-        world.gold_reward(ex.prompt, ex.chosen) - world.gold_reward(ex.prompt, ex.rejected) for ex in test_pairs
+        world.gold_reward(ex.prompt, ex.chosen) - world.gold_reward(ex.prompt, ex.rejected)
+        for ex in test_pairs
     ]
     gold_pairs = [(m, g) for m, g in zip(rm_eval["margins"], gold_margin) if g != 0]
     rm_summary = {
@@ -233,19 +266,37 @@ def run_demo(
     }
 
     # held-out prompts and the SFT baseline --------------------------------------------------------
-    test_prompt_texts = [ex.prompt for ex in load_examples(world_dir / "prompts_test.jsonl", kind="prompt").examples]
+    test_prompt_texts = [
+        ex.prompt for ex in load_examples(world_dir / "prompts_test.jsonl", kind="prompt").examples
+    ]
     eval_texts = [test_prompt_texts[i % len(test_prompt_texts)] for i in range(cfg.eval_prompts)]
     eval_ids = [encode_prompt(tokenizer, p, 64) for p in eval_texts]
     sft_policy = load_causal_lm(out_dir / "sft")
     sft_ref = _reference(sft_policy)
     max_new = DEMO_RL["rollout"]["max_new_tokens"]
     sft_record, sft_samples, sft_gold = evaluate_policy(
-        sft_policy, sft_ref, reward_model, tokenizer, world, eval_texts, eval_ids, seed=12345, max_new_tokens=max_new
+        sft_policy,
+        sft_ref,
+        reward_model,
+        tokenizer,
+        world,
+        eval_texts,
+        eval_ids,
+        seed=12345,
+        max_new_tokens=max_new,
     )
-    sft_summary = {"gold_mean": sft_record["gold"], "gold_std": float(sft_gold.std()), "proxy_mean": sft_record["proxy"],
-                   "ppl": sft_record["ppl"], "length": sft_record["length"], "distinct2": sft_record["distinct2"],
-                   "eval_loss": sft_final.get("eval/loss"), "seconds": sft_seconds,
-                   "topic_rate": sft_record["topic_rate"], "repetition_rate": sft_record["repetition_rate"]}
+    sft_summary = {
+        "gold_mean": sft_record["gold"],
+        "gold_std": float(sft_gold.std()),
+        "proxy_mean": sft_record["proxy"],
+        "ppl": sft_record["ppl"],
+        "length": sft_record["length"],
+        "distinct2": sft_record["distinct2"],
+        "eval_loss": sft_final.get("eval/loss"),
+        "seconds": sft_seconds,
+        "topic_rate": sft_record["topic_rate"],
+        "repetition_rate": sft_record["repetition_rate"],
+    }
 
     # 3. RL runs ---------------------------------------------------------------------------------
     algorithms = list(ALGORITHMS) if compare else list(cfg.algorithms)
@@ -253,8 +304,9 @@ def run_demo(
     total = len(algorithms) * seeds
     for k, (algorithm, seed) in enumerate((a, s) for a in algorithms for s in range(seeds)):
         say(f"[3/4] RL run {k + 1}/{total}: {algorithm}, seed {seed} ...")
-        run, summary = run_one(cfg, algorithm, seed, out_dir, tokenizer, reward_model, world, eval_texts, eval_ids,
-                               quiet=quiet)
+        run, summary = run_one(
+            cfg, algorithm, seed, out_dir, tokenizer, reward_model, world, eval_texts, eval_ids, quiet=quiet
+        )
         runs.append(run)
         run_summaries.append(summary)
 
@@ -275,24 +327,41 @@ def run_demo(
     return 0
 
 
-def run_one(cfg, algorithm, seed, out_dir, tokenizer, reward_model, world, eval_texts, eval_ids, *, quiet=False):
+def run_one(
+    cfg, algorithm, seed, out_dir, tokenizer, reward_model, world, eval_texts, eval_ids, *, quiet=False
+):
     """One RL run from the shared SFT and reward model; returns (report run, summary.json run)."""
     rl_overrides = deep_merge(deep_merge(DEMO_RL, PRESET_DEMO.get(algorithm, {})), cfg.rl)
-    rl_overrides = deep_merge(rl_overrides, {"train": {"iterations": cfg.iterations}, "log": {"eval_every": cfg.eval_every}})
+    rl_overrides = deep_merge(
+        rl_overrides, {"train": {"iterations": cfg.iterations}, "log": {"eval_every": cfg.eval_every}}
+    )
     config = load_config(RLConfig, preset=algorithm, overrides=rl_overrides)
     config.seed = seed
     config.out = str(out_dir / "runs" / f"{algorithm}-seed{seed}")
     policy = load_causal_lm(out_dir / "sft")
     roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
-    train_prompts = encode_prompts(tokenizer, str(out_dir / "world" / "prompts_train.jsonl"), format="auto",
-                                   max_tokens=64, skip_invalid=False)
+    train_prompts = encode_prompts(
+        tokenizer,
+        str(out_dir / "world" / "prompts_train.jsonl"),
+        format="auto",
+        max_tokens=64,
+        skip_invalid=False,
+    )
     history: list[dict] = []
     samples: dict = {}
 
     def evaluator(trainer: RLTrainer, iteration: int) -> dict:
-        record, picked, _ = evaluate_policy(trainer.roles.policy, trainer.roles.reference, reward_model, tokenizer,
-                                            world, eval_texts, eval_ids, seed=1000 + seed,
-                                            max_new_tokens=config.rollout.max_new_tokens)
+        record, picked, _ = evaluate_policy(
+            trainer.roles.policy,
+            trainer.roles.reference,
+            reward_model,
+            tokenizer,
+            world,
+            eval_texts,
+            eval_ids,
+            seed=1000 + seed,
+            max_new_tokens=config.rollout.max_new_tokens,
+        )
         history.append({"iteration": iteration, **record})
         samples.setdefault("start", picked)
         samples["end"] = picked
@@ -304,7 +373,9 @@ def run_one(cfg, algorithm, seed, out_dir, tokenizer, reward_model, world, eval_
     if not history or history[-1]["iteration"] != trainer.iteration:
         evaluator(trainer, trainer.iteration)
     seconds = time.perf_counter() - started
-    metrics = [m for m in _read_jsonl(Path(config.out) / "metrics.jsonl") if "iteration" in m and "event" not in m]
+    metrics = [
+        m for m in _read_jsonl(Path(config.out) / "metrics.jsonl") if "iteration" in m and "event" not in m
+    ]
     warnings = [
         {"iteration": m.get("iteration", m.get("step", 0)), "message": m.get("message", "")}
         for m in _read_jsonl(Path(config.out) / "metrics.jsonl")
@@ -316,7 +387,9 @@ def run_one(cfg, algorithm, seed, out_dir, tokenizer, reward_model, world, eval_
         "seed": seed,
         "metrics": metrics,
         "eval": history,
-        "reward_samples": [{"iteration": m["iteration"], "scores": m.get("reward/raw_scores", [])} for m in metrics],
+        "reward_samples": [
+            {"iteration": m["iteration"], "scores": m.get("reward/raw_scores", [])} for m in metrics
+        ],
         "samples": samples,
         "warnings": warnings,
     }
@@ -340,27 +413,57 @@ def findings(summary: dict) -> list[dict]:
         by_alg.setdefault(r["algorithm"], {})[r["seed"]] = r
     out = []
     if "ppo_max" in by_alg:
-        gains = [(r["final"]["gold"] - sft["gold_mean"]) / max(sft["gold_std"], 1e-9) for r in by_alg["ppo_max"].values()]
-        out.append({"claim": "PPO-max raises gold reward over SFT by >= 1 SFT std, every seed",
-                    "holds": all(g >= 1.0 for g in gains), "evidence": f"gains in SFT std: {[round(g, 2) for g in gains]}"})
-        out.append({"claim": "the collapse detector does not fire on PPO-max",
-                    "holds": not any(r["collapse_detected"] for r in by_alg["ppo_max"].values()),
-                    "evidence": f"fired: {[r['collapse_detected'] for r in by_alg['ppo_max'].values()]}"})
+        gains = [
+            (r["final"]["gold"] - sft["gold_mean"]) / max(sft["gold_std"], 1e-9)
+            for r in by_alg["ppo_max"].values()
+        ]
+        out.append(
+            {
+                "claim": "PPO-max raises gold reward over SFT by >= 1 SFT std, every seed",
+                "holds": all(g >= 1.0 for g in gains),
+                "evidence": f"gains in SFT std: {[round(g, 2) for g in gains]}",
+            }
+        )
+        out.append(
+            {
+                "claim": "the collapse detector does not fire on PPO-max",
+                "holds": not any(r["collapse_detected"] for r in by_alg["ppo_max"].values()),
+                "evidence": f"fired: {[r['collapse_detected'] for r in by_alg['ppo_max'].values()]}",
+            }
+        )
     if "ppo_max" in by_alg and "vanilla_ppo" in by_alg:
         seeds = sorted(set(by_alg["ppo_max"]) & set(by_alg["vanilla_ppo"]))
         pairs = [(by_alg["vanilla_ppo"][s], by_alg["ppo_max"][s]) for s in seeds]
-        out.append({"claim": "vanilla PPO ends with higher proxy and lower gold than PPO-max, every seed",
-                    "holds": all(v["final"]["proxy"] > m["final"]["proxy"] and v["final"]["gold"] < m["final"]["gold"]
-                                 for v, m in pairs),
-                    "evidence": "; ".join(f"seed {s}: proxy {v['final']['proxy']:.2f} vs {m['final']['proxy']:.2f}, "
-                                          f"gold {v['final']['gold']:.2f} vs {m['final']['gold']:.2f}"
-                                          for s, (v, m) in zip(seeds, pairs))})
-        out.append({"claim": "vanilla PPO ends below its own gold peak, every seed",
-                    "holds": all(v["final"]["gold"] < v["peak_gold"] for v, _ in pairs),
-                    "evidence": "; ".join(f"final {v['final']['gold']:.2f} / peak {v['peak_gold']:.2f}" for v, _ in pairs)})
-        out.append({"claim": "the collapse detector fires on vanilla PPO, every seed",
-                    "holds": all(v["collapse_detected"] for v, _ in pairs),
-                    "evidence": f"fired: {[v['collapse_detected'] for v, _ in pairs]}"})
+        out.append(
+            {
+                "claim": "vanilla PPO ends with higher proxy and lower gold than PPO-max, every seed",
+                "holds": all(
+                    v["final"]["proxy"] > m["final"]["proxy"] and v["final"]["gold"] < m["final"]["gold"]
+                    for v, m in pairs
+                ),
+                "evidence": "; ".join(
+                    f"seed {s}: proxy {v['final']['proxy']:.2f} vs {m['final']['proxy']:.2f}, "
+                    f"gold {v['final']['gold']:.2f} vs {m['final']['gold']:.2f}"
+                    for s, (v, m) in zip(seeds, pairs)
+                ),
+            }
+        )
+        out.append(
+            {
+                "claim": "vanilla PPO ends below its own gold peak, every seed",
+                "holds": all(v["final"]["gold"] < v["peak_gold"] for v, _ in pairs),
+                "evidence": "; ".join(
+                    f"final {v['final']['gold']:.2f} / peak {v['peak_gold']:.2f}" for v, _ in pairs
+                ),
+            }
+        )
+        out.append(
+            {
+                "claim": "the collapse detector fires on vanilla PPO, every seed",
+                "holds": all(v["collapse_detected"] for v, _ in pairs),
+                "evidence": f"fired: {[v['collapse_detected'] for v, _ in pairs]}",
+            }
+        )
     return out
 
 
@@ -370,8 +473,18 @@ def print_demo_summary(summary: dict, out_dir: Path) -> None:
     for r in summary["runs"]:
         by_alg.setdefault(r["algorithm"], []).append(r)
     sft = summary["sft"]
-    rows.append({"model": "SFT", "proxy": sft["proxy_mean"], "gold": sft["gold_mean"], "kl": 0.0,
-                 "ppl": sft["ppl"], "length": sft["length"], "distinct2": sft["distinct2"], "collapse": "-"})
+    rows.append(
+        {
+            "model": "SFT",
+            "proxy": sft["proxy_mean"],
+            "gold": sft["gold_mean"],
+            "kl": 0.0,
+            "ppl": sft["ppl"],
+            "length": sft["length"],
+            "distinct2": sft["distinct2"],
+            "collapse": "-",
+        }
+    )
     for alg, rs in by_alg.items():
         row = {"model": f"{alg} (x{len(rs)})"}
         for key in ("proxy", "gold", "kl", "ppl", "length", "distinct2"):
@@ -380,10 +493,14 @@ def print_demo_summary(summary: dict, out_dir: Path) -> None:
         rows.append(row)
     print_summary("Final figures on held-out prompts (mean over seeds)", rows)
     rm = summary["reward_model"]
-    print(f"reward model: accuracy {rm['label_accuracy']:.3f} on noisy labels, {rm['gold_accuracy']:.3f} on the gold ordering")
+    print(
+        f"reward model: accuracy {rm['label_accuracy']:.3f} on noisy labels, {rm['gold_accuracy']:.3f} on the gold ordering"
+    )
     for f in summary["findings"]:
         print(f"[{'holds' if f['holds'] else 'FAILS'}] {f['claim']}: {f['evidence']}")
-    print(f"report: {out_dir / 'report.html'}   summary: {out_dir / 'summary.json'}   ({summary['seconds']:.0f} s)")
+    print(
+        f"report: {out_dir / 'report.html'}   summary: {out_dir / 'summary.json'}   ({summary['seconds']:.0f} s)"
+    )
 
 
 def rebuild_report(directory: str) -> int:

@@ -40,7 +40,15 @@ def test_summary_follows_the_documented_schema(demo_dir):
     assert 0.0 <= summary["reward_model"]["gold_accuracy"] <= 1.0
     assert sorted(r["algorithm"] for r in summary["runs"]) == sorted(ALGORITHMS)
     for run in summary["runs"]:
-        assert set(run) >= {"algorithm", "seed", "final", "peak_gold", "collapse_detected", "iterations", "seconds"}
+        assert set(run) >= {
+            "algorithm",
+            "seed",
+            "final",
+            "peak_gold",
+            "collapse_detected",
+            "iterations",
+            "seconds",
+        }
         assert set(run["final"]) == {"proxy", "gold", "kl", "ppl", "length", "distinct2"}
         assert run["iterations"] == 3
         assert run["peak_gold"] >= run["final"]["gold"]

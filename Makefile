@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test demo lint bench clean
+.PHONY: setup test demo lint bench bench-demo clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ lint: setup
 
 bench: setup
 	$(PY) bench/run.py
+
+# Wall time of `rlhf demo` and `rlhf demo --compare --seeds 3`, with the findings (about 10 minutes).
+bench-demo: setup
+	$(PY) bench/demo_timing.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -98,7 +98,7 @@ DEMO_RL = {
     "policy_optim": {"lr": 3e-4},
     "critic_optim": {"lr": 1e-3},
     "critic": {"pretrain_iterations": 0},
-    "log": {"eval_every": 5, "sinks": ["jsonl"]},
+    "log": {"eval_every": 5},
 }
 PRESET_DEMO = {
     "ppo_max": {"critic": {"pretrain_iterations": 5}, "kl": {"beta": 0.1}, "policy": {"ptx_coef": 0.0}},
@@ -368,7 +368,7 @@ def run_one(
         return record
 
     started = time.perf_counter()
-    trainer = RLTrainer(config, roles, train_prompts, evaluator=evaluator, quiet=True)
+    trainer = RLTrainer(config, roles, train_prompts, evaluator=evaluator, quiet=quiet)
     trainer.train()
     if not history or history[-1]["iteration"] != trainer.iteration:
         evaluator(trainer, trainer.iteration)

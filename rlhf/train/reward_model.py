@@ -178,7 +178,7 @@ def run_reward_training(
     logger = open_metrics_logger(
         out,
         resumable=False,
-        sinks=("jsonl",) if quiet else tuple(config.sinks),
+        sinks=tuple(config.sinks),  # `quiet` only drops the final summary table
         total=steps,
         key_metrics=("train/loss", "train/accuracy", "eval/accuracy"),
     )

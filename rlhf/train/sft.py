@@ -120,7 +120,7 @@ def run_sft(
     logger = open_metrics_logger(
         out,
         resumable=False,
-        sinks=("jsonl",) if quiet else tuple(config.sinks),
+        sinks=tuple(config.sinks),  # `quiet` only drops the final summary table
         total=steps,
         key_metrics=("train/loss", "eval/loss", "eval/ppl"),
     )

@@ -230,6 +230,7 @@ class CollapseConfig:
     kl_floor: float = 0.5  # the KL baseline counts as at least this (nats per response)
     ppl_drop: float | None = 0.25  # policy perplexity on its own responses falls by this fraction
     length_drift: float | None = 0.3  # mean response length moves (up or down) by this fraction
+    diversity_drop: float | None = 0.4  # or distinct-2 of the responses falls by this fraction
     window: int = 5  # iterations in the rolling median of each signal
     baseline_steps: int = 5  # first iterations whose median is the baseline
     patience: int = 3  # consecutive iterations the whole signature must hold before a warning

@@ -4,9 +4,12 @@ The paper's finding: reward and loss curves look healthy while the policy collap
 patterns that cheat the reward model; what reveals it is that, *together*,
   - the KL between policy and reference climbs,
   - the perplexity of the policy on its own responses drops (it becomes sure of its patterns),
-  - the mean response length drifts (the paper saw it grow; it may also shrink).
+  - the mean response length drifts (the paper saw it grow; it may also shrink),
+  - or, where the hack keeps the length (repeating rewarded words), the diversity of the responses
+    (distinct-2) collapses: the "pattern" the policy converges to.
 Any one of these moves in healthy training too (KL always grows from 0), so the detector only
-fires when all enabled signals agree, for `patience` updates in a row.
+fires when the KL and perplexity conditions hold together with a pattern condition (length drift
+or diversity drop, whichever are enabled), for `patience` updates in a row.
 
 How the thresholds are made robust:
   - baseline: the median of each signal over the first `baseline_steps` updates (the policy is still
@@ -17,7 +20,9 @@ How the thresholds are made robust:
                        floor keeps the ratio meaningful);
   - perplexity drops:  current_ppl <= (1 - ppl_drop) * baseline_ppl;
   - length drifts:     |current_len - baseline_len| >= length_drift * max(baseline_len, 1 token);
-  - all enabled conditions for `patience` consecutive updates -> one warning. The detector then
+  - diversity drops:   current_distinct2 <= (1 - diversity_drop) * baseline_distinct2;
+  - KL and perplexity (if enabled) and at least one enabled pattern condition (length, diversity)
+    for `patience` consecutive updates -> one warning. The detector then
     stays quiet while the signature persists and re-arms after `patience` updates without it.
 A threshold set to None disables that signal (e.g. length_drift=None where the hack keeps the
 length, as repetition of rewarded words can). Updates missing a signal, or carrying NaN/inf, are
@@ -37,7 +42,7 @@ _STATE_VERSION = 1
 
 @dataclass(frozen=True)
 class _Signal:
-    name: str  # "kl" | "ppl" | "length"
+    name: str  # "kl" | "ppl" | "length" | "diversity"
     key: str  # metric key read from the update's dict
     threshold: float
 
@@ -64,6 +69,8 @@ class CollapseDetector:
         kl_floor: the KL baseline is at least this (nats, the same unit as the logged KL).
         ppl_drop: the perplexity must fall by this fraction of its baseline (None: not required).
         length_drift: the length must move (up or down) by this fraction of its baseline (None: not required).
+        diversity_drop: distinct-2 must fall by this fraction of its baseline (None: off); with both
+            length_drift and diversity_drop set, either one completes the signature.
         patience: consecutive updates the whole signature must hold before a warning.
         kl_key, ppl_key, length_key: the metric names read from each update's dict.
     """
@@ -80,6 +87,8 @@ class CollapseDetector:
         kl_key: str = "kl",
         ppl_key: str = "policy_ppl",
         length_key: str = "response_length",
+        diversity_drop: float | None = None,
+        diversity_key: str = "distinct2",
     ) -> None:
         for name, value in (("window", window), ("baseline_steps", baseline_steps), ("patience", patience)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -92,10 +101,15 @@ class CollapseDetector:
             raise ValueError(f"CollapseDetector: ppl_drop is a fraction in (0, 1), got {ppl_drop!r}")
         if length_drift is not None and not length_drift > 0.0:
             raise ValueError(f"CollapseDetector: length_drift must be > 0, got {length_drift!r}")
+        if diversity_drop is not None and not 0.0 < diversity_drop < 1.0:
+            raise ValueError(
+                f"CollapseDetector: diversity_drop is a fraction in (0, 1), got {diversity_drop!r}"
+            )
         candidates = (
             ("kl", kl_key, kl_rise),
             ("ppl", ppl_key, ppl_drop),
             ("length", length_key, length_drift),
+            ("diversity", diversity_key, diversity_drop),
         )
         self.signals = [_Signal(name, key, float(t)) for name, key, t in candidates if t is not None]
         if not self.signals:
@@ -140,8 +154,8 @@ class CollapseDetector:
         if signal.name == "kl":
             ratio = current / max(base, self.kl_floor)
             return ratio >= signal.threshold, ratio
-        if signal.name == "ppl":
-            change = (current - base) / base
+        if signal.name in ("ppl", "diversity"):
+            change = (current - base) / base if base > 0 else 0.0
             return change <= -signal.threshold, change
         change = (current - base) / max(abs(base), 1.0)
         return abs(change) >= signal.threshold, change
@@ -167,13 +181,14 @@ class CollapseDetector:
 
         base = self.baseline()
         assert base is not None
-        evidence, all_hold = {}, True
+        evidence, holding = {}, {}
         for signal in self.signals:
             current = statistics.median(self._recent[signal.name])
-            holds, effect = self._holds(signal, base[signal.name], current)
+            holding[signal.name], effect = self._holds(signal, base[signal.name], current)
             evidence[signal.name] = {"baseline": base[signal.name], "current": current, "effect": effect}
-            all_hold = all_hold and holds
         self.last_evidence = evidence
+        pattern = [holding[n] for n in ("length", "diversity") if n in holding]
+        all_hold = all(holding.get(n, True) for n in ("kl", "ppl")) and (any(pattern) if pattern else True)
 
         if not all_hold:
             self._streak, self._streak_start = 0, None
@@ -206,6 +221,11 @@ class CollapseDetector:
             elif signal.name == "ppl":
                 parts.append(
                     f"policy perplexity {e['baseline']:.4g} -> {e['current']:.4g} "
+                    f"({100 * e['effect']:+.0f}%, threshold -{100 * signal.threshold:.0f}%)"
+                )
+            elif signal.name == "diversity":
+                parts.append(
+                    f"distinct-2 {e['baseline']:.4g} -> {e['current']:.4g} "
                     f"({100 * e['effect']:+.0f}%, threshold -{100 * signal.threshold:.0f}%)"
                 )
             else:

@@ -130,6 +130,8 @@ class RLTrainer:
             kl_key="kl/ref",
             ppl_key="policy_ppl",
             length_key="response/length_mean",
+            diversity_drop=col.diversity_drop,
+            diversity_key="response/distinct2",
         )
         if ptx_batches is None and c.policy.ptx_coef > 0:
             self.ptx_note = "PPO-ptx is off: policy.ptx_coef > 0 but no data.ptx was given."

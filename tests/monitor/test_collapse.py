@@ -243,3 +243,40 @@ def test_noise_robustness(seed, noise, kl_noise, onset):
     )
     assert len(warnings) >= 1
     assert onset <= collapsing.first_fired_step <= onset + 20
+
+
+def with_diversity(rows: list[dict], onset: int | None, factor: float, ramp: int = 10) -> list[dict]:
+    """Add a distinct-2 signal (0.5, falling to `factor` of it from `onset`) to a stream."""
+    out = []
+    for step, row in enumerate(rows, start=1):
+        progress = 0.0 if onset is None or step < onset else min(1.0, (step - onset + 1) / ramp)
+        out.append({**row, "distinct2": 0.5 * (1 + progress * (factor - 1))})
+    return out
+
+
+def test_diversity_collapse_completes_the_signature_when_length_holds():
+    # the world's hack: repeating rewarded words at constant length (KL up, ppl down, distinct-2 down)
+    rows = with_diversity(stream(onset=40, length_factor=1.0), onset=40, factor=0.3)
+    assert run(CollapseDetector(), rows) == []  # length alone is required without the diversity signal
+    warnings = run(CollapseDetector(diversity_drop=0.4), rows)
+    assert len(warnings) == 1 and 40 <= warnings[0][0] <= 55
+    assert "distinct-2 0.5 -> " in warnings[0][1]
+
+
+def test_diversity_drop_alone_or_without_kl_does_not_fire():
+    flat = stream()
+    assert run(CollapseDetector(diversity_drop=0.4), with_diversity(flat, onset=40, factor=0.2)) == []
+    no_kl = stream(onset=40, kl_factor=1.0, length_factor=1.0)
+    assert run(CollapseDetector(diversity_drop=0.4), with_diversity(no_kl, onset=40, factor=0.2)) == []
+
+
+def test_either_pattern_condition_is_enough():
+    rows = with_diversity(
+        stream(onset=40, length_factor=1.6), onset=None, factor=1.0
+    )  # length drifts, diversity flat
+    assert len(run(CollapseDetector(diversity_drop=0.4), rows)) == 1
+
+
+def test_diversity_drop_must_be_a_fraction():
+    with pytest.raises(ValueError, match="diversity_drop"):
+        CollapseDetector(diversity_drop=1.5)

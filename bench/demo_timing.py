@@ -1,6 +1,6 @@
 """Time `rlhf demo` and `rlhf demo --compare --seeds 3` and record their findings.
 
-    .venv/bin/python bench/demo_timing.py [--skip-compare] [--seeds 3]
+    .venv/bin/python bench/demo_timing.py [--skip-compare] [--seeds 3] [--keep DIR]
 
 Writes bench/results/demo.json: wall seconds of each command, the phases' seconds from
 summary.json, and the findings (each claim of issue 5 with whether it held and the evidence).
@@ -43,9 +43,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--skip-compare", action="store_true", help="time only the PPO-max demo")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--keep", metavar="DIR", help="keep the demos' output directories under DIR")
     args = parser.parse_args()
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "targets_seconds": {"demo": 300, "compare": 1200}}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or scratch
         results["demo"] = timed_demo([], Path(tmp) / "demo")
         print(f"rlhf demo: {results['demo']['wall_seconds']} s (target 300)")
         if not args.skip_compare:

@@ -218,9 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage is None:
         parser.print_help()
         return 0
+    from transformers.utils import logging as hf_logging
+
     from rlhf.config import ConfigError
     from rlhf.data.errors import DataError
     from rlhf.models.loading import ModelLoadingError
+
+    hf_logging.disable_progress_bar()  # our own progress display replaces transformers' load/save bars
 
     try:
         if args.stage == "data":

@@ -35,17 +35,16 @@ from rlhf.config import (
     parse_overrides,
     to_dict,
 )
-from rlhf.data.collate import left_pad
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.logprobs import response_logprobs
-from rlhf.models.sampling import SamplingConfig, generate
+from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.monitor import print_summary
 from rlhf.monitor.report import write_report
-from rlhf.train.evaluate import decode_responses
+from rlhf.train.evaluate import sample_responses
 from rlhf.train.metrics import distinct_n
 from rlhf.train.pipeline import encode_prompts
 from rlhf.train.reward_model import encode_pairs, evaluate_pairs, run_reward_training
@@ -130,18 +129,11 @@ def evaluate_policy(
     policy, reference, reward_model, tokenizer, world, prompts, prompt_ids, *, seed, max_new_tokens
 ):
     """Proxy and gold reward, KL to the reference (summed k1 per response), perplexity, length, distinct-2."""
-    ids, mask = left_pad(prompt_ids, tokenizer.pad_token_id)
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0)
-    rollout = generate(
-        policy,
-        ids,
-        mask,
-        sampling,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        generator=torch.Generator().manual_seed(seed),
+    rollouts, texts = sample_responses(
+        policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=len(prompt_ids)
     )
-    texts = decode_responses(tokenizer, rollout)
+    rollout = rollouts[0]
     proxy = reward_model.score(rollout.input_ids, rollout.attention_mask)
     gold = torch.tensor(
         world.gold_rewards(prompts, texts, rollout.ended_with_eos.tolist()), dtype=torch.float32

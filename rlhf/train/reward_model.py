@@ -18,19 +18,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rlhf.config import RewardConfig, save_config
+from rlhf.config import RewardConfig
 from rlhf.data.collate import collate_pairs, token_budget_batches
 from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
 from rlhf.models.backbone import head_logits
-from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
-from rlhf.models.lora import apply_lora
+from rlhf.models.loading import load_causal_lm
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.monitor import print_summary
 from rlhf.train.checkpoint import atomic_directory
 from rlhf.train.lm_loss import token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
-from rlhf.train.run_dir import check_fresh_run_dir, open_metrics_logger, quiet_hf_saves
+from rlhf.train.run_dir import open_metrics_logger, quiet_hf_saves
+from rlhf.train.setup import start_run, with_lora
 
 
 @dataclass
@@ -130,24 +130,9 @@ def run_reward_training(
     `train_rows` / `test_rows` replace the pairs read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).
     """
-    out = Path(config.out)
-    check_fresh_run_dir(out, resumable=False)
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(config, out / "config.yaml")
-    torch.manual_seed(config.seed)
-    if tokenizer is None:
-        tokenizer = load_tokenizer(config.model, gguf_file=config.gguf_file)
-    tokenizer = prepare_tokenizer(tokenizer)
+    out, tokenizer = start_run(config, tokenizer)
     if model is None:
-        lm = load_causal_lm(config.model, gguf_file=config.gguf_file)
-        if config.lora.enabled:
-            lm = apply_lora(
-                lm,
-                r=config.lora.r,
-                alpha=config.lora.alpha,
-                dropout=config.lora.dropout,
-                target_modules=config.lora.target_modules,
-            )
+        lm = with_lora(load_causal_lm(config.model, gguf_file=config.gguf_file), config.lora)
         model = ScalarHeadModel.from_causal_lm(lm)
     stats = TruncationStats()
     if train_rows is None:

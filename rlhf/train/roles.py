@@ -12,9 +12,9 @@ import torch
 
 from rlhf.config import RLConfig
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
-from rlhf.models.lora import apply_lora
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.scalar_head import ScalarHeadModel, init_critic
+from rlhf.train.setup import with_lora
 
 
 @dataclass
@@ -43,13 +43,7 @@ def assemble_roles(
         else:
             critic = init_critic(policy)  # a copy of the SFT trunk with a zero head
     if config.model.lora.enabled:
-        policy = apply_lora(
-            policy,
-            r=config.model.lora.r,
-            alpha=config.model.lora.alpha,
-            dropout=config.model.lora.dropout,
-            target_modules=config.model.lora.target_modules,
-        )
+        policy = with_lora(policy, config.model.lora)
         reference = ReferenceModel(policy, mode="adapter")  # no second copy of the weights
     else:
         reference = ReferenceModel(policy, mode="copy")

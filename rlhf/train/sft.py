@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from rlhf.config import SFTConfig, save_config
+from rlhf.config import SFTConfig
 from rlhf.data.collate import collate_sft
 from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
-from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
-from rlhf.models.lora import apply_lora
+from rlhf.models.loading import load_causal_lm
 from rlhf.monitor import print_summary
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
-from rlhf.train.run_dir import check_fresh_run_dir, open_metrics_logger, quiet_hf_saves
+from rlhf.train.run_dir import open_metrics_logger, quiet_hf_saves
+from rlhf.train.setup import start_run, with_lora
 
 
 @dataclass
@@ -81,24 +80,10 @@ def run_sft(
     `train_rows` / `test_rows` replace the rows read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).
     """
-    out = Path(config.out)
-    check_fresh_run_dir(out, resumable=False)
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(config, out / "config.yaml")
-    torch.manual_seed(config.seed)
-    if tokenizer is None:
-        tokenizer = load_tokenizer(config.model, gguf_file=config.gguf_file)
-    tokenizer = prepare_tokenizer(tokenizer)
+    out, tokenizer = start_run(config, tokenizer)
     if model is None:
         model = load_causal_lm(config.model, gguf_file=config.gguf_file)
-    if config.lora.enabled:
-        model = apply_lora(
-            model,
-            r=config.lora.r,
-            alpha=config.lora.alpha,
-            dropout=config.lora.dropout,
-            target_modules=config.lora.target_modules,
-        )
+    model = with_lora(model, config.lora)
     stats = TruncationStats()
     if train_rows is None:
         loaded = load_examples(

@@ -1,0 +1,36 @@
+"""What every trainer does first: claim a fresh run directory, seed, load the tokenizer, add LoRA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlhf.config import LoraConfig, save_config
+from rlhf.models.loading import load_tokenizer, prepare_tokenizer
+from rlhf.models.lora import apply_lora
+from rlhf.train.run_dir import check_fresh_run_dir
+
+
+def with_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+    """`model` with LoRA adapters when `lora.enabled` (PEFT), else unchanged."""
+    if not lora.enabled:
+        return model
+    return apply_lora(
+        model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules
+    )
+
+
+def start_run(config, tokenizer=None):
+    """Check that `config.out` holds no earlier run, write its config.yaml, seed torch, prepare the tokenizer.
+
+    Returns `(run_dir, tokenizer)`; the tokenizer is loaded from `config.model` when not given.
+    """
+    out = Path(config.out)
+    check_fresh_run_dir(out, resumable=False)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(config, out / "config.yaml")
+    torch.manual_seed(config.seed)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.model, gguf_file=config.gguf_file)
+    return out, prepare_tokenizer(tokenizer)

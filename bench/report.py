@@ -282,6 +282,11 @@ def print_report(r: dict) -> None:
                 f" | generate {s['generate_tok_per_s']:7.1f} tok/s ({s['generate_s']:.2f}s, {s['generate_steps']} steps)"
                 f" | {s['speedup']:.2f}x (target >= 1.0x: {_met(s['speedup'] >= SAMPLER_TARGET)})"
             )
+            if "ours_no_exit_s" in s:
+                print(
+                    f"     {'':<19} same batch, ours without the early exit: {s['ours_no_exit_s']:.2f}s "
+                    f"({s['ours_no_exit_steps']} steps): early exit saves {1 - s['ours_s'] / s['ours_no_exit_s']:.0%}"
+                )
         if "ppo_error" in sm:
             print(f"   PPO iteration failed: {sm['ppo_error']}")
         p = sm.get("ppo")

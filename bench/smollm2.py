@@ -36,6 +36,19 @@ QUESTIONS = (
     "How do I boil an egg?",
     "Why is the sky blue?",
 )
+# Questions whose greedy answers end with EOS after 8 to 66 tokens (SmolLM2-135M-Instruct, float32):
+# a mixed-length batch that ends before max_new_tokens, so the early exit is exercised.
+SHORT_QUESTIONS = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "What is 12 times 7?",
+    "Name a famous painter and one of their works.",
+    "What is 2 plus 2?",
+    "Say hello.",
+    "Is water wet? Answer yes or no.",
+    "Translate 'bonjour' to English.",
+    "Name a primary color.",
+)
 
 
 # -- fetching ------------------------------------------------------------------------------------
@@ -152,11 +165,11 @@ def convert(gguf: Path, out: Path) -> dict:
     return {"converted": str(out), "max_logit_gap": gap, "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def chat_prompts(tokenizer, count: int) -> list[list[int]]:
+def chat_prompts(tokenizer, count: int, questions: tuple[str, ...] = QUESTIONS) -> list[list[int]]:
     """`count` chat-template prompts (the questions, cycled) as token-id lists."""
     texts = [
         tokenizer.apply_chat_template(
-            [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], tokenize=False, add_generation_prompt=True
+            [{"role": "user", "content": questions[i % len(questions)]}], tokenize=False, add_generation_prompt=True
         )
         for i in range(count)
     ]
@@ -220,9 +233,13 @@ def time_hf(model, ids, mask, config, tokenizer, seed: int) -> tuple[float, int,
 
 
 def sampler_case(model_dir: Path, batch_sizes: list[int], new_tokens: int, reps: int, eos_tokens: int) -> dict:
-    """Tokens/s of our sampler and of `generate`, alternating, on the same left-padded batches:
-    fixed length (EOS never stops, temperature 0.7, no top-k/top-p) at each batch size, then a
-    greedy batch of 16 where rows end at their own EOS (mixed lengths, early exit)."""
+    """Seconds of our sampler and of `generate`, alternating, on the same left-padded batches:
+
+    - `batch{B}`: fixed length (EOS never stops a row), temperature 0.7, no top-k/top-p;
+    - `batch16_eos_greedy`: greedy, rows end at their own EOS (SHORT_QUESTIONS: mixed lengths that
+      all end before `eos_tokens`), so both loops exit early; `ours_no_exit_s` is our sampler on the
+      same batch with the EOS stop off (all `eos_tokens` steps): the gain of the early exit.
+    """
     from rlhf.data.collate import left_pad
     from rlhf.models.sampling import SamplingConfig
 
@@ -231,17 +248,21 @@ def sampler_case(model_dir: Path, batch_sizes: list[int], new_tokens: int, reps:
     load_s = time.perf_counter() - t0
     fixed = SamplingConfig(max_new_tokens=new_tokens, temperature=0.7, stop_at_eos=False)
     greedy = SamplingConfig(max_new_tokens=eos_tokens, do_sample=False, stop_at_eos=True)
-    cases = [(f"batch{b}", b, fixed) for b in batch_sizes] + [("batch16_eos_greedy", 16, greedy)]
+    no_exit = SamplingConfig(max_new_tokens=eos_tokens, do_sample=False, stop_at_eos=False)
+    cases = [(f"batch{b}", b, fixed, QUESTIONS) for b in batch_sizes]
+    cases.append(("batch16_eos_greedy", 16, greedy, SHORT_QUESTIONS))
     out: dict = {"load_s": round(load_s, 2), "new_tokens": new_tokens, "eos_max_new_tokens": eos_tokens}
-    for name, batch, config in cases:
-        ids, mask = left_pad(chat_prompts(tokenizer, batch), tokenizer.pad_token_id)
+    for name, batch, config, questions in cases:
+        ids, mask = left_pad(chat_prompts(tokenizer, batch, questions), tokenizer.pad_token_id)
         warm = SamplingConfig(max_new_tokens=2)
         time_ours(model, ids, mask, warm, tokenizer, 0)
         time_hf(model, ids, mask, warm, tokenizer, 0)
-        ours, hf = [], []
+        ours, hf, ours_full = [], [], []
         for rep in range(reps):  # alternate so that both see the same machine load
             ours.append(time_ours(model, ids, mask, config, tokenizer, rep))
             hf.append(time_hf(model, ids, mask, config, tokenizer, rep))
+            if config.stop_at_eos:
+                ours_full.append(time_ours(model, ids, mask, no_exit, tokenizer, rep))
         ours_s = statistics.median(s for s, _, _ in ours)
         hf_s = statistics.median(s for s, _, _ in hf)
         out[name] = {
@@ -257,6 +278,9 @@ def sampler_case(model_dir: Path, batch_sizes: list[int], new_tokens: int, reps:
             "generate_tok_per_s": round(hf[0][1] / hf_s, 2),
             "speedup": round(hf_s / ours_s, 3),  # same work: time ratio
         }
+        if ours_full:
+            out[name]["ours_no_exit_s"] = round(statistics.median(s for s, _, _ in ours_full), 3)
+            out[name]["ours_no_exit_steps"] = ours_full[0][2]
     out["peak_rss_mb"] = peak_rss_mb()
     return out
 

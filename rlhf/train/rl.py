@@ -30,6 +30,7 @@ from rlhf.core import (
     kl_estimate,
     masked_mean,
     masked_sum,
+    masked_var,
     policy_loss,
     token_rewards,
     value_loss,
@@ -338,9 +339,7 @@ class RLTrainer:
             "response/eos_rate": float(rollout.ended_with_eos.float().mean()),
             "response/distinct2": distinct_n(rollout.response_ids, rollout.response_mask, n=2),
             "advantage/mean": float(masked_mean(advantages, mask)),
-            "advantage/std": float(
-                masked_mean((advantages - masked_mean(advantages, mask)) ** 2, mask).sqrt()
-            ),
+            "advantage/std": float(masked_var(advantages, mask, unbiased=False).sqrt()),
             "return/mean": float(masked_mean(returns, mask)),
             "value/mean": float(masked_mean(values, mask)),
             "time/generate": t1 - t0,

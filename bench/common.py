@@ -89,5 +89,7 @@ def run_case(cmd: list[str], *, env: dict[str, str], cwd: str, timeout: float) -
     result["wall_s"] = round(wall, 2)
     result["maxrss_mb"] = round(usage.ru_maxrss / 1024.0, 1) if usage is not None else None
     # cores this child actually got on average (2.0 = both cores the whole time)
-    result["cores_used"] = round((usage.ru_utime + usage.ru_stime) / wall, 2) if usage is not None and wall else None
+    result["cores_used"] = (
+        round((usage.ru_utime + usage.ru_stime) / wall, 2) if usage is not None and wall else None
+    )
     return result

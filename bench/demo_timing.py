@@ -34,13 +34,18 @@ def timed_demo(extra: list[str], out: Path) -> dict:
         "rl_run_seconds": [round(r["seconds"], 1) for r in summary["runs"]],
         "sft": {k: summary["sft"][k] for k in ("gold_mean", "gold_std", "proxy_mean")},
         "reward_model": {k: summary["reward_model"][k] for k in ("label_accuracy", "gold_accuracy")},
-        "runs": [{k: r[k] for k in ("algorithm", "seed", "final", "peak_gold", "collapse_detected")} for r in summary["runs"]],
+        "runs": [
+            {k: r[k] for k in ("algorithm", "seed", "final", "peak_gold", "collapse_detected")}
+            for r in summary["runs"]
+        ],
         "findings": summary["findings"],
     }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--skip-compare", action="store_true", help="time only the PPO-max demo")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--keep", metavar="DIR", help="keep the demos' output directories under DIR")
@@ -52,7 +57,9 @@ def main() -> int:
         print(f"rlhf demo: {results['demo']['wall_seconds']} s (target 300)")
         if not args.skip_compare:
             results["compare"] = timed_demo(["--compare", "--seeds", str(args.seeds)], Path(tmp) / "compare")
-            print(f"rlhf demo --compare --seeds {args.seeds}: {results['compare']['wall_seconds']} s (target 1200)")
+            print(
+                f"rlhf demo --compare --seeds {args.seeds}: {results['compare']['wall_seconds']} s (target 1200)"
+            )
             for finding in results["compare"]["findings"]:
                 print(f"  [{'holds' if finding['holds'] else 'FAILS'}] {finding['claim']}")
     out = ROOT / "bench" / "results" / "demo.json"

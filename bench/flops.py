@@ -8,7 +8,8 @@ Conventions (the usual "model FLOPs", as in PaLM's MFU):
   [seq, seq] block: a masked SDPA on CPU computes all of it), plus the output head on the columns
   where it runs (2 * hidden * vocab per column);
 - a trained pass is 3x its forward (forward, gradient of the inputs, gradient of the weights);
-  a LoRA-frozen base is 2x (no weight gradient; the adapters themselves are negligible);
+  a LoRA-frozen base is counted 2x (no weight gradient; the adapters themselves are negligible;
+  the first layer's input gradient is skipped by autograd, so this overcounts by 1/(2 layers));
 - padding is counted: the hardware computes it, so this is the rate the machine achieved;
 - recomputation (activation checkpointing of the logits chunks) is not counted.
 """
@@ -45,7 +46,9 @@ class ModelShape:
     def decoder_matmul_params(self) -> int:
         """Weights that take part in matmuls, per token, in the decoder (q, k, v, o, gate, up, down)."""
         kv_dim = self.hidden // self.heads * self.kv_heads
-        per_layer = 2 * self.hidden * self.hidden + 2 * self.hidden * kv_dim + 3 * self.hidden * self.intermediate
+        per_layer = (
+            2 * self.hidden * self.hidden + 2 * self.hidden * kv_dim + 3 * self.hidden * self.intermediate
+        )
         return self.layers * per_layer
 
     @property
@@ -104,11 +107,13 @@ def iteration_phases(policy: ModelShape, critic: ModelShape, reward: ModelShape,
     seq = it.prompt + it.response
     head_cols = it.rows * it.response
     policy_fwd = decoder_forward(policy, it.rows, seq) + head_forward(policy, head_cols)
-    critic_fwd = decoder_forward(critic, it.rows, seq)
+    # the critic's scalar head (hidden -> 1) runs on the T response columns, the reward model's on all
+    critic_fwd = decoder_forward(critic, it.rows, seq) + 2.0 * critic.hidden * head_cols
+    reward_fwd = decoder_forward(reward, it.rows, seq) + 2.0 * reward.hidden * it.rows * seq
     policy_train = (2.0 if it.lora_policy else 3.0) * policy_fwd
     return {
         "generate": generation(policy, it.rows, it.prompt, it.response),
-        "score": decoder_forward(reward, it.rows, seq),
+        "score": reward_fwd,
         "forward": 2 * policy_fwd + critic_fwd,
         "update": it.ppo_epochs * (policy_train + 3.0 * critic_fwd),
     }

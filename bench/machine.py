@@ -1,6 +1,6 @@
 """The machine's float32 matmul rate (the FLOP ceiling the phases are compared with) and its load.
 
-    .venv/bin/python -m bench.machine --size 2048 --reps 10 --threads 2
+.venv/bin/python -m bench.machine --size 2048 --reps 10 --threads 2
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ steps of policy and critic. Preset vanilla_ppo (no extras TRL lacks).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import statistics
 import tempfile
@@ -24,11 +23,11 @@ PHASES = ("generate", "score", "forward", "update")
 
 def build_trainer(workload, seed: int, run_dir: str):
     """RLTrainer on the workload: vanilla_ppo, the peer's shapes, EOS never stops a response."""
+    from bench.workload import SIZES
     from rlhf.config import RLConfig, load_config
     from rlhf.models.scalar_head import ScalarHeadModel
     from rlhf.train.rl import RLTrainer
     from rlhf.train.roles import assemble_roles
-    from bench.workload import SIZES
 
     rng = random.Random(seed)
     tokenizer, words = build_tokenizer(SIZES[workload.size]["vocab"], rng)
@@ -46,6 +45,7 @@ def build_trainer(workload, seed: int, run_dir: str):
                 "batch_size": workload.batch_size,
                 "max_new_tokens": workload.response_length,
                 "temperature": workload.temperature,
+                "stop_at_eos": False,  # every response is exactly L tokens, as TRL's stop_token=None
             },
             "train": {
                 "ppo_epochs": workload.ppo_epochs,
@@ -59,9 +59,6 @@ def build_trainer(workload, seed: int, run_dir: str):
     )
     roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
     trainer = RLTrainer(config, roles, prompts, run_dir=run_dir, quiet=True)
-    # No config field turns the EOS stop off (RLTrainer builds SamplingConfig itself): set the
-    # sampler's own switch so that every response is exactly L tokens, as TRL's stop_token=None.
-    trainer.sampling = dataclasses.replace(trainer.sampling, stop_at_eos=False)
     return trainer
 
 
@@ -117,7 +114,9 @@ def phase_flops(trainer, shape: tuple[int, int, int], ppo_epochs: int, lora_poli
         ModelShape.from_config(unwrap_causal_lm(r.policy).config),
         ModelShape.from_config(unwrap_causal_lm(r.critic.causal_lm).config),
         ModelShape.from_config(unwrap_causal_lm(r.reward_model.causal_lm).config),
-        IterationShape(rows=rows, prompt=prompt, response=response, ppo_epochs=ppo_epochs, lora_policy=lora_policy),
+        IterationShape(
+            rows=rows, prompt=prompt, response=response, ppo_epochs=ppo_epochs, lora_policy=lora_policy
+        ),
     )
 
 

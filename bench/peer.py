@@ -49,14 +49,20 @@ def ensure_venv(repo: Path, log_path: Path) -> tuple[Path | None, str]:
     print(f"  setting up {venv} with {peer / 'setup.sh'} (about 2 minutes; log: {log_path})", flush=True)
     with open(log_path, "w") as log:
         done = subprocess.run(
-            ["bash", str(peer / "setup.sh"), str(venv)], cwd=repo, stdout=log, stderr=subprocess.STDOUT, timeout=1800
+            ["bash", str(peer / "setup.sh"), str(venv)],
+            cwd=repo,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=1800,
         )
     if done.returncode != 0 or not venv_ready(venv):
         return None, f"setup.sh failed (exit {done.returncode}); see {log_path}"
     return venv / "bin" / "python", ""
 
 
-def trl_command(python: Path, repo: Path, workload: Workload, iters: int, warmup: int, threads: int) -> list[str]:
+def trl_command(
+    python: Path, repo: Path, workload: Workload, iters: int, warmup: int, threads: int
+) -> list[str]:
     """The peer script on `workload`, `iters` PPO iterations, the first `warmup` not counted."""
     script = peer_dir(repo) / "trl_ppo_bench.py"
     return [

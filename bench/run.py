@@ -37,13 +37,23 @@ CASE_TIMEOUT = 1800.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one repetition and fewer iterations (a smoke run)")
-    parser.add_argument("--skip-trl", action="store_true", help="no TRL peer runs (ours still runs, for FLOP/s)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="one repetition and fewer iterations (a smoke run)"
+    )
+    parser.add_argument(
+        "--skip-trl", action="store_true", help="no TRL peer runs (ours still runs, for FLOP/s)"
+    )
     parser.add_argument("--skip-smollm2", action="store_true", help="no SmolLM2-135M section")
     parser.add_argument("--only", choices=SECTIONS, help="run only this section (and the matmul rate)")
-    parser.add_argument("--reps", type=int, help="alternated repetitions of each workload (default 3, quick 1)")
-    parser.add_argument("--iters", type=int, help="PPO iterations per run, first one warm-up (default 6, quick 4)")
+    parser.add_argument(
+        "--reps", type=int, help="alternated repetitions of each workload (default 3, quick 1)"
+    )
+    parser.add_argument(
+        "--iters", type=int, help="PPO iterations per run, first one warm-up (default 6, quick 4)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads of every case")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON results")
     args = parser.parse_args(argv)
@@ -87,7 +97,9 @@ def machine_section(runner: Runner, threads: int, reps: int) -> dict:
 
 def vs_trl_section(runner: Runner, args: argparse.Namespace) -> dict:
     """Each repetition runs every workload with ours and TRL's, alternating which goes first."""
-    trl_python, why = (None, "--skip-trl") if args.skip_trl else peer.ensure_venv(REPO, CACHE / "trl_setup.log")
+    trl_python, why = (
+        (None, "--skip-trl") if args.skip_trl else peer.ensure_venv(REPO, CACHE / "trl_setup.log")
+    )
     if trl_python is None:
         print(f"  TRL comparison skipped: {why}", flush=True)
     runs: dict[str, dict[str, list[dict]]] = {w.name: {"ours": [], "trl": []} for w in WORKLOADS}
@@ -134,10 +146,14 @@ def smollm2_section(runner: Runner, args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sections = [args.only] if args.only else [s for s in SECTIONS if not (s == "smollm2" and args.skip_smollm2)]
+    sections = (
+        [args.only] if args.only else [s for s in SECTIONS if not (s == "smollm2" and args.skip_smollm2)]
+    )
     runner = Runner(args.threads)
     started = dt.datetime.now().astimezone()
-    print(f"rlhf bench: sections {', '.join(sections)}; {args.reps} repetition(s), {args.iters} iterations per run")
+    print(
+        f"rlhf bench: sections {', '.join(sections)}; {args.reps} repetition(s), {args.iters} iterations per run"
+    )
     raw: dict = {"machine": [machine_section(runner, args.threads, 10)]}
     if "vs_trl" in sections:
         raw["vs_trl"] = vs_trl_section(runner, args)
@@ -146,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     raw["machine"].append(machine_section(runner, args.threads, 10))
     meta = {
         "date": started.isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, "bench/run.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            [Path(sys.executable).name, "bench/run.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
         "threads": args.threads,
         "cores": os.cpu_count(),
         "reps": args.reps,

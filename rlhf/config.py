@@ -164,6 +164,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling (PPO paper: 0.9)
     top_k: int = 0  # top-k sampling; 0: off
     repetition_penalty: float = 1.0  # CTRL-style penalty (PPO paper: 1.1); 1.0: off
+    stop_at_eos: bool = True  # end each response at its EOS (False: always max_new_tokens, for benchmarks)
     truncated: str = "keep"  # responses that hit max_new_tokens: "keep" | "penalize" | "drop"
     truncation_penalty: float = -1.0  # score given to truncated responses when truncated == "penalize"
 

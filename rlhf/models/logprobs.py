@@ -55,6 +55,7 @@ def _chunk_logprobs(
     targets: torch.Tensor,
     temperature: float,
     with_entropy: bool,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target) and entropy for one chunk: [B, t, H] -> two [B, t] (entropy empty if not asked)."""
     logits = head(hidden).float()
@@ -67,6 +68,8 @@ def _chunk_logprobs(
     # H = -sum p log p = logsumexp(z) - sum p z; -inf logits (banned tokens) become the lowest
     # finite value so that p * z is 0, not NaN, in the forward and the backward pass.
     finite = logits.clamp(min=torch.finfo(logits.dtype).min)
+    if not entropy_grad:  # a monitor only: no graph through the vocabulary-sized softmax
+        finite, log_norm = finite.detach(), log_norm.detach()
     entropy = log_norm - (torch.softmax(finite, dim=-1) * finite).sum(-1)
     return logp, entropy
 
@@ -78,6 +81,7 @@ def logprobs_from_hidden(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int | None = None,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Apply `model`'s output head to `hidden` [B, T, H] chunk by chunk and return the log-prob of
     `targets` [B, T] under softmax(logits / temperature), and optionally that distribution's entropy."""
@@ -94,10 +98,10 @@ def logprobs_from_hidden(
         h, y = hidden[:, start : start + chunk_size], targets[:, start : start + chunk_size]
         if recompute:
             logp, entropy = checkpoint(
-                _chunk_logprobs, head, h, y, temperature, with_entropy, use_reentrant=False
+                _chunk_logprobs, head, h, y, temperature, with_entropy, entropy_grad, use_reentrant=False
             )
         else:
-            logp, entropy = _chunk_logprobs(head, h, y, temperature, with_entropy)
+            logp, entropy = _chunk_logprobs(head, h, y, temperature, with_entropy, entropy_grad)
         logps.append(logp)
         entropies.append(entropy)
     logp = torch.cat(logps, dim=1)
@@ -112,12 +116,14 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int | None = None,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [B, T] of the response tokens `input_ids[:, P:]`, and their entropies [B, T] or None.
 
     One forward of the decoder over prompt + response; the head runs on hidden[:, P-1:-1] only.
     `temperature` must be the sampling temperature. Padded response positions
     (`attention_mask[:, P:] == 0`) hold 0 in both outputs: callers mask them anyway.
+    `entropy_grad=False` returns the entropy without a gradient (when it is only monitored).
     """
     _check_layout(input_ids, attention_mask, prompt_length)
     if temperature <= 0:
@@ -125,7 +131,7 @@ def response_logprobs(
     hidden = decoder_hidden_states(model, input_ids, attention_mask)
     targets = input_ids[:, prompt_length:]
     logp, entropy = logprobs_from_hidden(
-        model, hidden[:, prompt_length - 1 : -1], targets, temperature, with_entropy, chunk_size
+        model, hidden[:, prompt_length - 1 : -1], targets, temperature, with_entropy, chunk_size, entropy_grad
     )
     valid = attention_mask[:, prompt_length:].bool()
     logp = torch.where(valid, logp, torch.zeros_like(logp))

@@ -15,7 +15,12 @@ def build_optimizer(params, config: OptimConfig, total_steps: int):
     if not params:
         raise ValueError("no trainable parameters: is every weight frozen?")
     optimizer = torch.optim.AdamW(
-        params, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay, eps=1e-8
+        params,
+        lr=config.lr,
+        betas=tuple(config.betas),
+        weight_decay=config.weight_decay,
+        eps=1e-8,
+        fused=True,  # one kernel over all tensors (CPU and CUDA)
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_multiplier(config, total_steps))
     return optimizer, scheduler

@@ -87,6 +87,7 @@ class RLTrainer:
             top_k=c.rollout.top_k,
             repetition_penalty=c.rollout.repetition_penalty,
             do_sample=True,
+            stop_at_eos=c.rollout.stop_at_eos,
         )
         # score reparameterization: scaling / normalization / clipping, each its own switch (sec. 5.3.1)
         self.score_processor = ScoreProcessor(
@@ -395,6 +396,7 @@ class RLTrainer:
                             micro.prompt_length,
                             temperature=c.rollout.temperature,
                             with_entropy=True,
+                            entropy_grad=p.entropy_coef > 0,  # otherwise a monitor: no graph
                         )
                         pg_loss, pg_stats = policy_loss(
                             p.loss,

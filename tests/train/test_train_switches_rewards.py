@@ -226,3 +226,14 @@ def test_truncated_responses(policy, make_trainer):
         assert exp.response_mask[~ended].sum() == 0 and exp.advantages[~ended].abs().sum() == 0
         assert exp.response_mask[ended].sum() > 0
         torch.testing.assert_close(got[ended], raw[ended], rtol=0, atol=1e-6)
+
+
+def test_rollout_stop_at_eos_off_gives_full_length_responses(make_trainer):
+    stopping = make_trainer(rl_config("vanilla_ppo"))
+    _, metrics = stopping.make_experience()
+    assert metrics["response/eos_rate"] > 0  # the fixture's policy ends about half its answers early
+    full = make_trainer(rl_config("vanilla_ppo", rollout={"stop_at_eos": False}))
+    experience, metrics = full.make_experience()
+    budget = full.config.rollout.max_new_tokens
+    assert metrics["response/length_mean"] == metrics["response/length_max"] == budget
+    assert experience.response_mask.sum(1).eq(budget).all()

@@ -180,7 +180,9 @@ def test_padding_does_not_change_logprobs(_base_lm, prompt, response, extra_left
 def test_entropy_without_grad_is_the_same_value_and_leaves_logp_gradients_alone(lm):
     ids, mask, prompt_length = rollout_batch(PROMPTS, RESPONSES, pad_id=0)
     logp, entropy = response_logprobs(lm, ids, mask, prompt_length, with_entropy=True)
-    logp_ng, entropy_ng = response_logprobs(lm, ids, mask, prompt_length, with_entropy=True, entropy_grad=False)
+    logp_ng, entropy_ng = response_logprobs(
+        lm, ids, mask, prompt_length, with_entropy=True, entropy_grad=False
+    )
     assert entropy.requires_grad and not entropy_ng.requires_grad
     assert torch.equal(entropy.detach(), entropy_ng) and torch.equal(logp.detach(), logp_ng.detach())
     grads = torch.autograd.grad(logp.sum(), list(lm.parameters()), allow_unused=True)

@@ -144,6 +144,7 @@ class RLModelConfig:
     critic_mode: str = "separate"  # "separate" critic network | "shared": value head on the policy trunk
     value_coef: float = 0.5  # weight of the value loss when critic_mode == "shared"
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA policy; the reference is the adapter disabled
+    critic_lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA on the separate critic's trunk
 
 
 @dataclass

@@ -49,6 +49,8 @@ def assemble_roles(
         reference = ReferenceModel(policy, mode="copy")
     if config.model.critic_mode == "shared":
         critic = ScalarHeadModel.from_causal_lm(policy, head_init_std=0.0)  # value head on the policy trunk
+    elif config.model.critic_lora.enabled:
+        critic = with_lora(critic, config.model.critic_lora)  # adapters + the value head train
     else:
         critic.requires_grad_(True)
     policy.eval()  # no dropout: the first PPO ratio is exactly 1

@@ -320,3 +320,14 @@ def test_entropy_and_losses_are_finite_with_a_fully_dropped_batch(make_trainer):
     numbers = {k: v for k, v in metrics.items() if isinstance(v, float)}
     assert all(math.isfinite(v) for v in numbers.values()), numbers
     assert max_change(before, trainer.roles.policy) == 0.0
+
+
+def test_critic_lora_trains_adapters_and_head_only(make_trainer):
+    trainer = make_trainer(rl_config("ppo_max", model={"critic_lora": {"enabled": True, "r": 2}}))
+    critic = trainer.roles.critic
+    trainable = {name for name, p in critic.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name or name.startswith("head.") for name in trainable)
+    assert any(name.startswith("head.") for name in trainable)
+    frozen = {name: p.detach().clone() for name, p in critic.named_parameters() if not p.requires_grad}
+    trainer.step()
+    assert all(torch.equal(p, frozen[name]) for name, p in critic.named_parameters() if name in frozen)

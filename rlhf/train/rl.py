@@ -387,7 +387,6 @@ class RLTrainer:
                     weight = micro.num_tokens / total_tokens  # token-mean over the whole minibatch
                     if weight == 0:
                         continue
-                    loss = torch.zeros(())
                     if train_policy:
                         logp, entropy = response_logprobs(
                             r.policy,
@@ -409,6 +408,7 @@ class RLTrainer:
                         )
                         mean_entropy = masked_mean(entropy, micro.response_mask)
                         loss = pg_loss - p.entropy_coef * mean_entropy  # entropy bonus (sec. 5.3.2)
+                        (weight * loss).backward()  # frees the policy graph before the critic's forward
                         pg_stats = {**pg_stats, "loss": pg_loss.detach(), "entropy": mean_entropy.detach()}
                         record(pg_stats, weight, "policy")
                     values = response_values(
@@ -423,11 +423,8 @@ class RLTrainer:
                         clip_eps=c.critic.value_clip,
                     )
                     record({**vf_stats, "loss": vf_loss.detach()}, weight, "value")
-                    if self.shared_critic:
-                        (weight * (loss + c.model.value_coef * vf_loss)).backward()
-                    else:
-                        (weight * loss).backward() if train_policy else None
-                        (weight * vf_loss).backward()
+                    value_weight = c.model.value_coef if self.shared_critic else 1.0
+                    (weight * value_weight * vf_loss).backward()
                 if train_policy and self.ptx_batches is not None and p.ptx_coef > 0:
                     # PPO-ptx (InstructGPT): keep the SFT objective to reduce the alignment tax
                     batch = self.ptx_batches(self.ptx_generator)

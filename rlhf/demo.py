@@ -99,6 +99,8 @@ DEMO_RL = {
     "critic": {"pretrain_iterations": 0},
     "log": {"eval_every": 5},
 }
+# Per preset: every KL-penalized algorithm gets the same beta and 5 critic pre-training iterations.
+# PPO-max runs without PPO-ptx here (the demo passes no ptx data; its gain is measured without it).
 PRESET_DEMO = {
     "ppo_max": {"critic": {"pretrain_iterations": 5}, "kl": {"beta": 0.1}, "policy": {"ptx_coef": 0.0}},
     "apa": {"critic": {"pretrain_iterations": 5}, "kl": {"beta": 0.1}},

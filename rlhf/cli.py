@@ -121,32 +121,33 @@ def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
     return overrides
 
 
-def run_sft_command(args, rest) -> int:
-    from rlhf.config import SFTConfig, load_config
-    from rlhf.train.sft import run_sft
+def _run_supervised_stage(args, rest, config_class, run) -> int:
+    """`rlhf sft` and `rlhf rm`: --model, --data and --out over --config and dotted overrides."""
+    from rlhf.config import load_config
 
     config = load_config(
-        SFTConfig,
+        config_class,
         file=args.config,
         overrides=_overrides(rest, {"model": args.model, "data.path": args.data, "out": args.out}),
     )
-    _require(config.model, "--model"), _require(config.data.path, "--data")
-    run_sft(config)
+    _require(config.model, "--model")
+    _require(config.data.path, "--data")
+    run(config)
     return 0
+
+
+def run_sft_command(args, rest) -> int:
+    from rlhf.config import SFTConfig
+    from rlhf.train.sft import run_sft
+
+    return _run_supervised_stage(args, rest, SFTConfig, run_sft)
 
 
 def run_rm_command(args, rest) -> int:
-    from rlhf.config import RewardConfig, load_config
+    from rlhf.config import RewardConfig
     from rlhf.train.reward_model import run_reward_training
 
-    config = load_config(
-        RewardConfig,
-        file=args.config,
-        overrides=_overrides(rest, {"model": args.model, "data.path": args.data, "out": args.out}),
-    )
-    _require(config.model, "--model"), _require(config.data.path, "--data")
-    run_reward_training(config)
-    return 0
+    return _run_supervised_stage(args, rest, RewardConfig, run_reward_training)
 
 
 def run_train_command(args, rest) -> int:
@@ -177,7 +178,8 @@ def run_train_command(args, rest) -> int:
         "out": args.out,
     }
     config = load_config(RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named))
-    _require(config.model.policy, "--policy"), _require(config.model.reward_model, "--reward-model")
+    _require(config.model.policy, "--policy")
+    _require(config.model.reward_model, "--reward-model")
     _require(config.data.prompts, "--prompts")
     run_rl(config)
     return 0

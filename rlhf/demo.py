@@ -82,7 +82,7 @@ class DemoConfig:
     rm_batch_size: int = 32  # pairs per step
     rm_lr: float = 1e-3  # reward-model peak learning rate
     rm_lm_coef: float = 0.0  # beta_rm for the demo's reward model
-    iterations: int = 80  # RL iterations per run
+    iterations: int = 100  # RL iterations per run
     eval_every: int = 5  # evaluate on held-out prompts every N iterations
     eval_prompts: int = 128  # held-out prompts per evaluation
     algorithms: list[str] = field(default_factory=lambda: ["ppo_max"])  # without --compare

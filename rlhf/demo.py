@@ -39,6 +39,7 @@ from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.logprobs import response_logprobs
+from rlhf.models.reference import ReferenceModel
 from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
@@ -266,7 +267,7 @@ def run_demo(
     eval_texts = [test_prompt_texts[i % len(test_prompt_texts)] for i in range(cfg.eval_prompts)]
     eval_ids = [encode_prompt(tokenizer, p, 64) for p in eval_texts]
     sft_policy = load_causal_lm(out_dir / "sft")
-    sft_ref = _reference(sft_policy)
+    sft_ref = ReferenceModel(sft_policy, mode="copy")
     max_new = DEMO_RL["rollout"]["max_new_tokens"]
     sft_record, sft_samples, sft_gold = evaluate_policy(
         sft_policy,
@@ -513,12 +514,6 @@ def clear_demo_outputs(out_dir: Path) -> None:
         shutil.rmtree(out_dir / name, ignore_errors=True)
     for name in ("summary.json", "runs.json", "report.html", "report_overview.png"):
         (out_dir / name).unlink(missing_ok=True)
-
-
-def _reference(policy):
-    from rlhf.models.reference import ReferenceModel
-
-    return ReferenceModel(policy, mode="copy")
 
 
 def _read_jsonl(path: Path) -> list[dict]:

@@ -21,10 +21,11 @@ from bench.workload import WORKLOADS, build_causal_lm, build_prompts, build_toke
 PHASES = ("generate", "score", "forward", "update")
 
 
-def build_trainer(workload, seed: int, run_dir: str):
-    """RLTrainer on the workload: vanilla_ppo, the peer's shapes, EOS never stops a response."""
+def build_trainer(workload, seed: int, run_dir: str, extra: dict | None = None):
+    """RLTrainer on the workload: vanilla_ppo, the peer's shapes, EOS never stops a response.
+    `extra`: config overrides on top (for A/B runs, e.g. {"train": {"overlap_critic": False}})."""
     from bench.workload import SIZES
-    from rlhf.config import RLConfig, load_config
+    from rlhf.config import RLConfig, deep_merge, load_config
     from rlhf.models.scalar_head import ScalarHeadModel
     from rlhf.train.rl import RLTrainer
     from rlhf.train.roles import assemble_roles
@@ -35,28 +36,26 @@ def build_trainer(workload, seed: int, run_dir: str):
     policy = build_causal_lm(workload.size, tokenizer, seed)
     reward_lm = build_causal_lm(workload.size, tokenizer, seed + 2)
     reward_model = ScalarHeadModel.from_causal_lm(reward_lm)
-    config = load_config(
-        RLConfig,
-        preset="vanilla_ppo",
-        overrides={
-            "out": run_dir,
-            "seed": seed,
-            "rollout": {
-                "batch_size": workload.batch_size,
-                "max_new_tokens": workload.response_length,
-                "temperature": workload.temperature,
-                "stop_at_eos": False,  # every response is exactly L tokens, as TRL's stop_token=None
-            },
-            "train": {
-                "ppo_epochs": workload.ppo_epochs,
-                "minibatches": workload.minibatches,
-                "micro_batch_size": workload.batch_size,
-                "iterations": 1000,
-            },
-            "critic": {"pretrain_iterations": 0},
-            "log": {"sinks": []},
+    overrides = {
+        "out": run_dir,
+        "seed": seed,
+        "rollout": {
+            "batch_size": workload.batch_size,
+            "max_new_tokens": workload.response_length,
+            "temperature": workload.temperature,
+            "stop_at_eos": False,  # every response is exactly L tokens, as TRL's stop_token=None
+            "logprobs_from_sampler": True,  # TRL's old log-probs also come from its sampling logits
         },
-    )
+        "train": {
+            "ppo_epochs": workload.ppo_epochs,
+            "minibatches": workload.minibatches,
+            "micro_batch_size": workload.batch_size,
+            "iterations": 1000,
+        },
+        "critic": {"pretrain_iterations": 0},
+        "log": {"sinks": []},
+    }
+    config = load_config(RLConfig, preset="vanilla_ppo", overrides=deep_merge(overrides, extra or {}))
     roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
     trainer = RLTrainer(config, roles, prompts, run_dir=run_dir, quiet=True)
     return trainer
@@ -127,11 +126,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args, config_args = parser.parse_known_args()  # the rest: config overrides, --group.key value
     set_threads(args.threads)
     workload = next(w for w in WORKLOADS if w.name == args.workload)
     with tempfile.TemporaryDirectory(prefix="bench_ours_") as run_dir:
-        trainer = build_trainer(workload, args.seed, run_dir)
+        from rlhf.config import parse_overrides
+
+        trainer = build_trainer(workload, args.seed, run_dir, parse_overrides(config_args))
         record_shapes(trainer)
         rows = run_iterations(trainer, args.iters)
         trainer.logger.close()

@@ -166,6 +166,9 @@ class RolloutConfig:
     top_k: int = 0  # top-k sampling; 0: off
     repetition_penalty: float = 1.0  # CTRL-style penalty (PPO paper: 1.1); 1.0: off
     stop_at_eos: bool = True  # end each response at its EOS (False: always max_new_tokens, for benchmarks)
+    # old log-probs from the sampler's own logits (as TRL does) instead of one more policy forward:
+    # saves a forward per iteration; the first PPO ratio is then 1 only to float rounding (~1e-6 fp32)
+    logprobs_from_sampler: bool = False
     truncated: str = "keep"  # responses that hit max_new_tokens: "keep" | "penalize" | "drop"
     truncation_penalty: float = -1.0  # score given to truncated responses when truncated == "penalize"
 
@@ -224,6 +227,9 @@ class RLTrainConfig:
     minibatches: int = 1  # optimizer steps per epoch (the rollout batch is split into this many)
     micro_batch_size: int = 16  # rows per forward/backward (token-weighted gradient accumulation)
     buffer_size: int = 1  # rollout batches kept and reused (experience buffer, PPO paper sec. 5.3.2)
+    # CPU, separate critic: the critic's optimizer steps run on a second thread beside the policy's
+    # (they share no parameter); the intra-op threads are split between the two sides
+    overlap_critic: bool = True
 
 
 @dataclass

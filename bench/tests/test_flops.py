@@ -111,7 +111,8 @@ def test_iteration_phases_match_the_trainer(tokenizer, tmp_path):
         overrides={
             "out": str(tmp_path),
             "rollout": {"batch_size": 3, "max_new_tokens": 4},
-            "train": {"ppo_epochs": 2, "minibatches": 1, "micro_batch_size": 3},
+            # overlap off: FlopCounterMode, a dispatch mode, sees this thread's ops only
+            "train": {"ppo_epochs": 2, "minibatches": 1, "micro_batch_size": 3, "overlap_critic": False},
             "log": {"sinks": []},
         },
     )

@@ -59,6 +59,10 @@ class Rollout:
     prompt_length: int  # P
     response_mask: torch.Tensor  # [B, T] float, 1 on real response tokens (EOS included)
     ended_with_eos: torch.Tensor  # [B] bool: the last real token is an EOS (False: cut at max_new_tokens)
+    # [B, T] log-prob of each sampled token under softmax(raw logits / temperature), 0 at padding;
+    # only with generate(..., return_logprobs=True). Same quantity as response_logprobs, read from the
+    # sampler's KV-cached forward (equal to float rounding, ~1e-6 in float32).
+    logprobs: torch.Tensor | None = None
 
     @property
     def response_ids(self) -> torch.Tensor:
@@ -230,8 +234,10 @@ def _sample_loop(
     eos_ids: torch.Tensor,
     pad_token_id: int,
     generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(tokens [B, max_new], mask [B, P + max_new], steps taken); runs under inference mode."""
+    return_logprobs: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+    """(tokens [B, max_new], mask [B, P + max_new], steps taken, log-probs [B, max_new] or None);
+    runs under inference mode."""
     decoder, _ = causal_lm_parts(model)
     head = output_head(model)
     batch, prompt_len = prompt_ids.shape
@@ -240,6 +246,7 @@ def _sample_loop(
     mask = torch.zeros(batch, prompt_len + max_new, dtype=torch.long, device=device)
     mask[:, :prompt_len] = prompt_mask
     tokens = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros(batch, max_new, device=device) if return_logprobs else None
     pad = torch.full((batch,), pad_token_id, dtype=torch.long, device=device)
     cache = DynamicCache(config=decoder.config)
 
@@ -265,6 +272,8 @@ def _sample_loop(
         chosen = torch.where(running, next_tokens(logits, config, seen, generator), pad)
         tokens[:, step] = chosen
         mask[:, prompt_len + step] = running  # the EOS itself is a real token
+        if logprobs is not None:  # the behaviour policy's log-prob, as response_logprobs computes it
+            logprobs[:, step] = torch.where(running, _token_logprob(logits, chosen, config.temperature), 0.0)
         steps = step + 1
         if config.stop_at_eos:
             running &= ~torch.isin(chosen, eos_ids)
@@ -283,7 +292,14 @@ def _sample_loop(
         )[0]
         logits = head(hidden[:, -1])
         next_position = next_position + 1
-    return tokens, mask, steps
+    return tokens, mask, steps, logprobs
+
+
+def _token_logprob(logits: torch.Tensor, chosen: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) at `chosen` [B]: no repetition penalty, no top-k/top-p,
+    the distribution response_logprobs scores (logprobs.py)."""
+    scaled = logits.float() / temperature
+    return scaled.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
 
 
 def generate(
@@ -294,21 +310,23 @@ def generate(
     eos_token_id: int | Sequence[int],
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    return_logprobs: bool = False,
 ) -> Rollout:
     """Sample one response per left-padded prompt. The model runs in eval mode (restored after).
 
     `generator` (a torch.Generator on the model's device) makes sampling reproducible. A response
     ends at its first EOS (`eos_token_id`: one id or several) or at `max_new_tokens`; positions
     after it hold `pad_token_id` with mask 0 (masks never compare ids with the pad id, so the pad
-    id may equal the EOS id).
+    id may equal the EOS id). `return_logprobs` also fills `Rollout.logprobs` (the sampled tokens'
+    log-probs at `config.temperature`), which saves the trainer a forward pass for the old log-probs.
     """
     _check_prompts(prompt_ids, prompt_mask)
     if pad_token_id is None:
         raise ValueError("pad_token_id is None: give the tokenizer's pad id (prepare_tokenizer sets one).")
     eos_ids = _eos_tensor(eos_token_id, prompt_ids.device)
     with torch.inference_mode(), eval_mode(model):
-        tokens, mask, steps = _sample_loop(
-            model, prompt_ids, prompt_mask.long(), config, eos_ids, pad_token_id, generator
+        tokens, mask, steps, logprobs = _sample_loop(
+            model, prompt_ids, prompt_mask.long(), config, eos_ids, pad_token_id, generator, return_logprobs
         )
     # Clone outside inference mode: the trainer uses these tensors in autograd graphs.
     prompt_len = prompt_ids.shape[1]
@@ -324,4 +342,5 @@ def generate(
         prompt_length=prompt_len,
         response_mask=response_mask,
         ended_with_eos=ended_with_eos,
+        logprobs=logprobs[:, :steps].clone() if logprobs is not None else None,
     )

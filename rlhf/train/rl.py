@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ from rlhf.models.scalar_head import response_values
 from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
 from rlhf.train import checkpoint as ckpt
+from rlhf.train.concurrency import run_side_by_side, side_by_side_threads
 from rlhf.train.experience import Experience, concat_experiences, forward_in_chunks
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.metrics import distinct_n
@@ -50,6 +52,37 @@ from rlhf.train.optim import build_optimizer, clip_and_step
 from rlhf.train.prompts import PromptStream
 from rlhf.train.roles import Roles
 from rlhf.train.run_dir import open_metrics_logger, quiet_hf_saves
+
+
+class UpdateStats:
+    """Token-weighted means of per-micro-batch stats; `*_max`/`*_min` keys combine by max/min;
+    gradient norms are averaged over optimizer steps."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}
+        self.grad_norms: dict[str, list[float]] = {}
+
+    def add(self, stats: dict, weight: float, prefix: str) -> None:
+        for k, v in stats.items():
+            key = f"{prefix}/{k}"
+            if k.endswith("_max") or k.endswith("_min"):
+                pick = max if k.endswith("_max") else min
+                self.extremes[key] = pick(self.extremes.get(key, float(v)), float(v))
+                continue
+            self.sums[key] = self.sums.get(key, 0.0) + float(v) * weight
+            self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def add_grad_norm(self, key: str, norm: float) -> None:
+        self.grad_norms.setdefault(key, []).append(norm)
+
+    def result(self) -> dict[str, float]:
+        out = {k: self.sums[k] / max(self.weights[k], 1e-12) for k in self.sums}
+        out.update(self.extremes)
+        out.update({k: sum(v) / len(v) for k, v in self.grad_norms.items() if v})
+        return out
+
 
 KEY_METRICS = ("reward/raw_mean", "kl/ref", "policy_ppl", "response/length_mean", "policy/clip_fraction")
 Evaluator = Callable[["RLTrainer", int], dict]
@@ -268,6 +301,7 @@ class RLTrainer:
             eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
             generator=self.sample_generator,
+            return_logprobs=c.rollout.logprobs_from_sampler,
         )
         t1 = time.perf_counter()
         ids, attn, P = rollout.input_ids, rollout.attention_mask, rollout.prompt_length
@@ -292,7 +326,10 @@ class RLTrainer:
         def policy_fn(i, a, p):
             return response_logprobs(r.policy, i, a, p, temperature=temperature)[0]
 
-        old_logp = forward_in_chunks(policy_fn, ids, attn, P, T, rows)
+        if rollout.logprobs is not None:  # rollout.logprobs_from_sampler: no policy forward
+            old_logp = rollout.logprobs * mask
+        else:
+            old_logp = forward_in_chunks(policy_fn, ids, attn, P, T, rows)
         ref_logp = forward_in_chunks(
             lambda i, a, p: r.reference.logprobs(i, a, p, temperature=temperature), ids, attn, P, T, rows
         )
@@ -353,29 +390,16 @@ class RLTrainer:
     # update
     # ----------------------------------------------------------------------------------------
     def update(self, experience: Experience, *, train_policy: bool) -> dict:
-        """`ppo_epochs` passes of shuffled minibatches; token-weighted micro-batch accumulation."""
-        c, r = self.config, self.roles
-        p = c.policy
-        sums: dict[str, float] = {}
-        weights: dict[str, float] = {}
+        """`ppo_epochs` passes of shuffled minibatches; token-weighted micro-batch accumulation.
 
-        extremes: dict[str, float] = {}
-
-        def record(stats: dict, weight: float, prefix: str):
-            for k, v in stats.items():
-                key = f"{prefix}/{k}"
-                if k.endswith("_max") or k.endswith("_min"):  # extremes combine by max/min, not by mean
-                    pick = max if k.endswith("_max") else min
-                    extremes[key] = pick(extremes.get(key, float(v)), float(v))
-                    continue
-                sums[key] = sums.get(key, 0.0) + float(v) * weight
-                weights[key] = weights.get(key, 0.0) + weight
-
-        grad_norms = {"policy/grad_norm": [], "value/grad_norm": []}
-        r.policy.train(False)  # dropout stays off: ratios are exact
+        Policy and separate critic take their optimizer steps on the same minibatches; they share no
+        parameter, so with `train.overlap_critic` on a multi-core CPU the critic's steps run on a
+        second thread beside the policy's (concurrency.py). The result is the same as in turn, to
+        float rounding."""
+        c = self.config
+        minibatches = []
         for _ in range(c.train.ppo_epochs):
             for minibatch in experience.minibatches(c.train.minibatches, self.shuffle_generator):
-                total_tokens = max(minibatch.num_tokens, 1.0)
                 # advantage normalization and clipping, per minibatch (sec. 5.3.1)
                 if c.advantage.whiten:
                     minibatch.advantages = whiten_advantages(
@@ -383,86 +407,141 @@ class RLTrainer:
                     )
                 elif c.advantage.clip is not None:
                     minibatch.advantages = minibatch.advantages.clamp(-c.advantage.clip, c.advantage.clip)
-                for micro in minibatch.micro_batches(c.train.micro_batch_size):
-                    weight = micro.num_tokens / total_tokens  # token-mean over the whole minibatch
-                    if weight == 0:
-                        continue
-                    if train_policy:
-                        logp, entropy = response_logprobs(
-                            r.policy,
-                            micro.input_ids,
-                            micro.attention_mask,
-                            micro.prompt_length,
-                            temperature=c.rollout.temperature,
-                            with_entropy=True,
-                            entropy_grad=p.entropy_coef > 0,  # otherwise a monitor: no graph
-                        )
-                        pg_loss, pg_stats = policy_loss(
-                            p.loss,
-                            logp,
-                            micro.old_logp,
-                            micro.ref_logp,
-                            micro.advantages,
-                            micro.response_mask,
-                            **self.loss_params(),
-                        )
-                        mean_entropy = masked_mean(entropy, micro.response_mask)
-                        loss = pg_loss - p.entropy_coef * mean_entropy  # entropy bonus (sec. 5.3.2)
-                        (weight * loss).backward()  # frees the policy graph before the critic's forward
-                        pg_stats = {**pg_stats, "loss": pg_loss.detach(), "entropy": mean_entropy.detach()}
-                        record(pg_stats, weight, "policy")
-                    values = response_values(
-                        r.critic, micro.input_ids, micro.attention_mask, micro.prompt_length
-                    )
-                    # clipped value loss (ALGORITHMS.md sec. 7)
-                    vf_loss, vf_stats = value_loss(
-                        values,
-                        micro.old_values,
-                        micro.returns,
-                        micro.response_mask,
-                        clip_eps=c.critic.value_clip,
-                    )
-                    record({**vf_stats, "loss": vf_loss.detach()}, weight, "value")
-                    value_weight = c.model.value_coef if self.shared_critic else 1.0
-                    (weight * value_weight * vf_loss).backward()
-                if train_policy and self.ptx_batches is not None and p.ptx_coef > 0:
-                    # PPO-ptx (InstructGPT): keep the SFT objective to reduce the alignment tax
-                    batch = self.ptx_batches(self.ptx_generator)
-                    nll, count = model_token_nll(
-                        r.policy, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-                    )
-                    ptx_loss = nll / max(count, 1)
-                    (p.ptx_coef * ptx_loss).backward()
-                    record({"loss": ptx_loss.detach()}, 1.0, "ptx")
-                # global gradient clipping, separately for policy and critic (sec. 5.3.3)
-                if train_policy or self.shared_critic:
-                    params = [q for g in self.policy_opt.param_groups for q in g["params"]]
-                    if not train_policy:
-                        # shared critic pre-training: the value head learns, the policy trunk stays
-                        head = {id(q) for q in r.critic.head.parameters()}
-                        for q in params:
-                            q.grad = q.grad if id(q) in head else None
-                    grad_norms["policy/grad_norm" if train_policy else "value/grad_norm"].append(
-                        clip_and_step(
-                            self.policy_opt, self.policy_sched, params, c.policy_optim.max_grad_norm
-                        )
-                    )
-                if not self.shared_critic:
-                    params = [q for g in self.critic_opt.param_groups for q in g["params"]]
-                    grad_norms["value/grad_norm"].append(
-                        clip_and_step(
-                            self.critic_opt, self.critic_sched, params, c.critic_optim.max_grad_norm
-                        )
-                    )
-        stats = {k: sums[k] / max(weights[k], 1e-12) for k in sums}
-        stats.update(extremes)
-        for k, norms in grad_norms.items():
-            if norms:
-                stats[k] = sum(norms) / len(norms)
+                minibatches.append(minibatch)
+        self.roles.policy.train(False)  # dropout stays off: ratios are exact
+        policy_stats, critic_stats = UpdateStats(), UpdateStats()
+        if self.shared_critic:  # one model, one optimizer: policy and value loss in one step
+            for minibatch in minibatches:
+                self.shared_minibatch_step(minibatch, policy_stats, train_policy=train_policy)
+        elif not train_policy:  # critic pre-training
+            for minibatch in minibatches:
+                self.critic_minibatch_step(minibatch, critic_stats)
+        else:
+            policy_steps = [partial(self.policy_minibatch_step, m, policy_stats) for m in minibatches]
+            critic_steps = [partial(self.critic_minibatch_step, m, critic_stats) for m in minibatches]
+            threads = self.overlap_threads()
+            if threads is not None:
+                run_side_by_side(policy_steps, critic_steps, threads)
+            else:
+                for step in policy_steps + critic_steps:
+                    step()
+        stats = {**policy_stats.result(), **critic_stats.result()}
         stats["policy/lr"] = self.policy_sched.get_last_lr()[0]
         if not self.shared_critic:
             stats["value/lr"] = self.critic_sched.get_last_lr()[0]
         return stats
+
+    def overlap_threads(self) -> int | None:
+        """Intra-op threads per side when the critic's update runs beside the policy's, else None:
+        `train.overlap_critic` off, a model off the CPU, or a single core."""
+        if not self.config.train.overlap_critic:
+            return None
+        models = (self.roles.policy, self.roles.critic)
+        if any(q.device.type != "cpu" for m in models for q in m.parameters()):
+            return None
+        return side_by_side_threads()
+
+    def policy_micro_loss(self, micro: Experience, stats: UpdateStats, weight: float) -> torch.Tensor:
+        """This micro-batch's policy loss (policy loss - entropy bonus), its stats recorded."""
+        c, p = self.config, self.config.policy
+        logp, entropy = response_logprobs(
+            self.roles.policy,
+            micro.input_ids,
+            micro.attention_mask,
+            micro.prompt_length,
+            temperature=c.rollout.temperature,
+            with_entropy=True,
+            entropy_grad=p.entropy_coef > 0,  # otherwise a monitor: no graph
+        )
+        pg_loss, pg_stats = policy_loss(
+            p.loss,
+            logp,
+            micro.old_logp,
+            micro.ref_logp,
+            micro.advantages,
+            micro.response_mask,
+            **self.loss_params(),
+        )
+        mean_entropy = masked_mean(entropy, micro.response_mask)
+        stats.add({**pg_stats, "loss": pg_loss.detach(), "entropy": mean_entropy.detach()}, weight, "policy")
+        return pg_loss - p.entropy_coef * mean_entropy  # entropy bonus (sec. 5.3.2)
+
+    def value_micro_loss(self, micro: Experience, stats: UpdateStats, weight: float) -> torch.Tensor:
+        """This micro-batch's clipped value loss (ALGORITHMS.md sec. 7), its stats recorded."""
+        values = response_values(
+            self.roles.critic, micro.input_ids, micro.attention_mask, micro.prompt_length
+        )
+        vf_loss, vf_stats = value_loss(
+            values,
+            micro.old_values,
+            micro.returns,
+            micro.response_mask,
+            clip_eps=self.config.critic.value_clip,
+        )
+        stats.add({**vf_stats, "loss": vf_loss.detach()}, weight, "value")
+        return vf_loss
+
+    def micro_batches(self, minibatch: Experience):
+        """(micro-batch, weight) pairs; weight = its share of the minibatch's tokens (token mean)."""
+        total_tokens = max(minibatch.num_tokens, 1.0)
+        for micro in minibatch.micro_batches(self.config.train.micro_batch_size):
+            weight = micro.num_tokens / total_tokens
+            if weight > 0:
+                yield micro, weight
+
+    def ptx_backward(self, stats: UpdateStats) -> None:
+        """PPO-ptx (InstructGPT): the SFT objective beside the RL loss reduces the alignment tax."""
+        p = self.config.policy
+        if self.ptx_batches is None or p.ptx_coef <= 0:
+            return
+        batch = self.ptx_batches(self.ptx_generator)
+        nll, count = model_token_nll(
+            self.roles.policy, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        )
+        ptx_loss = nll / max(count, 1)
+        (p.ptx_coef * ptx_loss).backward()
+        stats.add({"loss": ptx_loss.detach()}, 1.0, "ptx")
+
+    def policy_minibatch_step(self, minibatch: Experience, stats: UpdateStats) -> None:
+        """One optimizer step of the policy (separate critic)."""
+        for micro, weight in self.micro_batches(minibatch):
+            (weight * self.policy_micro_loss(micro, stats, weight)).backward()
+        self.ptx_backward(stats)
+        # global gradient clipping, separately for policy and critic (sec. 5.3.3)
+        params = [q for g in self.policy_opt.param_groups for q in g["params"]]
+        norm = clip_and_step(
+            self.policy_opt, self.policy_sched, params, self.config.policy_optim.max_grad_norm
+        )
+        stats.add_grad_norm("policy/grad_norm", norm)
+
+    def critic_minibatch_step(self, minibatch: Experience, stats: UpdateStats) -> None:
+        """One optimizer step of the separate critic."""
+        for micro, weight in self.micro_batches(minibatch):
+            (weight * self.value_micro_loss(micro, stats, weight)).backward()
+        params = [q for g in self.critic_opt.param_groups for q in g["params"]]
+        norm = clip_and_step(
+            self.critic_opt, self.critic_sched, params, self.config.critic_optim.max_grad_norm
+        )
+        stats.add_grad_norm("value/grad_norm", norm)
+
+    def shared_minibatch_step(self, minibatch: Experience, stats: UpdateStats, *, train_policy: bool) -> None:
+        """One step of the shared policy/critic model: value_coef-weighted value loss beside the policy
+        loss; in critic pre-training (train_policy False) only the value head learns."""
+        c = self.config
+        for micro, weight in self.micro_batches(minibatch):
+            if train_policy:
+                # backward per loss: the policy graph is freed before the value forward
+                (weight * self.policy_micro_loss(micro, stats, weight)).backward()
+            (weight * c.model.value_coef * self.value_micro_loss(micro, stats, weight)).backward()
+        if train_policy:
+            self.ptx_backward(stats)
+        params = [q for g in self.policy_opt.param_groups for q in g["params"]]
+        if not train_policy:  # the policy trunk stays: only the value head's gradients are kept
+            head = {id(q) for q in self.roles.critic.head.parameters()}
+            for q in params:
+                q.grad = q.grad if id(q) in head else None
+        norm = clip_and_step(self.policy_opt, self.policy_sched, params, c.policy_optim.max_grad_norm)
+        stats.add_grad_norm("policy/grad_norm" if train_policy else "value/grad_norm", norm)
 
     def loss_params(self) -> dict:
         p = self.config.policy

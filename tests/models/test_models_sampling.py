@@ -388,3 +388,51 @@ def test_position_ids_in_the_prefill_match_the_layout(lm):
     with torch.no_grad():
         logits = lm(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[:, -1]
     assert rollout.response_ids[:, 0].tolist() == logits.argmax(-1).tolist()
+
+
+# -- the sampler's own log-probs (rollout.logprobs_from_sampler) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplingConfig(max_new_tokens=8, temperature=0.7),
+        SamplingConfig(max_new_tokens=8, temperature=1.3, top_p=0.8, top_k=5, repetition_penalty=1.2),
+        SamplingConfig(max_new_tokens=6, do_sample=False),
+    ],
+    ids=["t0.7", "filters-and-penalty", "greedy"],
+)
+def test_sampler_logprobs_equal_a_full_forward(lm, config):
+    """Rollout.logprobs is log softmax(raw logits / T) at the drawn token, the quantity
+    response_logprobs scores (filters and penalty only choose the token), 0 on padding."""
+    with torch.no_grad():
+        lm.lm_head.weight[EOS] += 0.5  # some rows end early: padding inside the batch
+    ids, mask = left_pad(PROMPTS, PAD)
+    rollout = generate(
+        lm, ids, mask, config, EOS, PAD, torch.Generator().manual_seed(3), return_logprobs=True
+    )
+    assert rollout.logprobs.shape == rollout.response_mask.shape
+    assert (rollout.response_mask == 0).any() and (rollout.response_mask == 1).any()
+    with torch.no_grad():
+        full, _ = response_logprobs(
+            lm,
+            rollout.input_ids,
+            rollout.attention_mask,
+            rollout.prompt_length,
+            temperature=config.temperature,
+        )
+    torch.testing.assert_close(rollout.logprobs, full, rtol=0, atol=1e-5)
+    assert rollout.logprobs[rollout.response_mask == 0].eq(0).all()
+    assert (rollout.logprobs[rollout.response_mask == 1] < 0).all()
+
+
+def test_sampler_logprobs_of_a_batch_of_one_and_off_by_default(lm):
+    ids, mask = left_pad(PROMPTS[1:2], PAD)
+    config = SamplingConfig(max_new_tokens=5, stop_at_eos=False)
+    plain = generate(lm, ids, mask, config, EOS, PAD, torch.Generator().manual_seed(0))
+    assert plain.logprobs is None
+    with_logp = generate(
+        lm, ids, mask, config, EOS, PAD, torch.Generator().manual_seed(0), return_logprobs=True
+    )
+    assert torch.equal(plain.input_ids, with_logp.input_ids)  # asking for log-probs changes no draw
+    assert with_logp.logprobs.shape == (1, 5) and not with_logp.logprobs.is_inference()

@@ -92,6 +92,9 @@ class IterationShape:
     response: int  # T, the response block
     ppo_epochs: int = 1
     lora_policy: bool = False  # the policy's base weights are frozen (LoRA): 2x forward in training
+    old_logp_forward: bool = (
+        True  # False: old log-probs come from the sampler (rollout.logprobs_from_sampler)
+    )
 
 
 def iteration_phases(policy: ModelShape, critic: ModelShape, reward: ModelShape, it: IterationShape) -> dict:
@@ -99,8 +102,9 @@ def iteration_phases(policy: ModelShape, critic: ModelShape, reward: ModelShape,
 
     - generate: sampling with the policy (KV cache);
     - score: the reward model over prompt + response (its scalar head is negligible);
-    - forward: no-grad old log-probs (policy), reference log-probs (reference = policy shape),
-      values (critic); log-prob heads run on the T response columns only;
+    - forward: no-grad old log-probs (policy; skipped with rollout.logprobs_from_sampler),
+      reference log-probs (reference = policy shape), values (critic); log-prob heads run on the
+      T response columns only;
     - update: `ppo_epochs` passes over every row (the minibatches partition the batch): policy
       trained (decoder + head on T columns) and critic trained (decoder).
     """
@@ -114,6 +118,6 @@ def iteration_phases(policy: ModelShape, critic: ModelShape, reward: ModelShape,
     return {
         "generate": generation(policy, it.rows, it.prompt, it.response),
         "score": reward_fwd,
-        "forward": 2 * policy_fwd + critic_fwd,
+        "forward": (2 if it.old_logp_forward else 1) * policy_fwd + critic_fwd,
         "update": it.ppo_epochs * (policy_train + 3.0 * critic_fwd),
     }

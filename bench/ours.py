@@ -114,7 +114,12 @@ def phase_flops(trainer, shape: tuple[int, int, int], ppo_epochs: int, lora_poli
         ModelShape.from_config(unwrap_causal_lm(r.critic.causal_lm).config),
         ModelShape.from_config(unwrap_causal_lm(r.reward_model.causal_lm).config),
         IterationShape(
-            rows=rows, prompt=prompt, response=response, ppo_epochs=ppo_epochs, lora_policy=lora_policy
+            rows=rows,
+            prompt=prompt,
+            response=response,
+            ppo_epochs=ppo_epochs,
+            lora_policy=lora_policy,
+            old_logp_forward=not trainer.config.rollout.logprobs_from_sampler,
         ),
     )
 

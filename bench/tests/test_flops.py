@@ -96,7 +96,8 @@ def test_trained_pass_is_three_forwards(tokenizer):
     assert trained == 3 * forward
 
 
-def test_iteration_phases_match_the_trainer(tokenizer, tmp_path):
+@pytest.mark.parametrize("from_sampler", [False, True], ids=["old-logp-forward", "logprobs-from-sampler"])
+def test_iteration_phases_match_the_trainer(tokenizer, tmp_path, from_sampler):
     """Every matmul of one RLTrainer iteration (rollout, scoring forwards, update) is counted."""
     from rlhf.config import RLConfig, load_config
     from rlhf.models.scalar_head import ScalarHeadModel
@@ -110,7 +111,7 @@ def test_iteration_phases_match_the_trainer(tokenizer, tmp_path):
         preset="vanilla_ppo",
         overrides={
             "out": str(tmp_path),
-            "rollout": {"batch_size": 3, "max_new_tokens": 4},
+            "rollout": {"batch_size": 3, "max_new_tokens": 4, "logprobs_from_sampler": from_sampler},
             # overlap off: FlopCounterMode, a dispatch mode, sees this thread's ops only
             "train": {"ppo_epochs": 2, "minibatches": 1, "micro_batch_size": 3, "overlap_critic": False},
             "log": {"sinks": []},
@@ -129,6 +130,11 @@ def test_iteration_phases_match_the_trainer(tokenizer, tmp_path):
     trainer.logger.close()
 
     shape = ModelShape.from_config(policy.config)
-    phases = iteration_phases(shape, shape, shape, IterationShape(rows=3, prompt=4, response=4, ppo_epochs=2))
+    phases = iteration_phases(
+        shape,
+        shape,
+        shape,
+        IterationShape(rows=3, prompt=4, response=4, ppo_epochs=2, old_logp_forward=not from_sampler),
+    )
     assert phases["generate"] + phases["score"] + phases["forward"] == rollout_flops
     assert phases["update"] == update_flops

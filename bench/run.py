@@ -135,7 +135,7 @@ def smollm2_section(runner: Runner, args: argparse.Namespace) -> dict:
     common = ["--model", str(model_dir), "--threads", str(args.threads)]
     sampler = runner.run(
         "SmolLM2 sampler vs generate",
-        runner.module("bench.smollm2", "sampler", *common, "--reps", "1" if args.quick else "2"),
+        runner.module("bench.smollm2", "sampler", *common, "--reps", "1" if args.quick else "3"),
     )
     ppo = runner.run(
         "SmolLM2 PPO-max iteration (LoRA)",

@@ -424,7 +424,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True, help="the .gguf, or its converted directory")
     parser.add_argument("--out", type=Path, help="convert: the directory to write")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=2, help="sampler: alternated repetitions per batch")
+    parser.add_argument("--reps", type=int, default=3, help="sampler: alternated repetitions per batch")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--eos-tokens", type=int, default=96, help="sampler: max_new_tokens of the EOS case")
     parser.add_argument("--iters", type=int, default=3, help="ppo: iterations (the first is warm-up)")

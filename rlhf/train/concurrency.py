@@ -58,8 +58,14 @@ def run_side_by_side(
     try:
         worker.start()
         run(here)
-        worker.join()
+    except BaseException as error:  # outside a step (run() records those): stop the helper too
+        failures.append(error)
     finally:
+        while worker.is_alive():  # never return while the helper still changes a model
+            try:
+                worker.join()
+            except BaseException as error:  # e.g. a second Ctrl-C: the helper stops at its next step
+                failures.append(error)
         torch.set_num_threads(previous)
     if failures:
         raise failures[0]

@@ -211,12 +211,13 @@ def targets(results: dict) -> list[dict]:
             }
         )
     for name, value in results.get("sampler_vs_generate", {}).items():
+        mixed = _mixed_lengths(name)
         out.append(
             {
                 "what": f"SmolLM2 {name}: sampler vs generate (time ratio)",
                 "value": value,
-                "target": f">= {SAMPLER_TARGET}x",
-                "met": None if value is None else value >= SAMPLER_TARGET,
+                "target": f"> {SAMPLER_TARGET}x" if mixed else f">= {SAMPLER_TARGET}x",
+                "met": None if value is None else _sampler_met(name, value),
             }
         )
     ppo = results.get("smollm2", {}).get("ppo")
@@ -242,6 +243,20 @@ def _f(x, fmt: str = "{:.3f}", none: str = "-") -> str:
 
 def _pct(x) -> str:
     return _f(x, "{:.1%}")
+
+
+def _mixed_lengths(case: str) -> bool:
+    """The sampler cases whose rows end at their own EOS: there ours must be faster, not on par."""
+    return "eos" in case
+
+
+def _sampler_met(case: str, speedup: float) -> bool:
+    return speedup > SAMPLER_TARGET if _mixed_lengths(case) else speedup >= SAMPLER_TARGET
+
+
+def _sampler_target(case: str, speedup: float) -> str:
+    relation = ">" if _mixed_lengths(case) else ">="
+    return f"target {relation} {SAMPLER_TARGET}x: {_met(_sampler_met(case, speedup))}"
 
 
 def _met(flag) -> str:
@@ -302,12 +317,17 @@ def print_report(r: dict) -> None:
             print(
                 f"   sampler {name:<19} ours {s['ours_tok_per_s']:7.1f} tok/s ({s['ours_s']:.2f}s, {s['ours_steps']} steps)"
                 f" | generate {s['generate_tok_per_s']:7.1f} tok/s ({s['generate_s']:.2f}s, {s['generate_steps']} steps)"
-                f" | {s['speedup']:.2f}x (target >= 1.0x: {_met(s['speedup'] >= SAMPLER_TARGET)})"
+                f" | {s['speedup']:.2f}x ({_sampler_target(name, s['speedup'])})"
             )
             if "ours_no_exit_s" in s:
                 print(
                     f"     {'':<19} same batch, ours without the early exit: {s['ours_no_exit_s']:.2f}s "
                     f"({s['ours_no_exit_steps']} steps): early exit saves {1 - s['ours_s'] / s['ours_no_exit_s']:.0%}"
+                )
+            if "ours_keep_rows_s" in s:
+                print(
+                    f"     {'':<19} ours keeping finished rows in the batch: {s['ours_keep_rows_s']:.2f}s: "
+                    f"dropping them saves {1 - s['ours_s'] / s['ours_keep_rows_s']:.0%}"
                 )
         if "ppo_error" in sm:
             print(f"   PPO iteration failed: {sm['ppo_error']}")

@@ -246,7 +246,9 @@ def sampler_case(
     - `batch{B}`: fixed length (EOS never stops a row), temperature 0.7, no top-k/top-p;
     - `batch16_eos_greedy`: greedy, rows end at their own EOS (SHORT_QUESTIONS: mixed lengths that
       all end before `eos_tokens`), so both loops exit early; `ours_no_exit_s` is our sampler on the
-      same batch with the EOS stop off (all `eos_tokens` steps): the gain of the early exit.
+      same batch with the EOS stop off (all `eos_tokens` steps): the gain of the early exit;
+      `ours_keep_rows_s` is ours with finished rows kept in the decoder's batch
+      (`drop_finished_rows=False`): the gain of dropping them.
     """
     from rlhf.data.collate import left_pad
     from rlhf.models.sampling import SamplingConfig
@@ -257,6 +259,7 @@ def sampler_case(
     fixed = SamplingConfig(max_new_tokens=new_tokens, temperature=0.7, stop_at_eos=False)
     greedy = SamplingConfig(max_new_tokens=eos_tokens, do_sample=False, stop_at_eos=True)
     no_exit = SamplingConfig(max_new_tokens=eos_tokens, do_sample=False, stop_at_eos=False)
+    keep_rows = SamplingConfig(max_new_tokens=eos_tokens, do_sample=False, drop_finished_rows=False)
     cases = [(f"batch{b}", b, fixed, QUESTIONS) for b in batch_sizes]
     cases.append(("batch16_eos_greedy", 16, greedy, SHORT_QUESTIONS))
     out: dict = {"load_s": round(load_s, 2), "new_tokens": new_tokens, "eos_max_new_tokens": eos_tokens}
@@ -265,12 +268,13 @@ def sampler_case(
         warm = SamplingConfig(max_new_tokens=2)
         time_ours(model, ids, mask, warm, tokenizer, 0)
         time_hf(model, ids, mask, warm, tokenizer, 0)
-        ours, hf, ours_full = [], [], []
+        ours, hf, ours_full, ours_kept = [], [], [], []
         for rep in range(reps):  # alternate so that both see the same machine load
             ours.append(time_ours(model, ids, mask, config, tokenizer, rep))
             hf.append(time_hf(model, ids, mask, config, tokenizer, rep))
             if config.stop_at_eos:
                 ours_full.append(time_ours(model, ids, mask, no_exit, tokenizer, rep))
+                ours_kept.append(time_ours(model, ids, mask, keep_rows, tokenizer, rep))
         ours_s = statistics.median(s for s, _, _ in ours)
         hf_s = statistics.median(s for s, _, _ in hf)
         out[name] = {
@@ -289,6 +293,7 @@ def sampler_case(
         if ours_full:
             out[name]["ours_no_exit_s"] = round(statistics.median(s for s, _, _ in ours_full), 3)
             out[name]["ours_no_exit_steps"] = ours_full[0][2]
+            out[name]["ours_keep_rows_s"] = round(statistics.median(s for s, _, _ in ours_kept), 3)
     out["peak_rss_mb"] = peak_rss_mb()
     return out
 

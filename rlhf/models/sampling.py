@@ -30,6 +30,9 @@ class SamplingConfig:
     repetition_penalty: float = 1.0  # CTRL: logit/p if > 0 else logit*p for seen tokens (1 = off)
     do_sample: bool = True  # False: greedy (argmax after the repetition penalty)
     stop_at_eos: bool = True  # a row stops at its first EOS
+    # rows that ended leave the decoder's batch (their KV-cache rows are dropped), so the steps of a
+    # mixed-length batch get cheaper as it drains; the tokens drawn are the same either way
+    drop_finished_rows: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -155,12 +158,17 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return _scatter_back(logits, *candidate_logits(logits, top_p=p))
 
 
-def sample_categorical(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_categorical(
+    weights: torch.Tensor, generator: torch.Generator | None = None, uniforms: torch.Tensor | None = None
+) -> torch.Tensor:
     """One index per row [B] drawn with probability proportional to `weights` [B, N] (>= 0, each
-    row with a positive sum), by inverting the cumulative sum: one uniform per row. A zero weight
-    is never drawn. (torch.multinomial costs ~10x more on a 49k vocabulary.)"""
+    row with a positive sum), by inverting the cumulative sum: one uniform per row, drawn from
+    `generator` or given as `uniforms` [B, 1]. A zero weight is never drawn. (torch.multinomial
+    costs ~10x more on a 49k vocabulary.)"""
     cdf = torch.cumsum(weights, dim=-1)
-    u = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=cdf.dtype)
+    u = uniforms
+    if u is None:
+        u = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=cdf.dtype)
     index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
     # u * total rounding up to total would run off the end: take the last token with weight then.
     overflow = index >= weights.shape[-1]
@@ -175,8 +183,10 @@ def next_tokens(
     config: SamplingConfig,
     seen: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One token per row [B] from next-token logits [B, V] under `config`."""
+    """One token per row [B] from next-token logits [B, V] under `config` (a draw uses one uniform
+    per row: from `generator`, or `uniforms` [B, 1] when given)."""
     logits = logits.float()
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
@@ -187,9 +197,9 @@ def next_tokens(
     if 0 < config.top_k < logits.shape[-1] or config.top_p < 1.0:
         values, ids = candidate_logits(logits, config.top_k, config.top_p)
         weights = torch.exp(values - values[:, :1])  # the first candidate is the row's maximum
-        return ids.gather(-1, sample_categorical(weights, generator).unsqueeze(-1)).squeeze(-1)
+        return ids.gather(-1, sample_categorical(weights, generator, uniforms).unsqueeze(-1)).squeeze(-1)
     weights = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
-    return sample_categorical(weights, generator)
+    return sample_categorical(weights, generator, uniforms)
 
 
 # -- the loop -----------------------------------------------------------------------------------
@@ -237,7 +247,12 @@ def _sample_loop(
     return_logprobs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
     """(tokens [B, max_new], mask [B, P + max_new], steps taken, log-probs [B, max_new] or None);
-    runs under inference mode."""
+    runs under inference mode.
+
+    The decoder's batch holds the rows in `active` (batch indices); with `drop_finished_rows`, rows
+    that ended leave it once a quarter of it has ended (amortizing the KV-cache copy). Each step
+    still draws one uniform for every row of the batch, so the random stream, and the tokens, are
+    those of a loop that keeps every row."""
     decoder, _ = causal_lm_parts(model)
     head = output_head(model)
     batch, prompt_len = prompt_ids.shape
@@ -247,7 +262,6 @@ def _sample_loop(
     mask[:, :prompt_len] = prompt_mask
     tokens = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(batch, max_new, device=device) if return_logprobs else None
-    pad = torch.full((batch,), pad_token_id, dtype=torch.long, device=device)
     cache = DynamicCache(config=decoder.config)
 
     # Prefill: the whole prompt block, the head on the last column only.
@@ -264,28 +278,45 @@ def _sample_loop(
     if config.repetition_penalty != 1.0:
         seen = _seen_tokens(prompt_ids, prompt_mask, logits.shape[-1])
     next_position = positions[:, -1:] + 1
-    running = torch.ones(batch, dtype=torch.bool, device=device)
-    rows = torch.arange(batch, device=device)
+    active = torch.arange(batch, device=device)  # batch rows in the decoder's batch, in order
+    running = torch.ones(batch, dtype=torch.bool, device=device)  # per row of the decoder's batch
 
     steps = 0
     for step in range(max_new):
-        chosen = torch.where(running, next_tokens(logits, config, seen, generator), pad)
-        tokens[:, step] = chosen
-        mask[:, prompt_len + step] = running  # the EOS itself is a real token
+        uniforms = None
+        if config.do_sample:  # one per batch row, as if no row had left
+            uniforms = torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float32)[active]
+        drawn = next_tokens(logits, config, seen, generator, uniforms)
+        chosen = torch.where(running, drawn, torch.full_like(drawn, pad_token_id))
+        tokens[active, step] = chosen
+        mask[active, prompt_len + step] = running.long()  # the EOS itself is a real token
         if logprobs is not None:  # the behaviour policy's log-prob, as response_logprobs computes it
-            logprobs[:, step] = torch.where(running, _token_logprob(logits, chosen, config.temperature), 0.0)
+            logprobs[active, step] = torch.where(
+                running, _token_logprob(logits, chosen, config.temperature), 0.0
+            )
         steps = step + 1
         if config.stop_at_eos:
             running &= ~torch.isin(chosen, eos_ids)
-            if not bool(running.any()):
+            still = int(running.sum())
+            if still == 0:
                 break  # every row has ended: exit early, T = longest response
+            if config.drop_finished_rows and 4 * still <= 3 * len(active):
+                keep = running.nonzero().squeeze(1)
+                cache.reorder_cache(keep)
+                active, running, chosen, next_position = (
+                    active[keep],
+                    running[keep],
+                    chosen[keep],
+                    next_position[keep],
+                )
+                seen = seen[keep] if seen is not None else None
         if steps == max_new:
             break
         if seen is not None:
-            seen[rows, chosen] = True
+            seen[torch.arange(len(active), device=device), chosen] = True
         hidden = decoder(
             input_ids=chosen.unsqueeze(1),
-            attention_mask=mask[:, : prompt_len + steps],
+            attention_mask=mask[active, : prompt_len + steps],
             position_ids=next_position,
             past_key_values=cache,
             use_cache=True,

@@ -436,3 +436,82 @@ def test_sampler_logprobs_of_a_batch_of_one_and_off_by_default(lm):
     )
     assert torch.equal(plain.input_ids, with_logp.input_ids)  # asking for log-probs changes no draw
     assert with_logp.logprobs.shape == (1, 5) and not with_logp.logprobs.is_inference()
+
+
+# -- finished rows leave the decoder's batch ---------------------------------------------------------
+
+MIXED_PROMPTS = [[4 + (3 * i + j) % 40 for j in range(1 + i % 5)] for i in range(12)]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplingConfig(max_new_tokens=30, temperature=1.0),
+        SamplingConfig(max_new_tokens=30, temperature=1.3, top_p=0.8, top_k=9, repetition_penalty=1.2),
+        SamplingConfig(max_new_tokens=30, do_sample=False, repetition_penalty=1.3),
+    ],
+    ids=["sample", "filters-and-penalty", "greedy"],
+)
+def test_dropping_finished_rows_changes_no_token(lm, config, monkeypatch):
+    """Rows that ended leave the decoder's batch (their KV-cache rows dropped), and the rollout is
+    the one of a loop that keeps every row: same tokens, masks and log-probs for the same seed."""
+    from dataclasses import replace
+
+    from transformers import DynamicCache
+
+    with torch.no_grad():
+        lm.lm_head.weight[EOS] += 0.6  # rows end at different steps
+    batch_sizes: list[int] = []
+    lm.model.register_forward_hook(
+        lambda _m, args, kwargs, _out: batch_sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    reorders: list[list[int]] = []
+    original = DynamicCache.reorder_cache
+    monkeypatch.setattr(
+        DynamicCache,
+        "reorder_cache",
+        lambda self, keep: reorders.append(keep.tolist()) or original(self, keep),
+    )
+    ids, mask = left_pad(MIXED_PROMPTS, PAD)
+
+    def run(drop: bool):
+        batch_sizes.clear()
+        rollout = generate(
+            lm,
+            ids,
+            mask,
+            replace(config, drop_finished_rows=drop),
+            EOS,
+            PAD,
+            torch.Generator().manual_seed(11),
+            return_logprobs=True,
+        )
+        return rollout, list(batch_sizes)
+
+    kept, kept_sizes = run(False)
+    assert reorders == [] and set(kept_sizes) == {len(MIXED_PROMPTS)}
+    dropped, dropped_sizes = run(True)
+    assert reorders, "no row left the batch: the case does not exercise the drop"
+    assert dropped_sizes == sorted(dropped_sizes, reverse=True) and dropped_sizes[-1] < len(MIXED_PROMPTS)
+    lengths = kept.response_mask.sum(1)
+    assert lengths.min() < lengths.max()  # mixed lengths
+    assert torch.equal(dropped.input_ids, kept.input_ids)
+    assert torch.equal(dropped.attention_mask, kept.attention_mask)
+    assert torch.equal(dropped.ended_with_eos, kept.ended_with_eos)
+    torch.testing.assert_close(dropped.logprobs, kept.logprobs, rtol=0, atol=1e-6)
+    # a row leaves only after it ended, and the batch shrinks by a quarter or more at a time
+    for before, after in zip(dropped_sizes, dropped_sizes[1:]):
+        assert after == before or 4 * after <= 3 * before
+
+
+def test_a_batch_of_one_never_reorders_the_cache(lm, monkeypatch):
+    from transformers import DynamicCache
+
+    monkeypatch.setattr(DynamicCache, "reorder_cache", lambda *_: pytest.fail("reordered"))
+    with torch.no_grad():
+        lm.lm_head.weight[EOS] += 2.0
+    ids, mask = left_pad(PROMPTS[:1], PAD)
+    rollout = generate(
+        lm, ids, mask, SamplingConfig(max_new_tokens=20), EOS, PAD, torch.Generator().manual_seed(0)
+    )
+    assert rollout.response_ids.shape[0] == 1

@@ -166,6 +166,8 @@ class RolloutConfig:
     top_k: int = 0  # top-k sampling; 0: off
     repetition_penalty: float = 1.0  # CTRL-style penalty (PPO paper: 1.1); 1.0: off
     stop_at_eos: bool = True  # end each response at its EOS (False: always max_new_tokens, for benchmarks)
+    # rows that ended leave the sampler's batch (cheaper steps as a mixed-length batch drains; same tokens)
+    drop_finished_rows: bool = True
     # old log-probs from the sampler's own logits (as TRL does) instead of one more policy forward:
     # saves a forward per iteration; the first PPO ratio is then 1 only to float rounding (~1e-6 fp32)
     logprobs_from_sampler: bool = False
@@ -230,6 +232,9 @@ class RLTrainConfig:
     # CPU, separate critic: the critic's optimizer steps run on a second thread beside the policy's
     # (they share no parameter); the intra-op threads are split between the two sides
     overlap_critic: bool = True
+    # glibc: keep freed memory for reuse instead of returning it to the OS after every step (no page
+    # faults on the next step's activations; the resident set stays near its peak). allocator.py
+    keep_freed_memory: bool = True
 
 
 @dataclass

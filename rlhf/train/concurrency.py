@@ -9,11 +9,13 @@ release the GIL, so two Python threads are enough. Measured in bench/NOTES.md.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
 
 import torch
+from torch import nn
 
 
 def available_cores() -> int:
@@ -33,19 +35,26 @@ def side_by_side_threads() -> int | None:
 
 
 def run_side_by_side(
-    here: Sequence[Callable[[], None]], beside: Sequence[Callable[[], None]], threads_each: int
+    here: Sequence[Callable[[], None]],
+    beside: Sequence[Callable[[], None]],
+    threads_each: int,
+    handover_at: int | None = None,
 ) -> None:
     """Run the steps `beside` in order on a helper thread while the steps `here` run in order on
     this one, each side with `threads_each` intra-op threads; this thread's setting is restored
     afterwards. An error on either side stops the other at its next step; the first is re-raised.
 
-    Each side's thread count is fixed, so a run is as reproducible as a sequential one (a side
-    that finished early does not lend its cores: which step would get them depends on timing)."""
+    `handover_at` (the longer side goes `here`): after that many of its steps this thread waits
+    for the helper to finish, then runs its remaining steps with all of its previous threads, so
+    the core the helper used does not idle while the longer side ends alone. The hand-over point
+    is a step count, never a clock reading, so a run is as reproducible as a sequential one
+    (which step gets more threads, and so the float rounding, does not depend on timing)."""
     previous = torch.get_num_threads()
     failures: list[BaseException] = []
+    split = len(here) if handover_at is None else max(0, min(handover_at, len(here)))
 
-    def run(steps: Sequence[Callable[[], None]]) -> None:
-        torch.set_num_threads(threads_each)  # OpenMP's setting is per thread: set it in each one
+    def run(steps: Sequence[Callable[[], None]], threads: int) -> None:
+        torch.set_num_threads(threads)  # OpenMP's setting is per thread: set it in each one
         try:
             for step in steps:
                 if failures:
@@ -54,10 +63,10 @@ def run_side_by_side(
         except BaseException as error:  # re-raised in the caller's thread
             failures.append(error)
 
-    worker = threading.Thread(target=run, args=(beside,), name="rlhf-side-by-side", daemon=True)
+    worker = threading.Thread(target=run, args=(beside, threads_each), name="rlhf-side-by-side", daemon=True)
     try:
         worker.start()
-        run(here)
+        run(here[:split], threads_each)
     except BaseException as error:  # outside a step (run() records those): stop the helper too
         failures.append(error)
     finally:
@@ -67,5 +76,41 @@ def run_side_by_side(
             except BaseException as error:  # e.g. a second Ctrl-C: the helper stops at its next step
                 failures.append(error)
         torch.set_num_threads(previous)
+    if not failures and split < len(here):
+        run(here[split:], previous)  # the helper is done: this side takes every core
+        torch.set_num_threads(previous)
     if failures:
         raise failures[0]
+
+
+# Below this many FLOPs per optimizer step, more intra-op threads slow a step down: its time is per-op
+# overhead, not arithmetic (tiny-4x4 steps of ~0.2 GFLOP ran 2-3x slower on two threads than on one,
+# small-4x4 steps of ~5.5 GFLOP 1.44x faster; bench/NOTES.md).
+MIN_HANDOVER_STEP_FLOPS = 1e9
+
+
+def handover_step(steps_here: int, flops_here: float, steps_beside: int, flops_beside: float) -> int:
+    """How many of its steps the longer side (`steps_here` steps of `flops_here` FLOPs each) runs
+    beside the shorter one: the step at which the shorter side (`steps_beside` steps of
+    `flops_beside`) is predicted done, ceil(steps_beside * flops_beside / flops_here), at most
+    `steps_here`. No hand-over (`steps_here`) for steps too small to gain from more threads."""
+    if flops_here < MIN_HANDOVER_STEP_FLOPS:
+        return steps_here
+    return min(steps_here, math.ceil(steps_beside * flops_beside / flops_here - 1e-9))
+
+
+def training_flops_per_token(modules: Sequence[nn.Module], scale: Sequence[float] | None = None) -> float:
+    """FLOPs of one trained token through `modules` (a forward and its backward): every weight
+    matrix costs 2 FLOPs per element for the forward, 2 for the input gradient and 2 more for its
+    own gradient when it is trained; embedding tables are lookups (free), vectors negligible.
+    `scale[i]` weighs module i (e.g. the share of tokens an output head sees)."""
+    total = 0.0
+    for i, module in enumerate(modules):
+        embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+        flops = sum(
+            q.numel() * (6 if q.requires_grad else 4)
+            for q in module.parameters()
+            if q.dim() >= 2 and id(q) not in embeddings
+        )
+        total += flops * (scale[i] if scale is not None else 1.0)
+    return float(total)

@@ -50,11 +50,7 @@ def clip_and_step(optimizer, scheduler, params, max_grad_norm: float | None) -> 
     if max_grad_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     else:
-        norm = (
-            torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
-            if params
-            else torch.zeros(())
-        )
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

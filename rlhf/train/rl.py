@@ -38,13 +38,20 @@ from rlhf.core import (
     whiten_advantages,
 )
 from rlhf.data.collate import left_pad
+from rlhf.models.backbone import causal_lm_parts, unwrap_causal_lm
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.sampling import SamplingConfig, generate
 from rlhf.models.scalar_head import response_values
 from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
 from rlhf.train import checkpoint as ckpt
-from rlhf.train.concurrency import run_side_by_side, side_by_side_threads
+from rlhf.train.allocator import keep_freed_memory
+from rlhf.train.concurrency import (
+    handover_step,
+    run_side_by_side,
+    side_by_side_threads,
+    training_flops_per_token,
+)
 from rlhf.train.experience import Experience, concat_experiences, forward_in_chunks
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.metrics import distinct_n
@@ -110,6 +117,8 @@ class RLTrainer:
         self.ptx_batches = ptx_batches
         c = config
         torch.manual_seed(c.seed)
+        if c.train.keep_freed_memory:
+            keep_freed_memory()
         self.prompts = PromptStream(prompts, seed=c.seed)
         self.sample_generator = torch.Generator().manual_seed(c.seed + 1)
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)
@@ -121,6 +130,7 @@ class RLTrainer:
             repetition_penalty=c.rollout.repetition_penalty,
             do_sample=True,
             stop_at_eos=c.rollout.stop_at_eos,
+            drop_finished_rows=c.rollout.drop_finished_rows,
         )
         # score reparameterization: scaling / normalization / clipping, each its own switch (sec. 5.3.1)
         self.score_processor = ScoreProcessor(
@@ -420,11 +430,17 @@ class RLTrainer:
             policy_steps = [partial(self.policy_minibatch_step, m, policy_stats) for m in minibatches]
             critic_steps = [partial(self.critic_minibatch_step, m, critic_stats) for m in minibatches]
             threads = self.overlap_threads()
-            if threads is not None:
-                run_side_by_side(policy_steps, critic_steps, threads)
-            else:
+            if threads is None:
                 for step in policy_steps + critic_steps:
                     step()
+            else:  # the costlier side runs here and takes every core once the other is done
+                policy_flops, critic_flops = self.step_flops(experience)
+                policy, critic = (policy_steps, policy_flops), (critic_steps, critic_flops)
+                (here, here_flops), (beside, beside_flops) = (
+                    (policy, critic) if policy_flops >= critic_flops else (critic, policy)
+                )
+                handover = handover_step(len(here), here_flops, len(beside), beside_flops)
+                run_side_by_side(here, beside, threads, handover)
         stats = {**policy_stats.result(), **critic_stats.result()}
         stats["policy/lr"] = self.policy_sched.get_last_lr()[0]
         if not self.shared_critic:
@@ -440,6 +456,21 @@ class RLTrainer:
         if any(q.device.type != "cpu" for m in models for q in m.parameters()):
             return None
         return side_by_side_threads()
+
+    def step_flops(self, experience: Experience) -> tuple[float, float]:
+        """Estimated FLOPs of one policy and one critic optimizer step on this experience (its
+        tokens split over `train.minibatches`): the policy's output head sees only the response
+        columns, the critic's value head every column."""
+        policy_decoder, _ = causal_lm_parts(self.roles.policy)
+        critic_decoder, _ = causal_lm_parts(self.roles.critic.causal_lm)
+        response_share = experience.response_mask.shape[1] / max(1, experience.input_ids.shape[1])
+        tokens = experience.input_ids.numel() / self.config.train.minibatches
+        policy = training_flops_per_token(
+            [policy_decoder, unwrap_causal_lm(self.roles.policy).get_output_embeddings()],
+            scale=[1.0, response_share],
+        )
+        critic = training_flops_per_token([critic_decoder, self.roles.critic.head])
+        return policy * tokens, critic * tokens
 
     def policy_micro_loss(self, micro: Experience, stats: UpdateStats, weight: float) -> torch.Tensor:
         """This micro-batch's policy loss (policy loss - entropy bonus), its stats recorded."""

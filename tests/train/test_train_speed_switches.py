@@ -1,9 +1,13 @@
 """The switches that make an iteration cheaper without changing what it computes:
-the critic's update beside the policy's (train.overlap_critic, concurrency.py) and the old
-log-probs read from the sampler (rollout.logprobs_from_sampler)."""
+the critic's update beside the policy's (train.overlap_critic, concurrency.py), the old
+log-probs read from the sampler (rollout.logprobs_from_sampler) and freed memory kept for reuse
+(train.keep_freed_memory, allocator.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -11,7 +15,13 @@ import torch
 from train_testing import rl_config
 
 import rlhf.train.rl as rl_module
-from rlhf.train.concurrency import run_side_by_side, side_by_side_threads
+from rlhf.train.concurrency import (
+    MIN_HANDOVER_STEP_FLOPS,
+    handover_step,
+    run_side_by_side,
+    side_by_side_threads,
+    training_flops_per_token,
+)
 
 # -- run_side_by_side ------------------------------------------------------------------------------
 
@@ -66,6 +76,73 @@ def test_side_by_side_reraises_an_error_and_the_other_side_stops(failing):
     assert torch.get_num_threads() == 1
 
 
+@pytest.mark.parametrize("handover_at", [0, 2, 4, 9])
+def test_the_longer_side_takes_every_thread_once_the_other_is_done(handover_at):
+    """Steps from `handover_at` on run after the helper's last step, with this thread's own count."""
+    torch.set_num_threads(2)
+    helper_done = threading.Event()
+    here: list[tuple[int, int, bool]] = []
+
+    def step_here(i: int):
+        return lambda: here.append((i, torch.get_num_threads(), helper_done.is_set()))
+
+    beside = [lambda: None] * 3 + [helper_done.set]
+    run_side_by_side([step_here(i) for i in range(4)], beside, 1, handover_at)
+    assert [i for i, _, _ in here] == [0, 1, 2, 3]
+    for i, threads, done in here:
+        if i >= handover_at:
+            assert (threads, done) == (2, True)
+        else:
+            assert threads == 1
+    assert torch.get_num_threads() == 2
+
+
+def test_no_step_runs_after_the_hand_over_when_the_helper_failed():
+    torch.set_num_threads(1)
+    ran: list[int] = []
+
+    def boom():
+        raise RuntimeError("helper failed")
+
+    with pytest.raises(RuntimeError, match="helper failed"):
+        run_side_by_side([lambda: ran.append(0), lambda: ran.append(1)], [boom], 1, handover_at=1)
+    assert ran in ([], [0])  # step 0 may start before the helper's error; step 1 never runs
+    assert torch.get_num_threads() == 1
+
+
+G = 1e9  # FLOPs
+
+
+@pytest.mark.parametrize(
+    "steps_here, flops_here, steps_beside, flops_beside, expected",
+    [
+        (16, 5.5 * G, 16, 0.86 * 5.5 * G, 14),  # ceil(13.76): small-4x4's measured critic/policy ratio
+        (16, 4 * G, 16, 2 * G, 8),  # exactly on a step: no extra step beside
+        (16, 4 * G, 16, 4 * G, 16),  # equal sides: no hand-over
+        (4, 4 * G, 8, 1 * G, 2),  # unequal step counts
+        (16, 0.2 * G, 16, 0.1 * G, 16),  # tiny steps: more threads would slow them down
+    ],
+)
+def test_handover_step_is_where_the_shorter_side_is_predicted_done(
+    steps_here, flops_here, steps_beside, flops_beside, expected
+):
+    assert handover_step(steps_here, flops_here, steps_beside, flops_beside) == expected
+
+
+def test_handover_needs_steps_large_enough_for_more_threads():
+    assert handover_step(16, MIN_HANDOVER_STEP_FLOPS, 16, MIN_HANDOVER_STEP_FLOPS / 2) == 8
+    assert handover_step(16, MIN_HANDOVER_STEP_FLOPS * 0.99, 16, MIN_HANDOVER_STEP_FLOPS / 2) == 16
+
+
+def test_training_flops_count_weight_matrices_not_embeddings_or_vectors():
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 4), torch.nn.Linear(4, 8), torch.nn.LayerNorm(8))
+    assert training_flops_per_token([model]) == 32 * 6  # forward, input gradient, weight gradient
+    model[1].weight.requires_grad_(False)
+    assert training_flops_per_token([model]) == 32 * 4  # frozen (LoRA base): no weight gradient
+    head = torch.nn.Linear(8, 10, bias=False)
+    assert training_flops_per_token([model, head], scale=[1.0, 0.5]) == 32 * 4 + 80 * 6 * 0.5
+
+
 def test_side_by_side_threads_split_the_intra_op_threads(monkeypatch):
     monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 1)
     assert side_by_side_threads() is None  # one core: two threads would only take turns
@@ -89,7 +166,7 @@ def one_update(make_trainer, monkeypatch, tmp_path, *, cores: int, **overrides):
     calls = []
 
     def spy(*args):
-        calls.append(args[2])
+        calls.append(args[2:])
         return run_side_by_side(*args)
 
     monkeypatch.setattr(rl_module, "run_side_by_side", spy)
@@ -103,16 +180,30 @@ def one_update(make_trainer, monkeypatch, tmp_path, *, cores: int, **overrides):
     return metrics, params, calls
 
 
-def test_overlapped_update_equals_the_sequential_one(make_trainer, monkeypatch, tmp_path):
+@pytest.mark.parametrize("forced_handover", [None, 1], ids=["computed-handover", "handover-after-one-step"])
+def test_overlapped_update_equals_the_sequential_one(make_trainer, monkeypatch, tmp_path, forced_handover):
     """Policy and critic share no parameter: updating them side by side gives the same weights and
-    stats as in turn (to float rounding), with each side on one of the two cores."""
+    stats as in turn (to float rounding), with each side on one of the two cores and the longer
+    side on both once the other is done."""
     torch.set_num_threads(1)
+    weighed = []
+
+    def handover(*args):
+        weighed.append(args)
+        return forced_handover if forced_handover is not None else handover_step(*args)
+
+    monkeypatch.setattr(rl_module, "handover_step", handover)
     base = {"train": {"ppo_epochs": 2, "minibatches": 2}}
     sequential, seq_params, seq_calls = one_update(
         make_trainer, monkeypatch, tmp_path, cores=2, train={**base["train"], "overlap_critic": False}
     )
     overlapped, ovl_params, ovl_calls = one_update(make_trainer, monkeypatch, tmp_path, cores=2, **base)
-    assert seq_calls == [] and ovl_calls == [1]
+    assert seq_calls == []
+    ((steps_here, flops_here, steps_beside, flops_beside),) = weighed
+    # the policy's head over the response columns on top of a trunk like the critic's: the longer side
+    assert (steps_here, steps_beside) == (4, 4) and flops_here > flops_beside > 0
+    ((threads, handover_at),) = ovl_calls
+    assert threads == 1 and handover_at == (forced_handover or handover_step(*weighed[0]))
     for a, b in zip(seq_params, ovl_params, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     keys = [k for k in sequential if k.startswith(("policy/", "value/"))]
@@ -120,6 +211,25 @@ def test_overlapped_update_equals_the_sequential_one(make_trainer, monkeypatch, 
     for k in keys:
         assert overlapped[k] == pytest.approx(sequential[k], rel=1e-4, abs=1e-6), k
     assert "value/grad_norm" in keys and "policy/grad_norm" in keys
+
+
+def test_step_flops_follow_the_models_and_the_minibatch(make_trainer):
+    """FLOPs of one optimizer step: 6 per weight and token for the trained trunk, the policy's head
+    on the response columns only; a LoRA policy's frozen weights get no weight gradient (4), so a
+    fully trained critic becomes the longer side and runs on the caller's thread."""
+    trainer = make_trainer(rl_config("vanilla_ppo", train={"minibatches": 2}))
+    experience, _ = trainer.make_experience()
+    policy_flops, critic_flops = trainer.step_flops(experience)
+    decoder = trainer.roles.policy.model
+    trunk = sum(q.numel() for n, q in decoder.named_parameters() if q.dim() == 2 and "embed" not in n)
+    head = trainer.roles.policy.lm_head.weight.numel()
+    tokens = experience.input_ids.numel() / 2
+    share = experience.response_mask.shape[1] / experience.input_ids.shape[1]
+    assert policy_flops == pytest.approx(6 * (trunk + head * share) * tokens)
+    assert critic_flops == pytest.approx(6 * (trunk + trainer.roles.critic.head.weight.numel()) * tokens)
+    lora = make_trainer(rl_config("vanilla_ppo", train={"minibatches": 2}, model={"lora": {"enabled": True}}))
+    lora_policy_flops, lora_critic_flops = lora.step_flops(experience)
+    assert lora_policy_flops < lora_critic_flops == pytest.approx(critic_flops)
 
 
 @pytest.mark.parametrize(
@@ -183,3 +293,69 @@ def test_sampler_logprobs_give_ratio_one_on_the_first_epoch(make_trainer):
     assert metrics["policy/ratio_min"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["policy/ratio_max"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["policy/clip_fraction"] == 0.0
+
+
+# -- freed memory kept for reuse -----------------------------------------------------------------------
+
+FAULTS_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, resource, sys
+    from rlhf.train.allocator import keep_freed_memory
+    in_force = keep_freed_memory() if sys.argv[1] == "keep" else False
+    libc = ctypes.CDLL(None)  # torch's CPU tensors come from this malloc too
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    faults = []
+    for _ in range(6):  # a step's activations, 40 x 1 MiB: allocated, written, freed together
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        blocks = [libc.malloc(1 << 20) for _ in range(40)]
+        for block in blocks:
+            ctypes.memset(block, 1, 1 << 20)
+        for block in blocks:
+            libc.free(block)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(in_force, keep_freed_memory() if sys.argv[1] == "keep" else False, sum(faults[3:]))
+    """
+)
+
+
+def late_step_faults(mode: str, env: dict | None = None) -> tuple[str, str, int]:
+    """(in force, in force on a second call, minor page faults of steps 4-6) in a fresh process."""
+    import os
+
+    done = subprocess.run(
+        [sys.executable, "-c", FAULTS_SCRIPT, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **(env or {})},
+    )
+    first, second, faults = done.stdout.split()
+    return first, second, int(faults)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+def test_kept_memory_is_reused_without_page_faults():
+    """A step's 40 MiB of activations, freed and allocated again: by default glibc returns them to
+    the OS after every step and faults their 10,240 pages back in at the next; with
+    keep_freed_memory the same pages are reused."""
+    _, _, default_faults = late_step_faults("default")
+    assert default_faults > 3 * 8_000
+    first, second, kept_faults = late_step_faults("keep")
+    assert (first, second) == ("True", "True")
+    assert kept_faults < 1_000
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+def test_a_malloc_setting_of_the_user_wins():
+    first, second, _ = late_step_faults("keep", env={"MALLOC_TRIM_THRESHOLD_": "131072"})
+    assert (first, second) == ("False", "False")
+
+
+def test_the_trainer_keeps_freed_memory_unless_switched_off(make_trainer, monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(rl_module, "keep_freed_memory", lambda: calls.append(1) or True)
+    make_trainer(rl_config("vanilla_ppo"), run_dir=tmp_path / "on")
+    assert calls == [1]
+    make_trainer(rl_config("vanilla_ppo", train={"keep_freed_memory": False}), run_dir=tmp_path / "off")
+    assert calls == [1]

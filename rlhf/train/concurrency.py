@@ -4,7 +4,9 @@ The policy's and the separate critic's PPO updates share no parameter, so on a C
 the same time. Small minibatches (a few rows) keep matrix products short, and splitting each
 product over all cores (torch's intra-op threads) wastes much of the machine on synchronisation;
 giving each model its own share of the cores keeps every core busy on large-enough work. Torch ops
-release the GIL, so two Python threads are enough. Measured in bench/NOTES.md.
+release the GIL, so two Python threads are enough. The side with more work runs on the caller's
+thread and takes every core for its last steps, once the other side is done (`handover_step`
+predicts when from FLOP counts). Measured in bench/NOTES.md.
 """
 
 from __future__ import annotations
@@ -78,7 +80,6 @@ def run_side_by_side(
         torch.set_num_threads(previous)
     if not failures and split < len(here):
         run(here[split:], previous)  # the helper is done: this side takes every core
-        torch.set_num_threads(previous)
     if failures:
         raise failures[0]
 

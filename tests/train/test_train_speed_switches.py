@@ -5,6 +5,7 @@ log-probs read from the sampler (rollout.logprobs_from_sampler) and freed memory
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -321,8 +322,6 @@ FAULTS_SCRIPT = textwrap.dedent(
 
 def late_step_faults(mode: str, env: dict | None = None) -> tuple[str, str, int]:
     """(in force, in force on a second call, minor page faults of steps 4-6) in a fresh process."""
-    import os
-
     done = subprocess.run(
         [sys.executable, "-c", FAULTS_SCRIPT, mode],
         capture_output=True,

@@ -38,7 +38,7 @@ from rlhf.core import (
     whiten_advantages,
 )
 from rlhf.data.collate import left_pad
-from rlhf.models.backbone import causal_lm_parts, unwrap_causal_lm
+from rlhf.models.backbone import causal_lm_parts
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.sampling import SamplingConfig, generate
 from rlhf.models.scalar_head import response_values
@@ -461,14 +461,11 @@ class RLTrainer:
         """Estimated FLOPs of one policy and one critic optimizer step on this experience (its
         tokens split over `train.minibatches`): the policy's output head sees only the response
         columns, the critic's value head every column."""
-        policy_decoder, _ = causal_lm_parts(self.roles.policy)
+        policy_decoder, policy_head = causal_lm_parts(self.roles.policy)
         critic_decoder, _ = causal_lm_parts(self.roles.critic.causal_lm)
         response_share = experience.response_mask.shape[1] / max(1, experience.input_ids.shape[1])
         tokens = experience.input_ids.numel() / self.config.train.minibatches
-        policy = training_flops_per_token(
-            [policy_decoder, unwrap_causal_lm(self.roles.policy).get_output_embeddings()],
-            scale=[1.0, response_share],
-        )
+        policy = training_flops_per_token([policy_decoder, policy_head], scale=[1.0, response_share])
         critic = training_flops_per_token([critic_decoder, self.roles.critic.head])
         return policy * tokens, critic * tokens
 

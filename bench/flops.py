@@ -103,16 +103,17 @@ def iteration_phases(policy: ModelShape, critic: ModelShape, reward: ModelShape,
     - generate: sampling with the policy (KV cache);
     - score: the reward model over prompt + response (its scalar head is negligible);
     - forward: no-grad old log-probs (policy; skipped with rollout.logprobs_from_sampler),
-      reference log-probs (reference = policy shape), values (critic); log-prob heads run on the
-      T response columns only;
+      reference log-probs (reference = policy shape), values (critic); these decoders run on all
+      but the last column and log-prob heads on the T response columns only;
     - update: `ppo_epochs` passes over every row (the minibatches partition the batch): policy
       trained (decoder + head on T columns) and critic trained (decoder).
     """
     seq = it.prompt + it.response
     head_cols = it.rows * it.response
-    policy_fwd = decoder_forward(policy, it.rows, seq) + head_forward(policy, head_cols)
+    # log-probs and values never need the last column's hidden state: those decoders see seq - 1
+    policy_fwd = decoder_forward(policy, it.rows, seq - 1) + head_forward(policy, head_cols)
     # the critic's scalar head (hidden -> 1) runs on the T response columns, the reward model's on all
-    critic_fwd = decoder_forward(critic, it.rows, seq) + 2.0 * critic.hidden * head_cols
+    critic_fwd = decoder_forward(critic, it.rows, seq - 1) + 2.0 * critic.hidden * head_cols
     reward_fwd = decoder_forward(reward, it.rows, seq) + 2.0 * reward.hidden * it.rows * seq
     policy_train = (2.0 if it.lora_policy else 3.0) * policy_fwd
     return {

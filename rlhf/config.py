@@ -171,6 +171,9 @@ class RolloutConfig:
     # old log-probs from the sampler's own logits (as TRL does) instead of one more policy forward:
     # saves a forward per iteration; the first PPO ratio is then 1 only to float rounding (~1e-6 fp32)
     logprobs_from_sampler: bool = False
+    # score/reference/value forwards on a multi-core CPU: the two halves of the rows side by side,
+    # one core each (cores kept on whole products; same result to float rounding, reproducible)
+    split_forwards: bool = True
     truncated: str = "keep"  # responses that hit max_new_tokens: "keep" | "penalize" | "drop"
     truncation_penalty: float = -1.0  # score given to truncated responses when truncated == "penalize"
 

@@ -49,6 +49,53 @@ def _check_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
         )
 
 
+class _TokenLogprobEntropy(torch.autograd.Function):
+    """log softmax(z / T)[target] and the entropy H of softmax(z / T), with a hand-written backward.
+
+    Autograd's graph of `logsumexp` + `gather` (+ `softmax` for H) walks the vocabulary-sized
+    block about a dozen times in the backward; here the probabilities saved from the forward give
+    the gradient in three passes (ALGORITHMS.md's derivatives):
+        d logp / d s_j = 1[j = target] - p_j,      d H / d s_j = -p_j (s_j - sum_i p_i s_i),
+    with s = z / T and the chain rule's 1/T at the end. Banned tokens (z = -inf) count as the
+    lowest finite logit in H, so that p_j s_j is 0, not NaN."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, with_entropy, entropy_grad):
+        scaled = logits / temperature if temperature != 1.0 else logits.clone()
+        log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
+        logp = scaled.gather(-1, targets.unsqueeze(-1)).sub_(log_norm).squeeze(-1)
+        probs = torch.sub(scaled, log_norm).exp_()
+        entropy = logp.new_empty(0)
+        mean_scaled = None
+        if with_entropy:
+            finite = scaled.clamp_(min=torch.finfo(scaled.dtype).min)
+            mean_scaled = torch.linalg.vecdot(probs, finite)
+            entropy = log_norm.squeeze(-1) - mean_scaled
+        keep_entropy_terms = with_entropy and entropy_grad
+        ctx.temperature = temperature
+        ctx.entropy_grad = keep_entropy_terms
+        if keep_entropy_terms:
+            ctx.save_for_backward(probs, targets, finite, mean_scaled)
+        else:
+            ctx.save_for_backward(probs, targets)
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        saved = ctx.saved_tensors  # read once (activation checkpointing allows one unpack)
+        probs, targets = saved[:2]
+        grad = probs * grad_logp.neg().unsqueeze(-1)
+        grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+        if ctx.entropy_grad and grad_entropy is not None and grad_entropy.numel():
+            finite, mean_scaled = saved[2:]
+            spread = torch.sub(finite, mean_scaled.unsqueeze(-1)).mul_(probs).mul_(grad_entropy.unsqueeze(-1))
+            grad.sub_(spread)
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        return grad, None, None, None, None
+
+
 def _chunk_logprobs(
     head: Callable[[torch.Tensor], torch.Tensor],
     hidden: torch.Tensor,
@@ -59,19 +106,16 @@ def _chunk_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target) and entropy for one chunk: [B, t, H] -> two [B, t] (entropy empty if not asked)."""
     logits = head(hidden).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_norm = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
-    if not with_entropy:
-        return logp, logp.new_empty(0)
-    # H = -sum p log p = logsumexp(z) - sum p z; -inf logits (banned tokens) become the lowest
-    # finite value so that p * z is 0, not NaN, in the forward and the backward pass.
-    finite = logits.clamp(min=torch.finfo(logits.dtype).min)
-    if not entropy_grad:  # a monitor only: no graph through the vocabulary-sized softmax
-        finite, log_norm = finite.detach(), log_norm.detach()
-    entropy = log_norm - (torch.softmax(finite, dim=-1) * finite).sum(-1)
-    return logp, entropy
+    if not logits.requires_grad:  # no backward: no probabilities to keep unless H is asked
+        scaled = logits / temperature if temperature != 1.0 else logits
+        log_norm = torch.logsumexp(scaled, dim=-1)
+        logp = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+        if not with_entropy:
+            return logp, logp.new_empty(0)
+        finite = scaled.clamp(min=torch.finfo(scaled.dtype).min)
+        probs = torch.sub(finite, log_norm.unsqueeze(-1)).exp_()
+        return logp, log_norm - torch.linalg.vecdot(probs, finite)
+    return _TokenLogprobEntropy.apply(logits, targets, temperature, with_entropy, entropy_grad)
 
 
 def logprobs_from_hidden(
@@ -120,7 +164,8 @@ def response_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [B, T] of the response tokens `input_ids[:, P:]`, and their entropies [B, T] or None.
 
-    One forward of the decoder over prompt + response; the head runs on hidden[:, P-1:-1] only.
+    One forward of the decoder over prompt + response but its last column; the head runs on the
+    hidden states of columns P-1 .. P+T-2 only.
     `temperature` must be the sampling temperature. Padded response positions
     (`attention_mask[:, P:] == 0`) hold 0 in both outputs: callers mask them anyway.
     `entropy_grad=False` returns the entropy without a gradient (when it is only monitored).
@@ -128,10 +173,15 @@ def response_logprobs(
     _check_layout(input_ids, attention_mask, prompt_length)
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 (the sampling temperature), got {temperature}.")
-    hidden = decoder_hidden_states(model, input_ids, attention_mask)
     targets = input_ids[:, prompt_length:]
+    if targets.shape[1] == 0:  # no response column
+        empty = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
+        return empty, (empty.clone() if with_entropy else None)
+    # The last column only ever is a target: the decoder stops one column short (exact under causal
+    # attention, and 1/(P+T) of the forward and backward saved).
+    hidden = decoder_hidden_states(model, input_ids[:, :-1], attention_mask[:, :-1])
     logp, entropy = logprobs_from_hidden(
-        model, hidden[:, prompt_length - 1 : -1], targets, temperature, with_entropy, chunk_size, entropy_grad
+        model, hidden[:, prompt_length - 1 :], targets, temperature, with_entropy, chunk_size, entropy_grad
     )
     valid = attention_mask[:, prompt_length:].bool()
     logp = torch.where(valid, logp, torch.zeros_like(logp))

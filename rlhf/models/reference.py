@@ -10,6 +10,8 @@ Two ways to hold it (PEERS.md pain point 4, memory):
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -53,12 +55,28 @@ class ReferenceModel:
         temperature: float = 1.0,
     ) -> torch.Tensor:
         """Reference log-probs [B, T] of the response tokens (0 at padding), without gradient."""
+        with self.session() as logprobs:
+            return logprobs(input_ids, attention_mask, prompt_length, temperature)
+
+    @contextmanager
+    def session(self) -> Iterator[Callable[..., torch.Tensor]]:
+        """The reference's weights in force for a block: eval mode and, in mode "adapter", the
+        adapter disabled, set once on entry and restored on exit. Yields `logprobs(input_ids,
+        attention_mask, prompt_length, temperature=1.0)`, which several threads may call at once
+        inside the block (switching the adapter per call would race between threads)."""
+
+        def logprobs(
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor,
+            prompt_length: int,
+            temperature: float = 1.0,
+        ) -> torch.Tensor:
+            with torch.no_grad():  # per thread
+                return response_logprobs(self.model, input_ids, attention_mask, prompt_length, temperature)[0]
+
         with torch.no_grad(), eval_mode(self.model):
             if self.mode == "adapter":
                 with self.model.disable_adapter():
-                    logp, _ = response_logprobs(
-                        self.model, input_ids, attention_mask, prompt_length, temperature
-                    )
+                    yield logprobs
             else:
-                logp, _ = response_logprobs(self.model, input_ids, attention_mask, prompt_length, temperature)
-        return logp
+                yield logprobs

@@ -213,8 +213,11 @@ def response_values(
     """V(s_t) [B, T] for response token t, read at column P - 1 + t; 0 at padded response positions."""
     if not 1 <= prompt_length <= input_ids.shape[1]:
         raise ValueError(f"prompt_length must be in [1, {input_ids.shape[1]}], got {prompt_length}.")
-    hidden = critic.hidden_states(input_ids, attention_mask)
-    values = critic.values_from_hidden(hidden[:, prompt_length - 1 : -1])
+    if prompt_length == input_ids.shape[1]:  # no response column
+        return critic.head.weight.new_zeros(input_ids.shape[0], 0)
+    # the state after the last token is never valued: the decoder stops one column short (exact)
+    hidden = critic.hidden_states(input_ids[:, :-1], attention_mask[:, :-1])
+    values = critic.values_from_hidden(hidden[:, prompt_length - 1 :])
     valid = attention_mask[:, prompt_length:].bool()
     return torch.where(valid, values, torch.zeros_like(values))
 

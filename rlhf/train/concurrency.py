@@ -54,14 +54,17 @@ def run_side_by_side(
     previous = torch.get_num_threads()
     failures: list[BaseException] = []
     split = len(here) if handover_at is None else max(0, min(handover_at, len(here)))
+    # autograd's modes are per thread: the helper takes the caller's (e.g. inference mode)
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
 
     def run(steps: Sequence[Callable[[], None]], threads: int) -> None:
         torch.set_num_threads(threads)  # OpenMP's setting is per thread: set it in each one
         try:
-            for step in steps:
-                if failures:
-                    return
-                step()
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                for step in steps:
+                    if failures:
+                        return
+                    step()
         except BaseException as error:  # re-raised in the caller's thread
             failures.append(error)
 
@@ -82,6 +85,39 @@ def run_side_by_side(
         run(here[split:], previous)  # the helper is done: this side takes every core
     if failures:
         raise failures[0]
+
+
+def by_row_halves(
+    compute: Callable[[slice], torch.Tensor], rows: int, threads_each: int | None
+) -> torch.Tensor:
+    """`compute(slice(0, rows))`, or with `threads_each` the first and the second half of the rows
+    side by side (`run_side_by_side`), joined along dim 0. For no-grad forwards of a rollout: each row's
+    result does not depend on the others, so only float rounding may differ, and the split is fixed
+    (never timing-dependent), so a run stays reproducible. `compute` may run on two threads at once:
+    it must not change shared state (a LoRA adapter's on/off switch is set once, around this call)."""
+    if threads_each is None or rows < 2:
+        return compute(slice(0, rows))
+    half = (rows + 1) // 2
+    parts: list[torch.Tensor | None] = [None, None]
+
+    def part(index: int, where: slice) -> Callable[[], None]:
+        def run() -> None:
+            parts[index] = compute(where)
+
+        return run
+
+    run_side_by_side([part(0, slice(0, half))], [part(1, slice(half, rows))], threads_each)
+    return torch.cat(parts)
+
+
+# Below this many FLOPs per half of the rows, splitting a rollout's forwards over two threads gains
+# nothing (bench/NOTES.md).
+MIN_SPLIT_FORWARD_FLOPS = 1e9
+
+
+def forward_flops(modules: Sequence[nn.Module], tokens: float) -> float:
+    """FLOPs of a no-grad forward of `tokens` tokens through `modules`: 2 per matmul weight per token."""
+    return 2.0 * tokens * sum(q.numel() for module in modules for q in matmul_weights(module))
 
 
 # Below this many FLOPs per optimizer step, more intra-op threads slow a step down: its time is per-op
@@ -107,11 +143,12 @@ def training_flops_per_token(modules: Sequence[nn.Module], scale: Sequence[float
     `scale[i]` weighs module i (e.g. the share of tokens an output head sees)."""
     total = 0.0
     for i, module in enumerate(modules):
-        embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-        flops = sum(
-            q.numel() * (6 if q.requires_grad else 4)
-            for q in module.parameters()
-            if q.dim() >= 2 and id(q) not in embeddings
-        )
+        flops = sum(q.numel() * (6 if q.requires_grad else 4) for q in matmul_weights(module))
         total += flops * (scale[i] if scale is not None else 1.0)
     return float(total)
+
+
+def matmul_weights(module: nn.Module) -> list[torch.Tensor]:
+    """The weights of `module` that enter matrix products: matrices but embedding tables (lookups)."""
+    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    return [q for q in module.parameters() if q.dim() >= 2 and id(q) not in embeddings]

@@ -47,6 +47,9 @@ from rlhf.monitor import CollapseDetector
 from rlhf.train import checkpoint as ckpt
 from rlhf.train.allocator import keep_freed_memory
 from rlhf.train.concurrency import (
+    MIN_SPLIT_FORWARD_FLOPS,
+    by_row_halves,
+    forward_flops,
     handover_step,
     run_side_by_side,
     side_by_side_threads,
@@ -318,9 +321,21 @@ class RLTrainer:
         mask = rollout.response_mask.float()
         T = mask.shape[1]
         rows = c.train.micro_batch_size
-        raw_scores = torch.cat(
-            [r.reward_model.score(ids[i : i + rows], attn[i : i + rows]) for i in range(0, len(ids), rows)]
-        ).float()
+        split = self.split_forward_threads(ids.numel())
+
+        def over_rows(compute: Callable[[slice], torch.Tensor]) -> torch.Tensor:
+            return by_row_halves(compute, len(ids), split)
+
+        def per_token(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]):
+            return lambda w: forward_in_chunks(fn, ids[w], attn[w], P, T, rows)
+
+        def scores_of(w: slice) -> torch.Tensor:
+            i, a = ids[w], attn[w]
+            return torch.cat(
+                [r.reward_model.score(i[k : k + rows], a[k : k + rows]) for k in range(0, len(i), rows)]
+            )
+
+        raw_scores = over_rows(scores_of).float()
         # responses that hit max_new_tokens: keep, penalize or drop (PEERS.md point 8)
         scores, keep = apply_truncation_policy(
             raw_scores,
@@ -339,11 +354,10 @@ class RLTrainer:
         if rollout.logprobs is not None:  # rollout.logprobs_from_sampler: no policy forward
             old_logp = rollout.logprobs * mask
         else:
-            old_logp = forward_in_chunks(policy_fn, ids, attn, P, T, rows)
-        ref_logp = forward_in_chunks(
-            lambda i, a, p: r.reference.logprobs(i, a, p, temperature=temperature), ids, attn, P, T, rows
-        )
-        values = forward_in_chunks(lambda i, a, p: response_values(r.critic, i, a, p), ids, attn, P, T, rows)
+            old_logp = over_rows(per_token(policy_fn))
+        with r.reference.session() as reference_logprobs:  # a LoRA adapter is switched off once
+            ref_logp = over_rows(per_token(lambda i, a, p: reference_logprobs(i, a, p, temperature)))
+        values = over_rows(per_token(lambda i, a, p: response_values(r.critic, i, a, p)))
         t3 = time.perf_counter()
 
         # score reparameterization (sec. 5.3.1): running moments updated with this batch first
@@ -450,12 +464,23 @@ class RLTrainer:
     def overlap_threads(self) -> int | None:
         """Intra-op threads per side when the critic's update runs beside the policy's, else None:
         `train.overlap_critic` off, a model off the CPU, or a single core."""
-        if not self.config.train.overlap_critic:
-            return None
-        models = (self.roles.policy, self.roles.critic)
-        if any(q.device.type != "cpu" for m in models for q in m.parameters()):
+        if not self.config.train.overlap_critic or not self.all_on_cpu():
             return None
         return side_by_side_threads()
+
+    def split_forward_threads(self, tokens: int) -> int | None:
+        """Intra-op threads per half of the rollout's rows in its no-grad forwards, else None:
+        `rollout.split_forwards` off, a model off the CPU, a single core, or a forward too small
+        to gain from it (under MIN_SPLIT_FORWARD_FLOPS per half)."""
+        if not self.config.rollout.split_forwards or not self.all_on_cpu():
+            return None
+        if forward_flops([causal_lm_parts(self.roles.policy)[0]], tokens / 2) < MIN_SPLIT_FORWARD_FLOPS:
+            return None
+        return side_by_side_threads()
+
+    def all_on_cpu(self) -> bool:
+        models = (self.roles.policy, self.roles.critic, self.roles.reward_model)
+        return all(q.device.type == "cpu" for m in models for q in m.parameters())
 
     def step_flops(self, experience: Experience) -> tuple[float, float]:
         """Estimated FLOPs of one policy and one critic optimizer step on this experience (its
@@ -463,8 +488,9 @@ class RLTrainer:
         columns, the critic's value head every column."""
         policy_decoder, policy_head = causal_lm_parts(self.roles.policy)
         critic_decoder, _ = causal_lm_parts(self.roles.critic.causal_lm)
-        response_share = experience.response_mask.shape[1] / max(1, experience.input_ids.shape[1])
-        tokens = experience.input_ids.numel() / self.config.train.minibatches
+        rows, width = experience.input_ids.shape
+        response_share = experience.response_mask.shape[1] / max(1, width - 1)
+        tokens = rows * (width - 1) / self.config.train.minibatches  # the last column is never computed
         policy = training_flops_per_token([policy_decoder, policy_head], scale=[1.0, response_share])
         critic = training_flops_per_token([critic_decoder, self.roles.critic.head])
         return policy * tokens, critic * tokens

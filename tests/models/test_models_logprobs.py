@@ -70,6 +70,23 @@ def test_logprobs_and_entropy_match_manual_loop(lm, temperature):
     assert torch.allclose(entropy, want_entropy, atol=1e-5)
 
 
+def test_the_decoder_skips_the_last_column_and_no_response_is_empty(lm):
+    ids, mask, prompt_length = rollout_batch(PROMPTS, RESPONSES, pad_id=0)
+    widths = []
+    hook = lm.model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        response_logprobs(lm, ids, mask, prompt_length)
+        logp, entropy = response_logprobs(
+            lm, ids[:, :prompt_length], mask[:, :prompt_length], prompt_length, with_entropy=True
+        )
+    finally:
+        hook.remove()
+    assert widths == [ids.shape[1] - 1]  # the last token is only ever a target
+    assert logp.shape == entropy.shape == (3, 0)
+
+
 def test_temperature_divides_the_logits(lm):
     ids, mask, prompt_length = rollout_batch(PROMPTS, RESPONSES, pad_id=0)
     cold, _ = response_logprobs(lm, ids, mask, prompt_length, temperature=0.5)
@@ -189,3 +206,50 @@ def test_entropy_without_grad_is_the_same_value_and_leaves_logp_gradients_alone(
     grads_ng = torch.autograd.grad(logp_ng.sum(), list(lm.parameters()), allow_unused=True)
     for g, h in zip(grads, grads_ng):
         assert (g is None and h is None) or torch.equal(g, h)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("with_entropy, entropy_grad", [(False, False), (True, False), (True, True)])
+def test_hand_written_backward_passes_gradcheck(temperature, with_entropy, entropy_grad):
+    """The fused log-prob/entropy function's backward against finite differences (float64)."""
+    from rlhf.models.logprobs import _TokenLogprobEntropy
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 7, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 7, (2, 3))
+
+    def outputs(z):
+        logp, entropy = _TokenLogprobEntropy.apply(z, targets, temperature, with_entropy, entropy_grad)
+        return (logp, entropy) if with_entropy and entropy_grad else logp
+
+    assert torch.autograd.gradcheck(outputs, (logits,))
+
+
+def test_hand_written_backward_equals_autograd_with_banned_tokens():
+    """Against autograd of the plain formula, with -inf logits (banned tokens) in every row."""
+    from rlhf.models.logprobs import _TokenLogprobEntropy
+
+    torch.manual_seed(1)
+    base = torch.randn(3, 4, 11)
+    base[..., :3] = float("-inf")
+    targets = torch.randint(3, 11, (3, 4))
+    weights_logp, weights_entropy = torch.randn(3, 4), torch.randn(3, 4)
+
+    def plain(z):
+        s = z / 0.7
+        log_norm = torch.logsumexp(s, -1)
+        logp = s.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+        # -1e4 instead of the lowest float: p is 0 there all the same, and autograd's own backward
+        # (p * z with z huge) cannot overflow into NaN, as it does at the lowest float
+        finite = s.clamp(min=-1e4)
+        return logp, log_norm - (torch.softmax(finite, -1) * finite).sum(-1)
+
+    results = []
+    for fn in (plain, lambda z: _TokenLogprobEntropy.apply(z, targets, 0.7, True, True)):
+        z = base.clone().requires_grad_(True)
+        logp, entropy = fn(z)
+        ((logp * weights_logp).sum() + (entropy * weights_entropy).sum()).backward()
+        results.append((logp.detach(), entropy.detach(), z.grad))
+    for ours, want in zip(results[1], results[0]):
+        assert torch.isfinite(ours).all()
+        assert torch.allclose(ours, want, atol=1e-5)

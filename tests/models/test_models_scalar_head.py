@@ -111,6 +111,21 @@ def test_response_values_read_column_p_minus_one_plus_t(reward_model):
         response_values(reward_model, ids, mask, 0)
 
 
+def test_response_values_skip_the_last_column_and_allow_no_response(reward_model):
+    ids, mask, prompt_length = rollout_batch([[5, 6], [7, 8, 9]], [[10, 11, 3], [12]], pad_id=0)
+    widths = []
+    hook = reward_model.causal_lm.model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        response_values(reward_model, ids, mask, prompt_length)
+        empty = response_values(reward_model, ids[:, :prompt_length], mask[:, :prompt_length], prompt_length)
+    finally:
+        hook.remove()
+    assert widths == [ids.shape[1] - 1]  # the value after the last token is never needed
+    assert empty.shape == (2, 0)
+
+
 def test_save_and_load_round_trip_without_pickle(reward_model, tmp_path):
     ids, mask = left_pad(SEQUENCES, pad_id=0)
     reward_model.save_pretrained(tmp_path)

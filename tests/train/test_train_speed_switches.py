@@ -1,7 +1,8 @@
 """The switches that make an iteration cheaper without changing what it computes:
-the critic's update beside the policy's (train.overlap_critic, concurrency.py), the old
-log-probs read from the sampler (rollout.logprobs_from_sampler) and freed memory kept for reuse
-(train.keep_freed_memory, allocator.py)."""
+the critic's update beside the policy's (train.overlap_critic, concurrency.py), the rollout's
+forwards on two halves of the rows (rollout.split_forwards), the old log-probs read from the
+sampler (rollout.logprobs_from_sampler) and freed memory kept for reuse (train.keep_freed_memory,
+allocator.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from functools import partial
 
 import pytest
 import torch
@@ -18,6 +20,8 @@ from train_testing import rl_config
 import rlhf.train.rl as rl_module
 from rlhf.train.concurrency import (
     MIN_HANDOVER_STEP_FLOPS,
+    by_row_halves,
+    forward_flops,
     handover_step,
     run_side_by_side,
     side_by_side_threads,
@@ -224,8 +228,9 @@ def test_step_flops_follow_the_models_and_the_minibatch(make_trainer):
     decoder = trainer.roles.policy.model
     trunk = sum(q.numel() for n, q in decoder.named_parameters() if q.dim() == 2 and "embed" not in n)
     head = trainer.roles.policy.lm_head.weight.numel()
-    tokens = experience.input_ids.numel() / 2
-    share = experience.response_mask.shape[1] / experience.input_ids.shape[1]
+    rows, width = experience.input_ids.shape
+    tokens = rows * (width - 1) / 2  # the decoders never compute the last column
+    share = experience.response_mask.shape[1] / (width - 1)
     assert policy_flops == pytest.approx(6 * (trunk + head * share) * tokens)
     assert critic_flops == pytest.approx(6 * (trunk + trainer.roles.critic.head.weight.numel()) * tokens)
     lora = make_trainer(rl_config("vanilla_ppo", train={"minibatches": 2}, model={"lora": {"enabled": True}}))
@@ -258,6 +263,102 @@ def test_an_error_in_the_critic_update_reaches_the_caller(make_trainer, monkeypa
     with pytest.raises(FloatingPointError, match="value loss is NaN"):
         trainer.step()
     assert torch.get_num_threads() == threads
+
+
+# -- the rollout's forwards on two halves of the rows --------------------------------------------------
+
+
+@pytest.mark.parametrize("rows, threads_each, calls", [(5, 1, 2), (5, None, 1), (1, 1, 1)])
+def test_row_halves_are_joined_in_order_under_the_callers_autograd_mode(rows, threads_each, calls):
+    torch.set_num_threads(1)
+    seen = []
+
+    def compute(where: slice) -> torch.Tensor:
+        seen.append((where, threading.current_thread().name, torch.is_inference_mode_enabled()))
+        return torch.arange(rows)[where] * 10
+
+    with torch.inference_mode():
+        out = by_row_halves(compute, rows, threads_each)
+    assert torch.equal(out, torch.arange(rows) * 10)
+    assert len(seen) == calls
+    assert all(inference for _, _, inference in seen)  # the helper thread too
+    if calls == 2:
+        assert sorted((w.start, w.stop) for w, _, _ in seen) == [(0, 3), (3, 5)]
+        assert {name for _, name, _ in seen} == {threading.current_thread().name, "rlhf-side-by-side"}
+    assert torch.get_num_threads() == 1
+
+
+def test_forward_flops_count_two_per_weight_matrix_and_token():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    assert forward_flops([model], tokens=5) == 2 * 5 * (4 * 3)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["copied-reference", "adapter-reference"])
+def test_split_forwards_equal_the_whole_batch(make_trainer, monkeypatch, tmp_path, lora):
+    """Scores, old and reference log-probs and values computed on two halves of the rows, one thread
+    each, equal the whole batch's to float rounding; a LoRA reference switches its adapter off once
+    for both halves (per call, one thread could switch it back on under the other)."""
+    torch.set_num_threads(1)
+    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 2)
+    monkeypatch.setattr(rl_module, "MIN_SPLIT_FORWARD_FLOPS", 0.0)
+    calls = []
+
+    def spy(compute, rows, threads_each):
+        calls.append(threads_each)
+        return by_row_halves(compute, rows, threads_each)
+
+    monkeypatch.setattr(rl_module, "by_row_halves", spy)
+    experiences = {}
+    for split in (False, True):
+        trainer = make_trainer(
+            rl_config(
+                "vanilla_ppo",
+                rollout={"split_forwards": split},
+                model={"lora": {"enabled": lora}},
+            ),
+            run_dir=tmp_path / f"split-{split}",
+        )
+        if lora:  # an adapter that changes the policy, so a reference with it left on would differ
+            generator = torch.Generator().manual_seed(0)
+            for name, q in trainer.roles.policy.named_parameters():
+                if "lora_B" in name:
+                    q.data.normal_(0.0, 0.3, generator=generator)
+            entered = []
+            monkeypatch.setattr(
+                trainer.roles.policy,
+                "disable_adapter",
+                partial(count_calls, entered, trainer.roles.policy.disable_adapter),
+            )
+        calls.clear()
+        experiences[split], metrics = trainer.make_experience()
+        assert calls == ([1, 1, 1, 1] if split else [None, None, None, None])  # scores, old, ref, values
+        if lora:
+            assert entered == [1]
+        experiences[split].raw_scores = torch.tensor(metrics["reward/raw_scores"])
+    whole, halves = experiences[False], experiences[True]
+    assert torch.equal(whole.input_ids, halves.input_ids)
+    if lora:
+        assert not torch.allclose(whole.old_logp, whole.ref_logp, atol=1e-3)  # the adapter matters
+    for name in ("raw_scores", "old_logp", "ref_logp", "old_values", "advantages", "returns"):
+        torch.testing.assert_close(getattr(halves, name), getattr(whole, name), rtol=1e-4, atol=1e-4)
+
+
+def count_calls(calls: list, function, *args, **kwargs):
+    calls.append(1)
+    return function(*args, **kwargs)
+
+
+def test_split_forwards_need_the_switch_two_cores_and_enough_work(make_trainer, monkeypatch):
+    torch.set_num_threads(1)
+    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 2)
+    trainer = make_trainer(rl_config("vanilla_ppo"))
+    assert trainer.split_forward_threads(tokens=10**9) == 1
+    assert trainer.split_forward_threads(tokens=10) is None  # a forward too small to gain from it
+    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 1)
+    assert trainer.split_forward_threads(tokens=10**9) is None
+    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 2)
+    off = make_trainer(rl_config("vanilla_ppo", rollout={"split_forwards": False}))
+    assert off.split_forward_threads(tokens=10**9) is None
 
 
 # -- old log-probs from the sampler -----------------------------------------------------------------

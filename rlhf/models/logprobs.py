@@ -54,14 +54,17 @@ class _TokenLogprobEntropy(torch.autograd.Function):
 
     Autograd's graph of `logsumexp` + `gather` (+ `softmax` for H) walks the vocabulary-sized
     block about a dozen times in the backward; here the probabilities saved from the forward give
-    the gradient in three passes (ALGORITHMS.md's derivatives):
+    the gradient in three passes:
         d logp / d s_j = 1[j = target] - p_j,      d H / d s_j = -p_j (s_j - sum_i p_i s_i),
     with s = z / T and the chain rule's 1/T at the end. Banned tokens (z = -inf) count as the
     lowest finite logit in H, so that p_j s_j is 0, not NaN."""
 
     @staticmethod
     def forward(ctx, logits, targets, temperature, with_entropy, entropy_grad):
-        scaled = logits / temperature if temperature != 1.0 else logits.clone()
+        if temperature != 1.0:
+            scaled = logits / temperature
+        else:  # the entropy clamps in place: never the caller's tensor
+            scaled = logits.clone() if with_entropy else logits
         log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
         logp = scaled.gather(-1, targets.unsqueeze(-1)).sub_(log_norm).squeeze(-1)
         probs = torch.sub(scaled, log_norm).exp_()

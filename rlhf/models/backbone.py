@@ -108,3 +108,26 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for module, training in flags:
             module.training = training
+
+
+# RoPE variants whose forward rewrites the rotary module's frequencies from the sequence length
+# (transformers' `dynamic_rope_update`): two threads running one such model at once could race.
+STATEFUL_ROPE_TYPES = ("dynamic", "longrope")
+
+
+def forward_changes_state(model: nn.Module) -> bool:
+    """True when running `model` changes its own state (dynamic or LongRoPE scaling): then no two
+    threads may run it at once."""
+    config = unwrap_causal_lm(model).config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in ("rope_parameters", "rope_scaling"):
+        settings = getattr(config, name, None)
+        if not isinstance(settings, dict):
+            continue
+        # one dict, or one per layer type (e.g. {"full_attention": {...}, "sliding_attention": {...}})
+        groups = [settings] + [v for v in settings.values() if isinstance(v, dict)]
+        for group in groups:
+            kind = str(group.get("rope_type") or group.get("type") or "")
+            if any(stateful in kind for stateful in STATEFUL_ROPE_TYPES):
+                return True
+    return False

@@ -38,7 +38,7 @@ from rlhf.core import (
     whiten_advantages,
 )
 from rlhf.data.collate import left_pad
-from rlhf.models.backbone import causal_lm_parts
+from rlhf.models.backbone import causal_lm_parts, forward_changes_state
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.sampling import SamplingConfig, generate
 from rlhf.models.scalar_head import response_values
@@ -470,9 +470,13 @@ class RLTrainer:
 
     def split_forward_threads(self, tokens: int) -> int | None:
         """Intra-op threads per half of the rollout's rows in its no-grad forwards, else None:
-        `rollout.split_forwards` off, a model off the CPU, a single core, or a forward too small
-        to gain from it (under MIN_SPLIT_FORWARD_FLOPS per half)."""
+        `rollout.split_forwards` off, a model off the CPU or changing its own state as it runs
+        (dynamic RoPE), a single core, or a forward too small to gain from it (under
+        MIN_SPLIT_FORWARD_FLOPS per half)."""
         if not self.config.rollout.split_forwards or not self.all_on_cpu():
+            return None
+        models = (self.roles.policy, self.roles.critic.causal_lm, self.roles.reward_model.causal_lm)
+        if any(forward_changes_state(m) for m in models):  # dynamic RoPE: one thread per model at a time
             return None
         if forward_flops([causal_lm_parts(self.roles.policy)[0]], tokens / 2) < MIN_SPLIT_FORWARD_FLOPS:
             return None

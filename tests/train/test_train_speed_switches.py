@@ -343,6 +343,41 @@ def test_split_forwards_equal_the_whole_batch(make_trainer, monkeypatch, tmp_pat
         torch.testing.assert_close(getattr(halves, name), getattr(whole, name), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "rope, stateful",
+    [
+        (None, False),
+        ({"rope_type": "linear", "factor": 2.0}, False),
+        ({"rope_type": "dynamic", "factor": 2.0}, True),
+        ({"type": "longrope", "short_factor": [1.0]}, True),
+    ],
+)
+def test_models_whose_forward_rewrites_rope_frequencies_are_never_split(
+    make_trainer, monkeypatch, rope, stateful
+):
+    """Dynamic NTK and LongRoPE rotary modules rewrite their frequencies from the sequence length
+    inside the forward: two threads running the model at once could race, so nothing is split."""
+    from transformers import LlamaConfig
+
+    from rlhf.models.backbone import forward_changes_state
+
+    config = LlamaConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=50
+    )
+    if rope is not None:
+        config.rope_parameters = {"rope_theta": 10000.0, **rope}
+    model = torch.nn.Module()
+    model.config = config
+    assert forward_changes_state(model) is stateful
+    torch.set_num_threads(1)
+    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 2)
+    trainer = make_trainer(rl_config("vanilla_ppo"))
+    if rope is not None:
+        reward_config = trainer.roles.reward_model.causal_lm.config
+        reward_config.rope_parameters = {"rope_theta": 10000.0, **rope}
+    assert (trainer.split_forward_threads(tokens=10**9) is None) is stateful
+
+
 def count_calls(calls: list, function, *args, **kwargs):
     calls.append(1)
     return function(*args, **kwargs)

@@ -98,6 +98,11 @@ KEY_METRICS = ("reward/raw_mean", "kl/ref", "policy_ppl", "response/length_mean"
 Evaluator = Callable[["RLTrainer", int], dict]
 
 
+def on_cpu(*models: torch.nn.Module) -> bool:
+    """Every parameter of `models` on the CPU (threads side by side only help there)."""
+    return all(q.device.type == "cpu" for m in models for q in m.parameters())
+
+
 class RLTrainer:
     """Owns the roles, optimizers and running statistics of one RL run."""
 
@@ -464,7 +469,7 @@ class RLTrainer:
     def overlap_threads(self) -> int | None:
         """Intra-op threads per side when the critic's update runs beside the policy's, else None:
         `train.overlap_critic` off, a model off the CPU, or a single core."""
-        if not self.config.train.overlap_critic or not self.all_on_cpu():
+        if not self.config.train.overlap_critic or not on_cpu(self.roles.policy, self.roles.critic):
             return None
         return side_by_side_threads()
 
@@ -473,18 +478,14 @@ class RLTrainer:
         `rollout.split_forwards` off, a model off the CPU or changing its own state as it runs
         (dynamic RoPE), a single core, or a forward too small to gain from it (under
         MIN_SPLIT_FORWARD_FLOPS per half)."""
-        if not self.config.rollout.split_forwards or not self.all_on_cpu():
+        r = self.roles
+        if not self.config.rollout.split_forwards or not on_cpu(r.policy, r.critic, r.reward_model):
             return None
-        models = (self.roles.policy, self.roles.critic.causal_lm, self.roles.reward_model.causal_lm)
-        if any(forward_changes_state(m) for m in models):  # dynamic RoPE: one thread per model at a time
-            return None
+        if any(forward_changes_state(m) for m in (r.policy, r.critic.causal_lm, r.reward_model.causal_lm)):
+            return None  # dynamic RoPE: one thread per model at a time
         if forward_flops([causal_lm_parts(self.roles.policy)[0]], tokens / 2) < MIN_SPLIT_FORWARD_FLOPS:
             return None
         return side_by_side_threads()
-
-    def all_on_cpu(self) -> bool:
-        models = (self.roles.policy, self.roles.critic, self.roles.reward_model)
-        return all(q.device.type == "cpu" for m in models for q in m.parameters())
 
     def step_flops(self, experience: Experience) -> tuple[float, float]:
         """Estimated FLOPs of one policy and one critic optimizer step on this experience (its

@@ -49,35 +49,42 @@ def _check_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
         )
 
 
+def _forward_terms(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool, with_probs: bool
+):
+    """log softmax(z / T)[target] [B, t] and, as asked, the entropy H [B, t] (else empty), the
+    probabilities p [B, t, V] and, with H, the clamped scaled logits and E_p[s] [B, t] (else None).
+    Banned tokens (z = -inf) count as the lowest finite logit, so that p_j s_j is 0, not NaN."""
+    scaled = logits / temperature if temperature != 1.0 else logits
+    log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    logp = scaled.gather(-1, targets.unsqueeze(-1)).sub_(log_norm).squeeze(-1)
+    entropy, probs, finite, mean_scaled = logp.new_empty(0), None, None, None
+    if with_entropy or with_probs:
+        finite = scaled.clamp(min=torch.finfo(scaled.dtype).min)  # a new tensor: never the caller's
+        probs = torch.sub(finite, log_norm).exp_()
+    if with_entropy:
+        mean_scaled = torch.linalg.vecdot(probs, finite)
+        entropy = log_norm.squeeze(-1) - mean_scaled
+    return logp, entropy, probs, finite, mean_scaled
+
+
 class _TokenLogprobEntropy(torch.autograd.Function):
-    """log softmax(z / T)[target] and the entropy H of softmax(z / T), with a hand-written backward.
+    """`_forward_terms` with a hand-written backward.
 
     Autograd's graph of `logsumexp` + `gather` (+ `softmax` for H) walks the vocabulary-sized
     block about a dozen times in the backward; here the probabilities saved from the forward give
     the gradient in three passes:
         d logp / d s_j = 1[j = target] - p_j,      d H / d s_j = -p_j (s_j - sum_i p_i s_i),
-    with s = z / T and the chain rule's 1/T at the end. Banned tokens (z = -inf) count as the
-    lowest finite logit in H, so that p_j s_j is 0, not NaN."""
+    with s = z / T and the chain rule's 1/T at the end."""
 
     @staticmethod
     def forward(ctx, logits, targets, temperature, with_entropy, entropy_grad):
-        if temperature != 1.0:
-            scaled = logits / temperature
-        else:  # the entropy clamps in place: never the caller's tensor
-            scaled = logits.clone() if with_entropy else logits
-        log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
-        logp = scaled.gather(-1, targets.unsqueeze(-1)).sub_(log_norm).squeeze(-1)
-        probs = torch.sub(scaled, log_norm).exp_()
-        entropy = logp.new_empty(0)
-        mean_scaled = None
-        if with_entropy:
-            finite = scaled.clamp_(min=torch.finfo(scaled.dtype).min)
-            mean_scaled = torch.linalg.vecdot(probs, finite)
-            entropy = log_norm.squeeze(-1) - mean_scaled
-        keep_entropy_terms = with_entropy and entropy_grad
+        logp, entropy, probs, finite, mean_scaled = _forward_terms(
+            logits, targets, temperature, with_entropy, with_probs=True
+        )
         ctx.temperature = temperature
-        ctx.entropy_grad = keep_entropy_terms
-        if keep_entropy_terms:
+        ctx.entropy_grad = with_entropy and entropy_grad
+        if ctx.entropy_grad:
             ctx.save_for_backward(probs, targets, finite, mean_scaled)
         else:
             ctx.save_for_backward(probs, targets)
@@ -110,14 +117,7 @@ def _chunk_logprobs(
     """log p(target) and entropy for one chunk: [B, t, H] -> two [B, t] (entropy empty if not asked)."""
     logits = head(hidden).float()
     if not logits.requires_grad:  # no backward: no probabilities to keep unless H is asked
-        scaled = logits / temperature if temperature != 1.0 else logits
-        log_norm = torch.logsumexp(scaled, dim=-1)
-        logp = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
-        if not with_entropy:
-            return logp, logp.new_empty(0)
-        finite = scaled.clamp(min=torch.finfo(scaled.dtype).min)
-        probs = torch.sub(finite, log_norm.unsqueeze(-1)).exp_()
-        return logp, log_norm - torch.linalg.vecdot(probs, finite)
+        return _forward_terms(logits, targets, temperature, with_entropy, with_probs=False)[:2]
     return _TokenLogprobEntropy.apply(logits, targets, temperature, with_entropy, entropy_grad)
 
 

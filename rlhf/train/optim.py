@@ -47,10 +47,12 @@ def lr_multiplier(config: OptimConfig, total_steps: int):
 def clip_and_step(optimizer, scheduler, params, max_grad_norm: float | None) -> float:
     """Clip the global gradient norm (PPO paper sec. 5.3.3) when set, step, and return the pre-clip norm."""
     params = [p for p in params if p.grad is not None]
-    if max_grad_norm is not None:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+    # clip_grad_norm_'s coefficient, min(1, max / (norm + 1e-6)); the gradients are rescaled only when
+    # it is below 1 (torch multiplies by it always, 1 included: a pass over every gradient per step),
+    # or the norm is not finite (then torch's multiplication spreads the NaN, and so does this one)
+    if max_grad_norm is not None and not bool(max_grad_norm / (norm + 1e-6) >= 1.0):
+        torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -217,6 +217,32 @@ def test_clip_and_step_returns_the_pre_clip_norm_and_clips():
     assert param.grad is None  # zeroed for the next step
 
 
+@pytest.mark.parametrize("norm", [0.0, 0.5, 1.0 - 1e-7, 1.0, 1.0 + 1e-7, 3.0, float("inf"), float("nan")])
+def test_clip_and_step_rescales_exactly_as_clip_grad_norm(norm):
+    """The gradients the optimizer sees equal torch's clip_grad_norm_ result bit for bit: below the
+    limit (rescaling skipped), within 1e-6 of it (torch's epsilon still clips), above it, not finite."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(3, 2))]
+    grads = [torch.randn(5), torch.randn(3, 2)]
+    total = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))
+    grads = [g * (norm / total) for g in grads]  # this total norm (inf, nan: every entry)
+    expected = [g.clone() for g in grads]
+    reference = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for q, g in zip(reference, expected):
+        q.grad = g
+    torch.nn.utils.clip_grad_norm_(reference, 1.0)
+    optimizer, scheduler = build_optimizer(params, OptimConfig(lr=1.0), 10)
+    for q, g in zip(params, grads):
+        q.grad = g.clone()
+    seen = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.extend(q.grad.clone() for q in params))
+    returned = clip_and_step(optimizer, scheduler, params, max_grad_norm=1.0)
+    for got, want in zip(seen, [q.grad for q in reference]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    if norm == norm:
+        assert returned == pytest.approx(norm, rel=1e-6)
+
+
 def test_build_optimizer_needs_a_trainable_parameter():
     frozen = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
     with pytest.raises(ValueError, match="no trainable parameters"):

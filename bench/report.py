@@ -34,6 +34,17 @@ def _steady_iterations(runs: list[dict], warmup_key: str | None) -> list[float]:
     return times
 
 
+def per_repetition_speedups(ours_runs: list[dict], trl_runs: list[dict]) -> list[float | None]:
+    """TRL's median s/iteration over ours, repetition by repetition (the two runs of a repetition
+    follow each other, so each ratio sees one state of a shared machine); None where a run failed."""
+    ratios: list[float | None] = []
+    for ours, trl in zip(ours_runs, trl_runs):
+        ours_t, trl_t = _steady_iterations([ours], None), _steady_iterations([trl], "warmup_iters")
+        ok = ours_t and trl_t
+        ratios.append(round(statistics.median(trl_t) / statistics.median(ours_t), 3) if ok else None)
+    return ratios
+
+
 def _median_of(runs: list[dict], key: str) -> float | None:
     values = [r[key] for r in _ok(runs) if r.get(key) is not None]
     return statistics.median(values) if values else None
@@ -61,6 +72,7 @@ def vs_trl_rows(section: dict, peak_gflops: float) -> list[dict]:
             "ours_s_per_iter": _round(ours),
             "trl_s_per_iter": _round(trl),
             "speedup": _round(trl / ours, 3) if ours and trl else None,
+            "speedup_per_repetition": per_repetition_speedups(runs["ours"], runs["trl"]),
             "ours_iterations": len(ours_t),
             "trl_iterations": len(trl_t),
             "ours_phases_s": {p: _round(_median_of(runs["ours"], f"{p}_s_median")) for p in OURS_PHASES},
@@ -279,17 +291,19 @@ def print_report(r: dict) -> None:
         if r.get("trl_skipped"):
             print(f"   TRL skipped: {r['trl_skipped']}")
         print(
-            f"   {'workload':<10} {'ours':>7} {'TRL':>7} {'speedup':>8} {'target 1.5x':>11}   "
+            f"   {'workload':<10} {'ours':>7} {'TRL':>7} {'speedup':>8} {'per rep':>11} {'target 1.5x':>11}   "
             f"{'ours gen/score/fwd/update s':<29} {'TRL gen/score/train/gc s':<26} {'RSS MB ours/TRL':>15}"
         )
         for row in r["vs_trl"]:
             ours_p = "/".join(_f(row["ours_phases_s"][p], "{:.2f}") for p in OURS_PHASES)
             trl_p = "/".join(_f(row["trl_phases_s"][p], "{:.2f}") for p in TRL_PHASES)
             speed = _f(row["speedup"], "{:.2f}x")
+            reps = [x for x in row.get("speedup_per_repetition", []) if x is not None]
+            spread = f"{min(reps):.2f}-{max(reps):.2f}x" if len(reps) > 1 else ""
             rss = f"{_f(row['ours_peak_rss_mb'], '{:.0f}')}/{_f(row['trl_peak_rss_mb'], '{:.0f}')}"
             print(
                 f"   {row['workload']:<10} {_f(row['ours_s_per_iter']):>7} {_f(row['trl_s_per_iter']):>7} "
-                f"{speed:>8} {_met(row['target_met']):>11}   {ours_p:<29} {trl_p:<26} {rss:>15}"
+                f"{speed:>8} {spread:>11} {_met(row['target_met']):>11}   {ours_p:<29} {trl_p:<26} {rss:>15}"
             )
         print(
             f"   (iterations counted per side: {r['vs_trl'][0]['ours_iterations']} ours / "

@@ -65,6 +65,10 @@ def test_speedup_is_the_ratio_of_medians_over_all_steady_iterations():
     assert row["trl_s_per_iter"] == 3.0  # median of 3, 3, 6, 3
     assert row["speedup"] == 2.0 and row["target_met"] is True
     assert row["ours_iterations"] == 4 and row["errors"] == ["x"]
+    # per repetition: that repetition's TRL median over ours (3/1, then 4.5/3); None where a run failed
+    assert row["speedup_per_repetition"] == [3.0, 1.5]
+    runs["tiny-1x1"]["trl"].append(_trl([9.0, 2.0]))
+    assert vs_trl_rows(_raw(runs)["vs_trl"], 100.0)[0]["speedup_per_repetition"] == [3.0, 1.5, None]
     empty = vs_trl_rows(_raw(runs)["vs_trl"], 100.0)[1]
     assert empty["speedup"] is None and empty["target_met"] is None
 

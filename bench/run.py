@@ -1,7 +1,7 @@
 """`make bench`: our PPO iteration against TRL's PPOTrainer, against the machine's FLOP rate, and on
 a real 135M model, in one run. Prints a table and writes bench/results/latest.json.
 
-    .venv/bin/python bench/run.py                  # everything (about 20 minutes on 2 cores)
+    .venv/bin/python bench/run.py                  # everything (about 10 minutes on 2 cores)
     .venv/bin/python bench/run.py --quick          # one repetition, fewer iterations
     .venv/bin/python bench/run.py --skip-trl --skip-smollm2
     .venv/bin/python bench/run.py --only vs_trl    # sections: vs_trl, smollm2 (the matmul rate always runs)

@@ -168,6 +168,9 @@ class RolloutConfig:
     stop_at_eos: bool = True  # end each response at its EOS (False: always max_new_tokens, for benchmarks)
     # rows that ended leave the sampler's batch (cheaper steps as a mixed-length batch drains; same tokens)
     drop_finished_rows: bool = True
+    # CPU sampling through oneDNN-prepacked copies of the linear weights, made per rollout (faster decode
+    # steps, same tokens up to float rounding; the copies take the linear weights' size while sampling)
+    pack_weights: bool = True
     # old log-probs from the sampler's own logits (as TRL does) instead of one more policy forward:
     # saves a forward per iteration; the first PPO ratio is then 1 only to float rounding (~1e-6 fp32)
     logprobs_from_sampler: bool = False

@@ -19,6 +19,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from rlhf.models.backbone import causal_lm_parts, eval_mode, output_head, position_ids
+from rlhf.models.packed_linear import packed_linears
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class SamplingConfig:
     # rows that ended leave the decoder's batch (their KV-cache rows are dropped), so the steps of a
     # mixed-length batch get cheaper as it drains; the tokens drawn are the same either way
     drop_finished_rows: bool = True
+    # on a CPU, linear layers read a oneDNN-prepacked copy of their weights for the call (faster decode
+    # steps; products equal to float rounding; the copies take the linear weights' size: packed_linear.py)
+    pack_weights: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -355,7 +359,7 @@ def generate(
     if pad_token_id is None:
         raise ValueError("pad_token_id is None: give the tokenizer's pad id (prepare_tokenizer sets one).")
     eos_ids = _eos_tensor(eos_token_id, prompt_ids.device)
-    with torch.inference_mode(), eval_mode(model):
+    with torch.inference_mode(), eval_mode(model), packed_linears(model, enabled=config.pack_weights):
         tokens, mask, steps, logprobs = _sample_loop(
             model, prompt_ids, prompt_mask.long(), config, eos_ids, pad_token_id, generator, return_logprobs
         )

@@ -139,6 +139,7 @@ class RLTrainer:
             do_sample=True,
             stop_at_eos=c.rollout.stop_at_eos,
             drop_finished_rows=c.rollout.drop_finished_rows,
+            pack_weights=c.rollout.pack_weights,
         )
         # score reparameterization: scaling / normalization / clipping, each its own switch (sec. 5.3.1)
         self.score_processor = ScoreProcessor(

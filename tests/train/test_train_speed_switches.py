@@ -1,8 +1,8 @@
 """The switches that make an iteration cheaper without changing what it computes:
 the critic's update beside the policy's (train.overlap_critic, concurrency.py), the rollout's
 forwards on two halves of the rows (rollout.split_forwards), the old log-probs read from the
-sampler (rollout.logprobs_from_sampler) and freed memory kept for reuse (train.keep_freed_memory,
-allocator.py)."""
+sampler (rollout.logprobs_from_sampler), freed memory kept for reuse (train.keep_freed_memory,
+allocator.py) and packed weights for sampling (rollout.pack_weights, packed_linear.py)."""
 
 from __future__ import annotations
 
@@ -494,3 +494,30 @@ def test_the_trainer_keeps_freed_memory_unless_switched_off(make_trainer, monkey
     assert calls == [1]
     make_trainer(rl_config("vanilla_ppo", train={"keep_freed_memory": False}), run_dir=tmp_path / "off")
     assert calls == [1]
+
+
+# -- packed sampling weights ----------------------------------------------------------------------------
+
+
+def test_pack_weights_reaches_the_sampler_and_draws_the_same_rollout(make_trainer, monkeypatch, tmp_path):
+    """rollout.pack_weights (on by default) is the sampler's switch; with it the rollout's tokens are
+    those drawn without it (the tests' tiny policy is packed here despite its size)."""
+    import rlhf.models.packed_linear as packed_linear
+
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_BYTES", 0)
+    calls = []
+    packed_call = packed_linear._PackedForward.__call__
+    monkeypatch.setattr(
+        packed_linear._PackedForward, "__call__", lambda self, x: count_calls(calls, packed_call, self, x)
+    )
+    experiences = {}
+    for pack in (True, False):
+        calls.clear()
+        trainer = make_trainer(
+            rl_config("vanilla_ppo", rollout={"pack_weights": pack}), run_dir=tmp_path / str(pack)
+        )
+        assert trainer.sampling.pack_weights is pack
+        experiences[pack], _ = trainer.make_experience()
+        assert bool(calls) is (pack and packed_linear.packing_available())
+    assert torch.equal(experiences[True].input_ids, experiences[False].input_ids)
+    torch.testing.assert_close(experiences[True].advantages, experiences[False].advantages)

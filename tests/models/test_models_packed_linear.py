@@ -1,0 +1,144 @@
+"""Packed linear weights for CPU sampling: which modules are routed, the products, the restore, the
+fallbacks, and the sampler's tokens with and without them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from models_testing import left_pad
+from torch import nn
+
+import rlhf.models.packed_linear as packed_linear
+from rlhf.models.packed_linear import packable, packed_linears
+from rlhf.models.sampling import SamplingConfig, generate
+
+needs_packing = pytest.mark.skipif(
+    not packed_linear.packing_available(), reason="no oneDNN in this torch build"
+)
+
+
+@pytest.fixture()
+def no_size_floor(monkeypatch):
+    """Route even the tests' tiny models (their weights are far below MIN_PACKED_BYTES)."""
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_BYTES", 0)
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state(monkeypatch):
+    """Each test starts with no checked shapes and packing not disabled."""
+    monkeypatch.setattr(packed_linear, "_checked_shapes", set())
+    monkeypatch.setattr(packed_linear, "_disabled_reason", None)
+
+
+def two_layer_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4, bias=False))
+
+
+@needs_packing
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 24), (5, 24), (2, 3, 24)])
+def test_packed_product_matches_f_linear_on_rows_batches_and_strided_inputs(no_size_floor, bias, shape):
+    torch.manual_seed(1)
+    layer = nn.Linear(24, 40, bias=bias)
+    inputs = {"contiguous": torch.randn(shape), "strided": torch.randn(*shape[:-1], 3, 24)[..., 1, :]}
+    with torch.inference_mode(), packed_linears(layer) as routed:
+        assert routed == 1 and "forward" in layer.__dict__
+        for x in inputs.values():
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert "forward" not in layer.__dict__
+
+
+@needs_packing
+def test_routes_plain_linears_and_restores_them(no_size_floor):
+    net = two_layer_net()
+    x = torch.randn(3, 8)
+    before = net(x)
+    with torch.inference_mode(), packed_linears(net) as routed:
+        assert routed == 2
+        assert all("forward" in m.__dict__ for m in net if isinstance(m, nn.Linear))
+        torch.testing.assert_close(net(x), before, rtol=1e-5, atol=1e-6)
+    assert all("forward" not in m.__dict__ for m in net)
+    assert torch.equal(net(x), before)  # back on F.linear: bit for bit
+
+
+@needs_packing
+def test_restores_after_an_error_inside_the_block(no_size_floor):
+    net = two_layer_net()
+    with pytest.raises(KeyError), torch.inference_mode(), packed_linears(net) as routed:
+        assert routed == 2
+        raise KeyError("boom")
+    assert all("forward" not in m.__dict__ for m in net)
+
+
+@needs_packing
+def test_leaves_other_modules_alone(no_size_floor):
+    class MyLinear(nn.Linear):
+        pass
+
+    def own_forward(x):
+        return x
+
+    hooked = nn.Linear(8, 8)
+    hooked.forward = own_forward  # e.g. accelerate's hooks
+    subclass = MyLinear(8, 8)
+    double = nn.Linear(8, 8).double()
+    assert not any(packable(m) for m in (hooked, subclass, double, nn.Embedding(4, 8), nn.ReLU()))
+    with packed_linears(nn.Sequential(hooked, subclass, double)) as routed:
+        assert routed == 0
+    assert hooked.forward is own_forward
+
+    compiled = nn.Sequential(nn.Linear(8, 8))
+    compiled._orig_mod = nn.Linear(8, 8)  # what torch.compile's wrapper has
+    with packed_linears(compiled) as routed:
+        assert routed == 0
+
+
+def test_off_when_disabled_small_or_unavailable(monkeypatch):
+    net = two_layer_net()
+    with packed_linears(net) as routed:  # 0.5 kB of weights: below MIN_PACKED_BYTES
+        assert routed == 0
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_BYTES", 0)
+    with packed_linears(net, enabled=False) as routed:
+        assert routed == 0
+    monkeypatch.setattr(packed_linear, "packing_available", lambda: False)
+    with packed_linears(net) as routed:
+        assert routed == 0
+    assert all("forward" not in m.__dict__ for m in net)
+
+
+@needs_packing
+def test_a_failed_check_turns_packing_off_with_a_warning(no_size_floor, monkeypatch):
+    net = two_layer_net()
+    monkeypatch.setattr(packed_linear._PackedForward, "__call__", lambda self, x: torch.zeros(x.shape[0], 16))
+    with pytest.warns(RuntimeWarning, match="differs from F.linear"), packed_linears(net) as routed:
+        assert routed == 0
+    assert all("forward" not in m.__dict__ for m in net)
+    assert not packed_linear.packing_available()  # for the rest of the process
+    with packed_linears(net) as routed:
+        assert routed == 0
+
+
+@needs_packing
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_sampler_draws_the_same_tokens_with_packed_weights(lm, no_size_floor, do_sample):
+    seen = []
+    lm.lm_head.register_forward_hook(lambda module, args, out: seen.append("forward" in module.__dict__))
+    ids, mask = left_pad([[5, 6, 7, 8], [9], [10, 11]], 0)
+    config = SamplingConfig(max_new_tokens=10, do_sample=do_sample, temperature=0.9)
+    rollouts = {}
+    for pack in (False, True):
+        seen.clear()
+        generator = torch.Generator().manual_seed(3)
+        rollouts[pack] = generate(
+            lm, ids, mask, replace(config, pack_weights=pack), 3, 0, generator, return_logprobs=True
+        )
+        assert seen and all(seen) == pack  # the head ran on the packed weights exactly when asked
+    plain, packed = rollouts[False], rollouts[True]
+    assert torch.equal(plain.input_ids, packed.input_ids)
+    assert torch.equal(plain.response_mask, packed.response_mask)
+    torch.testing.assert_close(packed.logprobs, plain.logprobs, rtol=0, atol=1e-5)
+    assert "forward" not in lm.lm_head.__dict__

@@ -142,3 +142,33 @@ def test_sampler_draws_the_same_tokens_with_packed_weights(lm, no_size_floor, do
     assert torch.equal(plain.response_mask, packed.response_mask)
     torch.testing.assert_close(packed.logprobs, plain.logprobs, rtol=0, atol=1e-5)
     assert "forward" not in lm.lm_head.__dict__
+
+
+@needs_packing
+def test_a_lora_policy_samples_through_its_packed_base_layers(lm, no_size_floor):
+    """peft's LoRA layers are not plain Linears: their frozen base_layer (and the adapter's own
+    Linears) are routed, the wrapper runs its usual forward, and the tokens do not change."""
+    from rlhf.models.lora import apply_lora
+
+    policy = apply_lora(lm, r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():  # a non-zero adapter, so that its path counts
+        for name, q in policy.named_parameters():
+            if "lora_B" in name:
+                q.normal_(0, 0.5)
+    linears = [m for m in policy.modules() if type(m) is nn.Linear]
+    bases = [
+        m.base_layer for m in policy.modules() if hasattr(m, "base_layer") and type(m.base_layer) is nn.Linear
+    ]
+    assert bases
+    with torch.inference_mode(), packed_linears(policy) as routed:
+        assert routed == len(linears) and all("forward" in m.__dict__ for m in bases)
+    ids, mask = left_pad([[5, 6, 7, 8], [9]], 0)
+    config = SamplingConfig(max_new_tokens=8, temperature=0.9)
+    rollouts = [
+        generate(
+            policy, ids, mask, replace(config, pack_weights=p), 3, 0, torch.Generator().manual_seed(5), True
+        )
+        for p in (False, True)
+    ]
+    assert torch.equal(rollouts[0].input_ids, rollouts[1].input_ids)
+    torch.testing.assert_close(rollouts[1].logprobs, rollouts[0].logprobs, rtol=0, atol=1e-5)

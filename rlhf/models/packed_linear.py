@@ -65,10 +65,13 @@ class _PackedForward:
     """`module.forward` replacement: the product with a oneDNN-reordered copy of the weight."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.original = (weight, bias)
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
         self.bias = None if bias is None else bias.detach()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
+            return F.linear(x, *self.original)  # what a plain Linear would do (autocast casts its inputs)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [None], "")
 
 

@@ -53,6 +53,27 @@ def test_packed_product_matches_f_linear_on_rows_batches_and_strided_inputs(no_s
 
 
 @needs_packing
+def test_inputs_the_packed_weight_cannot_take_behave_as_with_f_linear(no_size_floor):
+    """A float64 input fails as it does on a plain Linear; under CPU autocast the layer computes in
+    bfloat16 as a plain Linear does (autocast casts a Linear's inputs, not a oneDNN op's)."""
+    layer = nn.Linear(6, 5)
+    x = torch.randn(2, 6)
+    with torch.inference_mode():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected = layer(x)
+        with pytest.raises(RuntimeError) as plain_error:
+            layer(x.double())
+        with packed_linears(layer) as routed:
+            assert routed == 1
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got = layer(x)
+            with pytest.raises(RuntimeError) as packed_error:
+                layer(x.double())
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+    assert str(packed_error.value) == str(plain_error.value)
+
+
+@needs_packing
 def test_routes_plain_linears_and_restores_them(no_size_floor):
     net = two_layer_net()
     x = torch.randn(3, 8)

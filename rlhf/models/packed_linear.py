@@ -33,6 +33,11 @@ from torch import nn
 # 0.042 s plain against 0.056 s packed, the small one (21 MB) 0.247 against 0.201 s (bench/NOTES.md).
 MIN_PACKED_BYTES = 4 * 2**20
 
+# Packing costs about two passes over the weights per call (small model: 10 ms; SmolLM2: 0.3-0.8 s)
+# and saves 1.3 ms (small) to ~40 ms (SmolLM2) per decode step: it pays from ~8 to ~18 steps, so a
+# sampler asked for fewer new tokens than this does not pack.
+MIN_PACKED_NEW_TOKENS = 16
+
 # (out_features, in_features, has_bias) whose packed product matched F.linear in this process
 _checked_shapes: set[tuple[int, int, bool]] = set()
 _disabled_reason: str | None = None

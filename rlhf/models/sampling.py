@@ -19,7 +19,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from rlhf.models.backbone import causal_lm_parts, eval_mode, output_head, position_ids
-from rlhf.models.packed_linear import packed_linears
+from rlhf.models.packed_linear import MIN_PACKED_NEW_TOKENS, packed_linears
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class SamplingConfig:
     # mixed-length batch get cheaper as it drains; the tokens drawn are the same either way
     drop_finished_rows: bool = True
     # on a CPU, linear layers read a oneDNN-prepacked copy of their weights for the call (faster decode
-    # steps; products equal to float rounding; the copies take the linear weights' size: packed_linear.py)
+    # steps; products equal to float rounding; the copies take the linear weights' size; not for fewer
+    # than MIN_PACKED_NEW_TOKENS new tokens: packed_linear.py)
     pack_weights: bool = True
 
     def __post_init__(self) -> None:
@@ -359,7 +360,8 @@ def generate(
     if pad_token_id is None:
         raise ValueError("pad_token_id is None: give the tokenizer's pad id (prepare_tokenizer sets one).")
     eos_ids = _eos_tensor(eos_token_id, prompt_ids.device)
-    with torch.inference_mode(), eval_mode(model), packed_linears(model, enabled=config.pack_weights):
+    pack = config.pack_weights and config.max_new_tokens >= MIN_PACKED_NEW_TOKENS
+    with torch.inference_mode(), eval_mode(model), packed_linears(model, enabled=pack):
         tokens, mask, steps, logprobs = _sample_loop(
             model, prompt_ids, prompt_mask.long(), config, eos_ids, pad_token_id, generator, return_logprobs
         )

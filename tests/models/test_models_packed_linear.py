@@ -149,7 +149,9 @@ def test_sampler_draws_the_same_tokens_with_packed_weights(lm, no_size_floor, do
     seen = []
     lm.lm_head.register_forward_hook(lambda module, args, out: seen.append("forward" in module.__dict__))
     ids, mask = left_pad([[5, 6, 7, 8], [9], [10, 11]], 0)
-    config = SamplingConfig(max_new_tokens=10, do_sample=do_sample, temperature=0.9)
+    config = SamplingConfig(
+        max_new_tokens=packed_linear.MIN_PACKED_NEW_TOKENS, do_sample=do_sample, temperature=0.9
+    )
     rollouts = {}
     for pack in (False, True):
         seen.clear()
@@ -184,7 +186,7 @@ def test_a_lora_policy_samples_through_its_packed_base_layers(lm, no_size_floor)
     with torch.inference_mode(), packed_linears(policy) as routed:
         assert routed == len(linears) and all("forward" in m.__dict__ for m in bases)
     ids, mask = left_pad([[5, 6, 7, 8], [9]], 0)
-    config = SamplingConfig(max_new_tokens=8, temperature=0.9)
+    config = SamplingConfig(max_new_tokens=packed_linear.MIN_PACKED_NEW_TOKENS, temperature=0.9)
     rollouts = [
         generate(
             policy, ids, mask, replace(config, pack_weights=p), 3, 0, torch.Generator().manual_seed(5), True
@@ -193,3 +195,18 @@ def test_a_lora_policy_samples_through_its_packed_base_layers(lm, no_size_floor)
     ]
     assert torch.equal(rollouts[0].input_ids, rollouts[1].input_ids)
     torch.testing.assert_close(rollouts[1].logprobs, rollouts[0].logprobs, rtol=0, atol=1e-5)
+
+
+@needs_packing
+def test_short_generations_are_not_packed(lm, no_size_floor):
+    """Under MIN_PACKED_NEW_TOKENS new tokens the packing would cost more than it saves."""
+    seen = []
+    lm.lm_head.register_forward_hook(lambda module, args, out: seen.append("forward" in module.__dict__))
+    ids, mask = left_pad([[5, 6, 7]], 0)
+    for new_tokens, packed in (
+        (packed_linear.MIN_PACKED_NEW_TOKENS - 1, False),
+        (packed_linear.MIN_PACKED_NEW_TOKENS, True),
+    ):
+        seen.clear()
+        generate(lm, ids, mask, SamplingConfig(max_new_tokens=new_tokens, stop_at_eos=False), 3, 0)
+        assert len(seen) == new_tokens and all(seen) == packed and any(seen) == packed

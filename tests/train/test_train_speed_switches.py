@@ -501,10 +501,11 @@ def test_the_trainer_keeps_freed_memory_unless_switched_off(make_trainer, monkey
 
 def test_pack_weights_reaches_the_sampler_and_draws_the_same_rollout(make_trainer, monkeypatch, tmp_path):
     """rollout.pack_weights (on by default) is the sampler's switch; with it the rollout's tokens are
-    those drawn without it (the tests' tiny policy is packed here despite its size)."""
+    those drawn without it (the tests' tiny policy is packed here despite its size and short responses)."""
     import rlhf.models.packed_linear as packed_linear
 
     monkeypatch.setattr(packed_linear, "MIN_PACKED_BYTES", 0)
+    monkeypatch.setattr("rlhf.models.sampling.MIN_PACKED_NEW_TOKENS", 0)  # the tests' short responses
     calls = []
     packed_call = packed_linear._PackedForward.__call__
     monkeypatch.setattr(

@@ -484,14 +484,14 @@ class RLTrainer:
             return None
         if any(forward_changes_state(m) for m in (r.policy, r.critic.causal_lm, r.reward_model.causal_lm)):
             return None  # dynamic RoPE: one thread per model at a time
-        if forward_flops([causal_lm_parts(self.roles.policy)[0]], tokens / 2) < MIN_SPLIT_FORWARD_FLOPS:
+        if forward_flops([causal_lm_parts(r.policy)[0]], tokens / 2) < MIN_SPLIT_FORWARD_FLOPS:
             return None
         return side_by_side_threads()
 
     def step_flops(self, experience: Experience) -> tuple[float, float]:
         """Estimated FLOPs of one policy and one critic optimizer step on this experience (its
         tokens split over `train.minibatches`): the policy's output head sees only the response
-        columns, the critic's value head every column."""
+        columns; the critic's scalar head (hidden -> 1, negligible) is counted on every column."""
         policy_decoder, policy_head = causal_lm_parts(self.roles.policy)
         critic_decoder, _ = causal_lm_parts(self.roles.critic.causal_lm)
         rows, width = experience.input_ids.shape

@@ -168,15 +168,9 @@ class RolloutConfig:
     stop_at_eos: bool = True  # end each response at its EOS (False: always max_new_tokens, for benchmarks)
     # rows that ended leave the sampler's batch (cheaper steps as a mixed-length batch drains; same tokens)
     drop_finished_rows: bool = True
-    # CPU sampling through oneDNN-prepacked copies of the linear weights, made per rollout (faster decode
-    # steps, same tokens up to float rounding; the copies take the linear weights' size while sampling)
-    pack_weights: bool = True
     # old log-probs from the sampler's own logits (as TRL does) instead of one more policy forward:
     # saves a forward per iteration; the first PPO ratio is then 1 only to float rounding (~1e-6 fp32)
     logprobs_from_sampler: bool = False
-    # score/reference/value forwards on a multi-core CPU: the two halves of the rows side by side,
-    # one core each (cores kept on whole products; same result to float rounding, reproducible)
-    split_forwards: bool = True
     truncated: str = "keep"  # responses that hit max_new_tokens: "keep" | "penalize" | "drop"
     truncation_penalty: float = -1.0  # score given to truncated responses when truncated == "penalize"
 
@@ -235,12 +229,25 @@ class RLTrainConfig:
     minibatches: int = 1  # optimizer steps per epoch (the rollout batch is split into this many)
     micro_batch_size: int = 16  # rows per forward/backward (token-weighted gradient accumulation)
     buffer_size: int = 1  # rollout batches kept and reused (experience buffer, PPO paper sec. 5.3.2)
+
+
+@dataclass
+class RuntimeConfig:
+    """How the roles' work is scheduled on the machine: none of these changes the algorithm (same
+    result to float rounding, each tested so), only its speed and memory (rlhf/runtime/)."""
+
     # CPU, separate critic: the critic's optimizer steps run on a second thread beside the policy's
     # (they share no parameter); the intra-op threads are split between the two sides
     overlap_critic: bool = True
+    # score/reference/value forwards on a multi-core CPU: the two halves of the rows side by side,
+    # one core each (cores kept on whole products; same result to float rounding, reproducible)
+    split_forwards: bool = True
     # glibc: keep freed memory for reuse instead of returning it to the OS after every step (no page
     # faults on the next step's activations; the resident set stays near its peak). allocator.py
     keep_freed_memory: bool = True
+    # CPU sampling through oneDNN-prepacked copies of the linear weights, made per rollout (faster decode
+    # steps, same tokens up to float rounding; the copies take the linear weights' size while sampling)
+    pack_weights: bool = True
 
 
 @dataclass
@@ -285,6 +292,7 @@ class RLConfig:
     policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: RLTrainConfig = field(default_factory=RLTrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     policy_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
     critic_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-6))
     log: LogConfig = field(default_factory=LogConfig)

@@ -347,8 +347,8 @@ def run_one(
 
     def evaluator(trainer: RLTrainer, iteration: int) -> dict:
         record, picked, _ = evaluate_policy(
-            trainer.roles.policy,
-            trainer.roles.reference,
+            trainer.roles.policy.model,
+            trainer.roles.reference.reference,
             reward_model,
             tokenizer,
             world,

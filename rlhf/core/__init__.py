@@ -14,6 +14,7 @@ from rlhf.core.losses import (
     awr_loss,
     micro_batch_weight,
     policy_loss,
+    policy_loss_params,
     ppo_loss,
     register_policy_loss,
     token_weighted_accumulate,

@@ -20,6 +20,7 @@ from transformers import DynamicCache
 
 from rlhf.models.backbone import causal_lm_parts, eval_mode, output_head, position_ids
 from rlhf.models.packed_linear import MIN_PACKED_NEW_TOKENS, packed_linears
+from rlhf.models.sequences import Sequences
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,10 @@ class Rollout:
     # only with generate(..., return_logprobs=True). Same quantity as response_logprobs, read from the
     # sampler's KV-cached forward (equal to float rounding, ~1e-6 in float32).
     logprobs: torch.Tensor | None = None
+
+    @property
+    def sequences(self) -> Sequences:
+        return Sequences(self.input_ids, self.attention_mask, self.prompt_length)
 
     @property
     def response_ids(self) -> torch.Tensor:

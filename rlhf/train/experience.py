@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from rlhf.models.sequences import Sequences
+
 
 @dataclass
 class Experience:
@@ -27,6 +29,10 @@ class Experience:
     @property
     def batch_size(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def sequences(self) -> Sequences:
+        return Sequences(self.input_ids, self.attention_mask, self.prompt_length)
 
     @property
     def num_tokens(self) -> float:
@@ -115,3 +121,16 @@ def forward_in_chunks(
         )
         outputs.append(torch.nn.functional.pad(out, (0, response_width - out.shape[1]), value=0.0))
     return torch.cat(outputs)
+
+
+def in_row_chunks(fn: Callable[[Sequences], torch.Tensor], sequences: Sequences, rows: int) -> torch.Tensor:
+    """`forward_in_chunks` over `Sequences`: a per-response-token function [b, t] in chunks of
+    `rows` rows, each trimmed of all-padding columns, padded back to [B, T]."""
+    return forward_in_chunks(
+        lambda ids, mask, prompt_length: fn(Sequences(ids, mask, prompt_length)),
+        sequences.input_ids,
+        sequences.attention_mask,
+        sequences.prompt_length,
+        sequences.response_width,
+        rows,
+    )

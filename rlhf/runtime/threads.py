@@ -6,18 +6,16 @@ product over all cores (torch's intra-op threads) wastes much of the machine on 
 giving each model its own share of the cores keeps every core busy on large-enough work. Torch ops
 release the GIL, so two Python threads are enough. The side with more work runs on the caller's
 thread and takes every core for its last steps, once the other side is done (`handover_step`
-predicts when from FLOP counts). Measured in bench/NOTES.md.
+predicts when from FLOP counts, flops.py). Measured in bench/NOTES.md.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import nn
 
 
 def available_cores() -> int:
@@ -108,47 +106,3 @@ def by_row_halves(
 
     run_side_by_side([part(0, slice(0, half))], [part(1, slice(half, rows))], threads_each)
     return torch.cat(parts)
-
-
-# Below this many FLOPs per half of the rows, splitting a rollout's forwards over two threads gains
-# nothing (bench/NOTES.md).
-MIN_SPLIT_FORWARD_FLOPS = 1e9
-
-
-def forward_flops(modules: Sequence[nn.Module], tokens: float) -> float:
-    """FLOPs of a no-grad forward of `tokens` tokens through `modules`: 2 per matmul weight per token."""
-    return 2.0 * tokens * sum(q.numel() for module in modules for q in matmul_weights(module))
-
-
-# Below this many FLOPs per optimizer step, more intra-op threads slow a step down: its time is per-op
-# overhead, not arithmetic (tiny-4x4 steps of ~0.2 GFLOP ran 2-3x slower on two threads than on one,
-# small-4x4 steps of ~5.5 GFLOP 1.44x faster; bench/NOTES.md).
-MIN_HANDOVER_STEP_FLOPS = 1e9
-
-
-def handover_step(steps_here: int, flops_here: float, steps_beside: int, flops_beside: float) -> int:
-    """How many of its steps the longer side (`steps_here` steps of `flops_here` FLOPs each) runs
-    beside the shorter one: the step at which the shorter side (`steps_beside` steps of
-    `flops_beside`) is predicted done, ceil(steps_beside * flops_beside / flops_here), at most
-    `steps_here`. No hand-over (`steps_here`) for steps too small to gain from more threads."""
-    if flops_here < MIN_HANDOVER_STEP_FLOPS:
-        return steps_here
-    return min(steps_here, math.ceil(steps_beside * flops_beside / flops_here - 1e-9))
-
-
-def training_flops_per_token(modules: Sequence[nn.Module], scale: Sequence[float] | None = None) -> float:
-    """FLOPs of one trained token through `modules` (a forward and its backward): every weight
-    matrix costs 2 FLOPs per element for the forward, 2 for the input gradient and 2 more for its
-    own gradient when it is trained; embedding tables are lookups (free), vectors negligible.
-    `scale[i]` weighs module i (e.g. the share of tokens an output head sees)."""
-    total = 0.0
-    for i, module in enumerate(modules):
-        flops = sum(q.numel() * (6 if q.requires_grad else 4) for q in matmul_weights(module))
-        total += flops * (scale[i] if scale is not None else 1.0)
-    return float(total)
-
-
-def matmul_weights(module: nn.Module) -> list[torch.Tensor]:
-    """The weights of `module` that enter matrix products: matrices but embedding tables (lookups)."""
-    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    return [q for q in module.parameters() if q.dim() >= 2 and id(q) not in embeddings]

@@ -1,0 +1,14 @@
+"""Runtimes place the roles (rlhf/train/roles/) and schedule their work; the RL loop is the same
+for all of them.
+
+    local        one process, CPU or one GPU (threads that overlap critic and policy live here)
+    distributed  (next) torchrun: every rank holds a share of the rows; DDP or FSDP2
+    ray          (later) role groups on Ray actors across machines
+
+A runtime offers `map_rows(forward, sequences)` for a rollout's no-grad forwards and
+`train(learners, minibatches)` for the optimizer steps of an update.
+"""
+
+from rlhf.runtime.local import LocalRuntime
+
+__all__ = ["LocalRuntime"]

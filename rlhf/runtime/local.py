@@ -1,0 +1,130 @@
+"""The local runtime: every role in this process, on the CPU or one GPU.
+
+It schedules the roles' work without changing what is computed (each switch is tested to give
+the same result to float rounding, and a run stays reproducible):
+- `map_rows`: a no-grad forward of a rollout; on a multi-core CPU the two halves of the rows run
+  side by side, one share of the cores each (`runtime.split_forwards`);
+- `train`: the learners' optimizer steps over the minibatches; on a multi-core CPU a separate
+  critic's steps run on a helper thread beside the policy's (`runtime.overlap_critic`), and the
+  costlier side takes every core once the other is done;
+- at start, glibc keeps freed memory for reuse (`runtime.keep_freed_memory`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+from torch import nn
+
+from rlhf.config import RuntimeConfig
+from rlhf.models.backbone import causal_lm_parts, forward_changes_state
+from rlhf.models.sequences import Sequences
+from rlhf.runtime.allocator import keep_freed_memory
+from rlhf.runtime.flops import (
+    MIN_SPLIT_FORWARD_FLOPS,
+    forward_flops,
+    handover_step,
+    training_flops_per_token,
+)
+from rlhf.runtime.threads import by_row_halves, run_side_by_side, side_by_side_threads
+
+
+def on_cpu(*models: nn.Module) -> bool:
+    """Every parameter of `models` on the CPU (threads side by side only help there)."""
+    return all(q.device.type == "cpu" for m in models for q in m.parameters())
+
+
+class LocalRuntime:
+    """Places nothing (the roles arrive on their device) and schedules the roles' work in this process."""
+
+    def __init__(self, roles, config: RuntimeConfig) -> None:
+        self.roles = roles
+        self.config = config
+        if config.keep_freed_memory:
+            keep_freed_memory()
+
+    # -- no-grad forwards ----------------------------------------------------------------------
+    def map_rows(self, forward: Callable[[Sequences], torch.Tensor], sequences: Sequences) -> torch.Tensor:
+        """`forward(sequences)`, each row's result independent of the others, joined along dim 0."""
+        split = self.split_forward_threads(sequences.input_ids.numel())
+        return by_row_halves(lambda rows: forward(sequences.rows(rows)), sequences.batch_size, split)
+
+    def split_forward_threads(self, tokens: int) -> int | None:
+        """Intra-op threads per half of the rows in a rollout's no-grad forwards, else None:
+        `runtime.split_forwards` off, a model off the CPU or changing its own state as it runs
+        (dynamic RoPE), a single core, or a forward too small to gain (under
+        MIN_SPLIT_FORWARD_FLOPS per half)."""
+        r = self.roles
+        models = (r.policy.model, r.critic.model, r.reward_model.model)
+        if not self.config.split_forwards or not on_cpu(*models):
+            return None
+        if any(
+            forward_changes_state(m)
+            for m in (r.policy.model, r.critic.model.causal_lm, r.reward_model.model.causal_lm)
+        ):
+            return None  # dynamic RoPE: one thread per model at a time
+        if forward_flops([causal_lm_parts(r.policy.model)[0]], tokens / 2) < MIN_SPLIT_FORWARD_FLOPS:
+            return None
+        return side_by_side_threads()
+
+    # -- optimizer steps -----------------------------------------------------------------------
+    def train(self, learners: Sequence, minibatches: Sequence) -> list[dict[str, float]]:
+        """Each learner's `train_step` on every minibatch, in order; the stats of every step."""
+        steps = [[partial(self._step, learner, m) for m in minibatches] for learner in learners]
+        results: list[dict[str, float]] = []
+        threads = self.overlap_threads(learners)
+        if threads is None:
+            for side in steps:
+                for step in side:
+                    results.append(step())
+            return results
+        # the costlier side runs here and takes every core once the other is done
+        flops = [self.step_flops(learner, minibatches) for learner in learners]
+        here, beside = (0, 1) if flops[0] >= flops[1] else (1, 0)
+        handover = handover_step(len(steps[here]), flops[here], len(steps[beside]), flops[beside])
+        collected: list[list[dict]] = [[], []]
+
+        def recorded(side: int, step):
+            return lambda: collected[side].append(step())
+
+        run_side_by_side(
+            [recorded(here, s) for s in steps[here]],
+            [recorded(beside, s) for s in steps[beside]],
+            threads,
+            handover,
+        )
+        return collected[0] + collected[1]
+
+    @staticmethod
+    def _step(learner, minibatch) -> dict[str, float]:
+        return learner.train_step(minibatch, minibatch.num_tokens)
+
+    def overlap_threads(self, learners: Sequence) -> int | None:
+        """Intra-op threads per side when two learners' steps run side by side, else None:
+        one learner, `runtime.overlap_critic` off, a model off the CPU, or a single core."""
+        if len(learners) != 2 or not self.config.overlap_critic:
+            return None
+        if not on_cpu(*(learner.module for learner in learners)):
+            return None
+        return side_by_side_threads()
+
+    def step_flops(self, learner, minibatches: Sequence) -> float:
+        """Estimated FLOPs of one optimizer step of `learner` (the mean over `minibatches`): a policy's
+        output head sees only the response columns; a critic's scalar head (hidden -> 1, negligible)
+        is counted on every column."""
+        model = learner.model
+        scalar_head = getattr(model, "head", None)
+        decoder, lm_head = causal_lm_parts(model.causal_lm if scalar_head is not None else model)
+        total = 0.0
+        for m in minibatches:
+            rows, width = m.input_ids.shape
+            tokens = rows * (width - 1)  # the last column is never computed
+            if scalar_head is not None:
+                per_token = training_flops_per_token([decoder, scalar_head])
+            else:
+                share = m.response_mask.shape[1] / max(1, width - 1)
+                per_token = training_flops_per_token([decoder, lm_head], scale=[1.0, share])
+            total += per_token * tokens
+        return total / max(1, len(minibatches))

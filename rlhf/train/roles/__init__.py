@@ -1,0 +1,194 @@
+"""The four roles of RLHF (OpenRLHF's model groups, verl's workers): `Policy` (generate,
+log-probs, train_step), `Critic` (values, train_step), `Reference` (log-probs) and `RewardModel`
+(score). Each owns its module, optimizer and schedule, micro-batching, gradient clipping and
+checkpoint state; the RL loop talks to these interfaces, never to modules, and a runtime
+(rlhf/runtime/) places them and schedules their work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlhf.config import RLConfig
+from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
+from rlhf.models.lora import merged_for_export
+from rlhf.models.reference import ReferenceModel
+from rlhf.models.sampling import SamplingConfig
+from rlhf.models.scalar_head import ScalarHeadModel, init_critic
+from rlhf.train.roles.critic import Critic, SharedCritic
+from rlhf.train.roles.forward import PolicyForward, ValueForward
+from rlhf.train.roles.frozen import Reference, RewardModel
+from rlhf.train.roles.learner import Learner, StepStats, mean_over_steps
+from rlhf.train.roles.policy import JointValue, Policy, PtxObjective
+from rlhf.train.run_dir import quiet_hf_saves
+from rlhf.train.setup import with_lora
+
+__all__ = [
+    "Critic",
+    "JointValue",
+    "Learner",
+    "Policy",
+    "PolicyForward",
+    "PtxObjective",
+    "Reference",
+    "RewardModel",
+    "Roles",
+    "SharedCritic",
+    "StepStats",
+    "ValueForward",
+    "assemble_roles",
+    "load_roles",
+    "mean_over_steps",
+]
+
+
+@dataclass
+class Roles:
+    tokenizer: object
+    policy: Policy
+    reference: Reference
+    critic: Critic | SharedCritic
+    reward_model: RewardModel
+
+    def learners(self, train_policy: bool = True) -> list[Policy | Critic | SharedCritic]:
+        """The roles that take an optimizer step on each minibatch: the policy (a shared critic's
+        value loss is part of its step) and a separate critic; in critic pre-training the critic only."""
+        if not train_policy:
+            return [self.critic]
+        return [self.policy] if self.critic.shares_policy else [self.policy, self.critic]
+
+    def learning_rates(self) -> dict[str, float]:
+        rates = {"policy/lr": self.policy.lr}
+        if not self.critic.shares_policy:
+            rates["value/lr"] = self.critic.lr
+        return rates
+
+    def state_dict(self) -> dict:
+        """Optimizer, schedule and sampler-side state of every trained role (weights: save_weights)."""
+        state = {"policy": self.policy.state_dict()}
+        if not self.critic.shares_policy:
+            state["critic"] = self.critic.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        if not self.critic.shares_policy:
+            self.critic.load_state_dict(state["critic"])
+
+    def save_weights(self, directory: Path) -> None:
+        from safetensors.torch import save_model
+
+        save_model(self.policy.model, str(directory / "policy.safetensors"))
+        save_model(self.critic.model, str(directory / "critic.safetensors"))
+
+    def load_weights(self, directory: Path) -> None:
+        from safetensors.torch import load_model
+
+        load_model(self.policy.model, str(directory / "policy.safetensors"))
+        load_model(self.critic.model, str(directory / "critic.safetensors"))
+
+    def export(self, directory: Path) -> None:
+        """The trained policy as a Hugging Face directory (LoRA merged) with the tokenizer; a separate
+        critic in `critic/`."""
+        with quiet_hf_saves():
+            merged_for_export(self.policy.model).save_pretrained(directory)
+            self.tokenizer.save_pretrained(directory)
+            if not self.critic.shares_policy:
+                self.critic.model.save_pretrained(directory / "critic")
+
+
+def optimizer_steps(config: RLConfig) -> tuple[int, int]:
+    """(steps of the RL iterations, steps of critic pre-training at most): the schedules' lengths."""
+    per_iteration = config.train.ppo_epochs * config.train.minibatches
+    return max(1, config.train.iterations * per_iteration), config.critic.pretrain_iterations * per_iteration
+
+
+def assemble_roles(
+    config: RLConfig,
+    *,
+    tokenizer,
+    policy: torch.nn.Module,
+    reward_model: ScalarHeadModel,
+) -> Roles:
+    """Build the four roles around an SFT policy and a reward model (both already loaded)."""
+    c = config
+    tokenizer = prepare_tokenizer(tokenizer)
+    reward_model.eval().requires_grad_(False)
+    torch.manual_seed(c.seed)
+    if c.model.critic_mode == "separate":
+        if c.model.critic_init == "reward_model":
+            critic_model = init_critic(reward_model)  # a copy of the reward model (PPO paper sec. 5.3.4)
+        else:
+            critic_model = init_critic(policy)  # a copy of the SFT trunk with a zero head
+    if c.model.lora.enabled:
+        policy = with_lora(policy, c.model.lora)
+        reference = ReferenceModel(policy, mode="adapter")  # no second copy of the weights
+    else:
+        reference = ReferenceModel(policy, mode="copy")
+    joint_value = None
+    if c.model.critic_mode == "shared":
+        head_on_trunk = ScalarHeadModel.from_causal_lm(policy, head_init_std=0.0)
+        joint_value = JointValue(ValueForward(head_on_trunk), c.model.value_coef, c.critic.value_clip)
+    elif c.model.critic_lora.enabled:
+        critic_model = with_lora(critic_model, c.model.critic_lora)  # adapters + the value head train
+    else:
+        critic_model.requires_grad_(True)
+    policy.eval()  # no dropout: the first PPO ratio is exactly 1
+    rows = c.train.micro_batch_size
+    rl_steps, pretrain_steps = optimizer_steps(c)
+    sampling = SamplingConfig(
+        max_new_tokens=c.rollout.max_new_tokens,
+        temperature=c.rollout.temperature,
+        top_p=c.rollout.top_p,
+        top_k=c.rollout.top_k,
+        repetition_penalty=c.rollout.repetition_penalty,
+        do_sample=True,
+        stop_at_eos=c.rollout.stop_at_eos,
+        drop_finished_rows=c.rollout.drop_finished_rows,
+        pack_weights=c.runtime.pack_weights,
+    )
+    policy_role = Policy(
+        policy,
+        tokenizer,
+        loss=c.policy,
+        sampling=sampling,
+        optim=c.policy_optim,
+        # a shared critic's pre-training steps the policy's optimizer (the value head only)
+        total_steps=rl_steps + (pretrain_steps if joint_value else 0),
+        micro_batch_size=rows,
+        joint_value=joint_value,
+    )
+    if joint_value is not None:
+        critic = SharedCritic(policy_role)
+    else:
+        critic = Critic(
+            critic_model.eval(),
+            value_clip=c.critic.value_clip,
+            optim=c.critic_optim,
+            total_steps=rl_steps + pretrain_steps,
+            micro_batch_size=rows,
+        )
+    return Roles(
+        tokenizer=tokenizer,
+        policy=policy_role,
+        reference=Reference(reference, temperature=c.rollout.temperature, micro_batch_size=rows),
+        critic=critic,
+        reward_model=RewardModel(reward_model, micro_batch_size=rows),
+    )
+
+
+def load_roles(config: RLConfig) -> Roles:
+    """Load policy, reward model and tokenizer from the paths in `config.model`."""
+    if not config.model.policy:
+        raise ValueError("model.policy is empty. Fix: --policy DIR (the SFT run directory).")
+    if not config.model.reward_model:
+        raise ValueError(
+            "model.reward_model is empty. Fix: --reward-model DIR (the reward-model run directory)."
+        )
+    tokenizer = load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
+    policy = load_causal_lm(config.model.policy, gguf_file=config.model.gguf_file)
+    reward_model = ScalarHeadModel.from_pretrained(config.model.reward_model)
+    return assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)

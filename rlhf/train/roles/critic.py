@@ -1,0 +1,105 @@
+"""The critic role: V(s_t) for every response token, trained on the (clipped) value loss.
+
+Two variants behind one interface (`values`, `train_step`):
+- `Critic`: a separate network (PPO paper sec. 5.3.4: initialized from the reward model, or the
+  SFT trunk with a zero head), with its own optimizer;
+- `SharedCritic`: a value head on the policy's own trunk (`model.critic_mode shared`); its loss
+  joins the policy's optimizer step, so it trains on its own only in critic pre-training, where
+  the trunk stays frozen and only the head learns.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlhf.config import OptimConfig
+from rlhf.core import value_loss
+from rlhf.models.scalar_head import ScalarHeadModel
+from rlhf.models.sequences import Sequences
+from rlhf.train.experience import Experience, in_row_chunks
+from rlhf.train.roles.forward import ValueForward
+from rlhf.train.roles.learner import Learner, StepStats
+
+if TYPE_CHECKING:
+    from rlhf.train.roles.policy import Policy
+
+
+def value_micro_loss(
+    forward: ValueForward, micro: Experience, value_clip: float | None, stats: StepStats, weight: float
+) -> torch.Tensor:
+    """This micro-batch's value loss, clipped around the rollout's values when `value_clip` is set
+    (docs/algorithms.md, "Value loss"); its stats recorded."""
+    values = forward(micro.sequences)
+    loss, loss_stats = value_loss(
+        values, micro.old_values, micro.returns, micro.response_mask, clip_eps=value_clip
+    )
+    del loss_stats["explained_variance"]  # a ratio of variances: over the whole minibatch, in StepStats
+    stats.add({**loss_stats, "loss": loss.detach()}, weight, "value")
+    stats.add_values(values, micro.returns, micro.response_mask)
+    return loss
+
+
+class Critic(Learner):
+    prefix = "value"
+    shares_policy = False  # a network and an optimizer of its own
+
+    def __init__(
+        self,
+        model: ScalarHeadModel,
+        *,
+        value_clip: float | None,
+        optim: OptimConfig,
+        total_steps: int,
+        micro_batch_size: int,
+    ) -> None:
+        self.model = model
+        self.value_clip = value_clip
+        self.forward = ValueForward(model)
+        super().__init__(self.forward, optim, total_steps, micro_batch_size)
+
+    @torch.no_grad()
+    def values(self, sequences: Sequences) -> torch.Tensor:
+        """V [B, T] of every response token (0 at padding)."""
+        return in_row_chunks(self.forward, sequences, self.micro_batch_size)
+
+    def train_step(self, minibatch: Experience, total_tokens: float) -> dict[str, float]:
+        stats = StepStats()
+        for micro, weight in self.micro_batches(minibatch, total_tokens):
+            (weight * value_micro_loss(self.forward, micro, self.value_clip, stats, weight)).backward()
+        grad_norm = self.optimizer_step()  # global gradient clipping (sec. 5.3.3)
+        return {**stats.result(), "value/grad_norm": grad_norm}
+
+
+class SharedCritic:
+    """The value head on the policy's trunk; the policy's optimizer steps it."""
+
+    prefix = "value"
+    shares_policy = True
+
+    def __init__(self, policy: Policy) -> None:
+        if policy.joint_value is None:
+            raise ValueError("SharedCritic needs a policy built with joint_value (its value head).")
+        self.policy = policy
+        self.joint = policy.joint_value
+        self.model: ScalarHeadModel = self.joint.forward.model
+        self.micro_batch_size = policy.micro_batch_size
+
+    @torch.no_grad()
+    def values(self, sequences: Sequences) -> torch.Tensor:
+        return in_row_chunks(self.joint.forward, sequences, self.micro_batch_size)
+
+    def train_step(self, minibatch: Experience, total_tokens: float) -> dict[str, float]:
+        """Critic pre-training (sec. 5.3.4): the value loss alone; the trunk stays as it is, only the
+        value head's gradients are kept."""
+        stats = StepStats()
+        for micro, weight in self.policy.micro_batches(minibatch, total_tokens):
+            loss = value_micro_loss(self.joint.forward, micro, self.joint.value_clip, stats, weight)
+            (weight * self.joint.coef * loss).backward()
+        head = {id(q) for q in self.model.head.parameters()}
+        for q in self.policy.trainable():
+            if id(q) not in head:
+                q.grad = None
+        grad_norm = self.policy.optimizer_step()
+        return {**stats.result(), "value/grad_norm": grad_norm}

@@ -1,0 +1,62 @@
+"""Each trained role's forward as one `nn.Module.forward`.
+
+This library calls a Hugging Face causal LM as decoder + output head (models/backbone.py), so the
+output head runs only on the columns a loss needs. A wrapper that hooks `forward` (DDP's gradient
+synchronization, FSDP2's parameter gathering) must see every parameter a loss touches go through
+one call of the module it wraps: these thin modules are that call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlhf.models.logprobs import response_logprobs
+from rlhf.models.scalar_head import ScalarHeadModel, response_values
+from rlhf.models.sequences import Sequences
+from rlhf.train.lm_loss import model_token_nll
+
+
+class PolicyForward(nn.Module):
+    """`forward(sequences, temperature, with_entropy, entropy_grad)` -> (log-probs [B, T], entropies
+    [B, T] or None) of the response tokens; `forward(lm_batch=...)` -> (summed next-token NLL, token
+    count) of a right-padded SFT batch (the PPO-ptx term)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        sequences: Sequences | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
+        lm_batch: dict | None = None,
+    ):
+        if lm_batch is not None:
+            return model_token_nll(
+                self.model, lm_batch["input_ids"], lm_batch["attention_mask"], lm_batch["loss_mask"]
+            )
+        return response_logprobs(
+            self.model,
+            sequences.input_ids,
+            sequences.attention_mask,
+            sequences.prompt_length,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+
+
+class ValueForward(nn.Module):
+    """`forward(sequences)` -> V(s_t) [B, T] for each response token (0 at padding)."""
+
+    def __init__(self, model: ScalarHeadModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, sequences: Sequences) -> torch.Tensor:
+        return response_values(
+            self.model, sequences.input_ids, sequences.attention_mask, sequences.prompt_length
+        )

@@ -1,0 +1,117 @@
+"""What every trained role owns: its module, AdamW and schedule, micro-batching, gradient clipping.
+
+A role's `train_step(minibatch, total_tokens)` takes one optimizer step on a minibatch. The loss
+is a token mean over the minibatch, accumulated over micro-batches of `micro_batch_size` rows:
+each micro-batch's token-mean loss is weighted by its share of `total_tokens`
+(`rlhf.core.micro_batch_weight`; docs/algorithms.md, "Token-mean accumulation"). `total_tokens`
+comes from the caller, so that the mean stays exact when a runtime splits the rows of a
+minibatch between processes (each holds a part; the count is the whole minibatch's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from rlhf.config import OptimConfig
+from rlhf.core import explained_variance, micro_batch_weight
+from rlhf.train.experience import Experience
+from rlhf.train.optim import build_optimizer, clip_and_step
+
+
+class StepStats:
+    """The stats of one optimizer step: token-weighted means of per-micro-batch stats; keys ending
+    in `_max`/`_min` combine by max/min; explained variance over the whole minibatch's tokens
+    (a ratio of variances, not a token mean: averaging it over micro-batches would be wrong)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}
+        self.values: list[torch.Tensor] = []  # critic values and returns on valid tokens, for the
+        self.returns: list[torch.Tensor] = []  # minibatch's explained variance
+
+    def add(self, stats: dict, weight: float, prefix: str) -> None:
+        for key, value in stats.items():
+            name = f"{prefix}/{key}"
+            if key.endswith(("_max", "_min")):
+                pick = max if key.endswith("_max") else min
+                self.extremes[name] = pick(self.extremes.get(name, float(value)), float(value))
+                continue
+            self.sums[name] = self.sums.get(name, 0.0) + float(value) * weight
+            self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def add_values(self, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> None:
+        valid = mask.bool()
+        self.values.append(values.detach()[valid].float())
+        self.returns.append(returns[valid].float())
+
+    def result(self) -> dict[str, float]:
+        out = {k: self.sums[k] / max(self.weights[k], 1e-12) for k in self.sums}
+        out.update(self.extremes)
+        if self.values:
+            v, g = torch.cat(self.values), torch.cat(self.returns)
+            out["value/explained_variance"] = float(explained_variance(v, g, torch.ones_like(v)))
+        return out
+
+
+def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    """The stats of an update from those of its optimizer steps: the mean over the steps that have a
+    key (each step is one minibatch's token mean), `_max`/`_min` keys by max/min."""
+    merged: dict[str, list[float]] = {}
+    for stats in steps:
+        for key, value in stats.items():
+            merged.setdefault(key, []).append(value)
+    out = {}
+    for key, values in merged.items():
+        if key.endswith("_max"):
+            out[key] = max(values)
+        elif key.endswith("_min"):
+            out[key] = min(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+class Learner:
+    """A role that trains: `module` (what the optimizer steps), AdamW over its trainable
+    parameters with a warmup/decay schedule over `total_steps`, micro-batches of
+    `micro_batch_size` rows and global gradient clipping (PPO paper sec. 5.3.3)."""
+
+    prefix = ""  # metric namespace: "policy" or "value"
+
+    def __init__(
+        self, module: nn.Module, optim: OptimConfig, total_steps: int, micro_batch_size: int
+    ) -> None:
+        self.module = module
+        self.micro_batch_size = micro_batch_size
+        self.max_grad_norm = optim.max_grad_norm
+        self.optimizer, self.scheduler = build_optimizer(module.parameters(), optim, total_steps)
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def micro_batches(self, minibatch: Experience, total_tokens: float) -> Iterator[tuple[Experience, float]]:
+        """(micro-batch, weight): weight = the micro-batch's share of `total_tokens` (token mean);
+        micro-batches without a valid token are skipped."""
+        for micro in minibatch.micro_batches(self.micro_batch_size):
+            weight = micro_batch_weight(micro.response_mask, max(total_tokens, 1.0))
+            if weight > 0:
+                yield micro, weight
+
+    def trainable(self) -> list[torch.Tensor]:
+        return [q for group in self.optimizer.param_groups for q in group["params"]]
+
+    def optimizer_step(self) -> float:
+        """Clip the global gradient norm (when set), step, zero the gradients; the pre-clip norm."""
+        return clip_and_step(self.optimizer, self.scheduler, self.trainable(), self.max_grad_norm)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

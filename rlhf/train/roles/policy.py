@@ -1,0 +1,155 @@
+"""The policy role: samples responses, gives their log-probs, trains on the policy loss.
+
+Its optimizer step (`train_step`) is the policy side of one PPO/APA/AWR update on a minibatch:
+the policy loss of `policy.loss` (a registry in rlhf.core) minus the entropy bonus, plus the
+PPO-ptx term when SFT data is given, plus the value loss when the critic is a head on the
+policy's own trunk (`model.critic_mode shared`: one model, one optimizer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rlhf.config import OptimConfig, PolicyLossConfig
+from rlhf.core import masked_mean, policy_loss, policy_loss_params
+from rlhf.data.collate import left_pad
+from rlhf.models.sampling import Rollout, SamplingConfig, generate
+from rlhf.models.sequences import Sequences
+from rlhf.train.experience import Experience, in_row_chunks
+from rlhf.train.roles.critic import value_micro_loss
+from rlhf.train.roles.forward import PolicyForward, ValueForward
+from rlhf.train.roles.learner import Learner, StepStats
+
+
+@dataclass
+class PtxObjective:
+    """PPO-ptx (InstructGPT): `coef` x the SFT loss on batches drawn from `batches(generator)`,
+    beside the RL loss, against the alignment tax (docs/algorithms.md, "PPO-ptx")."""
+
+    batches: Callable[[torch.Generator], dict]
+    coef: float
+    generator: torch.Generator
+
+
+@dataclass
+class JointValue:
+    """A value head on the policy's trunk (`model.critic_mode shared`): its loss, weighted by
+    `coef`, joins the policy loss in the policy's optimizer step."""
+
+    forward: ValueForward
+    coef: float
+    value_clip: float | None
+
+
+class Policy(Learner):
+    prefix = "policy"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        *,
+        loss: PolicyLossConfig,
+        sampling: SamplingConfig,
+        optim: OptimConfig,
+        total_steps: int,
+        micro_batch_size: int,
+        joint_value: JointValue | None = None,
+    ) -> None:
+        self.model = model  # the causal LM (a PEFT model when LoRA is on)
+        self.tokenizer = tokenizer
+        self.loss = loss
+        self.sampling = sampling
+        self.forward = PolicyForward(model)
+        self.joint_value = joint_value
+        self.ptx: PtxObjective | None = None
+        trained = self.forward if joint_value is None else nn.ModuleList([self.forward, joint_value.forward])
+        super().__init__(trained, optim, total_steps, micro_batch_size)
+
+    # -- inference -----------------------------------------------------------------------------
+    def generate(
+        self, prompts: list[list[int]], generator: torch.Generator, return_logprobs: bool
+    ) -> Rollout:
+        """One sampled response per prompt (token ids), in the rollout layout."""
+        tok = self.tokenizer
+        device = next(self.model.parameters()).device
+        ids, mask = left_pad(prompts, tok.pad_token_id)
+        return generate(
+            self.model,
+            ids.to(device),
+            mask.to(device),
+            self.sampling,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            generator=generator,
+            return_logprobs=return_logprobs,
+        )
+
+    @torch.no_grad()
+    def logprobs(self, sequences: Sequences) -> torch.Tensor:
+        """Log-probs [B, T] of the response tokens at the sampling temperature (0 at padding)."""
+        temperature = self.sampling.temperature
+        return in_row_chunks(lambda s: self.forward(s, temperature)[0], sequences, self.micro_batch_size)
+
+    # -- training ------------------------------------------------------------------------------
+    def train_step(self, minibatch: Experience, total_tokens: float) -> dict[str, float]:
+        """One optimizer step on `minibatch` (`total_tokens`: its valid tokens over every worker)."""
+        self.model.train(False)  # dropout stays off: the first ratio is exactly 1
+        stats = StepStats()
+        for micro, weight in self.micro_batches(minibatch, total_tokens):
+            # backward per loss: the policy's graph is freed before the value forward
+            (weight * self.micro_loss(micro, stats, weight)).backward()
+            if self.joint_value is not None:
+                v = self.joint_value
+                (weight * v.coef * value_micro_loss(v.forward, micro, v.value_clip, stats, weight)).backward()
+        self.ptx_backward(stats)
+        grad_norm = self.optimizer_step()  # global gradient clipping (sec. 5.3.3)
+        return {**stats.result(), "policy/grad_norm": grad_norm}
+
+    def micro_loss(self, micro: Experience, stats: StepStats, weight: float) -> torch.Tensor:
+        """This micro-batch's policy loss minus the entropy bonus (sec. 5.3.2), its stats recorded."""
+        p = self.loss
+        logp, entropy = self.forward(
+            micro.sequences,
+            self.sampling.temperature,
+            with_entropy=True,
+            entropy_grad=p.entropy_coef > 0,  # otherwise a monitor: no graph
+        )
+        pg_loss, pg_stats = policy_loss(
+            p.loss,
+            logp,
+            micro.old_logp,
+            micro.ref_logp,
+            micro.advantages,
+            micro.response_mask,
+            **policy_loss_params(p.loss, p),
+        )
+        mean_entropy = masked_mean(entropy, micro.response_mask)
+        stats.add({**pg_stats, "loss": pg_loss.detach(), "entropy": mean_entropy.detach()}, weight, "policy")
+        return pg_loss - p.entropy_coef * mean_entropy
+
+    def ptx_backward(self, stats: StepStats) -> None:
+        """PPO-ptx: the SFT objective's gradient, `coef`-weighted, beside the RL loss."""
+        if self.ptx is None or self.ptx.coef <= 0:
+            return
+        device = next(self.model.parameters()).device
+        batch = {k: v.to(device) for k, v in self.ptx.batches(self.ptx.generator).items()}
+        nll, count = self.forward(lm_batch=batch)
+        ptx_loss = nll / max(count, 1)
+        (self.ptx.coef * ptx_loss).backward()
+        stats.add({"loss": ptx_loss.detach()}, 1.0, "ptx")
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.ptx is not None:
+            state["ptx_generator"] = self.ptx.generator.get_state()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.ptx is not None and "ptx_generator" in state:
+            self.ptx.generator.set_state(state["ptx_generator"])

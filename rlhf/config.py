@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from rlhf.core.losses import POLICY_LOSSES
+
 PRESET_DIR = Path(__file__).parent / "presets"
 
 
@@ -213,7 +215,7 @@ class AdvantageConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss: str = "ppo"  # "ppo" | "apa" | "awr" (a registry in rlhf.core)
+    loss: str = "ppo"  # "ppo" | "apa" | "awr" | any loss registered in rlhf.core.losses
     clip_eps: float = 0.2  # PPO ratio clip
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None: off
     ratio_against: str = "old"  # importance-sampling denominator: "old" (behaviour) | "ref" (PPO paper 5.3.2)
@@ -299,7 +301,7 @@ PRESETS = ("vanilla_ppo", "ppo_max", "apa", "awr")
 
 CHOICES = {
     "kl.estimator": ("k1", "k2", "k3"),
-    "policy.loss": ("ppo", "apa", "awr"),
+    "policy.loss": POLICY_LOSSES.keys(),  # the loss registry's names, live: losses registered later count
     "policy.ratio_against": ("old", "ref"),
     "model.critic_init": ("reward_model", "policy"),
     "model.critic_mode": ("separate", "shared"),

@@ -1,12 +1,16 @@
 """Configuration: one dataclass per stage, YAML presets, dotted command-line overrides.
 
-Layering (later wins): dataclass defaults < preset YAML < user YAML (`--config`) < `--a.b value` flags.
+Layering (later wins): stage defaults < preset YAML < user YAML (`--config`) < `--a.b value` flags.
+Each layer changes only the keys it names, at any depth; every other field keeps its stage default,
+which for a nested group is the parent field's `default_factory` result (SFT's optimizer defaults
+are not RL's), not the group class's own defaults.
 Unknown keys are errors that name the key, where it came from and the nearest valid key.
 Every PPO trick of the PPO paper (sec. 5.3) is its own field, independent of the others.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -16,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from rlhf.core.losses import POLICY_LOSSES
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -203,7 +209,7 @@ class AdvantageConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss: str = "ppo"  # "ppo" | "apa" | "awr" (a registry in rlhf.core)
+    loss: str = "ppo"  # "ppo" | "apa" | "awr" | any loss registered in rlhf.core.losses
     clip_eps: float = 0.2  # PPO ratio clip
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None: off
     ratio_against: str = "old"  # importance-sampling denominator: "old" (behaviour) | "ref" (PPO paper 5.3.2)
@@ -303,7 +309,7 @@ PRESETS = ("vanilla_ppo", "ppo_max", "apa", "awr")
 
 CHOICES = {
     "kl.estimator": ("k1", "k2", "k3"),
-    "policy.loss": ("ppo", "apa", "awr"),
+    "policy.loss": POLICY_LOSSES.keys(),  # the loss registry's names, live: losses registered later count
     "policy.ratio_against": ("old", "ref"),
     "model.critic_init": ("reward_model", "policy"),
     "model.critic_mode": ("separate", "shared"),
@@ -385,19 +391,27 @@ def deep_merge(base: dict, top: dict) -> dict:
     return merged
 
 
-def from_dict(cls: type, data: dict, *, origin: str = "config", prefix: str = ""):
-    """Build dataclass `cls` from a nested dict, checking keys and types."""
+def from_dict(cls: type, data: dict, *, origin: str = "config", prefix: str = "", base: Any = None):
+    """`base` (default: `cls()`, the stage defaults) with the keys `data` names replaced, keys and
+    types checked. A nested group named in `data` is rebuilt over `base`'s own value of that group
+    (e.g. RLConfig's `policy_optim` with lr 1e-6), so only the keys named at any depth change."""
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: {prefix.rstrip('.') or 'the config'} must be a mapping, got {data!r}.")
+    base = cls() if base is None else copy.deepcopy(base)  # never share lists with the caller's base
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
+    fields = {f.name for f in dataclasses.fields(cls)}
+    changes = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in fields:
             raise ConfigError(_unknown_key_message(cls, key, dotted, origin, prefix))
-        kwargs[key] = _coerce(hints[key], value, dotted, origin)
-    return cls(**kwargs)
+        if dataclasses.is_dataclass(hints[key]):
+            changes[key] = from_dict(
+                hints[key], value, origin=origin, prefix=f"{dotted}.", base=getattr(base, key)
+            )
+        else:
+            changes[key] = _coerce(hints[key], value, dotted, origin)
+    return dataclasses.replace(base, **changes)
 
 
 def _unknown_key_message(cls: type, key: str, dotted: str, origin: str, prefix: str) -> str:
@@ -424,8 +438,6 @@ def _coerce(tp: Any, value: Any, key: str, origin: str):
     def bad(expected: str):
         return ConfigError(f"{origin}: {key} must be {expected}, got {value!r}.")
 
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, origin=origin, prefix=f"{key}.")
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -480,17 +492,22 @@ def to_dict(config) -> dict:
 def load_config(
     cls: type, *, preset: str | None = None, file: str | None = None, overrides: dict | None = None
 ):
-    """defaults < preset < file < overrides, validated into `cls`."""
+    """Stage defaults < preset < file < overrides, validated into `cls`.
+
+    The layers are plain nested dicts, deep-merged so a later layer replaces only the keys it names;
+    `from_dict` then applies the merged keys over `cls()`, whose nested groups come from each field's
+    default_factory. A key no layer names keeps that stage default.
+    """
     merged: dict = {}
     if preset:
         merged = deep_merge(merged, preset_dict(preset))
         merged["preset"] = preset
     if file:
         file_data = _read_yaml(Path(file))
-        from_dict(cls, deep_merge(to_dict(cls()), file_data), origin=str(file))  # name the file on errors
+        from_dict(cls, file_data, origin=str(file))  # checked alone first, so errors name the file
         merged = deep_merge(merged, file_data)
     if overrides:
-        from_dict(cls, deep_merge(to_dict(cls()), overrides), origin="command line")
+        from_dict(cls, overrides, origin="command line")
         merged = deep_merge(merged, overrides)
     config = from_dict(cls, merged, origin=f"preset {preset}" if preset else "config")
     validate(config)
@@ -554,4 +571,5 @@ def save_config(config, path: str | Path) -> None:
 
 
 def config_from_yaml(cls: type, path: str | Path):
+    """A config written by `save_config` (every key named), e.g. on resume."""
     return from_dict(cls, _read_yaml(Path(path)), origin=str(path))

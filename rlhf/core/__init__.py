@@ -9,6 +9,7 @@ from rlhf.core.advantages import gae
 from rlhf.core.entropy import entropy_from_logits
 from rlhf.core.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_estimate
 from rlhf.core.losses import (
+    POLICY_LOSS_SOURCES,
     POLICY_LOSSES,
     apa_loss,
     awr_loss,
@@ -35,6 +36,7 @@ from rlhf.core.stats import (
 __all__ = [
     "KL_KINDS",
     "POLICY_LOSSES",
+    "POLICY_LOSS_SOURCES",
     "AdaptiveKLController",
     "FixedKLController",
     "RunningMoments",
@@ -53,6 +55,7 @@ __all__ = [
     "masked_whiten",
     "micro_batch_weight",
     "policy_loss",
+    "policy_loss_params",
     "ppo_loss",
     "register_policy_loss",
     "token_rewards",

@@ -27,7 +27,7 @@ explained variance; maxima combine with ``max``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import torch
@@ -57,22 +57,54 @@ class PolicyLossFn(Protocol):
 
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+# Per registered loss: {keyword parameter: attribute of a config object that feeds it}, e.g. apa's
+# lam <- apa_lam. The one place that says which settings a loss reads (see policy_loss_params).
+POLICY_LOSS_SOURCES: dict[str, dict[str, str]] = {}
 
 
-def register_policy_loss(name: str, *, replace: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+def register_policy_loss(
+    name: str, *, sources: Mapping[str, str] | None = None, replace: bool = False
+) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator adding a policy loss to the registry under `name` (``policy_loss(name, ...)``).
 
     The function takes ``(logp, old_logp, ref_logp, advantages, mask, **params)`` with keyword
-    parameters that have defaults, and returns ``(loss, stats)``.
+    parameters that have defaults, and returns ``(loss, stats)``. `sources` maps some of those
+    parameters to the attribute of a config object that sets them (``policy_loss_params``); the
+    others keep their defaults.
     """
+    sources = dict(sources or {})
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         if name in POLICY_LOSSES and not replace:
             raise ValueError(f"a policy loss named {name!r} is already registered; pass replace=True")
+        accepted, takes_any = _keyword_params(fn)
+        unknown = sorted(set(sources) - set(accepted))
+        if unknown and not takes_any:
+            raise ValueError(
+                f"policy loss {name!r}: sources name parameter(s) {unknown} it does not take; "
+                f"it accepts {accepted or 'none'}"
+            )
         POLICY_LOSSES[name] = fn
+        POLICY_LOSS_SOURCES[name] = sources
         return fn
 
     return decorator
+
+
+def policy_loss_params(name: str, source: object) -> dict[str, object]:
+    """The keyword parameters of policy loss `name`, read from the attributes of `source` as its
+    registration declares (e.g. ``policy_loss_params("awr", config.policy)`` ->
+    ``{"lam": config.policy.awr_lam, "max_weight": config.policy.awr_max_weight}``)."""
+    _check_registered(name)
+    params = {}
+    for param, attribute in POLICY_LOSS_SOURCES.get(name, {}).items():
+        if not hasattr(source, attribute):
+            raise ValueError(
+                f"policy loss {name!r} reads its {param!r} from {attribute!r}, "
+                f"which {type(source).__name__} does not have"
+            )
+        params[param] = getattr(source, attribute)
+    return params
 
 
 def policy_loss(
@@ -85,18 +117,28 @@ def policy_loss(
     **params: object,
 ) -> LossOutput:
     """Policy loss `name` from the registry ("ppo", "apa", "awr", or one added with the decorator)."""
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}: choose one of {', '.join(sorted(POLICY_LOSSES))}")
+    _check_registered(name)
     fn = POLICY_LOSSES[name]
-    signature_params = list(inspect.signature(fn).parameters.values())
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature_params)
-    accepted = [p.name for p in signature_params[5:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    accepted, takes_any = _keyword_params(fn)
     unknown = sorted(set(params) - set(accepted))
     if unknown and not takes_any:
         raise ValueError(
             f"policy loss {name!r} got unknown parameter(s) {unknown}; it accepts {accepted or 'none'}"
         )
     return fn(logp, old_logp, ref_logp, advantages, mask, **params)
+
+
+def _check_registered(name: str) -> None:
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}: choose one of {', '.join(sorted(POLICY_LOSSES))}")
+
+
+def _keyword_params(fn: PolicyLossFn) -> tuple[list[str], bool]:
+    """(names of the keyword parameters after the five tensors, whether it takes **kwargs)."""
+    signature_params = list(inspect.signature(fn).parameters.values())
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature_params)
+    accepted = [p.name for p in signature_params[5:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return accepted, takes_any
 
 
 def _require(tensor: Tensor | None, name: str, loss: str, why: str) -> Tensor:
@@ -112,7 +154,9 @@ def _approx_kl_old_new(old_logp: Tensor | None, logp: Tensor, valid: Tensor) -> 
     return {"approx_kl": masked_mean(kl_estimate(old_logp, logp, "k3", valid), valid)}
 
 
-@register_policy_loss("ppo")
+@register_policy_loss(
+    "ppo", sources={"clip_eps": "clip_eps", "dual_clip": "dual_clip", "ratio_against": "ratio_against"}
+)
 def ppo_loss(
     logp: Tensor,
     old_logp: Tensor | None,
@@ -168,7 +212,7 @@ def ppo_loss(
     return loss, stats
 
 
-@register_policy_loss("apa")
+@register_policy_loss("apa", sources={"lam": "apa_lam"})
 def apa_loss(
     logp: Tensor,
     old_logp: Tensor | None,
@@ -203,7 +247,7 @@ def apa_loss(
     return loss, stats
 
 
-@register_policy_loss("awr")
+@register_policy_loss("awr", sources={"lam": "awr_lam", "max_weight": "awr_max_weight"})
 def awr_loss(
     logp: Tensor,
     old_logp: Tensor | None,

@@ -1,0 +1,214 @@
+"""Layering changes only what it names: a preset, a YAML file or a flag sets its keys, and every other
+field keeps its stage default (the field's default_factory result, at every depth)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import types
+import typing
+
+import pytest
+import yaml
+
+import rlhf.config
+from rlhf.config import (
+    CHOICES,
+    PRESETS,
+    RewardConfig,
+    RLConfig,
+    SFTConfig,
+    config_from_yaml,
+    from_dict,
+    load_config,
+    parse_overrides,
+    preset_dict,
+    save_config,
+    to_dict,
+)
+from rlhf.demo import DemoConfig, demo_config
+
+STAGES = (SFTConfig, RewardConfig, RLConfig)
+# Cross-field rules of `validate`: a key that cannot change alone, and what it needs beside it.
+COMPANIONS = {
+    "reward.discounted": {"reward.scale": True, "reward.normalize": False},
+    "kl.adaptive": {"kl.beta": 0.05},  # vanilla_ppo has beta 0
+}
+
+
+def leaves(config, prefix: str = "") -> list[tuple[str, typing.Any, typing.Any]]:
+    """(dotted key, type, value) of every non-group field of a config instance, at every depth."""
+    out = []
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += leaves(value, f"{prefix}{f.name}.")
+        else:
+            out.append((prefix + f.name, hints[f.name], value))
+    return out
+
+
+def other_value(key: str, tp, value):
+    """A valid value of type `tp` that differs from `value`."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = next(a for a in typing.get_args(tp) if a is not type(None))
+        if value is None:
+            return {float: 2.0, int: 3, str: "x"}.get(inner, ["q_proj"])  # 2.0: a valid dual_clip too
+        return other_value(key, inner, value)
+    if tp is bool:
+        return not value
+    if tp is int:
+        return value + 1
+    if tp is float:
+        return value * 0.5 if value else 0.25
+    if tp is str:
+        choices = next((c for k, c in CHOICES.items() if key == k or key.endswith(("." + k, "_" + k))), ())
+        return next((c for c in choices if c != value), value + "x")
+    if typing.get_origin(tp) is list:
+        return [*value, "x"]
+    if typing.get_origin(tp) is tuple:
+        return (0.8, 0.9)
+    if tp is dict:
+        return {"kl": {"beta": 0.1}}
+    raise AssertionError(f"no other value for {key}: {tp}")
+
+
+def nested(changes: dict) -> dict:
+    """{"a.b": 1} -> {"a": {"b": 1}}."""
+    out: dict = {}
+    for dotted, value in changes.items():
+        node = out
+        *groups, last = dotted.split(".")
+        for group in groups:
+            node = node.setdefault(group, {})
+        node[last] = value
+    return out
+
+
+def with_changes(plain: dict, changes: dict) -> dict:
+    """A copy of the plain nested dict `plain` with the dotted `changes` set (tuples as lists)."""
+    out = json.loads(json.dumps(plain))
+    for dotted, value in changes.items():
+        node = out
+        *groups, last = dotted.split(".")
+        for group in groups:
+            node = node[group]
+        node[last] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def one_change(cls, key: str) -> dict:
+    tp, value = next((tp, v) for k, tp, v in leaves(cls()) if k == key)
+    return {**COMPANIONS.get(key, {}), key: other_value(key, tp, value)}
+
+
+def from_flags(cls, changes: dict):
+    flags = [arg for key, value in changes.items() for arg in (f"--{key}", json.dumps(value))]
+    if cls is DemoConfig:
+        return demo_config(None, flags)
+    return load_config(cls, overrides=parse_overrides(flags))
+
+
+def from_file(cls, changes: dict, tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        yaml.safe_dump(nested({k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()}))
+    )
+    if cls is DemoConfig:
+        return demo_config(str(path), [])
+    return load_config(cls, file=str(path))
+
+
+CASES = [
+    pytest.param(cls, key, id=f"{cls.__name__}.{key}")
+    for cls in (*STAGES, DemoConfig)
+    for key, _, _ in leaves(cls())
+]
+
+
+@pytest.mark.parametrize(("cls", "key"), CASES)
+def test_a_flag_changes_only_the_key_it_names(cls, key):
+    changes = one_change(cls, key)
+    assert to_dict(from_flags(cls, changes)) == with_changes(to_dict(cls()), changes)
+
+
+@pytest.mark.parametrize(("cls", "key"), CASES)
+def test_a_yaml_file_changes_only_the_key_it_names(cls, key, tmp_path):
+    changes = one_change(cls, key)
+    assert to_dict(from_file(cls, changes, tmp_path)) == with_changes(to_dict(cls()), changes)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a_preset_changes_only_its_keys_and_a_flag_over_it_only_its_own(preset, monkeypatch):
+    parsed = preset_dict(preset)  # parsed once: pure-Python YAML would dominate the ~100 loads below
+    monkeypatch.setattr(rlhf.config, "preset_dict", lambda name: copy.deepcopy(parsed))
+    preset_keys = {k: v for k, _, v in leaves(from_dict(RLConfig, preset_dict(preset)))}
+    named = {k: v for k, v in preset_keys.items() if _named(preset_dict(preset), k)}
+    expected = with_changes(to_dict(RLConfig()), {**named, "preset": preset})
+    config = load_config(RLConfig, preset=preset)
+    assert to_dict(config) == expected
+    for key, tp, value in leaves(config):
+        changes = {**COMPANIONS.get(key, {}), key: other_value(key, tp, value)}
+        flagged = load_config(RLConfig, preset=preset, overrides=nested(changes))
+        assert to_dict(flagged) == with_changes(expected, changes), key
+
+
+def _named(mapping: dict, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(mapping, dict) or part not in mapping:
+            return False
+        mapping = mapping[part]
+    return True
+
+
+def test_the_reported_cases_keep_their_stage_defaults():
+    sft = load_config(SFTConfig, overrides={"optim": {"warmup_steps": 2}}).optim
+    assert (sft.lr, sft.schedule, sft.warmup_steps) == (2e-5, "cosine", 2)
+    rm = load_config(RewardConfig, overrides={"optim": {"warmup_steps": 2}}).optim
+    assert (rm.lr, rm.schedule, rm.warmup_steps) == (5e-6, "cosine", 2)
+    rl = load_config(
+        RLConfig, overrides={"policy_optim": {"max_grad_norm": 0.5}, "critic_optim": {"betas": [0.9, 0.99]}}
+    )
+    assert (rl.policy_optim.lr, rl.critic_optim.lr, rl.policy_optim.max_grad_norm) == (1e-6, 2e-6, 0.5)
+    deep = load_config(RLConfig, overrides=parse_overrides(["--log.collapse.kl_rise", "4"]))
+    assert (
+        deep.log.collapse.kl_rise == 4.0
+        and deep.log.collapse.kl_floor == 0.5
+        and deep.log.sinks == ["console", "jsonl"]
+    )
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_states_its_learning_rates(preset):
+    stated = preset_dict(preset)
+    assert (stated["policy_optim"]["lr"], stated["critic_optim"]["lr"]) == (1e-6, 2e-6)
+    config = load_config(RLConfig, preset=preset)
+    assert (config.policy_optim.lr, config.critic_optim.lr) == (1e-6, 2e-6)
+
+
+def test_rlhf_train_with_a_preset_resolves_its_rates(monkeypatch, tmp_path):
+    import rlhf.train.pipeline
+    import rlhf.train.sft
+    from rlhf.cli import main
+
+    seen = []
+    monkeypatch.setattr(rlhf.train.pipeline, "run_rl", lambda config, **_: seen.append(config))
+    monkeypatch.setattr(rlhf.train.sft, "run_sft", lambda config, **_: seen.append(config))
+    paths = ["--policy", "p", "--reward-model", "r", "--prompts", "x.jsonl", "--out", str(tmp_path)]
+    assert main(["train", "--preset", "ppo_max", *paths, "--policy_optim.warmup_steps", "3"]) == 0
+    assert main(["sft", "--model", "m", "--data", "d.jsonl", "--optim.warmup_steps", "3"]) == 0
+    rl, sft = seen
+    assert (rl.policy_optim.lr, rl.critic_optim.lr, rl.policy_optim.warmup_steps) == (1e-6, 2e-6, 3)
+    assert (rl.policy_optim.max_grad_norm, rl.preset) == (1.0, "ppo_max")
+    assert (sft.optim.lr, sft.optim.schedule, sft.optim.warmup_steps) == (2e-5, "cosine", 3)
+
+
+@pytest.mark.parametrize("cls", STAGES)
+def test_a_saved_config_reads_back_exactly(cls, tmp_path):
+    every_key_changed = {k: other_value(k, tp, v) for k, tp, v in leaves(cls())}
+    for config in (cls(), from_dict(cls, nested(every_key_changed))):
+        save_config(config, tmp_path / "config.yaml")
+        again = config_from_yaml(cls, tmp_path / "config.yaml")
+        assert again == config and repr(again) == repr(config)  # repr: 1 vs 1.0, tuple vs list

@@ -363,14 +363,3 @@ def token_weighted_accumulate(values: Sequence[Tensor | float], masks: Sequence[
         return torch.zeros(())
     return sum(torch.as_tensor(v) * (n / total) for v, n in zip(values, counts))  # type: ignore[return-value]
 
-
-# TEMPORARY (replaced by the registry's own declaration on merge)
-_LOSS_PARAMS = {
-    "ppo": {"clip_eps": "clip_eps", "dual_clip": "dual_clip", "ratio_against": "ratio_against"},
-    "apa": {"lam": "apa_lam"},
-    "awr": {"lam": "awr_lam", "max_weight": "awr_max_weight"},
-}
-
-
-def policy_loss_params(name: str, source) -> dict:
-    return {k: getattr(source, v) for k, v in _LOSS_PARAMS.get(name, {}).items()}

@@ -50,7 +50,7 @@ class OptimConfig:
     warmup_steps: int = 0  # linear warmup steps from 0 to lr
     schedule: str = "constant"  # "constant" | "cosine" | "linear" decay after warmup
     min_lr_ratio: float = 0.0  # floor of the cosine/linear decay, as a fraction of lr
-    max_grad_norm: float | None = 1.0  # global gradient-norm clipping (PPO paper sec. 5.3.3); None: off
+    max_grad_norm: float | None = 1.0  # global gradient-norm clipping (PPO paper 5.4, C.2); None: off
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ class RLModelConfig:
     gguf_file: str | None = None  # GGUF file name inside `policy`
     reward_model: str = ""  # reward-model directory (ScalarHeadModel)
     critic_init: str = (
-        "reward_model"  # "reward_model" (PPO paper sec. 5.3.4) | "policy" (SFT trunk, fresh head)
+        "reward_model"  # "reward_model" (PPO paper sec. 5.3.3) | "policy" (SFT trunk, fresh head)
     )
     critic_mode: str = "separate"  # "separate" critic network | "shared": value head on the policy trunk
     value_coef: float = 0.5  # weight of the value loss when critic_mode == "shared"
@@ -193,7 +193,7 @@ class RewardProcessingConfig:
 @dataclass
 class KLConfig:
     beta: float = 0.05  # token-level KL penalty coefficient in the reward (PPO paper 0.05); 0: off
-    estimator: str = "k1"  # "k1" | "k2" | "k3" (ALGORITHMS.md sec. 3)
+    estimator: str = "k1"  # "k1" | "k2" | "k3" (docs/algorithms.md#7-kl-estimators)
     adaptive: bool = False  # Ziegler et al. adaptive controller instead of a fixed beta
     target: float = 6.0  # adaptive target of the summed per-response KL
     horizon: int = 10000  # adaptive controller horizon, in samples
@@ -222,8 +222,8 @@ class PolicyLossConfig:
 
 @dataclass
 class CriticConfig:
-    value_clip: float | None = 0.2  # clipped value loss (ALGORITHMS.md sec. 7); None: unclipped
-    pretrain_iterations: int = 0  # value-only iterations before policy updates (PPO paper sec. 5.3.4)
+    value_clip: float | None = 0.2  # clipped value loss (docs/algorithms.md#15-value-loss); None: unclipped
+    pretrain_iterations: int = 0  # value-only iterations before policy updates (PPO paper sec. 5.3.3)
     pretrain_patience: int = 3  # stop pre-training after this many iterations without improvement
     pretrain_min_delta: float = 0.01  # relative value-loss improvement that counts
 

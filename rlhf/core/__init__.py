@@ -1,4 +1,4 @@
-"""Pure tensor math of RLHF: no models, no I/O (DESIGN.md "The core API"; formulas in ALGORITHMS.md).
+"""Pure tensor math of RLHF: no models, no I/O (names: docs/internals.md; formulas: docs/algorithms.md).
 
 Tensors are ``[B, T]`` over response tokens, right-padded, with a 0/1 `mask` of the same shape.
 Means are token means over the whole batch. No function reads values at masked positions, and a

@@ -1,4 +1,4 @@
-"""Generalized advantage estimation over response tokens (PPO paper sec. 2.2; Schulman et al. 2016)."""
+"""Generalized advantage estimation over response tokens (docs/algorithms.md#10-gae; PPO paper sec. 3.2.2; Schulman et al. 2016)."""
 
 from __future__ import annotations
 

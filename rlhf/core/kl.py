@@ -1,4 +1,4 @@
-"""Per-token KL estimators and the KL-coefficient controllers (ALGORITHMS.md sections 2 and 3).
+"""Per-token KL estimators and the KL-coefficient controllers (docs/algorithms.md, sec. 7 and sec. 9).
 
 With ``d = logp - ref_logp`` for tokens sampled from the policy whose log-prob is `logp`
 (Schulman, "Approximating KL divergence", 2020):

@@ -1,6 +1,6 @@
 """Policy losses (a registry: ppo, apa, awr), the value loss, and micro-batch gradient accumulation.
 
-Every loss is a token mean over the whole batch it is given (ALGORITHMS.md sections 6 and 7) and
+Every loss is a token mean over the whole batch it is given (docs/algorithms.md, sec. 12-15) and
 returns ``(loss, stats)``; stats are detached 0-d tensors (call ``float()`` to log them). Values at
 masked positions are never read: they change neither the loss nor its gradient.
 
@@ -21,7 +21,8 @@ same with ``total`` summed over ranks and the gradients summed (not averaged) ac
 ``token_weighted_accumulate`` combines per-micro-batch token means (losses or stats such as the clip
 fraction) into the minibatch token mean for logging. Quantities that are not token means must be
 computed on the whole minibatch before splitting: advantage whitening (``whiten_advantages``),
-explained variance; maxima combine with ``max``.
+explained variance; maxima combine with ``max``. Why the weight is the micro-batch's token share:
+docs/algorithms.md#18-token-mean-accumulation-over-micro-batches.
 """
 
 from __future__ import annotations
@@ -294,7 +295,7 @@ def value_loss(
     mask: Tensor,
     clip_eps: float | None = None,
 ) -> LossOutput:
-    """Critic loss ``0.5 * mean((V - G)^2)``, or clipped (ALGORITHMS.md 7, PPO paper sec. 5.4)::
+    """Critic loss ``0.5 * mean((V - G)^2)``, or clipped (docs/algorithms.md#15-value-loss; PPO paper sec. 5.4)::
 
         V_clip = V_old + clip(V - V_old, -eps, eps)
         L      = 0.5 * mean(max((V - G)^2, (V_clip - G)^2))

@@ -1,4 +1,4 @@
-"""From reward-model scores to token rewards, and advantage whitening (ALGORITHMS.md 2 and 4).
+"""From reward-model scores to token rewards, and advantage whitening (docs/algorithms.md, sec. 6, 8, 11).
 
 Score reparameterization (PPO paper sec. 5.3.1), each switch independent of the others:
 

@@ -1,6 +1,6 @@
 """Masked statistics over response tokens and running moments of a stream.
 
-Conventions (ALGORITHMS.md, "mean" = masked token mean over the whole batch):
+Conventions (docs/algorithms.md#1-notation; "mean" = masked token mean over the whole batch):
 - a mean is ``sum over valid tokens / number of valid tokens``, never a mean of per-row means;
 - values at masked positions are never read (see ``_masks``): they may be anything, NaN included;
 - an empty selection (fully masked input) gives 0, never NaN: ``masked_mean`` -> 0,

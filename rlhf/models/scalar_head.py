@@ -1,11 +1,11 @@
 """A causal LM with a linear scalar head (hidden -> 1): the reward model and the critic.
 
 The LM head is kept: the reward model's loss has an LM term on the chosen response
-(ALGORITHMS.md sec. 1). Hidden states come from the causal LM's decoder (with PEFT, the
+(docs/algorithms.md#4-reward-model). Hidden states come from the causal LM's decoder (with PEFT, the
 LoRA-injected one) with position ids from the attention mask.
 
 - reward: the scalar at the last real token (the EOS) of prompt + response, found from the
-  attention mask, so left and right padding give the same reward (PEERS.md pain point 7);
+  attention mask, so left and right padding give the same reward (docs/algorithms.md, sec. 25, point 7);
 - critic: V(s_t) for response token t is read at column P - 1 + t (the state before token t).
 
 On disk a scalar-head model is an ordinary Hugging Face directory (the causal LM, loadable by

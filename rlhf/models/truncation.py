@@ -1,5 +1,5 @@
-"""What to do with a response that hit the length limit without EOS (PEERS.md pain point 8:
-responses without EOS scored as if complete)."""
+"""What to do with a response that hit the length limit without EOS (docs/algorithms.md#5-truncated-responses):
+unhandled, it is scored as if complete (docs/algorithms.md, sec. 25, point 8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pattern-collapse detector (PPO paper sec. 5.2, "pattern collapse"; ALGORITHMS.md sec. 9).
+"""Pattern-collapse detector (PPO paper sec. 5.2, "pattern collapse"; docs/algorithms.md#22-collapse-monitors).
 
 The paper's finding: reward and loss curves look healthy while the policy collapses into a few
 patterns that cheat the reward model; what reveals it is that, *together*,

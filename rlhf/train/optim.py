@@ -45,7 +45,8 @@ def lr_multiplier(config: OptimConfig, total_steps: int):
 
 
 def clip_and_step(optimizer, scheduler, params, max_grad_norm: float | None) -> float:
-    """Clip the global gradient norm (PPO paper sec. 5.3.3) when set, step, and return the pre-clip norm."""
+    """Clip the global gradient norm (docs/algorithms.md#19-global-gradient-clipping) when set, step, and
+    return the pre-clip norm."""
     params = [p for p in params if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
     # clip_grad_norm_'s coefficient, min(1, max / (norm + 1e-6)); the gradients are rescaled only when

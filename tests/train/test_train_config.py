@@ -1,4 +1,4 @@
-"""Configuration as the trainers see it: every switch of ALGORITHMS.md is a field, presets load,
+"""Configuration as the trainers see it: every switch of docs/algorithms.md is a field, presets load,
 and mistakes name the key, where it came from and the fix."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rlhf.config import (
     save_config,
 )
 
-# Every switch ALGORITHMS.md names, with a non-default value (the behaviour of each is tested in
+# Every switch docs/algorithms.md names, with a non-default value (the behaviour of each is tested in
 # test_train_switches_*.py, test_train_update_math.py and test_train_resume.py).
 SWITCHES = {
     "reward.scale": True,

@@ -1,5 +1,5 @@
 """Resume: a run interrupted after a checkpoint and resumed writes the same metrics as one that
-never stopped (DESIGN.md: same seed, CPU). Every piece of trainer state is exercised: optimizer and
+never stopped (docs/internals.md#conventions: same seed, CPU). Every piece of trainer state is exercised: optimizer and
 cosine schedule, adaptive KL, running reward moments, the experience buffer, the prompt stream,
 sampling / shuffling / ptx generators, critic pre-training and the collapse detector."""
 

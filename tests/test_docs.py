@@ -25,8 +25,8 @@ TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg"}
 OUTSIDE_DOCS = tuple(f"{stem}.md" for stem in ("ALGORITHMS", "DESIGN", "PEERS"))
 OUTSIDE_PATTERN = re.compile("|".join(re.escape(name) for name in OUTSIDE_DOCS))
 
-# The lead's files, still citing the outside notes: to be removed when rl.py is rewritten.
-ALLOWED_OUTSIDE_CITATIONS = {"rlhf/train/rl.py"}
+# Files allowed to cite the outside notes (none: every citation points into the repository).
+ALLOWED_OUTSIDE_CITATIONS: set[str] = set()
 
 ANCHOR_CITATION = re.compile(r"docs/(algorithms|internals)\.md#([A-Za-z0-9_-]+)")
 SECTION_CITATION = re.compile(r"docs/algorithms\.md,? sec\. (\d+)(?:\s*-\s*(\d+))?(?:, point (\d+))?")

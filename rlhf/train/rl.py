@@ -1,6 +1,6 @@
 """The RL loop: PPO, PPO-max, APA and AWR in one trainer.
 
-One iteration (docs/algorithms.md, "One RL iteration"):
+One iteration (docs/internals.md#data-flow-of-one-rl-iteration):
 
     rollout   sample responses to a batch of prompts                 policy
     score     reward model at the last real token                    reward model
@@ -127,7 +127,7 @@ class RLTrainer:
             self.logger.warn(self.ptx_note, step=0)
         last: dict = {}
         try:
-            while not self.pretrain_done:  # critic pre-training: value loss only, policy frozen (sec. 5.3.4)
+            while not self.pretrain_done:  # critic pre-training: value loss only, policy frozen (sec. 5.3.3)
                 self.pretrain_step()
             while self.iteration < c.train.iterations:
                 last = self.step()
@@ -208,7 +208,7 @@ class RLTrainer:
         sequences, mask = rollout.sequences, rollout.response_mask.float()
         t1 = time.perf_counter()
         raw_scores = run.map_rows(r.reward_model.score, sequences)
-        # responses that hit max_new_tokens: keep, penalize or drop (docs/algorithms.md, "Truncated responses")
+        # responses that hit max_new_tokens: keep, penalize or drop (docs/algorithms.md#5-truncated-responses)
         scores, keep = apply_truncation_policy(
             raw_scores,
             rollout.ended_with_eos,
@@ -232,7 +232,7 @@ class RLTrainer:
         processed_full = torch.zeros_like(scores)  # dropped responses: no score, no tokens
         processed_full[keep] = processed
         rewards = token_rewards(processed_full, kl, mask, self.kl_controller.value)
-        # GAE (sec. 2.2): V after the last valid token is 0; advantages/returns 0 at padding
+        # GAE (sec. 3.2.2): V after the last valid token is 0; advantages/returns 0 at padding
         advantages, returns = gae(rewards, values, mask, c.advantage.gamma, c.advantage.lam)
         experience = Experience(
             input_ids=sequences.input_ids,

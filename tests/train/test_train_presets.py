@@ -48,13 +48,13 @@ PER_LOSS = {
 def test_preset_runs_with_sane_metrics(preset, make_trainer, tmp_path):
     config = rl_config(preset, critic={"pretrain_iterations": 1})
     trainer = make_trainer(config, run_dir=tmp_path / preset)
-    policy_before = params_of(trainer.roles.policy)
-    critic_before = params_of(trainer.roles.critic)
+    policy_before = params_of(trainer.roles.policy.model)
+    critic_before = params_of(trainer.roles.critic.model)
     trainer.train()
 
-    for name, param in trainer.roles.policy.named_parameters():
+    for name, param in trainer.roles.policy.model.named_parameters():
         assert not param.detach().equal(policy_before[name]), f"{name} did not move"
-    assert any(not p.detach().equal(critic_before[n]) for n, p in trainer.roles.critic.named_parameters())
+    assert any(not p.detach().equal(critic_before[n]) for n, p in trainer.roles.critic.model.named_parameters())
 
     rows = metric_rows(tmp_path / preset, kinds=("iteration",))
     assert [r["iteration"] for r in rows] == [0, 1]

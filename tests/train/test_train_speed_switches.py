@@ -180,7 +180,7 @@ def one_update(make_trainer, monkeypatch, tmp_path, *, cores: int, **overrides):
     )
     metrics = trainer.step()
     params = [
-        p.detach().clone() for p in (*trainer.roles.policy.parameters(), *trainer.roles.critic.parameters())
+        p.detach().clone() for p in (*trainer.roles.policy.model.parameters(), *trainer.roles.critic.model.parameters())
     ]
     return metrics, params, calls
 
@@ -227,12 +227,12 @@ def test_step_flops_follow_the_models_and_the_minibatch(make_trainer):
     policy_flops, critic_flops = trainer.step_flops(experience)
     decoder = trainer.roles.policy.model
     trunk = sum(q.numel() for n, q in decoder.named_parameters() if q.dim() == 2 and "embed" not in n)
-    head = trainer.roles.policy.lm_head.weight.numel()
+    head = trainer.roles.policy.model.lm_head.weight.numel()
     rows, width = experience.input_ids.shape
     tokens = rows * (width - 1) / 2  # the decoders never compute the last column
     share = experience.response_mask.shape[1] / (width - 1)
     assert policy_flops == pytest.approx(6 * (trunk + head * share) * tokens)
-    assert critic_flops == pytest.approx(6 * (trunk + trainer.roles.critic.head.weight.numel()) * tokens)
+    assert critic_flops == pytest.approx(6 * (trunk + trainer.roles.critic.model.head.weight.numel()) * tokens)
     lora = make_trainer(rl_config("vanilla_ppo", train={"minibatches": 2}, model={"lora": {"enabled": True}}))
     lora_policy_flops, lora_critic_flops = lora.step_flops(experience)
     assert lora_policy_flops < lora_critic_flops == pytest.approx(critic_flops)
@@ -320,14 +320,14 @@ def test_split_forwards_equal_the_whole_batch(make_trainer, monkeypatch, tmp_pat
         )
         if lora:  # an adapter that changes the policy, so a reference with it left on would differ
             generator = torch.Generator().manual_seed(0)
-            for name, q in trainer.roles.policy.named_parameters():
+            for name, q in trainer.roles.policy.model.named_parameters():
                 if "lora_B" in name:
                     q.data.normal_(0.0, 0.3, generator=generator)
             entered = []
             monkeypatch.setattr(
-                trainer.roles.policy,
+                trainer.roles.policy.model,
                 "disable_adapter",
-                partial(count_calls, entered, trainer.roles.policy.disable_adapter),
+                partial(count_calls, entered, trainer.roles.policy.model.disable_adapter),
             )
         calls.clear()
         experiences[split], metrics = trainer.make_experience()
@@ -373,7 +373,7 @@ def test_models_whose_forward_rewrites_rope_frequencies_are_never_split(
     monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 2)
     trainer = make_trainer(rl_config("vanilla_ppo"))
     if rope is not None:
-        reward_config = trainer.roles.reward_model.causal_lm.config
+        reward_config = trainer.roles.reward_model.model.causal_lm.config
         reward_config.rope_parameters = {"rope_theta": 10000.0, **rope}
     assert (trainer.split_forward_threads(tokens=10**9) is None) is stateful
 

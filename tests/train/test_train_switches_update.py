@@ -32,7 +32,7 @@ def zero_advantage_trainer(make_trainer, **overrides):
     """vanilla_ppo (beta 0, zero critic head) with a reward model scoring 0: every advantage is 0."""
     trainer = make_trainer(rl_config("vanilla_ppo", ONE_BATCH, **overrides))
     with torch.no_grad():
-        trainer.roles.reward_model.head.weight.zero_()
+        trainer.roles.reward_model.model.head.weight.zero_()
     return trainer
 
 
@@ -66,8 +66,8 @@ def perturbed_update(make_trainer, *, scale: float = 0.1, **policy):
         rl_config("vanilla_ppo", ONE_BATCH, model={"critic_init": "reward_model"}, policy=policy)
     )
     exp, _ = trainer.make_experience()
-    perturb(trainer.roles.policy, scale)
-    ratio = torch.exp(logp_of(trainer.roles.policy, exp) - exp.old_logp)
+    perturb(trainer.roles.policy.model, scale)
+    ratio = torch.exp(logp_of(trainer.roles.policy.model, exp) - exp.old_logp)
     return trainer.update(exp, train_policy=True), exp, ratio
 
 
@@ -96,7 +96,7 @@ def test_dual_clip_caps_negative_advantage_tokens(make_trainer):
 @pytest.mark.parametrize("against", ["old", "ref"])
 def test_ratio_against_picks_the_denominator(against, make_trainer):
     trainer = make_trainer(rl_config("vanilla_ppo", ONE_BATCH, policy={"ratio_against": against}))
-    perturb(trainer.roles.policy, 0.1)  # the behaviour policy now differs from the reference
+    perturb(trainer.roles.policy.model, 0.1)  # the behaviour policy now differs from the reference
     exp, _ = trainer.make_experience()
     stats = trainer.update(exp, train_policy=True)
     if against == "old":
@@ -113,7 +113,7 @@ def test_entropy_bonus_raises_the_entropy(make_trainer):
     assert float(exp.advantages.abs().max()) == 0.0
 
     def mean_entropy() -> float:
-        return float(masked_mean(logp_of(trainer.roles.policy, exp, with_entropy=True)[1], exp.response_mask))
+        return float(masked_mean(logp_of(trainer.roles.policy.model, exp, with_entropy=True)[1], exp.response_mask))
 
     before = mean_entropy()
     for _ in range(3):
@@ -136,21 +136,21 @@ def test_ptx_loss_trains_on_the_sft_batch(coef, make_trainer, tok, ptx_rows, tmp
     draw = ptx_sampler(tok, ptx_rows, batch_size=3, max_prompt_tokens=8)
     trainer = make_trainer(config, ptx=draw)
     with torch.no_grad():
-        trainer.roles.reward_model.head.weight.zero_()  # zero advantages: only ptx can move the policy
+        trainer.roles.reward_model.model.head.weight.zero_()  # zero advantages: only ptx can move the policy
     batch = draw(torch.Generator().manual_seed(config.seed + 3))  # the trainer's ptx generator
     with torch.no_grad():
         nll, count = model_token_nll(
-            trainer.roles.policy, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+            trainer.roles.policy.model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
         )
-    before = params_of(trainer.roles.policy)
+    before = params_of(trainer.roles.policy.model)
     trainer.train()
     row = metric_rows(tmp_path / "run")[0]
     if coef:
         assert row["ptx/loss"] == pytest.approx(float(nll) / count, rel=1e-5)
-        assert max_change(before, trainer.roles.policy) > 0
+        assert max_change(before, trainer.roles.policy.model) > 0
     else:
         assert "ptx/loss" not in row
-        assert max_change(before, trainer.roles.policy) == 0.0
+        assert max_change(before, trainer.roles.policy.model) == 0.0
 
 
 def test_ptx_coef_without_data_warns(make_trainer, tmp_path):
@@ -176,7 +176,7 @@ def test_value_clip_limits_the_value_step(clip, make_trainer):
 @pytest.mark.parametrize("init", ["reward_model", "policy"])
 def test_critic_init(init, make_trainer):
     trainer = make_trainer(rl_config("ppo_max", model={"critic_init": init}))
-    critic, rm, policy = trainer.roles.critic, trainer.roles.reward_model, trainer.roles.policy
+    critic, rm, policy = trainer.roles.critic.model, trainer.roles.reward_model.model, trainer.roles.policy.model
     exp, metrics = trainer.make_experience()
     if init == "reward_model":  # a copy of the reward model, head included (PPO paper sec. 5.3.3)
         assert critic is not rm
@@ -198,11 +198,11 @@ def test_critic_init(init, make_trainer):
 def test_shared_critic_is_a_head_on_the_policy_trunk(make_trainer, tmp_path):
     config = rl_config("vanilla_ppo", model={"critic_mode": "shared"}, train={"iterations": 1})
     trainer = make_trainer(config)
-    assert trainer.roles.critic.causal_lm is trainer.roles.policy
+    assert trainer.roles.critic.model.causal_lm is trainer.roles.policy.model
     assert not hasattr(trainer, "critic_opt")
-    head_before = params_of(trainer.roles.critic.head)
+    head_before = params_of(trainer.roles.critic.model.head)
     trainer.train()
-    assert max_change(head_before, trainer.roles.critic.head) > 0  # the value head learns
+    assert max_change(head_before, trainer.roles.critic.model.head) > 0  # the value head learns
     assert not (tmp_path / "run" / "critic").exists()
     assert "value/loss" in metric_rows(tmp_path / "run")[0]
 
@@ -215,10 +215,10 @@ def test_shared_critic_pretraining_trains_only_the_head(make_trainer):
         critic={"pretrain_iterations": 2, "pretrain_patience": 5},
     )
     trainer = make_trainer(config)
-    policy_before, head_before = params_of(trainer.roles.policy), params_of(trainer.roles.critic.head)
+    policy_before, head_before = params_of(trainer.roles.policy.model), params_of(trainer.roles.critic.model.head)
     trainer.train()
-    assert max_change(policy_before, trainer.roles.policy) == 0.0
-    assert max_change(head_before, trainer.roles.critic.head) > 0
+    assert max_change(policy_before, trainer.roles.policy.model) == 0.0
+    assert max_change(head_before, trainer.roles.critic.model.head) > 0
 
 
 # -- optimization structure ----------------------------------------------------------------------
@@ -243,7 +243,7 @@ def test_max_grad_norm_clips_policy_and_critic(max_norm, make_trainer):
         critic_optim={"max_grad_norm": max_norm},
     )
     trainer = make_trainer(config)
-    policy_norms, critic_norms = record_steps(trainer.policy_opt), record_steps(trainer.critic_opt)
+    policy_norms, critic_norms = record_steps(trainer.roles.policy.optimizer), record_steps(trainer.roles.critic.optimizer)
     metrics = trainer.step()
     assert len(policy_norms) == len(critic_norms) == config.train.minibatches
     pre_clip = {"policy": metrics["policy/grad_norm"], "value": metrics["value/grad_norm"]}
@@ -261,7 +261,7 @@ def test_buffer_size_reuses_earlier_rollouts(buffer_size, make_trainer):
     rows_seen: list[int] = []
     original = trainer.update
 
-    def update(experience, *, train_policy):
+    def update(experience, *, train_policy=True):
         rows_seen.append(experience.batch_size)
         return original(experience, train_policy=train_policy)
 
@@ -278,7 +278,7 @@ def test_epochs_and_minibatches_set_the_optimizer_step_count(epochs, minibatches
         critic={"pretrain_iterations": 1, "pretrain_patience": 5},
     )
     trainer = make_trainer(config)
-    policy_norms, critic_norms = record_steps(trainer.policy_opt), record_steps(trainer.critic_opt)
+    policy_norms, critic_norms = record_steps(trainer.roles.policy.optimizer), record_steps(trainer.roles.critic.optimizer)
     trainer.train()
     assert len(policy_norms) == 2 * epochs * minibatches
     assert len(critic_norms) == 3 * epochs * minibatches  # + the pre-training iteration
@@ -287,7 +287,7 @@ def test_epochs_and_minibatches_set_the_optimizer_step_count(epochs, minibatches
 def test_lora_policy_uses_the_disabled_adapter_as_reference(make_trainer, tmp_path):
     config = rl_config("ppo_max", train={"iterations": 1}, model={"lora": {"enabled": True, "r": 4}})
     trainer = make_trainer(config)
-    policy, reference = trainer.roles.policy, trainer.roles.reference
+    policy, reference = trainer.roles.policy.model, trainer.roles.reference.reference
     assert reference.mode == "adapter" and reference.model is policy  # no second copy of the weights
     trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -313,18 +313,18 @@ def test_entropy_and_losses_are_finite_with_a_fully_dropped_batch(make_trainer):
     # every response truncated and dropped: no token reaches the update, nothing may turn NaN
     trainer = make_trainer(rl_config("vanilla_ppo", rollout={"max_new_tokens": 1, "truncated": "drop"}))
     with torch.no_grad():  # EOS logit 0 far below the best of the other (scaled-up) logits: never sampled
-        trainer.roles.policy.lm_head.weight.mul_(100.0)[trainer.roles.tokenizer.eos_token_id] = 0.0
-    before = params_of(trainer.roles.policy)
+        trainer.roles.policy.model.lm_head.weight.mul_(100.0)[trainer.roles.tokenizer.eos_token_id] = 0.0
+    before = params_of(trainer.roles.policy.model)
     metrics = trainer.step()
     assert metrics["response/eos_rate"] == 0.0
     numbers = {k: v for k, v in metrics.items() if isinstance(v, float)}
     assert all(math.isfinite(v) for v in numbers.values()), numbers
-    assert max_change(before, trainer.roles.policy) == 0.0
+    assert max_change(before, trainer.roles.policy.model) == 0.0
 
 
 def test_critic_lora_trains_adapters_and_head_only(make_trainer):
     trainer = make_trainer(rl_config("ppo_max", model={"critic_lora": {"enabled": True, "r": 2}}))
-    critic = trainer.roles.critic
+    critic = trainer.roles.critic.model
     trainable = {name for name, p in critic.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name or name.startswith("head.") for name in trainable)
     assert any(name.startswith("head.") for name in trainable)

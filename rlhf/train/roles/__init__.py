@@ -120,7 +120,7 @@ def assemble_roles(
     torch.manual_seed(c.seed)
     if c.model.critic_mode == "separate":
         if c.model.critic_init == "reward_model":
-            critic_model = init_critic(reward_model)  # a copy of the reward model (PPO paper sec. 5.3.4)
+            critic_model = init_critic(reward_model)  # a copy of the reward model (PPO paper sec. 5.3.3)
         else:
             critic_model = init_critic(policy)  # a copy of the SFT trunk with a zero head
     if c.model.lora.enabled:

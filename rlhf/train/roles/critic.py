@@ -1,7 +1,7 @@
 """The critic role: V(s_t) for every response token, trained on the (clipped) value loss.
 
 Two variants behind one interface (`values`, `train_step`):
-- `Critic`: a separate network (PPO paper sec. 5.3.4: initialized from the reward model, or the
+- `Critic`: a separate network (PPO paper sec. 5.3.3: initialized from the reward model, or the
   SFT trunk with a zero head), with its own optimizer;
 - `SharedCritic`: a value head on the policy's own trunk (`model.critic_mode shared`); its loss
   joins the policy's optimizer step, so it trains on its own only in critic pre-training, where
@@ -30,7 +30,7 @@ def value_micro_loss(
     forward: ValueForward, micro: Experience, value_clip: float | None, stats: StepStats, weight: float
 ) -> torch.Tensor:
     """This micro-batch's value loss, clipped around the rollout's values when `value_clip` is set
-    (docs/algorithms.md, "Value loss"); its stats recorded."""
+    (docs/algorithms.md#15-value-loss); its stats recorded."""
     values = forward(micro.sequences)
     loss, loss_stats = value_loss(
         values, micro.old_values, micro.returns, micro.response_mask, clip_eps=value_clip
@@ -68,7 +68,7 @@ class Critic(Learner):
         stats = StepStats()
         for micro, weight in self.micro_batches(minibatch, total_tokens):
             (weight * value_micro_loss(self.forward, micro, self.value_clip, stats, weight)).backward()
-        grad_norm = self.optimizer_step()  # global gradient clipping (sec. 5.3.3)
+        grad_norm = self.optimizer_step()  # global gradient clipping (sec. 5.4, appendix C.2)
         return {**stats.result(), "value/grad_norm": grad_norm}
 
 
@@ -91,7 +91,7 @@ class SharedCritic:
         return in_row_chunks(self.joint.forward, sequences, self.micro_batch_size)
 
     def train_step(self, minibatch: Experience, total_tokens: float) -> dict[str, float]:
-        """Critic pre-training (sec. 5.3.4): the value loss alone; the trunk stays as it is, only the
+        """Critic pre-training (sec. 5.3.3): the value loss alone; the trunk stays as it is, only the
         value head's gradients are kept."""
         stats = StepStats()
         for micro, weight in self.policy.micro_batches(minibatch, total_tokens):

@@ -3,7 +3,7 @@
 A role's `train_step(minibatch, total_tokens)` takes one optimizer step on a minibatch. The loss
 is a token mean over the minibatch, accumulated over micro-batches of `micro_batch_size` rows:
 each micro-batch's token-mean loss is weighted by its share of `total_tokens`
-(`rlhf.core.micro_batch_weight`; docs/algorithms.md, "Token-mean accumulation"). `total_tokens`
+(`rlhf.core.micro_batch_weight`; docs/algorithms.md#18-token-mean-accumulation-over-micro-batches). `total_tokens`
 comes from the caller, so that the mean stays exact when a runtime splits the rows of a
 minibatch between processes (each holds a part; the count is the whole minibatch's).
 """
@@ -78,7 +78,7 @@ def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
 class Learner:
     """A role that trains: `module` (what the optimizer steps), AdamW over its trainable
     parameters with a warmup/decay schedule over `total_steps`, micro-batches of
-    `micro_batch_size` rows and global gradient clipping (PPO paper sec. 5.3.3)."""
+    `micro_batch_size` rows and global gradient clipping (PPO paper sec. 5.4, appendix C.2)."""
 
     prefix = ""  # metric namespace: "policy" or "value"
 

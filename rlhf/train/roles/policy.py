@@ -28,7 +28,7 @@ from rlhf.train.roles.learner import Learner, StepStats
 @dataclass
 class PtxObjective:
     """PPO-ptx (InstructGPT): `coef` x the SFT loss on batches drawn from `batches(generator)`,
-    beside the RL loss, against the alignment tax (docs/algorithms.md, "PPO-ptx")."""
+    beside the RL loss, against the alignment tax (docs/algorithms.md#17-ppo-ptx)."""
 
     batches: Callable[[torch.Generator], dict]
     coef: float
@@ -107,7 +107,7 @@ class Policy(Learner):
                 v = self.joint_value
                 (weight * v.coef * value_micro_loss(v.forward, micro, v.value_clip, stats, weight)).backward()
         self.ptx_backward(stats)
-        grad_norm = self.optimizer_step()  # global gradient clipping (sec. 5.3.3)
+        grad_norm = self.optimizer_step()  # global gradient clipping (sec. 5.4, appendix C.2)
         return {**stats.result(), "policy/grad_norm": grad_norm}
 
     def micro_loss(self, micro: Experience, stats: StepStats, weight: float) -> torch.Tensor:

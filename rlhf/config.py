@@ -414,7 +414,34 @@ def from_dict(cls: type, data: dict, *, origin: str = "config", prefix: str = ""
     return dataclasses.replace(base, **changes)
 
 
+# Keys that moved to another group: old config files (a run's config.yaml, on resume) still load,
+# and an old flag names its new spelling.
+MOVED_KEYS = {
+    "train.overlap_critic": "runtime.overlap_critic",
+    "train.keep_freed_memory": "runtime.keep_freed_memory",
+    "rollout.split_forwards": "runtime.split_forwards",
+    "rollout.pack_weights": "runtime.pack_weights",
+}
+
+
+def migrate_moved_keys(data: dict) -> dict:
+    """`data` with every key of MOVED_KEYS under its new name (a later value at the new name wins)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for old, new in MOVED_KEYS.items():
+        old_group, old_key = old.split(".")
+        new_group, new_key = new.split(".")
+        group = out.get(old_group)
+        if isinstance(group, dict) and old_key in group:
+            value = group.pop(old_key)
+            target = out.setdefault(new_group, {})
+            if isinstance(target, dict):
+                target.setdefault(new_key, value)
+    return out
+
+
 def _unknown_key_message(cls: type, key: str, dotted: str, origin: str, prefix: str) -> str:
+    if dotted in MOVED_KEYS:
+        return f"{origin}: {dotted!r} is now {MOVED_KEYS[dotted]!r}. Fix: --{MOVED_KEYS[dotted]} (or that key in YAML)."
     valid = [f"{prefix}{f.name}" for f in dataclasses.fields(cls)]
     everywhere = _all_keys(cls, prefix)
     close = difflib.get_close_matches(dotted, everywhere, n=1, cutoff=0.5) or difflib.get_close_matches(
@@ -572,4 +599,4 @@ def save_config(config, path: str | Path) -> None:
 
 def config_from_yaml(cls: type, path: str | Path):
     """A config written by `save_config` (every key named), e.g. on resume."""
-    return from_dict(cls, _read_yaml(Path(path)), origin=str(path))
+    return from_dict(cls, migrate_moved_keys(_read_yaml(Path(path))), origin=str(path))

@@ -307,13 +307,25 @@ class RLTrainer:
         self.iteration = state["iteration"]
         self.pretrain_done = state["pretrain_done"]
         self.pretrain_state = {k: (math.inf if v is None else v) for k, v in state["pretrain_state"].items()}
-        self.roles.load_state_dict(state["roles"])
+        self.roles.load_state_dict(state["roles"] if "roles" in state else roles_state_of_v1(state))
         self.score_processor.load_state_dict(state["score_processor"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.prompts.load_state_dict(state["prompts"])
         self.detector.load_state_dict(state["detector"])
         ckpt.set_rng_state(state["rng"], {"sample": self.sample_generator, "shuffle": self.shuffle_generator})
         self.buffer = [Experience(**e) for e in state["buffer"]]
+
+
+def roles_state_of_v1(state: dict) -> dict:
+    """The roles' state from a checkpoint written before the roles held their own (optimizers and
+    schedules at the top level, the ptx generator among the trainer's), so such a run resumes."""
+    roles = {"policy": {"optimizer": state["policy_opt"], "scheduler": state["policy_sched"]}}
+    ptx = state["rng"]["generators"].get("ptx")
+    if ptx is not None:
+        roles["policy"]["ptx_generator"] = ptx
+    if "critic_opt" in state:
+        roles["critic"] = {"optimizer": state["critic_opt"], "scheduler": state["critic_sched"]}
+    return roles
 
 
 def collapse_detector(config: RLConfig) -> CollapseDetector:

@@ -68,6 +68,7 @@ class SFTTrainConfig:
     micro_batch_size: int = 8  # examples per forward/backward (gradient accumulation)
     eval_every: int = 100  # evaluate every N steps (and at the end)
     log_every: int = 10  # write metrics every N steps
+    device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N"
 
 
 @dataclass
@@ -82,6 +83,11 @@ class SFTConfig:
         default_factory=lambda: OptimConfig(lr=2e-5, warmup_steps=10, schedule="cosine")
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # "auto" (bfloat16 on a CUDA GPU, float32 on the CPU) | "float32" | "bfloat16" (autocast over float32
+    # weights) | "bfloat16-pure" (bfloat16 weights and optimizer state: half the memory); precision.py
+    dtype: str = "auto"
+    # recompute each decoder layer in the backward: activations of one layer kept instead of all
+    gradient_checkpointing: bool = False
     sinks: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + "tensorboard", "wandb"
 
 
@@ -113,6 +119,7 @@ class RewardTrainConfig:
     )
     eval_every: int = 100  # evaluate on the held-out pairs every N steps; the best checkpoint is kept
     log_every: int = 10  # write metrics every N steps
+    device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N"
 
 
 @dataclass
@@ -127,6 +134,8 @@ class RewardConfig:
         default_factory=lambda: OptimConfig(lr=5e-6, warmup_steps=10, schedule="cosine")
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
+    dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "bfloat16-pure", as SFTConfig.dtype
+    gradient_checkpointing: bool = False  # recompute each decoder layer in the backward: less memory
     sinks: list[str] = field(default_factory=lambda: ["console", "jsonl"])
 
 
@@ -145,6 +154,10 @@ class RLModelConfig:
     value_coef: float = 0.5  # weight of the value loss when critic_mode == "shared"
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA policy; the reference is the adapter disabled
     critic_lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA on the separate critic's trunk
+    # precision of every role: "auto" (bfloat16 on a CUDA GPU, float32 on the CPU) | "float32" |
+    # "bfloat16" (autocast over float32 weights) | "bfloat16-pure" (bfloat16 weights); precision.py
+    dtype: str = "auto"
+    gradient_checkpointing: bool = False  # trained roles recompute each decoder layer in the backward
 
 
 @dataclass
@@ -241,6 +254,7 @@ class RLTrainConfig:
     # glibc: keep freed memory for reuse instead of returning it to the OS after every step (no page
     # faults on the next step's activations; the resident set stays near its peak). allocator.py
     keep_freed_memory: bool = True
+    device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N"
 
 
 @dataclass
@@ -302,6 +316,7 @@ CHOICES = {
     "rollout.truncated": ("keep", "penalize", "drop"),
     "optim.schedule": ("constant", "cosine", "linear"),
     "train.batching": ("pairs", "tokens"),
+    "dtype": ("auto", "float32", "bfloat16", "bfloat16-pure"),  # also model.dtype (rlhf.models.precision)
 }
 
 

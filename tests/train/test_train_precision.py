@@ -253,3 +253,24 @@ def test_cli_eval_in_bfloat16_writes_its_results(tok, tmp_path, capsys):
     result = json.loads(out.read_text())
     # the same model and seed on both sides: every pair ties
     assert result["comparison"]["tie"] == 1.0 and result["policy"]["n"] == 2
+
+
+# -- random state in checkpoints ------------------------------------------------------------------
+
+
+def test_rng_state_holds_cuda_only_when_cuda_is_in_use(monkeypatch):
+    from rlhf.train.checkpoint import rng_state, set_rng_state
+
+    assert "cuda" not in rng_state()  # no CUDA here (tests/gpu checks the round trip on a GPU)
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.tensor([1]), torch.tensor([2])])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state", lambda state, index: restored.append((int(state), index))
+    )
+    state = rng_state()
+    assert [int(s) for s in state["cuda"]] == [1, 2]
+    set_rng_state(state)
+    assert restored == [(1, 0)]  # the devices both machines have

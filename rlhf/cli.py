@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--temperature", type=float, default=1.0)
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument(
+        "--device", default="auto", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N"
+    )
+    ev.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 (autocast) | bfloat16-pure",
+    )
 
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")

@@ -74,6 +74,7 @@ class SFTTrainConfig:
     micro_batch_size: int = 8  # examples per forward/backward (gradient accumulation)
     eval_every: int = 100  # evaluate every N steps (and at the end)
     log_every: int = 10  # write metrics every N steps
+    device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N"
 
 
 @dataclass
@@ -88,6 +89,11 @@ class SFTConfig:
         default_factory=lambda: OptimConfig(lr=2e-5, warmup_steps=10, schedule="cosine")
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # "auto" (bfloat16 on a CUDA GPU, float32 on the CPU) | "float32" | "bfloat16" (autocast over float32
+    # weights) | "bfloat16-pure" (bfloat16 weights and optimizer state: half the memory); precision.py
+    dtype: str = "auto"
+    # recompute each decoder layer in the backward: activations of one layer kept instead of all
+    gradient_checkpointing: bool = False
     sinks: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + "tensorboard", "wandb"
 
 
@@ -119,6 +125,7 @@ class RewardTrainConfig:
     )
     eval_every: int = 100  # evaluate on the held-out pairs every N steps; the best checkpoint is kept
     log_every: int = 10  # write metrics every N steps
+    device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N"
 
 
 @dataclass
@@ -133,6 +140,8 @@ class RewardConfig:
         default_factory=lambda: OptimConfig(lr=5e-6, warmup_steps=10, schedule="cosine")
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
+    dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "bfloat16-pure", as SFTConfig.dtype
+    gradient_checkpointing: bool = False  # recompute each decoder layer in the backward: less memory
     sinks: list[str] = field(default_factory=lambda: ["console", "jsonl"])
 
 
@@ -151,6 +160,10 @@ class RLModelConfig:
     value_coef: float = 0.5  # weight of the value loss when critic_mode == "shared"
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA policy; the reference is the adapter disabled
     critic_lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA on the separate critic's trunk
+    # precision of every role: "auto" (bfloat16 on a CUDA GPU, float32 on the CPU) | "float32" |
+    # "bfloat16" (autocast over float32 weights) | "bfloat16-pure" (bfloat16 weights); precision.py
+    dtype: str = "auto"
+    gradient_checkpointing: bool = False  # trained roles recompute each decoder layer in the backward
 
 
 @dataclass
@@ -235,6 +248,7 @@ class RLTrainConfig:
     minibatches: int = 1  # optimizer steps per epoch (the rollout batch is split into this many)
     micro_batch_size: int = 16  # rows per forward/backward (token-weighted gradient accumulation)
     buffer_size: int = 1  # rollout batches kept and reused (experience buffer, PPO paper sec. 5.3.2)
+    device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N"
 
 
 @dataclass
@@ -316,6 +330,7 @@ CHOICES = {
     "rollout.truncated": ("keep", "penalize", "drop"),
     "optim.schedule": ("constant", "cosine", "linear"),
     "train.batching": ("pairs", "tokens"),
+    "dtype": ("auto", "float32", "bfloat16", "bfloat16-pure"),  # also model.dtype (rlhf.models.precision)
 }
 
 

@@ -141,13 +141,19 @@ def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None) -> Pre
 
 
 def load_causal_lm(
-    path: str | os.PathLike, gguf_file: str | None = None, dtype: torch.dtype = torch.float32
+    path: str | os.PathLike,
+    gguf_file: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
 ) -> PreTrainedModel:
-    """Load a causal LM in `dtype` (float32 by default; GGUF weights are dequantized) in eval mode."""
+    """Load a causal LM in `dtype` (None: float32; GGUF weights are dequantized) on `device`
+    (None: the CPU), in eval mode."""
     _check_source(path, gguf_file)
     kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32, **kwargs)
     except OSError as err:
         raise _wrap_os_error(path, err) from err
+    if device is not None:
+        model.to(device)
     return model.eval()

@@ -7,6 +7,12 @@ loop exits as soon as every row has ended. The response block is trimmed to the 
 
 Processing order per step, as in the usual samplers: repetition penalty on the raw logits, then
 temperature, top-k, top-p, then a draw (or argmax when `do_sample` is False).
+
+Devices: everything runs on the model's device (prompts are moved there, the generator must live
+there, the rollout stays there). On an accelerator the decode loop never waits for the device
+within a step: whether every row has ended (the only host decision) is read every
+`finished_check_every` steps; rows that ended meanwhile keep emitting the pad id with mask 0, so the
+tokens drawn are the same as with a check at every step.
 """
 
 from __future__ import annotations
@@ -19,8 +25,13 @@ from torch import nn
 from transformers import DynamicCache
 
 from rlhf.models.backbone import causal_lm_parts, eval_mode, output_head, position_ids
+from rlhf.models.device import model_device, same_device
 from rlhf.models.packed_linear import MIN_PACKED_NEW_TOKENS, packed_linears
 from rlhf.models.sequences import Sequences
+
+# Default decode steps between two finished-rows checks off the CPU: a check waits for the device
+# to drain its queue; at most this many steps are spent on a batch whose rows have all ended.
+FINISHED_CHECK_EVERY_ACCELERATOR = 8
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,10 @@ class SamplingConfig:
     # steps; products equal to float rounding; the copies take the linear weights' size; not for fewer
     # than MIN_PACKED_NEW_TOKENS new tokens: packed_linear.py)
     pack_weights: bool = True
+    # read "has every row ended?" (a host-device sync) every N decode steps; None: 1 on a CPU (no sync
+    # to save there), FINISHED_CHECK_EVERY_ACCELERATOR elsewhere. Same tokens whatever N: it only
+    # decides when the loop may exit and when finished rows leave the batch
+    finished_check_every: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -47,6 +62,11 @@ class SamplingConfig:
             (0 < self.top_p <= 1, "top_p", "in (0, 1] (1 = off)"),
             (self.top_k >= 0, "top_k", "an integer >= 0 (0 = off)"),
             (self.repetition_penalty > 0, "repetition_penalty", "> 0 (1 = off)"),
+            (
+                self.finished_check_every is None or self.finished_check_every >= 1,
+                "finished_check_every",
+                "an integer >= 1, or None (1 on a CPU, 8 on an accelerator)",
+            ),
         ]
         for ok, name, expected in checks:
             if not ok:
@@ -57,6 +77,12 @@ class SamplingConfig:
         """The PPO paper's preset (Secrets of RLHF Part I): temperature 0.8, top-p 0.9, repetition
         penalty 1.1."""
         return cls(max_new_tokens=max_new_tokens, temperature=0.8, top_p=0.9, repetition_penalty=1.1)
+
+    def check_every(self, device: torch.device) -> int:
+        """Decode steps between two reads of "has every row ended?" on `device`."""
+        if self.finished_check_every is not None:
+            return self.finished_check_every
+        return 1 if device.type == "cpu" else FINISHED_CHECK_EVERY_ACCELERATOR
 
 
 @dataclass
@@ -121,6 +147,7 @@ def candidate_logits(
     top-k keeps exactly k tokens (ties at the k-th broken by `torch.topk`). top-p (Holtzman et
     al. 2020) keeps the most likely tokens until their probability reaches `top_p`, the token that
     crosses it included, the most likely one always; the probabilities are those after top-k.
+    Off the CPU the candidate sets are skipped (testing them needs a host-device sync; a sort is fast).
     """
     vocab = logits.shape[-1]
     if 0 < top_k < vocab:
@@ -133,7 +160,7 @@ def candidate_logits(
         if values is None:
             values, ids = torch.sort(logits, dim=-1, descending=True)
         return values, ids
-    if values is None:
+    if values is None and logits.device.type == "cpu":
         for size in TOP_P_CANDIDATES:
             if size >= vocab:
                 break
@@ -182,7 +209,8 @@ def sample_categorical(
     index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
     # u * total rounding up to total would run off the end: take the last token with weight then.
     overflow = index >= weights.shape[-1]
-    if bool(overflow.any()):
+    # on the CPU, test first (rare, and the test costs nothing); elsewhere always (no sync)
+    if weights.device.type != "cpu" or bool(overflow.any()):
         last_positive = weights.shape[-1] - 1 - (weights.flip(-1) > 0).int().argmax(-1)
         index = torch.where(overflow, last_positive, index)
     return index
@@ -256,13 +284,14 @@ def _sample_loop(
     generator: torch.Generator | None,
     return_logprobs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
-    """(tokens [B, max_new], mask [B, P + max_new], steps taken, log-probs [B, max_new] or None);
-    runs under inference mode.
+    """(tokens [B, max_new], mask [B, P + max_new], T, log-probs [B, max_new] or None), T the
+    longest response; runs under inference mode.
 
     The decoder's batch holds the rows in `active` (batch indices); with `drop_finished_rows`, rows
     that ended leave it once a quarter of it has ended (amortizing the KV-cache copy). Each step
     still draws one uniform for every row of the batch, so the random stream, and the tokens, are
-    those of a loop that keeps every row."""
+    those of a loop that keeps every row. Which rows ended is read on the host (a device sync) only
+    every `config.check_every(device)` steps: the loop's only sync besides the last line."""
     decoder, _ = causal_lm_parts(model)
     head = output_head(model)
     batch, prompt_len = prompt_ids.shape
@@ -290,6 +319,7 @@ def _sample_loop(
     next_position = positions[:, -1:] + 1
     active = torch.arange(batch, device=device)  # batch rows in the decoder's batch, in order
     running = torch.ones(batch, dtype=torch.bool, device=device)  # per row of the decoder's batch
+    check_every = config.check_every(device)
 
     steps = 0
     for step in range(max_new):
@@ -307,6 +337,7 @@ def _sample_loop(
         steps = step + 1
         if config.stop_at_eos:
             running &= ~torch.isin(chosen, eos_ids)
+        if config.stop_at_eos and steps % check_every == 0:
             still = int(running.sum())
             if still == 0:
                 break  # every row has ended: exit early, T = longest response
@@ -333,7 +364,9 @@ def _sample_loop(
         )[0]
         logits = head(hidden[:, -1])
         next_position = next_position + 1
-    return tokens, mask, steps, logprobs
+    # rows may all have ended before the last check: T is the longest response, not the steps run
+    longest = int(mask[:, prompt_len : prompt_len + steps].sum(-1).max()) if config.stop_at_eos else steps
+    return tokens, mask, longest, logprobs
 
 
 def _token_logprob(logits: torch.Tensor, chosen: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -355,12 +388,21 @@ def generate(
 ) -> Rollout:
     """Sample one response per left-padded prompt. The model runs in eval mode (restored after).
 
-    `generator` (a torch.Generator on the model's device) makes sampling reproducible. A response
+    Devices: the prompts are moved to the model's device, `generator` must be on that device, and
+    the rollout's tensors are on it. `generator` makes sampling reproducible (the same seed draws
+    different numbers on a CPU and on a GPU: their generators differ). A response
     ends at its first EOS (`eos_token_id`: one id or several) or at `max_new_tokens`; positions
     after it hold `pad_token_id` with mask 0 (masks never compare ids with the pad id, so the pad
     id may equal the EOS id). `return_logprobs` also fills `Rollout.logprobs` (the sampled tokens'
     log-probs at `config.temperature`), which saves the trainer a forward pass for the old log-probs.
     """
+    device = model_device(model)
+    if generator is not None and not same_device(generator.device, device):
+        raise ValueError(
+            f"the generator is on {generator.device} but the model is on {device}; sampling draws on the "
+            f"model's device. Fix: torch.Generator(device='{device}').manual_seed(seed)."
+        )
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     _check_prompts(prompt_ids, prompt_mask)
     if pad_token_id is None:
         raise ValueError("pad_token_id is None: give the tokenizer's pad id (prepare_tokenizer sets one).")

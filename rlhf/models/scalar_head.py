@@ -62,6 +62,8 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
 class ScalarHeadModel(nn.Module):
     """`causal_lm` (kept whole, LM head included) plus `head`: nn.Linear(hidden, 1)."""
 
+    float32_modules = ("head",)  # the scalar head keeps float32 weights under every precision policy
+
     def __init__(self, causal_lm: nn.Module, head: nn.Linear) -> None:
         super().__init__()
         if head.in_features != hidden_size(causal_lm) or head.out_features != 1:
@@ -85,8 +87,10 @@ class ScalarHeadModel(nn.Module):
         head_init_std: float | None = None,
         dtype: torch.dtype = torch.float32,
         gguf_file: str | None = None,
+        device: torch.device | str | None = None,
     ) -> ScalarHeadModel:
-        """A fresh head on a causal LM (an nn.Module, used as is, or a directory / GGUF file).
+        """A fresh head on a causal LM (an nn.Module, used as is, or a directory / GGUF file loaded in
+        `dtype` on `device`). The head is float32, on the causal LM's device.
 
         The head's weight is drawn from N(0, head_init_std^2), default 1 / sqrt(hidden + 1); 0 gives
         a zero head (V = 0 everywhere at the start). The bias starts at 0.
@@ -95,7 +99,7 @@ class ScalarHeadModel(nn.Module):
             raise TypeError("from_causal_lm takes a causal LM; to copy a scalar-head model use init_critic.")
         model = model_or_dir
         if isinstance(model_or_dir, (str, os.PathLike)):
-            model = load_causal_lm(model_or_dir, gguf_file=gguf_file, dtype=dtype)
+            model = load_causal_lm(model_or_dir, gguf_file=gguf_file, dtype=dtype, device=device)
         size = hidden_size(model)
         std = 1.0 / math.sqrt(size + 1) if head_init_std is None else float(head_init_std)
         if std < 0:
@@ -116,8 +120,10 @@ class ScalarHeadModel(nn.Module):
         directory: str | os.PathLike,
         dtype: torch.dtype = torch.float32,
         base_model: nn.Module | None = None,
+        device: torch.device | str | None = None,
     ) -> ScalarHeadModel:
-        """Load a directory written by `save_pretrained` (eval mode).
+        """Load a directory written by `save_pretrained` (eval mode), the causal LM in `dtype` and
+        the head in float32, on `device` (None: where the causal LM is, the CPU when loaded here).
 
         For a LoRA backbone the directory holds a PEFT adapter: its base model is `base_model` if
         given, else loaded from the adapter config's `base_model_name_or_path`; the adapter stays
@@ -156,7 +162,8 @@ class ScalarHeadModel(nn.Module):
         has_bias = "bias" in state and info.get("bias", True)
         head = nn.Linear(size, 1, bias=has_bias, device=next(model.parameters()).device)
         head.load_state_dict({k: v for k, v in state.items() if k in ("weight", "bias")})
-        return cls(model, head).eval()
+        loaded = cls(model, head).eval()
+        return loaded.to(device) if device is not None else loaded
 
     def save_pretrained(self, directory: str | os.PathLike, **kwargs) -> None:
         """Write the causal LM with its own `save_pretrained` (safetensors) plus the head files."""
@@ -182,8 +189,10 @@ class ScalarHeadModel(nn.Module):
         return decoder_hidden_states(self.causal_lm, input_ids, attention_mask)
 
     def values_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The head on hidden states [..., H] -> [...] (float32)."""
-        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+        """The head on hidden states [..., H] -> [...], computed in float32 even under bfloat16 autocast
+        (a value or reward needs more than bfloat16's ~3 significant digits)."""
+        with torch.autocast(hidden.device.type, enabled=False):
+            return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, return_lm_logits: bool = False

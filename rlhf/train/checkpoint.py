@@ -75,15 +75,20 @@ def load_state(directory: Path, name: str) -> dict:
 
 
 def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict:
-    """Every random number generator the training loop draws from."""
+    """Every random number generator the training loop draws from: Python's, NumPy's, torch's CPU
+    one, each CUDA device's default one when CUDA is in use, and the named `generators` (on any
+    device; their states are CPU tensors)."""
     py = random.getstate()
     np_state = np.random.get_state()
-    return {
+    state = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
         "torch": torch.get_rng_state(),
         "generators": {k: g.get_state() for k, g in (generators or {}).items()},
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()  # one per visible device
+    return state
 
 
 def set_rng_state(state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
@@ -92,6 +97,9 @@ def set_rng_state(state: dict, generators: dict[str, torch.Generator] | None = N
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():  # the devices both runs see (usually all)
+        for index, saved in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(saved, index)
     for k, g in (generators or {}).items():
         g.set_state(state["generators"][k])
 

@@ -2,31 +2,44 @@
 
 A judge maps a rollout to one score per response: a reward model (`reward_model_judge`) or any
 callable on texts, such as a built-in world's gold reward (`text_judge`).
+
+Devices: each policy samples on its own device with a generator there (the same seed draws other
+numbers on a GPU than on a CPU); scores come back as float32 CPU tensors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
 import torch
 
 from rlhf.data.collate import left_pad
+from rlhf.models.device import model_device
+from rlhf.models.precision import Precision
 from rlhf.models.sampling import Rollout, SamplingConfig, generate
 
 Judge = Callable[[Rollout, list[str]], torch.Tensor]
 
 
-def reward_model_judge(reward_model, micro_batch_size: int = 16) -> Judge:
+def _autocast(precision: Precision | None):
+    return precision.autocast() if precision is not None else contextlib.nullcontext()
+
+
+def reward_model_judge(reward_model, micro_batch_size: int = 16, precision: Precision | None = None) -> Judge:
+    """Scores from a reward model, run on its own device under `precision`."""
+    device = model_device(reward_model)
+
     @torch.inference_mode()
     def judge(rollout: Rollout, responses: list[str]) -> torch.Tensor:
-        ids, attn = rollout.input_ids, rollout.attention_mask
-        return torch.cat(
-            [
+        ids, attn = rollout.input_ids.to(device), rollout.attention_mask.to(device)
+        with _autocast(precision):
+            scores = [
                 reward_model.score(ids[i : i + micro_batch_size], attn[i : i + micro_batch_size])
                 for i in range(0, len(ids), micro_batch_size)
             ]
-        ).float()
+        return torch.cat(scores).float().cpu()
 
     return judge
 
@@ -64,34 +77,47 @@ def sample_responses(
     *,
     seed: int,
     batch_size: int = 32,
+    precision: Precision | None = None,
 ) -> tuple[list[Rollout], list[str]]:
-    generator = torch.Generator().manual_seed(seed)
+    """One response per prompt, sampled on the policy's device (rollouts stay there)."""
+    generator = torch.Generator(device=model_device(policy)).manual_seed(seed)
     rollouts, texts = [], []
     for start in range(0, len(prompt_ids), batch_size):
         ids, mask = left_pad(prompt_ids[start : start + batch_size], tokenizer.pad_token_id)
-        rollout = generate(
-            policy,
-            ids,
-            mask,
-            sampling,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            generator=generator,
-        )
+        with _autocast(precision):
+            rollout = generate(
+                policy,
+                ids,
+                mask,
+                sampling,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                generator=generator,
+            )
         rollouts.append(rollout)
         texts.extend(decode_responses(tokenizer, rollout))
     return rollouts, texts
 
 
-def score_policy(policy, tokenizer, prompt_ids, judge_factory, sampling, *, seed: int, batch_size: int = 32):
+def score_policy(
+    policy,
+    tokenizer,
+    prompt_ids,
+    judge_factory,
+    sampling,
+    *,
+    seed: int,
+    batch_size: int = 32,
+    precision: Precision | None = None,
+):
     """Sample one response per prompt and score it. `judge_factory(start, end) -> Judge` for the prompt rows."""
     rollouts, texts = sample_responses(
-        policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=batch_size
+        policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=batch_size, precision=precision
     )
     scores, start = [], 0
     for rollout in rollouts:
         end = start + rollout.input_ids.shape[0]
-        scores.append(judge_factory(start, end)(rollout, texts[start:end]))
+        scores.append(judge_factory(start, end)(rollout, texts[start:end]).cpu())
         start = end
     return torch.cat(scores), texts, rollouts
 

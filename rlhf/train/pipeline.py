@@ -11,7 +11,9 @@ from rlhf.config import RLConfig
 from rlhf.data.collate import collate_sft
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
+from rlhf.models.device import resolve_device
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
+from rlhf.models.precision import Precision
 from rlhf.models.sampling import SamplingConfig
 from rlhf.monitor import print_summary
 from rlhf.train.evaluate import compare_scores, mean_with_ci, reward_model_judge, score_policy
@@ -73,7 +75,10 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
 
 
 def run_eval(args) -> dict:
-    """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison."""
+    """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison.
+    Every model runs on `--device` under the `--dtype` policy."""
+    device = resolve_device(getattr(args, "device", "auto"), key="--device")
+    precision = Precision.resolve(getattr(args, "dtype", "auto"), device, key="--dtype")
     tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
     prompts = encode_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=False)[
         : args.n
@@ -81,12 +86,14 @@ def run_eval(args) -> dict:
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
     )
-    judge = _load_judge(args.judge, tokenizer, args.prompts, args.n)
+    judge = _load_judge(args.judge, tokenizer, args.prompts, args.n, precision)
     results = {}
     scores = {}
     for name, path in (("policy", args.policy), ("baseline", args.baseline)):
-        model = load_causal_lm(path)
-        s, texts, _ = score_policy(model, tokenizer, prompts, judge, sampling, seed=args.seed)
+        model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))
+        s, texts, _ = score_policy(
+            model, tokenizer, prompts, judge, sampling, seed=args.seed, precision=precision
+        )
         scores[name] = s
         results[name] = {"path": str(path), **mean_with_ci(s), "samples": texts[:5]}
     results["comparison"] = compare_scores(scores["policy"], scores["baseline"])
@@ -108,7 +115,7 @@ def run_eval(args) -> dict:
     return results
 
 
-def _load_judge(spec: str, tokenizer, prompts_path: str, n: int):
+def _load_judge(spec: str, tokenizer, prompts_path: str, n: int, precision: Precision | None = None):
     """`judge_factory(start, end)`: a reward-model directory, or `world:DIR` for a built-in world's gold reward."""
     if spec.startswith("world:"):
         from rlhf.data.tokenize import render_prompt
@@ -122,5 +129,8 @@ def _load_judge(spec: str, tokenizer, prompts_path: str, n: int):
         return lambda start, end: text_judge(world.gold_rewards, texts[start:end])
     from rlhf.models.scalar_head import ScalarHeadModel
 
-    judge = reward_model_judge(ScalarHeadModel.from_pretrained(spec))
+    reward_model = ScalarHeadModel.from_pretrained(spec)
+    if precision is not None:
+        precision.prepare(reward_model)
+    judge = reward_model_judge(reward_model, precision=precision)
     return lambda start, end: judge

@@ -6,10 +6,15 @@
 The reward is read at the last real token (the EOS) from the attention mask. Pairs are batched by
 count or by token budget (the paper's dynamic batches); the best checkpoint by held-out accuracy
 is the one left in the run directory.
+
+Devices and precision as in SFT (sft.py): model and batches on `train.device`, forwards under the
+`dtype` policy, the scalar head and every loss in float32, checkpoints saved in float32.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import shutil
 from dataclasses import dataclass
@@ -23,7 +28,10 @@ from rlhf.data.collate import collate_pairs, token_budget_batches
 from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
 from rlhf.models.backbone import head_logits
+from rlhf.models.device import model_device, resolve_device, to_device
+from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm
+from rlhf.models.precision import Precision, cast_parameters
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.monitor import print_summary
 from rlhf.train.checkpoint import atomic_directory
@@ -56,18 +64,28 @@ def encode_pairs(tokenizer, examples, config: RewardConfig, stats: TruncationSta
     ]
 
 
-def pair_forward(model: ScalarHeadModel, rows: list[EncodedPair], pad_id: int, with_lm: bool):
-    """Rewards of chosen and rejected ([b] each) and the LM NLL sum/count on the chosen responses."""
+def pair_forward(
+    model: ScalarHeadModel,
+    rows: list[EncodedPair],
+    pad_id: int,
+    with_lm: bool,
+    precision: Precision | None = None,
+):
+    """Rewards of chosen and rejected ([b] each, float32) and the LM NLL sum (float32) and count on the
+    chosen responses; the batch on the model's device, forwards under `precision`."""
     batch = collate_pairs(
         [r.prompt_ids for r in rows], [r.chosen_ids for r in rows], [r.rejected_ids for r in rows], pad_id
     )
+    batch = to_device(batch, model_device(model))
     ids, attn = batch["input_ids"], batch["attention_mask"]  # 2b rows, chosen first
-    hidden = model.hidden_states(ids, attn)
-    rewards = model.values_from_hidden(hidden).gather(1, last_token_index(attn).unsqueeze(1)).squeeze(1)
-    b = len(rows)
-    nll, count = torch.zeros(()), 0
-    if with_lm:  # the LM head only on the chosen rows
-        nll, count = token_nll(head_logits(model.causal_lm, hidden[:b]), ids[:b], batch["response_mask"][:b])
+    with precision.autocast() if precision is not None else contextlib.nullcontext():
+        hidden = model.hidden_states(ids, attn)
+        rewards = model.values_from_hidden(hidden).gather(1, last_token_index(attn).unsqueeze(1)).squeeze(1)
+        b = len(rows)
+        nll, count = rewards.new_zeros(()), 0
+        if with_lm:  # the LM head only on the chosen rows
+            logits = head_logits(model.causal_lm, hidden[:b])
+            nll, count = token_nll(logits, ids[:b], batch["response_mask"][:b])
     return rewards[:b], rewards[b:], nll, count
 
 
@@ -78,16 +96,22 @@ def ranking_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate_pairs(
-    model: ScalarHeadModel, rows: list[EncodedPair], pad_id: int, batch_size: int, with_lm: bool
+    model: ScalarHeadModel,
+    rows: list[EncodedPair],
+    pad_id: int,
+    batch_size: int,
+    with_lm: bool,
+    precision: Precision | None = None,
 ) -> dict:
     """Accuracy (r_w > r_l), margins, ranking loss and the LM perplexity on held-out pairs."""
     model.eval()
     margins, nll_sum, count = [], 0.0, 0
     for start in range(0, len(rows), batch_size):
-        chosen, rejected, nll, n = pair_forward(model, rows[start : start + batch_size], pad_id, with_lm)
+        micro = rows[start : start + batch_size]
+        chosen, rejected, nll, n = pair_forward(model, micro, pad_id, with_lm, precision)
         margins.append(chosen - rejected)
         nll_sum, count = nll_sum + float(nll), count + n
-    margin = torch.cat(margins) if margins else torch.zeros(0)
+    margin = torch.cat(margins).cpu() if margins else torch.zeros(0)
     out = {
         "accuracy": float((margin > 0).float().mean()) if len(margin) else 0.0,
         "margin_mean": float(margin.mean()) if len(margin) else 0.0,
@@ -130,10 +154,15 @@ def run_reward_training(
     `train_rows` / `test_rows` replace the pairs read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).
     """
+    device = resolve_device(config.train.device, key="train.device")
+    precision = Precision.resolve(config.dtype, device, key="dtype")
     out, tokenizer = start_run(config, tokenizer)
     if model is None:
         lm = with_lora(load_causal_lm(config.model, gguf_file=config.gguf_file), config.lora)
         model = ScalarHeadModel.from_causal_lm(lm)
+    precision.prepare(model)
+    if config.gradient_checkpointing:
+        gradient_checkpointing(model)
     stats = TruncationStats()
     if train_rows is None:
         loaded = load_examples(
@@ -154,7 +183,7 @@ def run_reward_training(
     t = config.train
     with_lm = t.lm_coef > 0
     pad_id = tokenizer.pad_token_id
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)  # data order: on the CPU, the same everywhere
     epochs = max(1, math.ceil(t.epochs))
     plan = [b for _ in range(epochs) for b in plan_batches(train_rows, config, generator)]
     steps = t.max_steps or max(1, math.ceil(len(plan) * t.epochs / epochs))
@@ -177,7 +206,7 @@ def run_reward_training(
             rank_sum, lm_sum, correct, margin_sum = 0.0, 0.0, 0, 0.0
             for start in range(0, len(rows), t.micro_batch_size):
                 micro = rows[start : start + t.micro_batch_size]
-                chosen, rejected, nll, _ = pair_forward(model, micro, pad_id, with_lm)
+                chosen, rejected, nll, _ = pair_forward(model, micro, pad_id, with_lm, precision)
                 rank = ranking_loss(chosen, rejected)
                 loss = rank / len(rows) + (t.lm_coef * nll / chosen_tokens if with_lm else 0.0)
                 loss.backward()  # pair mean and chosen-token mean over the whole step
@@ -199,7 +228,7 @@ def run_reward_training(
                 metrics["train/lm_ppl"] = math.exp(min(lm_sum / chosen_tokens, 50.0))
             last = step == steps - 1
             if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
-                result = evaluate_pairs(model, test_rows, pad_id, t.micro_batch_size, with_lm)
+                result = evaluate_pairs(model, test_rows, pad_id, t.micro_batch_size, with_lm, precision)
                 metrics.update({f"eval/{k}": v for k, v in result.items()})
                 if result["accuracy"] > best["accuracy"]:  # keep the best checkpoint by held-out accuracy
                     best = {"accuracy": result["accuracy"], "step": step}
@@ -226,12 +255,13 @@ def run_reward_training(
 
 
 def save_reward_model(model: ScalarHeadModel, tokenizer, directory: Path) -> None:
-    """Atomic `save_pretrained` (LoRA adapters merged) with the tokenizer beside it."""
+    """Atomic `save_pretrained` with the tokenizer beside it: float32 weights, LoRA adapters merged
+    (a copy is saved when either changes the model being trained)."""
     to_save = model
-    if hasattr(model.causal_lm, "merge_and_unload"):
-        import copy
-
-        to_save = copy.deepcopy(model)
+    merge = hasattr(model.causal_lm, "merge_and_unload")
+    if merge or any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
+        to_save = cast_parameters(copy.deepcopy(model), torch.float32)
+    if merge:
         to_save.causal_lm = to_save.causal_lm.merge_and_unload()
     with atomic_directory(Path(directory)) as tmp, quiet_hf_saves():
         to_save.save_pretrained(tmp)

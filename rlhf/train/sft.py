@@ -1,7 +1,13 @@
-"""Supervised fine-tuning: next-token loss on response tokens only (`rlhf sft`)."""
+"""Supervised fine-tuning: next-token loss on response tokens only (`rlhf sft`).
+
+The model, its batches and its optimizer live on `train.device`; forwards run under the `dtype`
+policy (rlhf.models.precision) and the loss is reduced in float32; the saved model is float32.
+The data order comes from a CPU generator, so it is the same on every device.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -11,7 +17,10 @@ from rlhf.config import SFTConfig
 from rlhf.data.collate import collate_sft
 from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
+from rlhf.models.device import model_device, resolve_device, to_device
+from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm
+from rlhf.models.precision import Precision, cast_parameters
 from rlhf.monitor import print_summary
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
@@ -39,27 +48,36 @@ def sft_batch(rows: list[EncodedSFT], pad_id: int) -> dict:
     return collate_sft([r.prompt_ids for r in rows], [r.response_ids for r in rows], pad_id)
 
 
-def train_steps(model, rows: list[EncodedSFT], pad_id: int, micro_batch_size: int) -> tuple[float, int]:
+def _batch_nll(model, rows: list[EncodedSFT], pad_id: int, precision: Precision | None):
+    """Summed NLL (float32) and token count of `rows`, on the model's device under `precision`."""
+    batch = to_device(sft_batch(rows, pad_id), model_device(model))
+    with precision.autocast() if precision is not None else contextlib.nullcontext():
+        return model_token_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+
+
+def train_steps(
+    model, rows: list[EncodedSFT], pad_id: int, micro_batch_size: int, precision: Precision | None = None
+) -> tuple[float, int]:
     """Forward/backward one optimizer batch with token-weighted gradient accumulation."""
     total = sum(len(r.response_ids) for r in rows)
     loss_sum = 0.0
     for start in range(0, len(rows), micro_batch_size):
-        batch = sft_batch(rows[start : start + micro_batch_size], pad_id)
-        nll, count = model_token_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        nll, count = _batch_nll(model, rows[start : start + micro_batch_size], pad_id, precision)
         (nll / total).backward()  # token mean over the whole batch, however it is split
         loss_sum += float(nll.detach())
     return loss_sum, total
 
 
 @torch.no_grad()
-def evaluate_nll(model, rows: list[EncodedSFT], pad_id: int, batch_size: int) -> dict:
+def evaluate_nll(
+    model, rows: list[EncodedSFT], pad_id: int, batch_size: int, precision: Precision | None = None
+) -> dict:
     """Token-mean NLL and perplexity on response tokens (EOS included)."""
     was_training = model.training
     model.eval()
     nll_sum, count = 0.0, 0
     for start in range(0, len(rows), batch_size):
-        batch = sft_batch(rows[start : start + batch_size], pad_id)
-        nll, n = model_token_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        nll, n = _batch_nll(model, rows[start : start + batch_size], pad_id, precision)
         nll_sum, count = nll_sum + float(nll), count + n
     model.train(was_training)
     loss = nll_sum / max(count, 1)
@@ -80,10 +98,14 @@ def run_sft(
     `train_rows` / `test_rows` replace the rows read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).
     """
+    device = resolve_device(config.train.device, key="train.device")
+    precision = Precision.resolve(config.dtype, device, key="dtype")
     out, tokenizer = start_run(config, tokenizer)
     if model is None:
         model = load_causal_lm(config.model, gguf_file=config.gguf_file)
-    model = with_lora(model, config.lora)
+    model = precision.prepare(with_lora(model, config.lora))
+    if config.gradient_checkpointing:
+        gradient_checkpointing(model)
     stats = TruncationStats()
     if train_rows is None:
         loaded = load_examples(
@@ -100,7 +122,7 @@ def run_sft(
     t = config.train
     steps = t.max_steps or max(1, math.ceil(t.epochs * len(train_rows) / t.batch_size))
     optimizer, scheduler = build_optimizer(model.parameters(), config.optim, steps)
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)  # data order: on the CPU, the same everywhere
     order: list[int] = []
     logger = open_metrics_logger(
         out,
@@ -117,7 +139,7 @@ def run_sft(
                 order += torch.randperm(len(train_rows), generator=generator).tolist()
             rows = [train_rows[i] for i in order[: t.batch_size]]
             del order[: t.batch_size]
-            loss_sum, tokens = train_steps(model, rows, pad_id, t.micro_batch_size)
+            loss_sum, tokens = train_steps(model, rows, pad_id, t.micro_batch_size, precision)
             grad_norm = clip_and_step(optimizer, scheduler, model.parameters(), config.optim.max_grad_norm)
             metrics = {
                 "train/loss": loss_sum / max(tokens, 1),
@@ -130,7 +152,9 @@ def run_sft(
                 metrics.update(
                     {
                         f"eval/{k}": v
-                        for k, v in evaluate_nll(model, test_rows, pad_id, t.micro_batch_size).items()
+                        for k, v in evaluate_nll(
+                            model, test_rows, pad_id, t.micro_batch_size, precision
+                        ).items()
                     }
                 )
             if last or step % t.log_every == 0 or "eval/loss" in metrics:
@@ -138,6 +162,7 @@ def run_sft(
             final = metrics
         final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
     model.eval()
+    cast_parameters(model, torch.float32)  # the export is float32 whatever the training precision
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     with quiet_hf_saves():

@@ -515,3 +515,85 @@ def test_a_batch_of_one_never_reorders_the_cache(lm, monkeypatch):
         lm, ids, mask, SamplingConfig(max_new_tokens=20), EOS, PAD, torch.Generator().manual_seed(0)
     )
     assert rollout.response_ids.shape[0] == 1
+
+
+# -- reading finished rows every few steps (accelerators) ------------------------------------------
+
+
+def decode_steps_run(lm, run) -> int:
+    """Decoder calls made by `run()` after the prefill: the decode steps the loop took."""
+    calls: list[int] = []
+    hook = lm.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        run()
+    finally:
+        hook.remove()
+    return len(calls) - 1
+
+
+@pytest.mark.parametrize("eos_boost", [0.6, 3.0], ids=["mixed-lengths", "all-end-early"])
+@pytest.mark.parametrize("drop", [True, False], ids=["drop", "keep"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplingConfig(max_new_tokens=30, temperature=1.2, top_p=0.9, repetition_penalty=1.2),
+        SamplingConfig(max_new_tokens=30, do_sample=False, repetition_penalty=1.3),
+    ],
+    ids=["sample", "greedy"],
+)
+def test_checking_finished_rows_every_few_steps_draws_the_same_rollout(lm, config, drop, eos_boost):
+    """finished_check_every=4 (what an accelerator does) against 1: finished rows keep emitting pads
+    until the next check, and the rollout (tokens, masks, T, log-probs) is the same; the loop only
+    exits on a check step."""
+    from dataclasses import replace
+
+    with torch.no_grad():
+        lm.lm_head.weight[EOS] += eos_boost
+    ids, mask = left_pad(MIXED_PROMPTS, PAD)
+    rollouts, steps = {}, {}
+    for every in (1, 4):
+        cfg = replace(config, drop_finished_rows=drop, finished_check_every=every)
+
+        def run(cfg=cfg, every=every):
+            generator = torch.Generator().manual_seed(5)
+            rollouts[every] = generate(lm, ids, mask, cfg, EOS, PAD, generator, return_logprobs=True)
+
+        steps[every] = decode_steps_run(lm, run)
+    every_step, every_4 = rollouts[1], rollouts[4]
+    lengths = every_step.response_lengths
+    assert bool(every_step.ended_with_eos.all()) and int(lengths.max()) < config.max_new_tokens
+    if eos_boost < 1:
+        assert lengths.min() < lengths.max()
+    assert torch.equal(every_4.input_ids, every_step.input_ids)  # T trimmed to the longest response
+    assert torch.equal(every_4.attention_mask, every_step.attention_mask)
+    assert torch.equal(every_4.ended_with_eos, every_step.ended_with_eos)
+    torch.testing.assert_close(every_4.logprobs, every_step.logprobs, rtol=0, atol=1e-6)
+    longest = int(lengths.max())
+    assert steps[1] == longest - 1  # every step checks: it exits right after the last EOS
+    assert (steps[4] + 1) % 4 == 0 and longest <= steps[4] + 1 < longest + 4  # the next check step
+
+
+def test_finished_check_every_defaults_per_device_and_is_validated():
+    config = SamplingConfig()
+    assert config.check_every(torch.device("cpu")) == 1
+    assert config.check_every(torch.device("cuda")) == 8
+    assert SamplingConfig(finished_check_every=3).check_every(torch.device("cpu")) == 3
+    with pytest.raises(ValueError, match="SamplingConfig.finished_check_every"):
+        SamplingConfig(finished_check_every=0)
+
+
+def test_without_stop_at_eos_the_check_changes_nothing(lm):
+    ids, mask = left_pad(PROMPTS, PAD)
+    out = [
+        generate(
+            lm,
+            ids,
+            mask,
+            SamplingConfig(max_new_tokens=7, stop_at_eos=False, finished_check_every=every),
+            EOS,
+            PAD,
+            torch.Generator().manual_seed(1),
+        )
+        for every in (1, 3)
+    ]
+    assert out[0].response_ids.shape[1] == 7 and torch.equal(out[0].input_ids, out[1].input_ids)

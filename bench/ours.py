@@ -23,7 +23,7 @@ PHASES = ("generate", "score", "forward", "update")
 
 def build_trainer(workload, seed: int, run_dir: str, extra: dict | None = None):
     """RLTrainer on the workload: vanilla_ppo, the peer's shapes, EOS never stops a response.
-    `extra`: config overrides on top (for A/B runs, e.g. {"train": {"overlap_critic": False}})."""
+    `extra`: config overrides on top (for A/B runs, e.g. {"runtime": {"overlap_critic": False}})."""
     from bench.workload import SIZES
     from rlhf.config import RLConfig, deep_merge, load_config
     from rlhf.models.scalar_head import ScalarHeadModel
@@ -110,9 +110,9 @@ def phase_flops(trainer, shape: tuple[int, int, int], ppo_epochs: int, lora_poli
     r = trainer.roles
     rows, prompt, response = shape
     return iteration_phases(
-        ModelShape.from_config(unwrap_causal_lm(r.policy).config),
-        ModelShape.from_config(unwrap_causal_lm(r.critic.causal_lm).config),
-        ModelShape.from_config(unwrap_causal_lm(r.reward_model.causal_lm).config),
+        ModelShape.from_config(unwrap_causal_lm(r.policy.model).config),
+        ModelShape.from_config(unwrap_causal_lm(r.critic.model.causal_lm).config),
+        ModelShape.from_config(unwrap_causal_lm(r.reward_model.model.causal_lm).config),
         IterationShape(
             rows=rows,
             prompt=prompt,

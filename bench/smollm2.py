@@ -359,26 +359,24 @@ def memory_model(trainer) -> dict:
     shares the policy's storage adds nothing), gradients of the trainable parameters, AdamW state."""
     roles = trainer.roles
     seen: dict[int, int] = {}
-    for module in (roles.policy, roles.reference.model, roles.critic, roles.reward_model):
+    for module in (roles.policy.model, roles.reference.model, roles.critic.model, roles.reward_model.model):
         for p in module.parameters():
             seen.setdefault(p.untyped_storage().data_ptr(), p.untyped_storage().nbytes())
-    policy_ptrs = {p.untyped_storage().data_ptr() for p in roles.policy.parameters()}
+    policy_ptrs = {p.untyped_storage().data_ptr() for p in roles.policy.model.parameters()}
     reference_own = sum(
         p.numel() * p.element_size()
         for p in roles.reference.model.parameters()
         if p.untyped_storage().data_ptr() not in policy_ptrs
     )
-    trainable = [p for g in trainer.policy_opt.param_groups for p in g["params"]]
-    if hasattr(trainer, "critic_opt"):
-        trainable += [p for g in trainer.critic_opt.param_groups for p in g["params"]]
-    optimizers = [trainer.policy_opt] + ([trainer.critic_opt] if hasattr(trainer, "critic_opt") else [])
+    optimizers = [learner.optimizer for learner in roles.learners()]  # a shared critic: the policy's
+    trainable = [p for opt in optimizers for g in opt.param_groups for p in g["params"]]
     state = [t for opt in optimizers for s in opt.state.values() for t in s.values() if hasattr(t, "numel")]
     mib = 2**20
     return {
         "weights_unique": round(sum(seen.values()) / mib, 1),
         "reference_own_weights": round(reference_own / mib, 1),
         "policy_trainable_params": sum(
-            p.numel() for g in trainer.policy_opt.param_groups for p in g["params"]
+            p.numel() for g in roles.policy.optimizer.param_groups for p in g["params"]
         ),
         "gradients": round(_bytes(trainable) / mib, 1),
         "optimizer_state": round(_bytes(state) / mib, 1),
@@ -391,7 +389,9 @@ def saved_tensor_mb(trainer, fn) -> float:
 
     r = trainer.roles
     params = {
-        p.untyped_storage().data_ptr() for m in (r.policy, r.critic, r.reward_model) for p in m.parameters()
+        p.untyped_storage().data_ptr()
+        for m in (r.policy.model, r.critic.model, r.reward_model.model)
+        for p in m.parameters()
     }
     saved: dict[int, int] = {}
 
@@ -408,7 +408,7 @@ def saved_tensor_mb(trainer, fn) -> float:
 
 def activation_mb(trainer) -> dict:
     """Activations saved for backward by one update micro-batch (the last rollout, all rows), for
-    the policy and the critic; rl.py's update keeps both graphs alive until their backward calls."""
+    the policy and the critic (each role's micro-batch graph lives until its backward call)."""
     from rlhf.models.logprobs import response_logprobs
     from rlhf.models.scalar_head import response_values
 
@@ -417,9 +417,11 @@ def activation_mb(trainer) -> dict:
     args = (micro.input_ids, micro.attention_mask, micro.prompt_length)
     policy = saved_tensor_mb(
         trainer,
-        lambda: response_logprobs(r.policy, *args, temperature=c.rollout.temperature, with_entropy=True),
+        lambda: response_logprobs(
+            r.policy.model, *args, temperature=r.policy.sampling.temperature, with_entropy=True
+        ),
     )
-    critic = saved_tensor_mb(trainer, lambda: response_values(r.critic, *args))
+    critic = saved_tensor_mb(trainer, lambda: response_values(r.critic.model, *args))
     return {"activations_policy": round(policy, 1), "activations_critic": round(critic, 1)}
 
 

@@ -113,14 +113,15 @@ def test_iteration_phases_match_the_trainer(tokenizer, tmp_path, from_sampler):
             "out": str(tmp_path),
             "rollout": {"batch_size": 3, "max_new_tokens": 4, "logprobs_from_sampler": from_sampler},
             # overlap off: FlopCounterMode, a dispatch mode, sees this thread's ops only
-            "train": {"ppo_epochs": 2, "minibatches": 1, "micro_batch_size": 3, "overlap_critic": False},
+            "train": {"ppo_epochs": 2, "minibatches": 1, "micro_batch_size": 3},
+            "runtime": {"overlap_critic": False},
             "log": {"sinks": []},
         },
     )
     roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     trainer = RLTrainer(config, roles, prompts, quiet=True)
-    trainer.sampling = replace(trainer.sampling, stop_at_eos=False)
+    trainer.roles.policy.sampling = replace(trainer.roles.policy.sampling, stop_at_eos=False)
     with FlopCounterMode(display=False) as counter:
         experience, _ = trainer.make_experience()
     rollout_flops = counter.get_total_flops()

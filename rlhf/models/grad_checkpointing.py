@@ -12,6 +12,10 @@ untouched, and the KV cache is never used under it here (every training forward 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
+import torch
 from torch import nn
 
 from rlhf.models.backbone import unwrap_causal_lm
@@ -53,3 +57,24 @@ def is_gradient_checkpointing(model: nn.Module) -> bool:
     """True when checkpointing is on for `model`'s decoder layers."""
     lm = _causal_lm(model)
     return any(getattr(m, "gradient_checkpointing", False) for m in lm.modules())
+
+
+@contextlib.contextmanager
+def checkpointing_in_eval(model: nn.Module) -> Iterator[None]:
+    """Checkpointed decoder layers of `model` recompute in the backward although the model is in eval
+    mode (an RL role keeps dropout off, so that the first PPO ratio is exactly 1, yet wants the memory
+    saving). Transformers checkpoints a layer only when the layer itself is in training mode: for the
+    block, each checkpointed layer's own flag is set, never its children's (dropout stays off)."""
+    layers = [
+        m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True and not m.training
+    ]
+    if not layers or not torch.is_grad_enabled():
+        yield
+        return
+    for layer in layers:
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.training = False

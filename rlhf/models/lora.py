@@ -56,18 +56,3 @@ def apply_lora(
         model.head.requires_grad_(True)
         return model
     return _wrap(model, config)
-
-
-def merged_for_export(model: nn.Module) -> nn.Module:
-    """The model to `save_pretrained` as a plain Hugging Face directory: with LoRA (a PEFT causal LM,
-    or a `ScalarHeadModel` on one), a copy with the adapters merged into the weights, so that the
-    trained model stays as it is (a run may go on); otherwise `model` itself."""
-    import copy
-
-    if isinstance(model, ScalarHeadModel) and is_peft_model(model.causal_lm):
-        merged = copy.deepcopy(model)
-        merged.causal_lm = merged.causal_lm.merge_and_unload()
-        return merged
-    if is_peft_model(model):
-        return copy.deepcopy(model).merge_and_unload()
-    return model

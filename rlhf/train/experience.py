@@ -38,6 +38,11 @@ class Experience:
     def num_tokens(self) -> float:
         return float(self.response_mask.sum())
 
+    def to(self, device: torch.device | str) -> Experience:
+        """The same experience with every tensor on `device`."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "prompt_length"}
+        return Experience(prompt_length=self.prompt_length, **{k: v.to(device) for k, v in moved.items()})
+
     def select(self, index: torch.Tensor) -> Experience:
         """Rows `index`, with columns that are padding in every selected row trimmed away."""
         picked = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "prompt_length"}

@@ -313,7 +313,8 @@ class RLTrainer:
         self.prompts.load_state_dict(state["prompts"])
         self.detector.load_state_dict(state["detector"])
         ckpt.set_rng_state(state["rng"], {"sample": self.sample_generator, "shuffle": self.shuffle_generator})
-        self.buffer = [Experience(**e) for e in state["buffer"]]
+        device = next(self.roles.policy.model.parameters()).device
+        self.buffer = [Experience(**e).to(device) for e in state["buffer"]]
 
 
 def roles_state_of_v1(state: dict) -> dict:

@@ -54,7 +54,9 @@ def test_preset_runs_with_sane_metrics(preset, make_trainer, tmp_path):
 
     for name, param in trainer.roles.policy.model.named_parameters():
         assert not param.detach().equal(policy_before[name]), f"{name} did not move"
-    assert any(not p.detach().equal(critic_before[n]) for n, p in trainer.roles.critic.model.named_parameters())
+    assert any(
+        not p.detach().equal(critic_before[n]) for n, p in trainer.roles.critic.model.named_parameters()
+    )
 
     rows = metric_rows(tmp_path / preset, kinds=("iteration",))
     assert [r["iteration"] for r in rows] == [0, 1]

@@ -113,7 +113,9 @@ def test_entropy_bonus_raises_the_entropy(make_trainer):
     assert float(exp.advantages.abs().max()) == 0.0
 
     def mean_entropy() -> float:
-        return float(masked_mean(logp_of(trainer.roles.policy.model, exp, with_entropy=True)[1], exp.response_mask))
+        return float(
+            masked_mean(logp_of(trainer.roles.policy.model, exp, with_entropy=True)[1], exp.response_mask)
+        )
 
     before = mean_entropy()
     for _ in range(3):
@@ -176,7 +178,11 @@ def test_value_clip_limits_the_value_step(clip, make_trainer):
 @pytest.mark.parametrize("init", ["reward_model", "policy"])
 def test_critic_init(init, make_trainer):
     trainer = make_trainer(rl_config("ppo_max", model={"critic_init": init}))
-    critic, rm, policy = trainer.roles.critic.model, trainer.roles.reward_model.model, trainer.roles.policy.model
+    critic, rm, policy = (
+        trainer.roles.critic.model,
+        trainer.roles.reward_model.model,
+        trainer.roles.policy.model,
+    )
     exp, metrics = trainer.make_experience()
     if init == "reward_model":  # a copy of the reward model, head included (PPO paper sec. 5.3.3)
         assert critic is not rm
@@ -215,7 +221,10 @@ def test_shared_critic_pretraining_trains_only_the_head(make_trainer):
         critic={"pretrain_iterations": 2, "pretrain_patience": 5},
     )
     trainer = make_trainer(config)
-    policy_before, head_before = params_of(trainer.roles.policy.model), params_of(trainer.roles.critic.model.head)
+    policy_before, head_before = (
+        params_of(trainer.roles.policy.model),
+        params_of(trainer.roles.critic.model.head),
+    )
     trainer.train()
     assert max_change(policy_before, trainer.roles.policy.model) == 0.0
     assert max_change(head_before, trainer.roles.critic.model.head) > 0
@@ -243,7 +252,10 @@ def test_max_grad_norm_clips_policy_and_critic(max_norm, make_trainer):
         critic_optim={"max_grad_norm": max_norm},
     )
     trainer = make_trainer(config)
-    policy_norms, critic_norms = record_steps(trainer.roles.policy.optimizer), record_steps(trainer.roles.critic.optimizer)
+    policy_norms, critic_norms = (
+        record_steps(trainer.roles.policy.optimizer),
+        record_steps(trainer.roles.critic.optimizer),
+    )
     metrics = trainer.step()
     assert len(policy_norms) == len(critic_norms) == config.train.minibatches
     pre_clip = {"policy": metrics["policy/grad_norm"], "value": metrics["value/grad_norm"]}
@@ -278,7 +290,10 @@ def test_epochs_and_minibatches_set_the_optimizer_step_count(epochs, minibatches
         critic={"pretrain_iterations": 1, "pretrain_patience": 5},
     )
     trainer = make_trainer(config)
-    policy_norms, critic_norms = record_steps(trainer.roles.policy.optimizer), record_steps(trainer.roles.critic.optimizer)
+    policy_norms, critic_norms = (
+        record_steps(trainer.roles.policy.optimizer),
+        record_steps(trainer.roles.critic.optimizer),
+    )
     trainer.train()
     assert len(policy_norms) == 2 * epochs * minibatches
     assert len(critic_norms) == 3 * epochs * minibatches  # + the pre-training iteration

@@ -117,7 +117,10 @@ def test_critic_pretraining_lowers_value_loss_and_freezes_policy(make_trainer, t
             )
             return float(value_loss(values, exp.old_values, exp.returns, exp.response_mask)[0])
 
-    policy_before, critic_before = params_of(trainer.roles.policy.model), params_of(trainer.roles.critic.model)
+    policy_before, critic_before = (
+        params_of(trainer.roles.policy.model),
+        params_of(trainer.roles.critic.model),
+    )
     loss_before = loss_on_exp()
     trainer.train()
     assert max_change(policy_before, trainer.roles.policy.model) == 0.0  # bitwise equal

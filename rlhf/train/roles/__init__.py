@@ -13,8 +13,11 @@ from pathlib import Path
 import torch
 
 from rlhf.config import RLConfig
+from rlhf.models.device import resolve_device
+from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
-from rlhf.models.lora import merged_for_export
+from rlhf.models.export import export_copy
+from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel, init_critic
@@ -91,13 +94,13 @@ class Roles:
         load_model(self.critic.model, str(directory / "critic.safetensors"))
 
     def export(self, directory: Path) -> None:
-        """The trained policy as a Hugging Face directory (LoRA merged) with the tokenizer; a separate
-        critic in `critic/`."""
+        """The trained policy as a float32 Hugging Face directory (LoRA merged) with the tokenizer; a
+        separate critic in `critic/`."""
         with quiet_hf_saves():
-            merged_for_export(self.policy.model).save_pretrained(directory)
+            export_copy(self.policy.model).save_pretrained(directory)
             self.tokenizer.save_pretrained(directory)
             if not self.critic.shares_policy:
-                self.critic.model.save_pretrained(directory / "critic")
+                export_copy(self.critic.model).save_pretrained(directory / "critic")
 
 
 def optimizer_steps(config: RLConfig) -> tuple[int, int]:
@@ -113,10 +116,14 @@ def assemble_roles(
     policy: torch.nn.Module,
     reward_model: ScalarHeadModel,
 ) -> Roles:
-    """Build the four roles around an SFT policy and a reward model (both already loaded)."""
+    """Build the four roles around an SFT policy and a reward model (both already loaded), on
+    `train.device` in the `model.dtype` precision."""
     c = config
+    device = resolve_device(c.train.device, key="train.device")
+    precision = Precision.resolve(c.model.dtype, device, key="model.dtype")
     tokenizer = prepare_tokenizer(tokenizer)
-    reward_model.eval().requires_grad_(False)
+    precision.prepare(policy)
+    precision.prepare(reward_model.eval().requires_grad_(False))
     torch.manual_seed(c.seed)
     if c.model.critic_mode == "separate":
         if c.model.critic_init == "reward_model":
@@ -124,18 +131,24 @@ def assemble_roles(
         else:
             critic_model = init_critic(policy)  # a copy of the SFT trunk with a zero head
     if c.model.lora.enabled:
-        policy = with_lora(policy, c.model.lora)
+        policy = precision.prepare(with_lora(policy, c.model.lora))
         reference = ReferenceModel(policy, mode="adapter")  # no second copy of the weights
     else:
         reference = ReferenceModel(policy, mode="copy")
     joint_value = None
     if c.model.critic_mode == "shared":
         head_on_trunk = ScalarHeadModel.from_causal_lm(policy, head_init_std=0.0)
-        joint_value = JointValue(ValueForward(head_on_trunk), c.model.value_coef, c.critic.value_clip)
-    elif c.model.critic_lora.enabled:
-        critic_model = with_lora(critic_model, c.model.critic_lora)  # adapters + the value head train
+        joint_value = JointValue(
+            ValueForward(head_on_trunk, precision), c.model.value_coef, c.critic.value_clip
+        )
+    elif c.model.critic_lora.enabled:  # adapters + the value head train
+        critic_model = precision.prepare(with_lora(critic_model, c.model.critic_lora))
     else:
         critic_model.requires_grad_(True)
+    if c.model.gradient_checkpointing:  # activations of one decoder layer kept, the rest recomputed
+        gradient_checkpointing(policy)
+        if joint_value is None:
+            gradient_checkpointing(critic_model)
     policy.eval()  # no dropout: the first PPO ratio is exactly 1
     rows = c.train.micro_batch_size
     rl_steps, pretrain_steps = optimizer_steps(c)
@@ -160,6 +173,7 @@ def assemble_roles(
         total_steps=rl_steps + (pretrain_steps if joint_value else 0),
         micro_batch_size=rows,
         joint_value=joint_value,
+        precision=precision,
     )
     if joint_value is not None:
         critic = SharedCritic(policy_role)
@@ -170,13 +184,16 @@ def assemble_roles(
             optim=c.critic_optim,
             total_steps=rl_steps + pretrain_steps,
             micro_batch_size=rows,
+            precision=precision,
         )
     return Roles(
         tokenizer=tokenizer,
         policy=policy_role,
-        reference=Reference(reference, temperature=c.rollout.temperature, micro_batch_size=rows),
+        reference=Reference(
+            reference, temperature=c.rollout.temperature, micro_batch_size=rows, precision=precision
+        ),
         critic=critic,
-        reward_model=RewardModel(reward_model, micro_batch_size=rows),
+        reward_model=RewardModel(reward_model, micro_batch_size=rows, precision=precision),
     )
 
 

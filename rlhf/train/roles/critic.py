@@ -16,6 +16,7 @@ import torch
 
 from rlhf.config import OptimConfig
 from rlhf.core import value_loss
+from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.train.experience import Experience, in_row_chunks
@@ -53,10 +54,11 @@ class Critic(Learner):
         optim: OptimConfig,
         total_steps: int,
         micro_batch_size: int,
+        precision: Precision | None = None,
     ) -> None:
         self.model = model
         self.value_clip = value_clip
-        self.forward = ValueForward(model)
+        self.forward = ValueForward(model, precision)
         super().__init__(self.forward, optim, total_steps, micro_batch_size)
 
     @torch.no_grad()

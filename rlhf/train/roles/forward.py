@@ -3,15 +3,21 @@
 This library calls a Hugging Face causal LM as decoder + output head (models/backbone.py), so the
 output head runs only on the columns a loss needs. A wrapper that hooks `forward` (DDP's gradient
 synchronization, FSDP2's parameter gathering) must see every parameter a loss touches go through
-one call of the module it wraps: these thin modules are that call.
+one call of the module it wraps: these thin modules are that call. Each runs under its role's
+precision (bf16 autocast, or nothing) and lets checkpointed decoder layers recompute in the
+backward although the role stays in eval mode (no dropout).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
+from rlhf.models.grad_checkpointing import checkpointing_in_eval
 from rlhf.models.logprobs import response_logprobs
+from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel, response_values
 from rlhf.models.sequences import Sequences
 from rlhf.train.lm_loss import model_token_nll
@@ -22,9 +28,10 @@ class PolicyForward(nn.Module):
     [B, T] or None) of the response tokens; `forward(lm_batch=...)` -> (summed next-token NLL, token
     count) of a right-padded SFT batch (the PPO-ptx term)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, precision: Precision | None = None) -> None:
         super().__init__()
         self.model = model
+        self.precision = precision
 
     def forward(
         self,
@@ -34,10 +41,14 @@ class PolicyForward(nn.Module):
         entropy_grad: bool = True,
         lm_batch: dict | None = None,
     ):
-        if lm_batch is not None:
-            return model_token_nll(
-                self.model, lm_batch["input_ids"], lm_batch["attention_mask"], lm_batch["loss_mask"]
-            )
+        with autocast(self.precision), checkpointing_in_eval(self.model):
+            if lm_batch is not None:
+                return model_token_nll(
+                    self.model, lm_batch["input_ids"], lm_batch["attention_mask"], lm_batch["loss_mask"]
+                )
+            return self._logprobs(sequences, temperature, with_entropy, entropy_grad)
+
+    def _logprobs(self, sequences, temperature, with_entropy, entropy_grad):
         return response_logprobs(
             self.model,
             sequences.input_ids,
@@ -52,11 +63,18 @@ class PolicyForward(nn.Module):
 class ValueForward(nn.Module):
     """`forward(sequences)` -> V(s_t) [B, T] for each response token (0 at padding)."""
 
-    def __init__(self, model: ScalarHeadModel) -> None:
+    def __init__(self, model: ScalarHeadModel, precision: Precision | None = None) -> None:
         super().__init__()
         self.model = model
+        self.precision = precision
 
     def forward(self, sequences: Sequences) -> torch.Tensor:
-        return response_values(
-            self.model, sequences.input_ids, sequences.attention_mask, sequences.prompt_length
-        )
+        with autocast(self.precision), checkpointing_in_eval(self.model):
+            return response_values(
+                self.model, sequences.input_ids, sequences.attention_mask, sequences.prompt_length
+            )
+
+
+def autocast(precision: Precision | None):
+    """The precision's autocast context (bf16), or nothing."""
+    return precision.autocast() if precision is not None else contextlib.nullcontext()

@@ -8,17 +8,27 @@ from contextlib import contextmanager
 
 import torch
 
+from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.train.experience import in_row_chunks
+from rlhf.train.roles.forward import autocast
 
 
 class Reference:
     """The SFT policy, frozen: a copy, or the LoRA policy with its adapter switched off."""
 
-    def __init__(self, reference: ReferenceModel, *, temperature: float, micro_batch_size: int) -> None:
+    def __init__(
+        self,
+        reference: ReferenceModel,
+        *,
+        temperature: float,
+        micro_batch_size: int,
+        precision: Precision | None = None,
+    ) -> None:
         self.reference = reference
+        self.precision = precision
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
 
@@ -34,11 +44,12 @@ class Reference:
         with self.reference.session() as logprobs:
 
             def chunked(sequences: Sequences) -> torch.Tensor:
-                return in_row_chunks(
-                    lambda s: logprobs(s.input_ids, s.attention_mask, s.prompt_length, self.temperature),
-                    sequences,
-                    self.micro_batch_size,
-                )
+                with autocast(self.precision):  # per call: autocast is per thread
+                    return in_row_chunks(
+                        lambda s: logprobs(s.input_ids, s.attention_mask, s.prompt_length, self.temperature),
+                        sequences,
+                        self.micro_batch_size,
+                    )
 
             yield chunked
 
@@ -46,14 +57,18 @@ class Reference:
 class RewardModel:
     """A scalar-head model read at the last real token of each row."""
 
-    def __init__(self, model: ScalarHeadModel, *, micro_batch_size: int) -> None:
+    def __init__(
+        self, model: ScalarHeadModel, *, micro_batch_size: int, precision: Precision | None = None
+    ) -> None:
         self.model = model.eval().requires_grad_(False)
         self.micro_batch_size = micro_batch_size
+        self.precision = precision
 
     @torch.no_grad()
     def score(self, sequences: Sequences) -> torch.Tensor:
         """Scores [B] (float32), `micro_batch_size` rows per forward."""
         ids, mask, rows = sequences.input_ids, sequences.attention_mask, self.micro_batch_size
-        return torch.cat(
-            [self.model.score(ids[k : k + rows], mask[k : k + rows]) for k in range(0, len(ids), rows)]
-        ).float()
+        with autocast(self.precision):
+            return torch.cat(
+                [self.model.score(ids[k : k + rows], mask[k : k + rows]) for k in range(0, len(ids), rows)]
+            ).float()

@@ -17,11 +17,12 @@ from torch import nn
 from rlhf.config import OptimConfig, PolicyLossConfig
 from rlhf.core import masked_mean, policy_loss, policy_loss_params
 from rlhf.data.collate import left_pad
+from rlhf.models.precision import Precision
 from rlhf.models.sampling import Rollout, SamplingConfig, generate
 from rlhf.models.sequences import Sequences
 from rlhf.train.experience import Experience, in_row_chunks
 from rlhf.train.roles.critic import value_micro_loss
-from rlhf.train.roles.forward import PolicyForward, ValueForward
+from rlhf.train.roles.forward import PolicyForward, ValueForward, autocast
 from rlhf.train.roles.learner import Learner, StepStats
 
 
@@ -59,12 +60,14 @@ class Policy(Learner):
         total_steps: int,
         micro_batch_size: int,
         joint_value: JointValue | None = None,
+        precision: Precision | None = None,
     ) -> None:
         self.model = model  # the causal LM (a PEFT model when LoRA is on)
         self.tokenizer = tokenizer
         self.loss = loss
         self.sampling = sampling
-        self.forward = PolicyForward(model)
+        self.precision = precision
+        self.forward = PolicyForward(model, precision)
         self.joint_value = joint_value
         self.ptx: PtxObjective | None = None
         trained = self.forward if joint_value is None else nn.ModuleList([self.forward, joint_value.forward])
@@ -78,16 +81,17 @@ class Policy(Learner):
         tok = self.tokenizer
         device = next(self.model.parameters()).device
         ids, mask = left_pad(prompts, tok.pad_token_id)
-        return generate(
-            self.model,
-            ids.to(device),
-            mask.to(device),
-            self.sampling,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            generator=generator,
-            return_logprobs=return_logprobs,
-        )
+        with autocast(self.precision):
+            return generate(
+                self.model,
+                ids.to(device),
+                mask.to(device),
+                self.sampling,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                generator=generator,
+                return_logprobs=return_logprobs,
+            )
 
     @torch.no_grad()
     def logprobs(self, sequences: Sequences) -> torch.Tensor:

@@ -1,8 +1,10 @@
-"""The switches that make an iteration cheaper without changing what it computes:
-the critic's update beside the policy's (train.overlap_critic, concurrency.py), the rollout's
-forwards on two halves of the rows (rollout.split_forwards), the old log-probs read from the
-sampler (rollout.logprobs_from_sampler), freed memory kept for reuse (train.keep_freed_memory,
-allocator.py) and packed weights for sampling (rollout.pack_weights, packed_linear.py)."""
+"""The local runtime's switches (rlhf/runtime/local.py, LocalRuntime), which make an iteration
+cheaper without changing what it computes: the critic's update beside the policy's
+(runtime.overlap_critic, `train`), the rollout's forwards on two halves of the rows
+(runtime.split_forwards, `map_rows`), freed memory kept for reuse (runtime.keep_freed_memory,
+runtime/allocator.py) and packed weights for sampling (runtime.pack_weights, packed_linear.py); and
+the old log-probs read from the sampler (rollout.logprobs_from_sampler). The threads and FLOP
+counts they use, without a trainer: test_runtime_threads.py."""
 
 from __future__ import annotations
 
@@ -10,156 +12,16 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from functools import partial
 
 import pytest
 import torch
 from train_testing import rl_config
 
-import rlhf.train.rl as rl_module
-from rlhf.train.concurrency import (
-    MIN_HANDOVER_STEP_FLOPS,
-    by_row_halves,
-    forward_flops,
-    handover_step,
-    run_side_by_side,
-    side_by_side_threads,
-    training_flops_per_token,
-)
-
-# -- run_side_by_side ------------------------------------------------------------------------------
-
-
-def test_side_by_side_runs_every_step_in_order_on_two_threads_and_restores_threads():
-    torch.set_num_threads(1)
-    seen: dict[str, list] = {"here": [], "beside": []}
-
-    def step(side: str, i: int):
-        def run():
-            seen[side].append((i, threading.current_thread().name, torch.get_num_threads()))
-
-        return run
-
-    run_side_by_side([step("here", i) for i in range(4)], [step("beside", i) for i in range(3)], 1)
-    assert [i for i, _, _ in seen["here"]] == [0, 1, 2, 3]
-    assert [i for i, _, _ in seen["beside"]] == [0, 1, 2]
-    assert {name for _, name, _ in seen["here"]} == {threading.current_thread().name}
-    assert {name for _, name, _ in seen["beside"]} == {"rlhf-side-by-side"}
-    assert {n for side in seen.values() for _, _, n in side} == {1}
-    assert torch.get_num_threads() == 1
-
-
-@pytest.mark.parametrize("failing", ["here", "beside"])
-def test_side_by_side_reraises_an_error_and_the_other_side_stops(failing):
-    torch.set_num_threads(1)
-    started = threading.Event()  # the other side is inside its first step
-    gate = threading.Event()  # the failing side's error is recorded before the other side goes on
-    ran: list[str] = []
-
-    def boom():
-        started.wait(timeout=30)
-        try:
-            raise RuntimeError(f"{failing} failed")
-        finally:
-            gate.set()
-
-    def wait_then(name):
-        def run():
-            started.set()
-            gate.wait(timeout=30)
-            ran.append(name)
-
-        return run
-
-    failing_steps = [boom, lambda: ran.append("after the error")]
-    other_steps = [wait_then("first"), lambda: ran.append("second"), lambda: ran.append("third")]
-    here, beside = (failing_steps, other_steps) if failing == "here" else (other_steps, failing_steps)
-    with pytest.raises(RuntimeError, match=f"{failing} failed"):
-        run_side_by_side(here, beside, 1)
-    assert ran == ["first"]  # the other side finished the step it was in, then stopped
-    assert torch.get_num_threads() == 1
-
-
-@pytest.mark.parametrize("handover_at", [0, 2, 4, 9])
-def test_the_longer_side_takes_every_thread_once_the_other_is_done(handover_at):
-    """Steps from `handover_at` on run after the helper's last step, with this thread's own count."""
-    torch.set_num_threads(2)
-    helper_done = threading.Event()
-    here: list[tuple[int, int, bool]] = []
-
-    def step_here(i: int):
-        return lambda: here.append((i, torch.get_num_threads(), helper_done.is_set()))
-
-    beside = [lambda: None] * 3 + [helper_done.set]
-    run_side_by_side([step_here(i) for i in range(4)], beside, 1, handover_at)
-    assert [i for i, _, _ in here] == [0, 1, 2, 3]
-    for i, threads, done in here:
-        if i >= handover_at:
-            assert (threads, done) == (2, True)
-        else:
-            assert threads == 1
-    assert torch.get_num_threads() == 2
-
-
-def test_no_step_runs_after_the_hand_over_when_the_helper_failed():
-    torch.set_num_threads(1)
-    ran: list[int] = []
-
-    def boom():
-        raise RuntimeError("helper failed")
-
-    with pytest.raises(RuntimeError, match="helper failed"):
-        run_side_by_side([lambda: ran.append(0), lambda: ran.append(1)], [boom], 1, handover_at=1)
-    assert ran in ([], [0])  # step 0 may start before the helper's error; step 1 never runs
-    assert torch.get_num_threads() == 1
-
-
-G = 1e9  # FLOPs
-
-
-@pytest.mark.parametrize(
-    "steps_here, flops_here, steps_beside, flops_beside, expected",
-    [
-        (16, 5.5 * G, 16, 0.86 * 5.5 * G, 14),  # ceil(13.76): small-4x4's measured critic/policy ratio
-        (16, 4 * G, 16, 2 * G, 8),  # exactly on a step: no extra step beside
-        (16, 4 * G, 16, 4 * G, 16),  # equal sides: no hand-over
-        (4, 4 * G, 8, 1 * G, 2),  # unequal step counts
-        (16, 0.2 * G, 16, 0.1 * G, 16),  # tiny steps: more threads would slow them down
-    ],
-)
-def test_handover_step_is_where_the_shorter_side_is_predicted_done(
-    steps_here, flops_here, steps_beside, flops_beside, expected
-):
-    assert handover_step(steps_here, flops_here, steps_beside, flops_beside) == expected
-
-
-def test_handover_needs_steps_large_enough_for_more_threads():
-    assert handover_step(16, MIN_HANDOVER_STEP_FLOPS, 16, MIN_HANDOVER_STEP_FLOPS / 2) == 8
-    assert handover_step(16, MIN_HANDOVER_STEP_FLOPS * 0.99, 16, MIN_HANDOVER_STEP_FLOPS / 2) == 16
-
-
-def test_training_flops_count_weight_matrices_not_embeddings_or_vectors():
-    model = torch.nn.Sequential(torch.nn.Embedding(100, 4), torch.nn.Linear(4, 8), torch.nn.LayerNorm(8))
-    assert training_flops_per_token([model]) == 32 * 6  # forward, input gradient, weight gradient
-    model[1].weight.requires_grad_(False)
-    assert training_flops_per_token([model]) == 32 * 4  # frozen (LoRA base): no weight gradient
-    head = torch.nn.Linear(8, 10, bias=False)
-    assert training_flops_per_token([model, head], scale=[1.0, 0.5]) == 32 * 4 + 80 * 6 * 0.5
-
-
-def test_side_by_side_threads_split_the_intra_op_threads(monkeypatch):
-    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 1)
-    assert side_by_side_threads() is None  # one core: two threads would only take turns
-    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 8)
-    previous = torch.get_num_threads()
-    try:
-        for threads, each in [(1, 1), (2, 1), (4, 2), (5, 2)]:
-            torch.set_num_threads(threads)
-            assert side_by_side_threads() == each
-    finally:
-        torch.set_num_threads(previous)
-
+import rlhf.runtime.local as local_module
+import rlhf.train.roles.forward as forward_module
+from rlhf.runtime.flops import handover_step
+from rlhf.runtime.threads import by_row_halves, run_side_by_side
 
 # -- the trainer's update beside the critic's --------------------------------------------------------
 
@@ -167,20 +29,21 @@ def test_side_by_side_threads_split_the_intra_op_threads(monkeypatch):
 def one_update(make_trainer, monkeypatch, tmp_path, *, cores: int, **overrides):
     """A trainer's first iteration with the machine reporting `cores` cores; returns its metrics,
     its parameters, and how many times the side-by-side update ran."""
-    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: cores)
+    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: cores)
     calls = []
 
     def spy(*args):
         calls.append(args[2:])
         return run_side_by_side(*args)
 
-    monkeypatch.setattr(rl_module, "run_side_by_side", spy)
+    monkeypatch.setattr(local_module, "run_side_by_side", spy)
     trainer = make_trainer(
         rl_config("ppo_max", **overrides), run_dir=tmp_path / f"run{len(list(tmp_path.iterdir()))}"
     )
     metrics = trainer.step()
     params = [
-        p.detach().clone() for p in (*trainer.roles.policy.model.parameters(), *trainer.roles.critic.model.parameters())
+        p.detach().clone()
+        for p in (*trainer.roles.policy.model.parameters(), *trainer.roles.critic.model.parameters())
     ]
     return metrics, params, calls
 
@@ -197,10 +60,10 @@ def test_overlapped_update_equals_the_sequential_one(make_trainer, monkeypatch, 
         weighed.append(args)
         return forced_handover if forced_handover is not None else handover_step(*args)
 
-    monkeypatch.setattr(rl_module, "handover_step", handover)
+    monkeypatch.setattr(local_module, "handover_step", handover)
     base = {"train": {"ppo_epochs": 2, "minibatches": 2}}
     sequential, seq_params, seq_calls = one_update(
-        make_trainer, monkeypatch, tmp_path, cores=2, train={**base["train"], "overlap_critic": False}
+        make_trainer, monkeypatch, tmp_path, cores=2, runtime={"overlap_critic": False}, **base
     )
     overlapped, ovl_params, ovl_calls = one_update(make_trainer, monkeypatch, tmp_path, cores=2, **base)
     assert seq_calls == []
@@ -222,19 +85,29 @@ def test_step_flops_follow_the_models_and_the_minibatch(make_trainer):
     """FLOPs of one optimizer step: 6 per weight and token for the trained trunk, the policy's head
     on the response columns only; a LoRA policy's frozen weights get no weight gradient (4), so a
     fully trained critic becomes the longer side and runs on the caller's thread."""
-    trainer = make_trainer(rl_config("vanilla_ppo", train={"minibatches": 2}))
+    trainer = make_trainer(rl_config("vanilla_ppo", train={"minibatches": 1}))
     experience, _ = trainer.make_experience()
-    policy_flops, critic_flops = trainer.step_flops(experience)
-    decoder = trainer.roles.policy.model
+    policy, critic = trainer.roles.learners(train_policy=True)
+    policy_flops, critic_flops = (trainer.runtime.step_flops(r, [experience]) for r in (policy, critic))
+    decoder = trainer.roles.policy.model.model  # the decoder (LlamaModel) under the output head
     trunk = sum(q.numel() for n, q in decoder.named_parameters() if q.dim() == 2 and "embed" not in n)
     head = trainer.roles.policy.model.lm_head.weight.numel()
     rows, width = experience.input_ids.shape
-    tokens = rows * (width - 1) / 2  # the decoders never compute the last column
+    tokens = rows * (width - 1)  # one minibatch of every row; the decoders never compute the last column
     share = experience.response_mask.shape[1] / (width - 1)
     assert policy_flops == pytest.approx(6 * (trunk + head * share) * tokens)
-    assert critic_flops == pytest.approx(6 * (trunk + trainer.roles.critic.model.head.weight.numel()) * tokens)
-    lora = make_trainer(rl_config("vanilla_ppo", train={"minibatches": 2}, model={"lora": {"enabled": True}}))
-    lora_policy_flops, lora_critic_flops = lora.step_flops(experience)
+    critic_head = trainer.roles.critic.model.head.weight.numel()
+    assert critic_flops == pytest.approx(6 * (trunk + critic_head) * tokens)
+    # several minibatches: the mean of their steps, each on its own rows and columns
+    halves = list(experience.minibatches(2, torch.Generator().manual_seed(0)))
+    assert len(halves) == 2
+    assert trainer.runtime.step_flops(critic, halves) == pytest.approx(
+        sum(6 * (trunk + critic_head) * m.input_ids.shape[0] * (m.input_ids.shape[1] - 1) for m in halves) / 2
+    )
+    lora = make_trainer(rl_config("vanilla_ppo", train={"minibatches": 1}, model={"lora": {"enabled": True}}))
+    lora_policy_flops, lora_critic_flops = (
+        lora.runtime.step_flops(r, [experience]) for r in lora.roles.learners(train_policy=True)
+    )
     assert lora_policy_flops < lora_critic_flops == pytest.approx(critic_flops)
 
 
@@ -252,13 +125,13 @@ def test_no_overlap_on_one_core_or_with_a_shared_critic(
 
 
 def test_an_error_in_the_critic_update_reaches_the_caller(make_trainer, monkeypatch):
-    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 2)
+    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
     trainer = make_trainer(rl_config("vanilla_ppo"))
 
     def broken(*args, **kwargs):
         raise FloatingPointError("value loss is NaN")
 
-    monkeypatch.setattr(rl_module, "value_loss", broken)
+    monkeypatch.setattr("rlhf.train.roles.critic.value_loss", broken)
     threads = torch.get_num_threads()
     with pytest.raises(FloatingPointError, match="value loss is NaN"):
         trainer.step()
@@ -268,52 +141,27 @@ def test_an_error_in_the_critic_update_reaches_the_caller(make_trainer, monkeypa
 # -- the rollout's forwards on two halves of the rows --------------------------------------------------
 
 
-@pytest.mark.parametrize("rows, threads_each, calls", [(5, 1, 2), (5, None, 1), (1, 1, 1)])
-def test_row_halves_are_joined_in_order_under_the_callers_autograd_mode(rows, threads_each, calls):
-    torch.set_num_threads(1)
-    seen = []
-
-    def compute(where: slice) -> torch.Tensor:
-        seen.append((where, threading.current_thread().name, torch.is_inference_mode_enabled()))
-        return torch.arange(rows)[where] * 10
-
-    with torch.inference_mode():
-        out = by_row_halves(compute, rows, threads_each)
-    assert torch.equal(out, torch.arange(rows) * 10)
-    assert len(seen) == calls
-    assert all(inference for _, _, inference in seen)  # the helper thread too
-    if calls == 2:
-        assert sorted((w.start, w.stop) for w, _, _ in seen) == [(0, 3), (3, 5)]
-        assert {name for _, name, _ in seen} == {threading.current_thread().name, "rlhf-side-by-side"}
-    assert torch.get_num_threads() == 1
-
-
-def test_forward_flops_count_two_per_weight_matrix_and_token():
-    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
-    assert forward_flops([model], tokens=5) == 2 * 5 * (4 * 3)
-
-
 @pytest.mark.parametrize("lora", [False, True], ids=["copied-reference", "adapter-reference"])
 def test_split_forwards_equal_the_whole_batch(make_trainer, monkeypatch, tmp_path, lora):
     """Scores, old and reference log-probs and values computed on two halves of the rows, one thread
     each, equal the whole batch's to float rounding; a LoRA reference switches its adapter off once
     for both halves (per call, one thread could switch it back on under the other)."""
     torch.set_num_threads(1)
-    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 2)
-    monkeypatch.setattr(rl_module, "MIN_SPLIT_FORWARD_FLOPS", 0.0)
+    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
+    monkeypatch.setattr(local_module, "MIN_SPLIT_FORWARD_FLOPS", 0.0)
     calls = []
 
     def spy(compute, rows, threads_each):
         calls.append(threads_each)
         return by_row_halves(compute, rows, threads_each)
 
-    monkeypatch.setattr(rl_module, "by_row_halves", spy)
+    monkeypatch.setattr(local_module, "by_row_halves", spy)
     experiences = {}
     for split in (False, True):
         trainer = make_trainer(
             rl_config(
                 "vanilla_ppo",
-                rollout={"split_forwards": split},
+                runtime={"split_forwards": split},
                 model={"lora": {"enabled": lora}},
             ),
             run_dir=tmp_path / f"split-{split}",
@@ -370,12 +218,12 @@ def test_models_whose_forward_rewrites_rope_frequencies_are_never_split(
     model.config = config
     assert forward_changes_state(model) is stateful
     torch.set_num_threads(1)
-    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 2)
+    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
     trainer = make_trainer(rl_config("vanilla_ppo"))
     if rope is not None:
         reward_config = trainer.roles.reward_model.model.causal_lm.config
         reward_config.rope_parameters = {"rope_theta": 10000.0, **rope}
-    assert (trainer.split_forward_threads(tokens=10**9) is None) is stateful
+    assert (trainer.runtime.split_forward_threads(tokens=10**9) is None) is stateful
 
 
 def count_calls(calls: list, function, *args, **kwargs):
@@ -385,15 +233,15 @@ def count_calls(calls: list, function, *args, **kwargs):
 
 def test_split_forwards_need_the_switch_two_cores_and_enough_work(make_trainer, monkeypatch):
     torch.set_num_threads(1)
-    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 2)
+    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
     trainer = make_trainer(rl_config("vanilla_ppo"))
-    assert trainer.split_forward_threads(tokens=10**9) == 1
-    assert trainer.split_forward_threads(tokens=10) is None  # a forward too small to gain from it
-    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 1)
-    assert trainer.split_forward_threads(tokens=10**9) is None
-    monkeypatch.setattr("rlhf.train.concurrency.available_cores", lambda: 2)
-    off = make_trainer(rl_config("vanilla_ppo", rollout={"split_forwards": False}))
-    assert off.split_forward_threads(tokens=10**9) is None
+    assert trainer.runtime.split_forward_threads(tokens=10**9) == 1
+    assert trainer.runtime.split_forward_threads(tokens=10) is None  # a forward too small to gain from it
+    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 1)
+    assert trainer.runtime.split_forward_threads(tokens=10**9) is None
+    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
+    off = make_trainer(rl_config("vanilla_ppo", runtime={"split_forwards": False}))
+    assert off.runtime.split_forward_threads(tokens=10**9) is None
 
 
 # -- old log-probs from the sampler -----------------------------------------------------------------
@@ -408,8 +256,10 @@ def test_sampler_logprobs_replace_the_old_logprob_forward(make_trainer, monkeypa
         rl_config("vanilla_ppo", rollout={"logprobs_from_sampler": True}), run_dir=tmp_path / "sampler"
     )
     calls = []
-    original = rl_module.response_logprobs
-    monkeypatch.setattr(rl_module, "response_logprobs", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = forward_module.response_logprobs
+    monkeypatch.setattr(
+        forward_module, "response_logprobs", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
     experience, _ = from_sampler.make_experience()
     assert calls == []  # the reference model scores through its own wrapper, not this function
     assert torch.equal(experience.input_ids, reference.input_ids)  # same seed, same draws
@@ -437,7 +287,7 @@ def test_sampler_logprobs_give_ratio_one_on_the_first_epoch(make_trainer):
 FAULTS_SCRIPT = textwrap.dedent(
     """
     import ctypes, resource, sys
-    from rlhf.train.allocator import keep_freed_memory
+    from rlhf.runtime.allocator import keep_freed_memory
     in_force = keep_freed_memory() if sys.argv[1] == "keep" else False
     libc = ctypes.CDLL(None)  # torch's CPU tensors come from this malloc too
     libc.malloc.restype = ctypes.c_void_p
@@ -489,10 +339,10 @@ def test_a_malloc_setting_of_the_user_wins():
 
 def test_the_trainer_keeps_freed_memory_unless_switched_off(make_trainer, monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr(rl_module, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(local_module, "keep_freed_memory", lambda: calls.append(1) or True)
     make_trainer(rl_config("vanilla_ppo"), run_dir=tmp_path / "on")
     assert calls == [1]
-    make_trainer(rl_config("vanilla_ppo", train={"keep_freed_memory": False}), run_dir=tmp_path / "off")
+    make_trainer(rl_config("vanilla_ppo", runtime={"keep_freed_memory": False}), run_dir=tmp_path / "off")
     assert calls == [1]
 
 
@@ -515,9 +365,9 @@ def test_pack_weights_reaches_the_sampler_and_draws_the_same_rollout(make_traine
     for pack in (True, False):
         calls.clear()
         trainer = make_trainer(
-            rl_config("vanilla_ppo", rollout={"pack_weights": pack}), run_dir=tmp_path / str(pack)
+            rl_config("vanilla_ppo", runtime={"pack_weights": pack}), run_dir=tmp_path / str(pack)
         )
-        assert trainer.sampling.pack_weights is pack
+        assert trainer.roles.policy.sampling.pack_weights is pack
         experiences[pack], _ = trainer.make_experience()
         assert bool(calls) is (pack and packed_linear.packing_available())
     assert torch.equal(experiences[True].input_ids, experiences[False].input_ids)

@@ -1,0 +1,82 @@
+"""On a CUDA GPU: 3 RL iterations of every preset in float32 and bf16, and exact resume.
+
+Skipped (with the reason shown by `pytest -ra`) without CUDA; run with `pytest tests/gpu -m gpu`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from rlhf.config import PRESETS, RLConfig, deep_merge, load_config
+from rlhf.models.scalar_head import ScalarHeadModel
+from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
+from rlhf.train.rl import RLTrainer
+from rlhf.train.roles import assemble_roles
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+    ),
+]
+
+WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
+TINY = {
+    "seed": 0,
+    "train": {"iterations": 3, "micro_batch_size": 4, "minibatches": 2, "device": "cuda"},
+    "rollout": {"batch_size": 8, "max_new_tokens": 5},
+    "critic": {"pretrain_iterations": 1},
+    "policy_optim": {"lr": 1e-3},
+    "critic_optim": {"lr": 1e-3},
+    "log": {"sinks": ["jsonl"]},
+}
+
+
+def trainer_for(preset: str, run_dir, *, resume=False, **layers) -> RLTrainer:
+    tok = word_tokenizer([" ".join(WORDS)])
+    config = load_config(RLConfig, preset=preset, overrides=deep_merge(TINY, {"out": str(run_dir), **layers}))
+    policy = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=2, num_heads=2)
+    reward = ScalarHeadModel.from_causal_lm(
+        tiny_causal_lm(tok, seed=1, hidden_size=32, num_layers=2, num_heads=2)
+    )
+    roles = assemble_roles(config, tokenizer=tok, policy=policy, reward_model=reward)
+    prompts = [tok(" ".join(WORDS[i : i + 2 + i % 3]))["input_ids"] for i in range(12)]
+    return RLTrainer(config, roles, prompts, run_dir=run_dir, resume=resume, quiet=True)
+
+
+def records(run_dir) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
+        for r in rows
+        if "event" not in r
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_three_iterations_of_each_preset_on_cuda(preset, dtype, tmp_path):
+    trainer = trainer_for(preset, tmp_path / "run", model={"dtype": dtype})
+    assert next(trainer.roles.policy.model.parameters()).device.type == "cuda"
+    assert trainer.sample_generator.device.type == "cuda"
+    trainer.train()
+    rows = [r for r in records(tmp_path / "run") if "iteration" in r]
+    assert len(rows) == 3
+    for row in rows:
+        assert all(math.isfinite(v) for k, v in row.items() if isinstance(v, float)), row
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_resume_on_cuda_gives_the_uninterrupted_metrics(tmp_path):
+    layers = {"checkpoint": {"every": 1}, "train": {**TINY["train"], "iterations": 3}}
+    trainer_for("ppo_max", tmp_path / "whole", **layers).train()
+    first = trainer_for(
+        "ppo_max", tmp_path / "split", **{**layers, "train": {**layers["train"], "iterations": 2}}
+    )
+    first.train()
+    trainer_for("ppo_max", tmp_path / "split", resume=True, **layers).train()
+    assert records(tmp_path / "split") == records(tmp_path / "whole")

@@ -30,6 +30,9 @@ def model_token_nll(
 ) -> tuple[torch.Tensor, int]:
     """`token_nll` of a causal LM on a right-padded batch (positions from the attention mask)."""
     logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+        use_cache=False,  # a loss forward: no KV cache to build (and none under gradient checkpointing)
     ).logits
     return token_nll(logits, input_ids, loss_mask)

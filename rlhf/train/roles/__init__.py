@@ -14,9 +14,9 @@ import torch
 
 from rlhf.config import RLConfig
 from rlhf.models.device import resolve_device
+from rlhf.models.export import export_copy
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
-from rlhf.models.export import export_copy
 from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.sampling import SamplingConfig

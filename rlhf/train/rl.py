@@ -70,8 +70,9 @@ class RLTrainer:
         self.evaluator = evaluator
         torch.manual_seed(c.seed)
         self.prompts = PromptStream(prompts, seed=c.seed)
-        device = next(roles.policy.model.parameters()).device
-        self.sample_generator = torch.Generator(device).manual_seed(c.seed + 1)
+        self.sample_generator = torch.Generator(roles.policy.device).manual_seed(
+            c.seed + 1
+        )  # draws where it samples
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)
         if ptx_batches is not None and c.policy.ptx_coef > 0:
             roles.policy.ptx = PtxObjective(
@@ -313,8 +314,7 @@ class RLTrainer:
         self.prompts.load_state_dict(state["prompts"])
         self.detector.load_state_dict(state["detector"])
         ckpt.set_rng_state(state["rng"], {"sample": self.sample_generator, "shuffle": self.shuffle_generator})
-        device = next(self.roles.policy.model.parameters()).device
-        self.buffer = [Experience(**e).to(device) for e in state["buffer"]]
+        self.buffer = [Experience(**e).to(self.roles.policy.device) for e in state["buffer"]]
 
 
 def roles_state_of_v1(state: dict) -> dict:

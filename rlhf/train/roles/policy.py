@@ -73,13 +73,16 @@ class Policy(Learner):
         trained = self.forward if joint_value is None else nn.ModuleList([self.forward, joint_value.forward])
         super().__init__(trained, optim, total_steps, micro_batch_size)
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     # -- inference -----------------------------------------------------------------------------
     def generate(
         self, prompts: list[list[int]], generator: torch.Generator, return_logprobs: bool
     ) -> Rollout:
         """One sampled response per prompt (token ids), in the rollout layout."""
-        tok = self.tokenizer
-        device = next(self.model.parameters()).device
+        tok, device = self.tokenizer, self.device
         ids, mask = left_pad(prompts, tok.pad_token_id)
         with autocast(self.precision):
             return generate(
@@ -140,8 +143,7 @@ class Policy(Learner):
         """PPO-ptx: the SFT objective's gradient, `coef`-weighted, beside the RL loss."""
         if self.ptx is None or self.ptx.coef <= 0:
             return
-        device = next(self.model.parameters()).device
-        batch = {k: v.to(device) for k, v in self.ptx.batches(self.ptx.generator).items()}
+        batch = {k: v.to(self.device) for k, v in self.ptx.batches(self.ptx.generator).items()}
         nll, count = self.forward(lm_batch=batch)
         ptx_loss = nll / max(count, 1)
         (self.ptx.coef * ptx_loss).backward()

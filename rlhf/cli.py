@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 STAGES = {
     "demo": "run the whole pipeline on the built-in world and write report.html",
@@ -121,9 +120,10 @@ def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
     return overrides
 
 
-def _run_supervised_stage(args, rest, config_class, run) -> int:
+def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     """`rlhf sft` and `rlhf rm`: --model, --data and --out over --config and dotted overrides."""
     from rlhf.config import load_config
+    from rlhf.train.run_lock import run_dir_lock
 
     config = load_config(
         config_class,
@@ -132,77 +132,75 @@ def _run_supervised_stage(args, rest, config_class, run) -> int:
     )
     _require(config.model, "--model")
     _require(config.data.path, "--data")
-    run(config)
+    with run_dir_lock(config.out) as ctx.run_dir:
+        run(config)
     return 0
 
 
-def run_sft_command(args, rest) -> int:
+def run_sft_command(args, rest, ctx) -> int:
     from rlhf.config import SFTConfig
     from rlhf.train.sft import run_sft
 
-    return _run_supervised_stage(args, rest, SFTConfig, run_sft)
+    return _run_supervised_stage(args, rest, SFTConfig, run_sft, ctx)
 
 
-def run_rm_command(args, rest) -> int:
+def run_rm_command(args, rest, ctx) -> int:
     from rlhf.config import RewardConfig
     from rlhf.train.reward_model import run_reward_training
 
-    return _run_supervised_stage(args, rest, RewardConfig, run_reward_training)
+    return _run_supervised_stage(args, rest, RewardConfig, run_reward_training, ctx)
 
 
-def run_train_command(args, rest) -> int:
-    from rlhf.config import RLConfig, config_from_yaml, load_config
+def run_train_command(args, rest, ctx) -> int:
+    from rlhf.config import RLConfig, load_config
     from rlhf.train.pipeline import run_rl
+    from rlhf.train.run_lock import run_dir_lock
 
-    if args.resume:
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").exists():
-            raise SystemExit(
-                f"rlhf train --resume: {run_dir}/config.yaml not found. Fix: pass a run directory."
-            )
-        from rlhf.config import deep_merge, from_dict, parse_overrides, to_dict, validate
-
-        config = config_from_yaml(RLConfig, run_dir / "config.yaml")
-        if rest:
-            config = from_dict(
-                RLConfig, deep_merge(to_dict(config), parse_overrides(rest)), origin="command line"
-            )
-        config.out = str(run_dir)  # the run directory given, wherever the run was first written
-        validate(config)
-        run_rl(config, resume=True)
-        return 0
     named = {
         "model.policy": args.policy,
         "model.reward_model": args.reward_model,
         "data.prompts": args.prompts,
         "out": args.out,
     }
+    ctx.resumable = True
+    if args.resume:
+        from rlhf.train.resume_config import resume_config
+
+        config = resume_config(
+            args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named)
+        )
+        with run_dir_lock(config.out) as ctx.run_dir:
+            run_rl(config, resume=True)
+        return 0
     config = load_config(RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named))
     _require(config.model.policy, "--policy")
     _require(config.model.reward_model, "--reward-model")
     _require(config.data.prompts, "--prompts")
-    run_rl(config)
+    with run_dir_lock(config.out) as ctx.run_dir:
+        run_rl(config)
     return 0
 
 
-def run_eval_command(args, rest) -> int:
+def run_eval_command(args, rest, ctx) -> int:
     from rlhf.train.pipeline import run_eval
 
     if rest:
-        raise SystemExit(f"rlhf eval: unexpected arguments {rest}. Fix: see `rlhf eval --help`.")
+        raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf eval --help`.")
     run_eval(args)
     return 0
 
 
-def run_demo_command(args, rest) -> int:
+def run_demo_command(args, rest, ctx) -> int:
     from rlhf.demo import run_demo
+    from rlhf.train.run_lock import run_dir_lock
 
-    return run_demo(
-        out=args.out, compare=args.compare, seeds=args.seeds, config_file=args.config, overrides=rest
-    )
+    with run_dir_lock(args.out) as ctx.run_dir:
+        return run_demo(
+            out=args.out, compare=args.compare, seeds=args.seeds, config_file=args.config, overrides=rest
+        )
 
 
-def run_report_command(args, rest) -> int:
+def run_report_command(args, rest, ctx) -> int:
     from rlhf.demo import rebuild_report
 
     return rebuild_report(args.directory)
@@ -210,7 +208,9 @@ def run_report_command(args, rest) -> int:
 
 def _require(value, flag: str) -> None:
     if not value:
-        raise SystemExit(f"missing {flag}. Fix: pass {flag} (or set it in --config).")
+        from rlhf.config import ConfigError
+
+        raise ConfigError(f"missing {flag}. Fix: pass {flag} (or set it in --config).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,33 +222,47 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from transformers.utils import logging as hf_logging
 
-    from rlhf.config import ConfigError
-    from rlhf.data.errors import DataError
-    from rlhf.models.loading import ModelLoadingError
+    from rlhf import cli_errors
 
     hf_logging.disable_progress_bar()  # our own progress display replaces transformers' load/save bars
-
+    ctx = cli_errors.RunContext(stage=args.stage)
     try:
-        if args.stage == "data":
-            if args.data_command != "check":
-                parser.parse_args(["data", "--help"])
-            if rest:
-                raise SystemExit(f"rlhf data check: unexpected arguments {rest}.")
-            from rlhf.data.check import run_check
+        return _dispatch(parser, args, rest, ctx)
+    except KeyboardInterrupt:
+        message, code = cli_errors.interrupted_message(ctx), cli_errors.INTERRUPTED
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            raise  # argparse's own exits (--help, usage errors) keep their code
+        message, code = str(stop.code), cli_errors.USER_ERROR
+    except Exception as err:  # noqa: BLE001 (the one place that turns every failure into a message)
+        if cli_errors.is_user_error(err):
+            message, code = str(err), cli_errors.USER_ERROR
+        elif cli_errors.is_no_space(err):
+            message, code = cli_errors.no_space_message(ctx, err), cli_errors.USER_ERROR
+        else:
+            message, code = cli_errors.internal_error_message(ctx, err), cli_errors.INTERNAL_ERROR
+    print(f"rlhf {args.stage}: {message}", file=sys.stderr)
+    return code
 
-            return run_check(args)
-        handler = {
-            "sft": run_sft_command,
-            "rm": run_rm_command,
-            "train": run_train_command,
-            "eval": run_eval_command,
-            "demo": run_demo_command,
-            "report": run_report_command,
-        }[args.stage]
-        return handler(args, rest)
-    except (ConfigError, DataError, ModelLoadingError) as err:
-        print(f"rlhf {args.stage}: {err}", file=sys.stderr)
-        return 2
+
+def _dispatch(parser, args, rest, ctx) -> int:
+    if args.stage == "data":
+        if args.data_command != "check":
+            parser.parse_args(["data", "--help"])
+        if rest:
+            raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf data check --help`.")
+        from rlhf.data.check import run_check
+
+        return run_check(args)
+    handler = {
+        "sft": run_sft_command,
+        "rm": run_rm_command,
+        "train": run_train_command,
+        "eval": run_eval_command,
+        "demo": run_demo_command,
+        "report": run_report_command,
+    }[args.stage]
+    return handler(args, rest, ctx)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from rlhf.models.backbone import head_logits
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.monitor import print_summary
-from rlhf.train.checkpoint import atomic_directory
+from rlhf.train.checkpoint import atomic_export
 from rlhf.train.lm_loss import token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
 from rlhf.train.run_dir import open_metrics_logger, quiet_hf_saves
@@ -226,13 +226,14 @@ def run_reward_training(
 
 
 def save_reward_model(model: ScalarHeadModel, tokenizer, directory: Path) -> None:
-    """Atomic `save_pretrained` (LoRA adapters merged) with the tokenizer beside it."""
+    """Atomic `save_pretrained` (LoRA adapters merged) with the tokenizer beside it (the other files
+    of `directory`, such as a run's metrics, stay)."""
     to_save = model
     if hasattr(model.causal_lm, "merge_and_unload"):
         import copy
 
         to_save = copy.deepcopy(model)
         to_save.causal_lm = to_save.causal_lm.merge_and_unload()
-    with atomic_directory(Path(directory)) as tmp, quiet_hf_saves():
+    with atomic_export(Path(directory)) as tmp, quiet_hf_saves():
         to_save.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -13,6 +13,7 @@ from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
 from rlhf.models.loading import load_causal_lm
 from rlhf.monitor import print_summary
+from rlhf.train.checkpoint import atomic_export
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
 from rlhf.train.run_dir import open_metrics_logger, quiet_hf_saves
@@ -140,9 +141,9 @@ def run_sft(
     model.eval()
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
-    with quiet_hf_saves():
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+    with atomic_export(out) as tmp, quiet_hf_saves():
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     if not quiet:
         print_summary(f"SFT finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)})
     return final

@@ -90,7 +90,8 @@ def interrupted_message(ctx: RunContext) -> str:
     if ctx.run_dir is None:
         return "interrupted before anything was written."
     if ctx.resumable:
-        at = _last_logged(ctx.run_dir, "iteration") or 0
+        last = _last_logged(ctx.run_dir, "iteration")  # records count iterations from 0
+        at = 0 if last is None else last + 1  # iterations done, as checkpoints and train.iterations count
         saved = _last_checkpoint(ctx.run_dir)
         if saved is None:
             return (
@@ -100,7 +101,7 @@ def interrupted_message(ctx: RunContext) -> str:
         since = "" if saved >= at else f" (from its checkpoint at iteration {saved})"
         return f"interrupted at iteration {at}; resume with: rlhf train --resume {ctx.run_dir}{since}"
     step = _last_logged(ctx.run_dir, "step")
-    at = f" at step {step}" if step is not None else ""
+    at = f" (last logged step {step})" if step is not None else ""
     return (
         f"interrupted{at}; no model was exported to {ctx.run_dir} and `rlhf {ctx.stage}` cannot resume. "
         f"Fix: run the same command again with another --out (or delete {ctx.run_dir})."

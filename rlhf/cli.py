@@ -8,6 +8,9 @@
 
 Every stage also takes `--config FILE.yaml` and dotted overrides of any config field
 (`--train.iterations 20`, `--kl.beta 0.05`, `--seed 1`).
+
+Model directories are data: their Python code never runs and their pickle weights are never read
+unless `--trust-remote-code` / `--allow-pickle` say so (rlhf/models/trust.py).
 """
 
 from __future__ import annotations
@@ -91,16 +94,43 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)
 
+    for stage in (sft, rm, train, ev):
+        _add_safety_flags(stage)
+    for stage in (sft, rm, train, ev):
+        stage.add_argument(
+            "--skip-invalid",
+            action="store_true",
+            default=None,
+            help="skip malformed data records (counted and reported) instead of stopping at the first"
+            + ("" if stage is ev else " (same as --data.skip_invalid true)"),
+        )
+
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
     check = data_sub.add_parser("check", help="validate a dataset file and print its statistics")
     from rlhf.data.check import add_check_arguments
 
     add_check_arguments(check)
+    _add_safety_flags(check)
 
     report = sub.add_parser("report", help=STAGES["report"], description=STAGES["report"])
     report.add_argument("directory", help="a demo output directory (holds summary.json and runs/)")
     return parser
+
+
+def _add_safety_flags(parser: argparse.ArgumentParser) -> None:
+    from rlhf.models.trust import PICKLE_FLAG, TRUST_FLAG
+
+    parser.add_argument(
+        TRUST_FLAG,
+        action="store_true",
+        help="let transformers run the Python files of a model directory (auto_map); off: refused",
+    )
+    parser.add_argument(
+        PICKLE_FLAG,
+        action="store_true",
+        help="read pickle weights (pytorch_model.bin) when a directory has no safetensors; off: refused",
+    )
 
 
 def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
@@ -128,7 +158,15 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     config = load_config(
         config_class,
         file=args.config,
-        overrides=_overrides(rest, {"model": args.model, "data.path": args.data, "out": args.out}),
+        overrides=_overrides(
+            rest,
+            {
+                "model": args.model,
+                "data.path": args.data,
+                "out": args.out,
+                "data.skip_invalid": args.skip_invalid,
+            },
+        ),
     )
     _require(config.model, "--model")
     _require(config.data.path, "--data")
@@ -161,6 +199,7 @@ def run_train_command(args, rest, ctx) -> int:
         "model.reward_model": args.reward_model,
         "data.prompts": args.prompts,
         "out": args.out,
+        "data.skip_invalid": args.skip_invalid,
     }
     ctx.resumable = True
     if args.resume:
@@ -223,8 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     from rlhf import cli_errors
+    from rlhf.models.trust import set_load_policy
 
     hf_logging.disable_progress_bar()  # our own progress display replaces transformers' load/save bars
+    set_load_policy(
+        trust_remote_code=getattr(args, "trust_remote_code", False),
+        allow_pickle=getattr(args, "allow_pickle", False),
+    )
     ctx = cli_errors.RunContext(stage=args.stage)
     try:
         return _dispatch(parser, args, rest, ctx)

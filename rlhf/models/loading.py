@@ -14,11 +14,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlhf.models.trust import check_model_directory, safe_load_kwargs, unsafe_pickle_error
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +134,10 @@ def _wrap_os_error(path: str | os.PathLike, err: OSError) -> ModelLoadingError:
 def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None) -> PreTrainedTokenizerBase:
     """Load a tokenizer (directory, hub id, or `gguf_file` inside `path`) and `prepare_tokenizer` it."""
     _check_source(path, gguf_file, needs_model_config=False)
+    check_model_directory(path, weights=False)
     kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs, **safe_load_kwargs(weights=False))
     except OSError as err:
         raise _wrap_os_error(path, err) from err
     source = os.path.join(str(path), gguf_file) if gguf_file else str(path)
@@ -145,9 +149,13 @@ def load_causal_lm(
 ) -> PreTrainedModel:
     """Load a causal LM in `dtype` (float32 by default; GGUF weights are dequantized) in eval mode."""
     _check_source(path, gguf_file)
+    check_model_directory(path, weights=gguf_file is None)
     kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
+    kwargs.update(safe_load_kwargs(weights=gguf_file is None))
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
     except OSError as err:
         raise _wrap_os_error(path, err) from err
+    except pickle.UnpicklingError:
+        raise unsafe_pickle_error(path) from None
     return model.eval()

@@ -28,6 +28,7 @@ from torch import nn
 
 from rlhf.models.backbone import decoder_hidden_states, head_logits, is_peft_model, unwrap_causal_lm
 from rlhf.models.loading import ModelLoadingError, load_causal_lm
+from rlhf.models.trust import check_model_directory
 
 HEAD_WEIGHTS_NAME = "scalar_head.safetensors"
 HEAD_CONFIG_NAME = "scalar_head.json"
@@ -143,6 +144,7 @@ class ScalarHeadModel(nn.Module):
                         "base_model=<the causal LM the adapter was trained on>."
                     )
                 base_model = load_causal_lm(base_path, dtype=dtype)
+            check_model_directory(path)  # the adapter's own weights: safetensors unless --allow-pickle
             model = PeftModel.from_pretrained(base_model, str(path), is_trainable=True)
         else:
             model = load_causal_lm(path, dtype=dtype)

@@ -75,13 +75,14 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
 def run_eval(args) -> dict:
     """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison."""
     tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
-    prompts = encode_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=False)[
+    skip = bool(getattr(args, "skip_invalid", False))
+    prompts = encode_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=skip)[
         : args.n
     ]
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
     )
-    judge = _load_judge(args.judge, tokenizer, args.prompts, args.n)
+    judge = _load_judge(args.judge, tokenizer, args.prompts, args.n, skip)
     results = {}
     scores = {}
     for name, path in (("policy", args.policy), ("baseline", args.baseline)):
@@ -108,7 +109,7 @@ def run_eval(args) -> dict:
     return results
 
 
-def _load_judge(spec: str, tokenizer, prompts_path: str, n: int):
+def _load_judge(spec: str, tokenizer, prompts_path: str, n: int, skip_invalid: bool = False):
     """`judge_factory(start, end)`: a reward-model directory, or `world:DIR` for a built-in world's gold reward."""
     if spec.startswith("world:"):
         from rlhf.data.tokenize import render_prompt
@@ -117,7 +118,8 @@ def _load_judge(spec: str, tokenizer, prompts_path: str, n: int):
 
         world = load_world(spec[len("world:") :])
         texts = [
-            render_prompt(tokenizer, ex.prompt) for ex in load_examples(prompts_path, kind="prompt").examples
+            render_prompt(tokenizer, ex.prompt)
+            for ex in load_examples(prompts_path, kind="prompt", skip_invalid=skip_invalid).examples
         ][:n]
         return lambda start, end: text_judge(world.gold_rewards, texts[start:end])
     from rlhf.models.scalar_head import ScalarHeadModel

@@ -14,7 +14,13 @@ from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
 from rlhf.models.sampling import SamplingConfig
 from rlhf.monitor import print_summary
-from rlhf.train.evaluate import compare_scores, mean_with_ci, reward_model_judge, score_policy
+from rlhf.train.evaluate import (
+    check_finite_scores,
+    compare_scores,
+    mean_with_ci,
+    reward_model_judge,
+    score_policy,
+)
 from rlhf.train.rl import RLTrainer
 from rlhf.train.roles import load_roles
 
@@ -74,13 +80,18 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
 
 def run_eval(args) -> dict:
     """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison."""
+    _check_eval_args(args)
     tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
     skip = bool(getattr(args, "skip_invalid", False))
     prompts = encode_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=skip)[
         : args.n
     ]
+    greedy = args.temperature == 0  # --temperature 0: the most likely answer, as other tools read it
     sampling = SamplingConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
+        max_new_tokens=args.max_new_tokens,
+        temperature=1.0 if greedy else args.temperature,
+        top_p=args.top_p,
+        do_sample=not greedy,
     )
     judge = _load_judge(args.judge, tokenizer, args.prompts, args.n, skip)
     results = {}
@@ -88,6 +99,7 @@ def run_eval(args) -> dict:
     for name, path in (("policy", args.policy), ("baseline", args.baseline)):
         model = load_causal_lm(path)
         s, texts, _ = score_policy(model, tokenizer, prompts, judge, sampling, seed=args.seed)
+        check_finite_scores(s, str(args.judge), f"--{name} {path}")
         scores[name] = s
         results[name] = {"path": str(path), **mean_with_ci(s), "samples": texts[:5]}
     results["comparison"] = compare_scores(scores["policy"], scores["baseline"])
@@ -107,6 +119,19 @@ def run_eval(args) -> dict:
         },
     )
     return results
+
+
+def _check_eval_args(args) -> None:
+    from rlhf.config import ConfigError
+
+    for flag, ok, rule, fix in (
+        ("--n", args.n >= 1, "must be >= 1", "--n 256"),
+        ("--max-new-tokens", args.max_new_tokens >= 1, "must be >= 1", "--max-new-tokens 64"),
+        ("--temperature", args.temperature >= 0, "must be >= 0 (0: greedy)", "--temperature 1.0"),
+        ("--top-p", 0 < args.top_p <= 1, "must be in (0, 1]", "--top-p 1.0"),
+    ):
+        if not ok:
+            raise ConfigError(f"{flag} {rule}. Fix: {fix}.")
 
 
 def _load_judge(spec: str, tokenizer, prompts_path: str, n: int, skip_invalid: bool = False):

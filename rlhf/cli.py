@@ -209,6 +209,7 @@ def run_train_command(args, rest, ctx) -> int:
             args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named)
         )
         with run_dir_lock(config.out) as ctx.run_dir:
+            _prepare_resume(ctx.run_dir)
             run_rl(config, resume=True)
         return 0
     config = load_config(RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named))
@@ -218,6 +219,27 @@ def run_train_command(args, rest, ctx) -> int:
     with run_dir_lock(config.out) as ctx.run_dir:
         run_rl(config)
     return 0
+
+
+def _prepare_resume(run_dir) -> None:
+    """Remove what killed checkpoint writes left, and set damaged newest checkpoints aside (warning
+    about each) so the run resumes from the newest complete one."""
+    from rlhf.config import ConfigError
+    from rlhf.train import checkpoint as ckpt
+
+    ckpt.clean_stale(run_dir)
+    problems: list[str] = []
+
+    def warn(message: str) -> None:
+        problems.append(message)
+        print(f"warning: {message}", file=sys.stderr)
+
+    if ckpt.set_aside_damaged(run_dir, warn) is None:
+        found = "; ".join(problems) or "there is no checkpoints/iter_* directory"
+        raise ConfigError(
+            f"{run_dir} has no complete checkpoint to resume from ({found}). Fix: start a fresh run with "
+            "another --out (add --checkpoint.every N to save during the run)."
+        )
 
 
 def run_eval_command(args, rest, ctx) -> int:

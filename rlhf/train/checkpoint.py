@@ -122,6 +122,7 @@ class _AtomicDirectory:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return
+        _complete_done(self.tmp)
         for f in self.tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as handle:
@@ -222,7 +223,7 @@ def latest_verified(run_dir: Path, warn: Callable[[str], None]) -> Path | None:
         problem = verify(path)
         if problem is None:
             return path
-        warn(f"skipping damaged checkpoint {path}: {problem}; resuming from an earlier one.")
+        warn(f"skipping damaged checkpoint {path}: {problem}.")
     return None
 
 
@@ -261,6 +262,30 @@ def clean_stale(run_dir: Path) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def _complete_done(directory: Path) -> None:
+    """A checkpoint whose writer put an old-style DONE (the iteration alone) gets the full record."""
+    try:
+        record = read_done(directory)
+    except ValueError:
+        return  # no DONE: not a checkpoint (or not finished), nothing to record
+    if record["files"] is None:
+        write_done(directory, record["iteration"])
+
+
+def set_aside_damaged(run_dir: Path, warn: Callable[[str], None]) -> Path | None:
+    """Before a resume: rename each damaged checkpoint newer than the newest complete one to
+    `checkpoints/damaged-iter_N` (kept for inspection, invisible to `list_checkpoints`), warning
+    about each. Returns the newest complete checkpoint, or None."""
+    good = latest_verified(run_dir, warn)
+    floor = -1 if good is None else _checkpoint_iteration(good)
+    for path in _checkpoint_dirs(run_dir):
+        if _checkpoint_iteration(path) > floor:
+            target = path.with_name(f"damaged-{path.name}")
+            shutil.rmtree(target, ignore_errors=True)
+            path.rename(target)
+    return good
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 STAGES = {
     "demo": "run the whole pipeline on the built-in world and write report.html",
@@ -216,9 +217,21 @@ def run_train_command(args, rest, ctx) -> int:
     _require(config.model.policy, "--policy")
     _require(config.model.reward_model, "--reward-model")
     _require(config.data.prompts, "--prompts")
+    _refuse_reward_model_as_policy(config.model.policy)
     with run_dir_lock(config.out) as ctx.run_dir:
         run_rl(config)
     return 0
+
+
+def _refuse_reward_model_as_policy(policy: str) -> None:
+    from rlhf.config import ConfigError
+    from rlhf.models.scalar_head import HEAD_WEIGHTS_NAME
+
+    if (Path(policy) / HEAD_WEIGHTS_NAME).is_file():
+        raise ConfigError(
+            f"--policy {policy} is a reward-model directory (it holds {HEAD_WEIGHTS_NAME}); the policy is "
+            "a causal LM. Fix: pass the --out directory of `rlhf sft` as --policy, and this one as --reward-model."
+        )
 
 
 def _prepare_resume(run_dir) -> None:

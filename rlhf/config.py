@@ -555,7 +555,11 @@ def _validate_supervised(c) -> None:
 def _validate_rl(config: RLConfig) -> None:
     need = _need
     c = config
-    _at_least(c.train.iterations, 1, "train.iterations")
+    need(
+        c.train.iterations >= 1 or (c.train.iterations == 0 and c.critic.pretrain_iterations > 0),
+        f"train.iterations must be >= 1, got {c.train.iterations!r} (0 only with critic.pretrain_iterations "
+        "> 0, for a critic-only run). Fix: --train.iterations 1 or more.",
+    )
     _at_least(c.rollout.batch_size, 1, "rollout.batch_size", " (prompts sampled per iteration)")
     _at_least(c.log.every, 1, "log.every")
     _at_least(c.log.eval_every, 0, "log.eval_every", " (0: off)")

@@ -129,8 +129,8 @@ class ScalarHeadModel(nn.Module):
         if not weights.is_file():
             raise ModelLoadingError(
                 f"{str(path)!r} has no {HEAD_WEIGHTS_NAME}: it is not a scalar-head (reward model or "
-                "critic) directory. Fix: for a causal LM use ScalarHeadModel.from_causal_lm(path) to get "
-                "a fresh head."
+                "critic) directory. Fix: pass the --out directory of `rlhf rm` (as --reward-model or "
+                "--judge); in Python, ScalarHeadModel.from_causal_lm(path) puts a fresh head on a causal LM."
             )
         info = json.loads(meta.read_text()) if meta.is_file() else {}
         if (path / "adapter_config.json").is_file():

@@ -28,7 +28,10 @@ def files(tmp_path_factory) -> dict[str, Path]:
     reward_model.save_pretrained(root / "rm")
     tok.save_pretrained(root / "rm")
     k = len(WORDS)
-    sft = [{"prompt": f"{WORDS[i % k]} {WORDS[(i + 1) % k]}", "response": f"{WORDS[(i + 2) % k]} t"} for i in range(16)]
+    sft = [
+        {"prompt": f"{WORDS[i % k]} {WORDS[(i + 1) % k]}", "response": f"{WORDS[(i + 2) % k]} t"}
+        for i in range(16)
+    ]
     pairs = [
         {"prompt": f"{WORDS[i % k]} {WORDS[(i + 3) % k]}", "chosen": f"t {WORDS[(i + 5) % k]}",
          "rejected": f"{WORDS[(i + 7) % k]} {WORDS[(i + 2) % k]}"}

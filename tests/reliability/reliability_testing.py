@@ -37,7 +37,9 @@ def rlhf(*args, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def start(*args) -> subprocess.Popen:
     """`rlhf ARGS` started in the background (stdout/stderr piped)."""
-    return subprocess.Popen(command(*args), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command(*args), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def train_args(files: dict, out: Path, *extra) -> list:

@@ -50,8 +50,14 @@ def test_an_old_style_done_written_by_the_trainer_gets_the_full_record(tmp_path)
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
-        (lambda p: (p / "trainer.safetensors").write_bytes((p / "trainer.safetensors").read_bytes()[:-7]), "bytes"),
-        (lambda p: (p / "trainer.json").write_text((p / "trainer.json").read_text().replace("3", "9")), "sha256"),
+        (
+            lambda p: (p / "trainer.safetensors").write_bytes((p / "trainer.safetensors").read_bytes()[:-7]),
+            "bytes",
+        ),
+        (
+            lambda p: (p / "trainer.json").write_text((p / "trainer.json").read_text().replace("3", "9")),
+            "sha256",
+        ),
         (lambda p: (p / "trainer.json").unlink(), "trainer.json is missing"),
         (lambda p: (p / "DONE").unlink(), "no DONE"),
         (lambda p: (p / "DONE").write_text("{"), "not readable"),
@@ -76,7 +82,9 @@ def test_no_complete_checkpoint_gives_none(tmp_path):
 
 def test_clean_stale_removes_dead_writers_leftovers_only(tmp_path):
     root = tmp_path / "checkpoints"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     dead_pid = int(dead.stdout)  # a process that has exited
     leftovers = [root / f".iter_000004.tmp-{dead_pid}", root / "iter_000005"]
     alive = root / f".iter_000006.tmp-{os.getpid()}"  # a live writer's directory stays

@@ -43,12 +43,17 @@ def test_a_full_disk_is_a_message_with_the_way_on(files, tmp_path, capsys, monke
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "sft" / "model.safetensors"))
 
     monkeypatch.setattr("rlhf.train.sft.run_sft", full)
-    code = main(["sft", "--model", str(files["policy"]), "--data", str(files["sft"]), "--out", str(tmp_path / "sft")])
+    code = main(
+        ["sft", "--model", str(files["policy"]), "--data", str(files["sft"]), "--out", str(tmp_path / "sft")]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert "no space left on the device" in err and "model.safetensors" in err and "free disk space" in err
 
 
 def test_a_message_exit_is_exit_2(capsys):
-    assert main(["eval", "--policy", "p", "--baseline", "b", "--judge", "j", "--prompts", "x", "--bogus", "1"]) == 2
+    assert (
+        main(["eval", "--policy", "p", "--baseline", "b", "--judge", "j", "--prompts", "x", "--bogus", "1"])
+        == 2
+    )
     assert "unexpected arguments" in capsys.readouterr().err

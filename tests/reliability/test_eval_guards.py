@@ -25,7 +25,9 @@ def test_nan_judge_is_named_with_its_rows_and_another_judge_works(files, tmp_pat
         judge.head.weight.fill_(float("nan"))
     judge.save_pretrained(broken)
     out = tmp_path / "eval.json"
-    stderr = assert_user_error(rlhf(*eval_args(files, broken, out)), f"judge {broken}", "prompts 1, 2, 3, 4", "--judge")
+    stderr = assert_user_error(
+        rlhf(*eval_args(files, broken, out)), f"judge {broken}", "prompts 1, 2, 3, 4", "--judge"
+    )
     assert "non-finite" in stderr
     assert not out.exists()
 

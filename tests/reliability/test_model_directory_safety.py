@@ -50,7 +50,9 @@ def test_pickle_weights_need_the_flag(files, tmp_path):
 
     torch.save(load_file(model / "model.safetensors"), model / "pytorch_model.bin")
     (model / "model.safetensors").unlink()
-    assert_user_error(sft(model, files, tmp_path / "refused"), str(model), "pytorch_model.bin", "--allow-pickle")
+    assert_user_error(
+        sft(model, files, tmp_path / "refused"), str(model), "pytorch_model.bin", "--allow-pickle"
+    )
     assert_ok(sft(model, files, tmp_path / "allowed", "--allow-pickle"))
     assert (tmp_path / "allowed" / "model.safetensors").is_file()  # the export is safetensors
 
@@ -72,6 +74,8 @@ def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(files
     sentinel = tmp_path / "unpickled"
     torch.save({**state, "payload": _Payload(sentinel)}, model / "pytorch_model.bin")
     (model / "model.safetensors").unlink()
-    stderr = assert_user_error(sft(model, files, tmp_path / "out", "--allow-pickle"), str(model), "safetensors")
+    stderr = assert_user_error(
+        sft(model, files, tmp_path / "out", "--allow-pickle"), str(model), "safetensors"
+    )
     assert "weights_only" not in stderr
     assert not sentinel.exists()

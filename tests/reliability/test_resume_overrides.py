@@ -24,7 +24,9 @@ def test_changes_to_the_algorithm_are_refused_with_every_key(run, files):
     before = snapshot(run)
     result = rlhf("train", "--resume", run, "--kl.beta", "0.5", "--policy_optim.lr", "0.01",
                   "--model.critic_mode", "shared", "--reward-model", files["policy"])  # fmt: skip
-    message = assert_user_error(result, "kl.beta", "policy_optim.lr", "model.critic_mode", "model.reward_model")
+    message = assert_user_error(
+        result, "kl.beta", "policy_optim.lr", "model.critic_mode", "model.reward_model"
+    )
     assert "train.iterations" in message  # what a resume may change
     assert "rlhf train: " in message and message.count("\n") == 1  # one message
     preset = rlhf("train", "--resume", run, "--preset", "apa")
@@ -47,4 +49,6 @@ def test_the_fix_resumes_and_config_yaml_tells_the_truth(run, tmp_path):
     assert iterations(run) == [0, 1, 2]
     now = yaml.safe_load((run / "config.yaml").read_text())
     assert now["train"]["iterations"] == 3
-    assert {k: v for k, v in now.items() if k != "train"} == {k: v for k, v in recorded.items() if k != "train"}
+    assert {k: v for k, v in now.items() if k != "train"} == {
+        k: v for k, v in recorded.items() if k != "train"
+    }

@@ -1,0 +1,72 @@
+"""Guards of every stage, run in-process through `rlhf.cli.main` (fast): the run-directory lock of
+sft/rm/demo, Ctrl-C in a stage that cannot resume, and model directories given in the wrong role."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from reliability_testing import train_args
+
+from rlhf.cli import main
+from rlhf.train.run_lock import LOCK_FILE, run_dir_lock
+
+
+@pytest.mark.parametrize("stage", ["sft", "rm", "demo"])
+def test_a_locked_run_directory_is_refused_by_every_writing_stage(files, tmp_path, capsys, stage):
+    out = tmp_path / "busy"
+    args = {
+        "sft": ["sft", "--model", files["policy"], "--data", files["sft"], "--out", out],
+        "rm": ["rm", "--model", files["policy"], "--data", files["pairs"], "--out", out],
+        "demo": ["demo", "--out", out],
+    }[stage]
+    with run_dir_lock(out):
+        assert main([str(a) for a in args]) == 2
+        err = capsys.readouterr().err
+    assert f"run directory {out} is in use by another rlhf process (pid {os.getpid()})" in err
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]  # nothing else was written
+
+
+def test_the_lock_is_free_again_after_its_holder_ends(tmp_path):
+    with run_dir_lock(tmp_path / "run"):
+        pass
+    with run_dir_lock(tmp_path / "run"):  # a stale lock file is no lock
+        assert (tmp_path / "run" / LOCK_FILE).read_text().strip() == str(os.getpid())
+
+
+def test_ctrl_c_in_sft_says_it_cannot_resume_and_what_to_do(files, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "sft"
+
+    def interrupted(config):
+        (out / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n" + json.dumps({"step": 10}) + "\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("rlhf.train.sft.run_sft", interrupted)
+    code = main(["sft", "--model", str(files["policy"]), "--data", str(files["sft"]), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    assert "interrupted (last logged step 10)" in err and "cannot resume" in err and "another --out" in err
+
+
+def test_ctrl_c_before_a_checkpoint_does_not_promise_a_resume(files, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "rl"
+
+    def interrupted(config):
+        (out / "metrics.jsonl").write_text(json.dumps({"iteration": 0}) + "\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("rlhf.train.pipeline.run_rl", interrupted)
+    assert main([str(a) for a in train_args(files, out)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted at iteration 1; no checkpoint was saved yet" in err and "--checkpoint.every" in err
+    assert "--resume" not in err
+
+
+def test_a_reward_model_as_policy_and_a_causal_lm_as_reward_model_are_named(files, tmp_path, capsys):
+    assert main([str(a) for a in train_args({**files, "policy": files["rm"]}, tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"--policy {files['rm']} is a reward-model directory" in err and "rlhf sft" in err
+    assert main([str(a) for a in train_args({**files, "rm": files["policy"]}, tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "scalar_head.safetensors" in err and "`rlhf rm`" in err and "Traceback" not in err

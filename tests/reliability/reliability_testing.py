@@ -75,3 +75,15 @@ def records(run: Path) -> list[dict]:
 
 def iterations(run: Path) -> list[int]:
     return [r["iteration"] for r in records(run) if "iteration" in r and "event" not in r]
+
+
+class InProcess:
+    """`rlhf.cli.main(ARGS)` in this process (no interpreter start-up): `.returncode` and `.stderr`
+    like a finished subprocess, for the cases that need no process of their own."""
+
+    def __init__(self, capsys, *args):
+        from rlhf.cli import main
+
+        self.returncode = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        self.stdout, self.stderr = captured.out, captured.err

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from reliability_testing import assert_ok, assert_user_error, iterations, rlhf, train_args
+from reliability_testing import InProcess, assert_ok, assert_user_error, iterations, rlhf, train_args
 
 from rlhf.train import checkpoint as ckpt
 
@@ -118,7 +118,7 @@ def test_atomic_export_keeps_other_files_and_leaves_no_partial_file(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "critic", "metrics.jsonl"]
 
 
-def test_resume_falls_back_from_a_truncated_newest_checkpoint(files, tmp_path):
+def test_resume_falls_back_from_a_truncated_newest_checkpoint(files, tmp_path, capsys):
     out = tmp_path / "run"
     assert_ok(rlhf(*train_args(files, out, "--train.iterations", "3", "--checkpoint.every", "1")))
     first = iterations(out)
@@ -136,4 +136,5 @@ def test_resume_falls_back_from_a_truncated_newest_checkpoint(files, tmp_path):
 
     for path in (out / "checkpoints").glob("iter_*"):
         (path / "trainer.json").write_text("{}")  # every checkpoint damaged: one message, exit 2
-    assert_user_error(rlhf("train", "--resume", out), "no complete checkpoint", "trainer.json", "--out")
+    refused = InProcess(capsys, "train", "--resume", out)
+    assert_user_error(refused, "no complete checkpoint", "trainer.json", "--out")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import errno
 
-from reliability_testing import assert_user_error, rlhf
+from reliability_testing import InProcess, assert_user_error
 
 from rlhf import cli
 from rlhf.cli import main
 
 
-def test_report_on_a_directory_that_is_not_a_demo_is_a_user_error(tmp_path):
-    assert_user_error(rlhf("report", tmp_path), str(tmp_path), "summary.json", "rlhf demo")
+def test_report_on_a_directory_that_is_not_a_demo_is_a_user_error(tmp_path, capsys):
+    assert_user_error(InProcess(capsys, "report", tmp_path), str(tmp_path), "summary.json", "rlhf demo")
 
 
 def test_an_internal_error_leaves_its_traceback_in_the_run_directory(files, tmp_path, capsys, monkeypatch):

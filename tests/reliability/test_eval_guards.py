@@ -8,7 +8,7 @@ import json
 import math
 
 import torch
-from reliability_testing import assert_ok, assert_user_error, rlhf
+from reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
 
 from rlhf.models.scalar_head import ScalarHeadModel
 
@@ -38,13 +38,12 @@ def test_nan_judge_is_named_with_its_rows_and_another_judge_works(files, tmp_pat
     assert result["comparison"]["tie"] == 1.0
 
 
-def test_eval_skips_invalid_prompt_lines_when_asked(files, tmp_path):
+def test_eval_skips_invalid_prompt_lines_when_asked(files, tmp_path, capsys, caplog):
     prompts = tmp_path / "prompts.jsonl"
     good = files["prompts"].read_text().splitlines()
     prompts.write_text("\n".join([good[0], "{not json", good[1], '{"prompt": ""}', good[2]]) + "\n")
     args = eval_args({**files, "prompts": prompts}, files["rm"], tmp_path / "eval.json")
-    assert_user_error(rlhf(*args), f"{prompts}:2", "--skip-invalid")
-    result = rlhf(*args, "--skip-invalid")
-    assert_ok(result)
-    assert "2 invalid record(s) skipped" in result.stderr and f"{prompts}:4" in result.stderr
+    assert_user_error(InProcess(capsys, *args), f"{prompts}:2", "--skip-invalid")
+    assert_ok(InProcess(capsys, *args, "--skip-invalid"))
+    assert "2 invalid record(s) skipped" in caplog.text and f"{prompts}:4" in caplog.text
     assert json.loads((tmp_path / "eval.json").read_text())["comparison"]["n"] == 3

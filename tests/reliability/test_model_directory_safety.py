@@ -43,7 +43,7 @@ def test_custom_code_is_refused_until_the_flag_is_given(custom_code_model, files
     assert sentinel.exists()  # the flag is what lets the code run
 
 
-def test_pickle_weights_need_the_flag(files, tmp_path):
+def test_pickle_weights_need_the_flag(files, tmp_path, capsys):
     model = tmp_path / "pickled"
     shutil.copytree(files["policy"], model)
     from safetensors.torch import load_file
@@ -65,7 +65,7 @@ class _Payload:
         return (open, (self.path, "w"))  # unpickling this creates a file
 
 
-def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(files, tmp_path):
+def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(files, tmp_path, capsys):
     model = tmp_path / "malicious"
     shutil.copytree(files["policy"], model)
     from safetensors.torch import load_file

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from reliability_testing import assert_ok, assert_user_error, iterations, rlhf, train_args
+from reliability_testing import InProcess, assert_ok, assert_user_error, iterations, rlhf, train_args
 
 
 @pytest.fixture(scope="module")
@@ -20,21 +20,21 @@ def snapshot(run) -> dict:
     return {name: (run / name).read_bytes() for name in ("config.yaml", "metrics.jsonl")}
 
 
-def test_changes_to_the_algorithm_are_refused_with_every_key(run, files):
+def test_changes_to_the_algorithm_are_refused_with_every_key(run, files, capsys):
     before = snapshot(run)
-    result = rlhf("train", "--resume", run, "--kl.beta", "0.5", "--policy_optim.lr", "0.01",
+    result = InProcess(capsys, "train", "--resume", run, "--kl.beta", "0.5", "--policy_optim.lr", "0.01",
                   "--model.critic_mode", "shared", "--reward-model", files["policy"])  # fmt: skip
     message = assert_user_error(
         result, "kl.beta", "policy_optim.lr", "model.critic_mode", "model.reward_model"
     )
     assert "train.iterations" in message  # what a resume may change
     assert "rlhf train: " in message and message.count("\n") == 1  # one message
-    preset = rlhf("train", "--resume", run, "--preset", "apa")
+    preset = InProcess(capsys, "train", "--resume", run, "--preset", "apa")
     assert_user_error(preset, "policy.loss ('ppo' -> 'apa')", "preset")
     assert snapshot(run) == before
 
 
-def test_a_config_with_a_yaml_error_is_refused(run, tmp_path):
+def test_a_config_with_a_yaml_error_is_refused(run, tmp_path):  # a subprocess: the user's view
     bad = tmp_path / "bad.yaml"
     bad.write_text("kl:\n  beta: [0.1\n")
     before = snapshot(run)

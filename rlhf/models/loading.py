@@ -140,6 +140,12 @@ def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None) -> Pre
         tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs, **safe_load_kwargs(weights=False))
     except OSError as err:
         raise _wrap_os_error(path, err) from err
+    except ValueError as err:  # no tokenizer files, or files transformers cannot read
+        raise ModelLoadingError(
+            f"Could not load a tokenizer from {str(path)!r} ({str(err).splitlines()[0]}). Fix: save the "
+            "tokenizer beside the model (`tokenizer.save_pretrained(DIR)`, or copy tokenizer.json and "
+            "tokenizer_config.json from the base model)."
+        ) from None
     source = os.path.join(str(path), gguf_file) if gguf_file else str(path)
     return prepare_tokenizer(tokenizer, source=source)
 
@@ -158,4 +164,10 @@ def load_causal_lm(
         raise _wrap_os_error(path, err) from err
     except pickle.UnpicklingError:
         raise unsafe_pickle_error(path) from None
+    except (ValueError, KeyError) as err:  # an architecture this transformers does not know
+        raise ModelLoadingError(
+            f"Could not build the model of {str(path)!r} ({str(err).splitlines()[0]}). Fix: check model_type "
+            "in its config.json; a newer transformers may know the architecture, or pass --trust-remote-code "
+            "if the directory ships its own code (auto_map)."
+        ) from None
     return model.eval()

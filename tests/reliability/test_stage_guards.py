@@ -70,3 +70,22 @@ def test_a_reward_model_as_policy_and_a_causal_lm_as_reward_model_are_named(file
     assert main([str(a) for a in train_args({**files, "rm": files["policy"]}, tmp_path / "b")]) == 2
     err = capsys.readouterr().err
     assert "scalar_head.safetensors" in err and "`rlhf rm`" in err and "Traceback" not in err
+
+
+def test_a_model_without_tokenizer_and_an_unknown_architecture_are_named(files, tmp_path, capsys):
+    import shutil
+
+    no_tokenizer = tmp_path / "no-tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(files["policy"] / name, no_tokenizer / name)
+    unknown = tmp_path / "unknown"
+    shutil.copytree(files["policy"], unknown)
+    config = json.loads((unknown / "config.json").read_text())
+    config.update(model_type="notamodel", architectures=["NotAModel"])
+    (unknown / "config.json").write_text(json.dumps(config))
+    for model, named in ((no_tokenizer, "tokenizer.save_pretrained"), (unknown, "model_type")):
+        args = ["sft", "--model", model, "--data", files["sft"], "--out", tmp_path / f"out-{model.name}"]
+        assert main([str(a) for a in args]) == 2
+        err = capsys.readouterr().err
+        assert str(model) in err and named in err and "Traceback" not in err

@@ -14,6 +14,7 @@ from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
 from rlhf.models.sampling import SamplingConfig
 from rlhf.monitor import print_summary
+from rlhf.train.context_check import check_prompts_fit, model_context
 from rlhf.train.evaluate import (
     check_finite_scores,
     compare_scores,
@@ -28,8 +29,18 @@ from rlhf.train.roles import load_roles
 def encode_prompts(
     tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None
 ) -> list[list[int]]:
+    return load_prompts(
+        tokenizer, path, format=format, max_tokens=max_tokens, skip_invalid=skip_invalid, stats=stats
+    )[0]
+
+
+def load_prompts(
+    tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None
+) -> tuple[list[list[int]], list]:
+    """The encoded prompts of `path` and the source (file, line) of each."""
     loaded = load_examples(path, kind="prompt", format=format, skip_invalid=skip_invalid)
-    return [encode_prompt(tokenizer, ex.prompt, max_tokens, stats=stats) for ex in loaded.examples]
+    ids = [encode_prompt(tokenizer, ex.prompt, max_tokens, stats=stats) for ex in loaded.examples]
+    return ids, [ex.source for ex in loaded.examples]
 
 
 def ptx_sampler(
@@ -55,13 +66,22 @@ def ptx_sampler(
 def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: bool = False) -> dict:
     roles = load_roles(config)
     stats = TruncationStats()
-    prompts = encode_prompts(
+    prompts, sources = load_prompts(
         roles.tokenizer,
         config.data.prompts,
         format=config.data.format,
         max_tokens=config.data.max_prompt_tokens,
         skip_invalid=config.data.skip_invalid,
         stats=stats,
+    )
+    check_prompts_fit(
+        prompts,
+        sources,
+        context=model_context(roles.policy),
+        max_new_tokens=config.rollout.max_new_tokens,
+        model_name=f"the policy {config.model.policy}",
+        fix="--data.max_prompt_tokens {budget} (longer prompts are left-truncated to it), or a lower "
+        "--rollout.max_new_tokens",
     )
     ptx = None
     if config.data.ptx and config.policy.ptx_coef > 0:
@@ -83,9 +103,8 @@ def run_eval(args) -> dict:
     _check_eval_args(args)
     tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
     skip = bool(getattr(args, "skip_invalid", False))
-    prompts = encode_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=skip)[
-        : args.n
-    ]
+    prompts, sources = load_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=skip)
+    prompts, sources = prompts[: args.n], sources[: args.n]
     greedy = args.temperature == 0  # --temperature 0: the most likely answer, as other tools read it
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens,
@@ -98,6 +117,14 @@ def run_eval(args) -> dict:
     scores = {}
     for name, path in (("policy", args.policy), ("baseline", args.baseline)):
         model = load_causal_lm(path)
+        check_prompts_fit(
+            prompts,
+            sources,
+            context=model_context(model),
+            max_new_tokens=args.max_new_tokens,
+            model_name=f"--{name} {path}",
+            fix="shorten that prompt (at most {budget} tokens) or remove it, or lower --max-new-tokens",
+        )
         s, texts, _ = score_policy(model, tokenizer, prompts, judge, sampling, seed=args.seed)
         check_finite_scores(s, str(args.judge), f"--{name} {path}")
         scores[name] = s

@@ -100,6 +100,8 @@ def interrupted_message(ctx: RunContext) -> str:
             )
         since = "" if saved >= at else f" (from its checkpoint at iteration {saved})"
         return f"interrupted at iteration {at}; resume with: rlhf train --resume {ctx.run_dir}{since}"
+    if ctx.stage == "demo":
+        return f"interrupted; the demo starts over when run again: `rlhf demo --out {ctx.run_dir}` clears its outputs."
     step = _last_logged(ctx.run_dir, "step")
     at = f" (last logged step {step})" if step is not None else ""
     return (

@@ -52,3 +52,17 @@ def test_the_fix_resumes_and_config_yaml_tells_the_truth(run, tmp_path):
     assert {k: v for k, v in now.items() if k != "train"} == {
         k: v for k, v in recorded.items() if k != "train"
     }
+
+
+def test_every_resumable_key_may_change_and_no_other(run):
+    from rlhf.config import ConfigError
+    from rlhf.train.resume_config import RESUMABLE_KEYS, resume_config
+
+    allowed = {"train": {"iterations": 9}, "checkpoint": {"every": 3, "keep": 4},
+               "log": {"every": 2, "sinks": ["jsonl", "console"], "eval_every": 5, "samples_to_log": 1}}  # fmt: skip
+    config = resume_config(run, overrides=allowed)
+    assert (config.train.iterations, config.checkpoint.keep, config.log.sinks) == (9, 4, ["jsonl", "console"])
+    assert len(RESUMABLE_KEYS) == 7
+    for refused in ({"seed": 5}, {"train": {"overlap_critic": True}}, {"log": {"collapse": {"window": 9}}}):
+        with pytest.raises(ConfigError, match="were changed"):
+            resume_config(run, overrides=refused)

@@ -89,3 +89,10 @@ def test_a_model_without_tokenizer_and_an_unknown_architecture_are_named(files, 
         assert main([str(a) for a in args]) == 2
         err = capsys.readouterr().err
         assert str(model) in err and named in err and "Traceback" not in err
+
+
+def test_ctrl_c_in_the_demo_says_a_rerun_starts_over(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("rlhf.demo.run_demo", lambda **kwargs: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["demo", "--out", str(tmp_path / "demo")]) == 130
+    err = capsys.readouterr().err
+    assert f"rlhf demo --out {tmp_path / 'demo'}" in err and "starts over" in err and "Traceback" not in err

@@ -296,7 +296,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from transformers.utils import logging as hf_logging
 
-    from rlhf import cli_errors
     from rlhf.models.trust import set_load_policy
 
     hf_logging.disable_progress_bar()  # our own progress display replaces transformers' load/save bars
@@ -304,6 +303,16 @@ def main(argv: list[str] | None = None) -> int:
         trust_remote_code=getattr(args, "trust_remote_code", False),
         allow_pickle=getattr(args, "allow_pickle", False),
     )
+    try:
+        return _run_with_one_error_path(parser, args, rest)
+    finally:
+        set_load_policy()  # the flags hold for this command only (main() may be called in-process)
+
+
+def _run_with_one_error_path(parser, args, rest) -> int:
+    """Run the stage; every failure ends as one message on stderr and an exit code (cli_errors.py)."""
+    from rlhf import cli_errors
+
     ctx = cli_errors.RunContext(stage=args.stage)
     try:
         return _dispatch(parser, args, rest, ctx)

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from reliability_testing import assert_ok, assert_user_error, rlhf
+from reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
 
 SFT_ONE_STEP = ["--train.max_steps", "1", "--train.batch_size", "2", "--sinks", "jsonl"]
 
@@ -50,9 +50,10 @@ def test_pickle_weights_need_the_flag(files, tmp_path, capsys):
 
     torch.save(load_file(model / "model.safetensors"), model / "pytorch_model.bin")
     (model / "model.safetensors").unlink()
-    assert_user_error(
-        sft(model, files, tmp_path / "refused"), str(model), "pytorch_model.bin", "--allow-pickle"
+    refused = InProcess(
+        capsys, "sft", "--model", model, "--data", files["sft"], "--out", tmp_path / "refused"
     )
+    assert_user_error(refused, str(model), "pytorch_model.bin", "--allow-pickle")
     assert_ok(sft(model, files, tmp_path / "allowed", "--allow-pickle"))
     assert (tmp_path / "allowed" / "model.safetensors").is_file()  # the export is safetensors
 
@@ -65,7 +66,7 @@ class _Payload:
         return (open, (self.path, "w"))  # unpickling this creates a file
 
 
-def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(files, tmp_path, capsys):
+def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(files, tmp_path):
     model = tmp_path / "malicious"
     shutil.copytree(files["policy"], model)
     from safetensors.torch import load_file
@@ -79,3 +80,11 @@ def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(files
     )
     assert "weights_only" not in stderr
     assert not sentinel.exists()
+
+
+def test_the_flags_hold_for_one_command_only(files, tmp_path, capsys):
+    from rlhf.models.trust import load_policy
+
+    InProcess(capsys, "eval", "--policy", tmp_path / "missing", "--baseline", "b", "--judge", "j",
+              "--prompts", "p", "--allow-pickle", "--trust-remote-code")  # fmt: skip
+    assert not load_policy().allow_pickle and not load_policy().trust_remote_code

@@ -96,3 +96,15 @@ def test_ctrl_c_in_the_demo_says_a_rerun_starts_over(tmp_path, capsys, monkeypat
     assert main(["demo", "--out", str(tmp_path / "demo")]) == 130
     err = capsys.readouterr().err
     assert f"rlhf demo --out {tmp_path / 'demo'}" in err and "starts over" in err and "Traceback" not in err
+
+
+def test_a_reward_model_export_keeps_the_run_records(files, tmp_path, capsys):
+    """Without held-out pairs the model is exported into the run directory itself: its metrics and
+    config stay (the export used to replace the whole directory)."""
+    out = tmp_path / "rm"
+    args = ["rm", "--model", files["policy"], "--data", files["pairs"], "--out", out, "--sinks", "jsonl",
+            "--data.test_fraction", "0", "--train.max_steps", "2", "--train.batch_size", "2"]  # fmt: skip
+    assert main([str(a) for a in args]) == 0, capsys.readouterr().err
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert (out / "config.yaml").is_file() and (out / "scalar_head.safetensors").is_file()
+    assert not list(out.glob(".export*"))

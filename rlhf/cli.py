@@ -8,6 +8,9 @@
 
 Every stage also takes `--config FILE.yaml` and dotted overrides of any config field
 (`--train.iterations 20`, `--kl.beta 0.05`, `--seed 1`).
+
+Model directories are data: their Python code never runs and their pickle weights are never read
+unless `--trust-remote-code` / `--allow-pickle` say so (rlhf/models/trust.py).
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", help="write eval.json here (default: beside the policy)")
     ev.add_argument("--n", type=int, default=256, help="prompts to evaluate (the first N)")
     ev.add_argument("--max-new-tokens", type=int, default=64)
-    ev.add_argument("--temperature", type=float, default=1.0)
+    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0: greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument(
@@ -100,16 +103,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 (autocast) | bfloat16-pure",
     )
 
+    for stage in (sft, rm, train, ev):
+        _add_safety_flags(stage)
+    for stage in (sft, rm, train, ev):
+        stage.add_argument(
+            "--skip-invalid",
+            action="store_true",
+            default=None,
+            help="skip malformed data records (counted and reported) instead of stopping at the first"
+            + ("" if stage is ev else " (same as --data.skip_invalid true)"),
+        )
+
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
     check = data_sub.add_parser("check", help="validate a dataset file and print its statistics")
     from rlhf.data.check import add_check_arguments
 
     add_check_arguments(check)
+    _add_safety_flags(check)
 
     report = sub.add_parser("report", help=STAGES["report"], description=STAGES["report"])
     report.add_argument("directory", help="a demo output directory (holds summary.json and runs/)")
     return parser
+
+
+def _add_safety_flags(parser: argparse.ArgumentParser) -> None:
+    from rlhf.models.trust import PICKLE_FLAG, TRUST_FLAG
+
+    parser.add_argument(
+        TRUST_FLAG,
+        action="store_true",
+        help="let transformers run the Python files of a model directory (auto_map); off: refused",
+    )
+    parser.add_argument(
+        PICKLE_FLAG,
+        action="store_true",
+        help="read pickle weights (pytorch_model.bin) when a directory has no safetensors; off: refused",
+    )
 
 
 def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
@@ -129,88 +159,130 @@ def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
     return overrides
 
 
-def _run_supervised_stage(args, rest, config_class, run) -> int:
+def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     """`rlhf sft` and `rlhf rm`: --model, --data and --out over --config and dotted overrides."""
     from rlhf.config import load_config
+    from rlhf.train.run_lock import run_dir_lock
 
     config = load_config(
         config_class,
         file=args.config,
-        overrides=_overrides(rest, {"model": args.model, "data.path": args.data, "out": args.out}),
+        overrides=_overrides(
+            rest,
+            {
+                "model": args.model,
+                "data.path": args.data,
+                "out": args.out,
+                "data.skip_invalid": args.skip_invalid,
+            },
+        ),
     )
     _require(config.model, "--model")
     _require(config.data.path, "--data")
-    run(config)
+    with run_dir_lock(config.out) as ctx.run_dir:
+        run(config)
     return 0
 
 
-def run_sft_command(args, rest) -> int:
+def run_sft_command(args, rest, ctx) -> int:
     from rlhf.config import SFTConfig
     from rlhf.train.sft import run_sft
 
-    return _run_supervised_stage(args, rest, SFTConfig, run_sft)
+    return _run_supervised_stage(args, rest, SFTConfig, run_sft, ctx)
 
 
-def run_rm_command(args, rest) -> int:
+def run_rm_command(args, rest, ctx) -> int:
     from rlhf.config import RewardConfig
     from rlhf.train.reward_model import run_reward_training
 
-    return _run_supervised_stage(args, rest, RewardConfig, run_reward_training)
+    return _run_supervised_stage(args, rest, RewardConfig, run_reward_training, ctx)
 
 
-def run_train_command(args, rest) -> int:
-    from rlhf.config import RLConfig, config_from_yaml, load_config
+def run_train_command(args, rest, ctx) -> int:
+    from rlhf.config import RLConfig, load_config
     from rlhf.train.pipeline import run_rl
+    from rlhf.train.run_lock import run_dir_lock
 
-    if args.resume:
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").exists():
-            raise SystemExit(
-                f"rlhf train --resume: {run_dir}/config.yaml not found. Fix: pass a run directory."
-            )
-        from rlhf.config import deep_merge, from_dict, parse_overrides, to_dict, validate
-
-        config = config_from_yaml(RLConfig, run_dir / "config.yaml")
-        if rest:
-            config = from_dict(
-                RLConfig, deep_merge(to_dict(config), parse_overrides(rest)), origin="command line"
-            )
-        config.out = str(run_dir)  # the run directory given, wherever the run was first written
-        validate(config)
-        run_rl(config, resume=True)
-        return 0
     named = {
         "model.policy": args.policy,
         "model.reward_model": args.reward_model,
         "data.prompts": args.prompts,
         "out": args.out,
+        "data.skip_invalid": args.skip_invalid,
     }
+    ctx.resumable = True
+    if args.resume:
+        from rlhf.train.resume_config import resume_config
+
+        config = resume_config(
+            args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named)
+        )
+        with run_dir_lock(config.out) as ctx.run_dir:
+            _prepare_resume(ctx.run_dir)
+            run_rl(config, resume=True)
+        return 0
     config = load_config(RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named))
     _require(config.model.policy, "--policy")
     _require(config.model.reward_model, "--reward-model")
     _require(config.data.prompts, "--prompts")
-    run_rl(config)
+    _refuse_reward_model_as_policy(config.model.policy)
+    with run_dir_lock(config.out) as ctx.run_dir:
+        run_rl(config)
     return 0
 
 
-def run_eval_command(args, rest) -> int:
+def _refuse_reward_model_as_policy(policy: str) -> None:
+    from rlhf.config import ConfigError
+    from rlhf.models.scalar_head import HEAD_WEIGHTS_NAME
+
+    if (Path(policy) / HEAD_WEIGHTS_NAME).is_file():
+        raise ConfigError(
+            f"--policy {policy} is a reward-model directory (it holds {HEAD_WEIGHTS_NAME}); the policy is "
+            "a causal LM. Fix: pass the --out directory of `rlhf sft` as --policy, and this one as --reward-model."
+        )
+
+
+def _prepare_resume(run_dir) -> None:
+    """Remove what killed checkpoint writes left, and set damaged newest checkpoints aside (warning
+    about each) so the run resumes from the newest complete one."""
+    from rlhf.config import ConfigError
+    from rlhf.train import checkpoint as ckpt
+
+    ckpt.clean_stale(run_dir)
+    problems: list[str] = []
+
+    def warn(message: str) -> None:
+        problems.append(message)
+        print(f"warning: {message}", file=sys.stderr)
+
+    if ckpt.set_aside_damaged(run_dir, warn) is None:
+        found = "; ".join(problems) or "there is no checkpoints/iter_* directory"
+        raise ConfigError(
+            f"{run_dir} has no complete checkpoint to resume from ({found}). Fix: start a fresh run with "
+            "another --out (add --checkpoint.every N to save during the run)."
+        )
+
+
+def run_eval_command(args, rest, ctx) -> int:
     from rlhf.train.pipeline import run_eval
 
     if rest:
-        raise SystemExit(f"rlhf eval: unexpected arguments {rest}. Fix: see `rlhf eval --help`.")
+        raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf eval --help`.")
     run_eval(args)
     return 0
 
 
-def run_demo_command(args, rest) -> int:
+def run_demo_command(args, rest, ctx) -> int:
     from rlhf.demo import run_demo
+    from rlhf.train.run_lock import run_dir_lock
 
-    return run_demo(
-        out=args.out, compare=args.compare, seeds=args.seeds, config_file=args.config, overrides=rest
-    )
+    with run_dir_lock(args.out) as ctx.run_dir:
+        return run_demo(
+            out=args.out, compare=args.compare, seeds=args.seeds, config_file=args.config, overrides=rest
+        )
 
 
-def run_report_command(args, rest) -> int:
+def run_report_command(args, rest, ctx) -> int:
     from rlhf.demo import rebuild_report
 
     return rebuild_report(args.directory)
@@ -218,7 +290,9 @@ def run_report_command(args, rest) -> int:
 
 def _require(value, flag: str) -> None:
     if not value:
-        raise SystemExit(f"missing {flag}. Fix: pass {flag} (or set it in --config).")
+        from rlhf.config import ConfigError
+
+        raise ConfigError(f"missing {flag}. Fix: pass {flag} (or set it in --config).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,33 +304,61 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from transformers.utils import logging as hf_logging
 
-    from rlhf.config import ConfigError
-    from rlhf.data.errors import DataError
-    from rlhf.models.loading import ModelLoadingError
+    from rlhf.models.trust import set_load_policy
 
     hf_logging.disable_progress_bar()  # our own progress display replaces transformers' load/save bars
-
+    set_load_policy(
+        trust_remote_code=getattr(args, "trust_remote_code", False),
+        allow_pickle=getattr(args, "allow_pickle", False),
+    )
     try:
-        if args.stage == "data":
-            if args.data_command != "check":
-                parser.parse_args(["data", "--help"])
-            if rest:
-                raise SystemExit(f"rlhf data check: unexpected arguments {rest}.")
-            from rlhf.data.check import run_check
+        return _run_with_one_error_path(parser, args, rest)
+    finally:
+        set_load_policy()  # the flags hold for this command only (main() may be called in-process)
 
-            return run_check(args)
-        handler = {
-            "sft": run_sft_command,
-            "rm": run_rm_command,
-            "train": run_train_command,
-            "eval": run_eval_command,
-            "demo": run_demo_command,
-            "report": run_report_command,
-        }[args.stage]
-        return handler(args, rest)
-    except (ConfigError, DataError, ModelLoadingError) as err:
-        print(f"rlhf {args.stage}: {err}", file=sys.stderr)
-        return 2
+
+def _run_with_one_error_path(parser, args, rest) -> int:
+    """Run the stage; every failure ends as one message on stderr and an exit code (cli_errors.py)."""
+    from rlhf import cli_errors
+
+    ctx = cli_errors.RunContext(stage=args.stage)
+    try:
+        return _dispatch(parser, args, rest, ctx)
+    except KeyboardInterrupt:
+        message, code = cli_errors.interrupted_message(ctx), cli_errors.INTERRUPTED
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            raise  # argparse's own exits (--help, usage errors) keep their code
+        message, code = str(stop.code), cli_errors.USER_ERROR
+    except Exception as err:  # noqa: BLE001 (the one place that turns every failure into a message)
+        if cli_errors.is_user_error(err):
+            message, code = str(err), cli_errors.USER_ERROR
+        elif cli_errors.is_no_space(err):
+            message, code = cli_errors.no_space_message(ctx, err), cli_errors.USER_ERROR
+        else:
+            message, code = cli_errors.internal_error_message(ctx, err), cli_errors.INTERNAL_ERROR
+    print(f"rlhf {args.stage}: {message}", file=sys.stderr)
+    return code
+
+
+def _dispatch(parser, args, rest, ctx) -> int:
+    if args.stage == "data":
+        if args.data_command != "check":
+            parser.parse_args(["data", "--help"])
+        if rest:
+            raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf data check --help`.")
+        from rlhf.data.check import run_check
+
+        return run_check(args)
+    handler = {
+        "sft": run_sft_command,
+        "rm": run_rm_command,
+        "train": run_train_command,
+        "eval": run_eval_command,
+        "demo": run_demo_command,
+        "report": run_report_command,
+    }[args.stage]
+    return handler(args, rest, ctx)
 
 
 if __name__ == "__main__":

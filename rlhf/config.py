@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ import yaml
 from rlhf.core.losses import POLICY_LOSSES
 
 PRESET_DIR = Path(__file__).parent / "presets"
+MIN_USEFUL_TEMPERATURE = 0.05  # below it the sampled tokens' probabilities are ~1: ~0 policy gradient
+_config_logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -557,15 +560,106 @@ def load_config(
 
 
 def validate(config) -> None:
-    """Cross-field and range checks, each naming the key and the fix."""
-    if not isinstance(config, RLConfig):
+    """Cross-field and range checks, each naming the key and the fix; warnings for legal values that
+    are almost certainly mistakes (`rlhf.config` logger)."""
+    if isinstance(config, (SFTConfig, RewardConfig)):
+        _validate_supervised(config)
+    if isinstance(config, RLConfig):
+        _validate_rl(config)
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _at_least(value, low, key: str, why: str = "") -> None:
+    _need(value >= low, f"{key} must be >= {low}, got {value!r}{why}. Fix: --{key} {low} or more.")
+
+
+def _validate_optim(o: OptimConfig, group: str) -> None:
+    _need(o.lr > 0, f"{group}.lr must be > 0 (0 trains nothing), got {o.lr!r}. Fix: --{group}.lr 1e-5.")
+    _need(all(0 <= b < 1 for b in o.betas), f"{group}.betas must both be in [0, 1), got {list(o.betas)}.")
+    _at_least(o.weight_decay, 0, f"{group}.weight_decay")
+    _at_least(o.warmup_steps, 0, f"{group}.warmup_steps")
+    _need(0 <= o.min_lr_ratio <= 1, f"{group}.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio!r}.")
+    _need(
+        o.max_grad_norm is None or o.max_grad_norm > 0,
+        f"{group}.max_grad_norm must be > 0, or null to turn clipping off; got {o.max_grad_norm!r}.",
+    )
+
+
+def _validate_lora(lora: LoraConfig, group: str) -> None:
+    if not lora.enabled:
         return
+    _at_least(lora.r, 1, f"{group}.r")
+    _need(lora.alpha > 0, f"{group}.alpha must be > 0, got {lora.alpha!r}.")
+    _need(0 <= lora.dropout < 1, f"{group}.dropout must be in [0, 1), got {lora.dropout!r}.")
 
-    def need(ok: bool, message: str) -> None:
-        if not ok:
-            raise ConfigError(message)
 
+def _validate_supervised(c) -> None:
+    """`rlhf sft` and `rlhf rm`: every count >= 1 and every fraction in range."""
+    t, d = c.train, c.data
+    _need(t.epochs > 0, f"train.epochs must be > 0, got {t.epochs!r}. Fix: --train.epochs 1.")
+    _need(
+        t.max_steps is None or t.max_steps >= 1,
+        f"train.max_steps must be >= 1 (or null to run train.epochs), got {t.max_steps!r}.",
+    )
+    _at_least(t.batch_size, 1, "train.batch_size", " (examples per optimizer step)")
+    _at_least(t.micro_batch_size, 1, "train.micro_batch_size", " (examples per forward/backward)")
+    _at_least(t.log_every, 1, "train.log_every")
+    _at_least(t.eval_every, 0, "train.eval_every", " (0: evaluate at the end only)")
+    if isinstance(c, RewardConfig):
+        _at_least(t.max_tokens, 1, "train.max_tokens")
+        _at_least(t.lm_coef, 0, "train.lm_coef")
+    _need(0 <= d.test_fraction < 1, f"data.test_fraction must be in [0, 1), got {d.test_fraction!r}.")
+    _at_least(d.max_prompt_tokens, 1, "data.max_prompt_tokens")
+    _at_least(d.max_response_tokens, 1, "data.max_response_tokens")
+    _validate_optim(c.optim, "optim")
+    _validate_lora(c.lora, "lora")
+
+
+def _validate_rl(config: RLConfig) -> None:
+    need = _need
     c = config
+    need(
+        c.train.iterations >= 1 or (c.train.iterations == 0 and c.critic.pretrain_iterations > 0),
+        f"train.iterations must be >= 1, got {c.train.iterations!r} (0 only with critic.pretrain_iterations "
+        "> 0, for a critic-only run). Fix: --train.iterations 1 or more.",
+    )
+    _at_least(c.rollout.batch_size, 1, "rollout.batch_size", " (prompts sampled per iteration)")
+    _at_least(c.log.every, 1, "log.every")
+    _at_least(c.log.eval_every, 0, "log.eval_every", " (0: off)")
+    _at_least(c.log.samples_to_log, 0, "log.samples_to_log")
+    for key in ("window", "baseline_steps", "patience"):
+        _at_least(getattr(c.log.collapse, key), 1, f"log.collapse.{key}")
+    _at_least(c.checkpoint.every, 0, "checkpoint.every", " (0: at the end only)")
+    _at_least(c.checkpoint.keep, 1, "checkpoint.keep")
+    _at_least(c.data.max_prompt_tokens, 1, "data.max_prompt_tokens")
+    _at_least(c.data.ptx_batch_size, 1, "data.ptx_batch_size")
+    _at_least(c.rollout.top_k, 0, "rollout.top_k", " (0: off)")
+    need(c.rollout.repetition_penalty > 0, "rollout.repetition_penalty must be > 0 (1.0: off).")
+    _at_least(c.model.value_coef, 0, "model.value_coef")
+    _at_least(c.kl.horizon, 1, "kl.horizon")
+    _at_least(c.critic.pretrain_patience, 1, "critic.pretrain_patience")
+    _at_least(c.critic.pretrain_min_delta, 0, "critic.pretrain_min_delta")
+    for group in ("policy_optim", "critic_optim"):
+        _validate_optim(getattr(c, group), group)
+    _validate_lora(c.model.lora, "model.lora")
+    _validate_lora(c.model.critic_lora, "model.critic_lora")
+    need(
+        c.rollout.stop_at_eos or c.rollout.truncated != "drop",
+        "rollout.stop_at_eos false makes every response run to rollout.max_new_tokens, so every response "
+        "is truncated, and rollout.truncated drop drops them all: nothing is left to train on. Fix: "
+        "--rollout.stop_at_eos true, or --rollout.truncated keep (or penalize).",
+    )
+    if 0 < c.rollout.temperature < MIN_USEFUL_TEMPERATURE:
+        _config_logger.warning(
+            "rollout.temperature %g is near 0: sampling is almost greedy and the log-probabilities of "
+            "the sampled tokens are ~0, so the policy gradient is ~0 every iteration. Fix: "
+            "--rollout.temperature 0.7 or more (1.0 samples the policy as trained).",
+            c.rollout.temperature,
+        )
     need(c.train.buffer_size >= 1, "train.buffer_size must be >= 1 (rollout batches kept).")
     need(c.train.ppo_epochs >= 1, "train.ppo_epochs must be >= 1.")
     need(c.train.minibatches >= 1, "train.minibatches must be >= 1.")

@@ -500,6 +500,14 @@ def print_demo_summary(summary: dict, out_dir: Path) -> None:
 
 def rebuild_report(directory: str) -> int:
     d = Path(directory)
+    missing = [name for name in ("summary.json", "runs.json") if not (d / name).is_file()]
+    if missing:
+        from rlhf.config import ConfigError
+
+        raise ConfigError(
+            f"{d} is not a demo output directory (no {' or '.join(missing)}). Fix: pass the --out directory "
+            "of a finished `rlhf demo`; for a training run, open its metrics.jsonl."
+        )
     summary = json.loads((d / "summary.json").read_text())
     runs = json.loads((d / "runs.json").read_text())
     write_report(d / "report.html", summary, runs, title="rlhf demo report", metric_keys=REPORT_KEYS)

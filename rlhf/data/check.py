@@ -44,6 +44,11 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-response-tokens", type=int, default=None, metavar="N", help="response budget to test"
     )
     parser.add_argument("--all-errors", action="store_true", help="list every bad record, not only the first")
+    parser.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="report bad records as skipped (as training with --skip-invalid would) and pass if any remain",
+    )
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -51,7 +56,7 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         fmt = detect_file_format(args.file) if args.format == "auto" else args.format
         kind = args.kind or DEFAULT_KIND[fmt]
-        if args.all_errors:
+        if args.all_errors or args.skip_invalid:
             result = scan_examples(args.file, kind, fmt)
         else:
             result = load_examples(args.file, kind, fmt)
@@ -69,13 +74,16 @@ def run_check(args: argparse.Namespace) -> int:
     print(f"format: {fmt} (used as {kind} examples{_kind_note(fmt, kind)})")
     print(f"records: {len(result.examples)} valid, {result.skipped} invalid")
     for error in result.errors:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{'skipped' if args.skip_invalid else 'error'}: {error}", file=sys.stderr)
     if result.examples:
         try:
             _print_lengths(result, tokenizer, args.max_prompt_tokens, args.max_response_tokens)
         except ValueError as error:  # a tokenizer without EOS, a budget too small, a chat template error
             print(f"error: {error}", file=sys.stderr)
             return 2
+    if args.skip_invalid and result.examples:
+        print(f"OK with --skip-invalid: {result.skipped} invalid record(s) would be skipped")
+        return 0
     if result.errors or not result.examples:
         print(f"FAILED: {result.skipped} invalid record(s)" if result.errors else "FAILED: no records")
         return 1
@@ -94,7 +102,10 @@ def _kind_note(fmt: str, kind: str) -> str:
 def _load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    from rlhf.models.trust import check_model_directory, safe_load_kwargs
+
+    check_model_directory(path, weights=False)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, **safe_load_kwargs(weights=False))
 
 
 def _response_fields(example: Example) -> dict[str, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import random
 import re
@@ -26,9 +27,10 @@ from rlhf.data.examples import KINDS, Example, prompt_key
 from rlhf.data.formats import FORMATS, detect_format, parse_record
 
 FILE_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".parquet")
+logger = logging.getLogger(__name__)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _EMPTY_FIX = 'write one JSON object per line, e.g. {"prompt": "..."}'
-_SKIP_FIX = "fix or remove the line, or skip bad records (--skip-invalid / skip_invalid=True)"
+_SKIP_FIX = "fix or remove the line, or skip bad records (--skip-invalid; in Python skip_invalid=True)"
 
 
 @dataclass
@@ -74,6 +76,8 @@ def load_examples(
         else:
             result.examples.append(item)
     _require_examples(result)
+    if result.errors:
+        logger.warning(result.skipped_summary())  # skipping is never silent: how many, and why
     return result
 
 
@@ -223,8 +227,26 @@ def _records(path: str | os.PathLike) -> Iterator[tuple[Source, Any]]:
         )
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def _open_binary(file: Path):
-    return gzip.open(file, "rb") if file.name.lower().endswith(".gz") else open(file, "rb")
+    """The file's bytes, gunzipped when it is gzip by its first two bytes (whatever its name says)."""
+    with open(file, "rb") as handle:
+        magic = handle.read(2)
+    return gzip.open(file, "rb") if magic == GZIP_MAGIC else open(file, "rb")
+
+
+def _not_json_lines(file: Path, line: str) -> DataError | None:
+    """A file-level error when the first line shows the file is a table (CSV/TSV), not JSON Lines."""
+    text = line.strip()
+    if text.startswith(("{", "[", '"')) or not any(sep in text for sep in (",", "\t", ";")):
+        return None
+    return DataError(
+        Source(str(file), 1),
+        f"the file looks like CSV/TSV, not JSON Lines (first line: {text[:60]!r})",
+        'convert it to JSON Lines, one object a line: {"prompt": "...", "response": "..."}',
+    )
 
 
 def _jsonl_records(file: Path) -> Iterator[tuple[Source, Any]]:
@@ -245,6 +267,9 @@ def _jsonl_records(file: Path) -> Iterator[tuple[Source, Any]]:
                 try:
                     yield source, json.loads(line.rstrip("\r\n"))
                 except json.JSONDecodeError as error:
+                    table = _not_json_lines(file, line) if number == 1 else None
+                    if table is not None:
+                        raise table from None
                     yield (
                         source,
                         DataError(source, f"invalid JSON: {error.msg} (column {error.pos + 1})", _SKIP_FIX),

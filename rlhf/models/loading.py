@@ -14,11 +14,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlhf.models.trust import check_model_directory, safe_load_kwargs, unsafe_pickle_error
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +134,18 @@ def _wrap_os_error(path: str | os.PathLike, err: OSError) -> ModelLoadingError:
 def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None) -> PreTrainedTokenizerBase:
     """Load a tokenizer (directory, hub id, or `gguf_file` inside `path`) and `prepare_tokenizer` it."""
     _check_source(path, gguf_file, needs_model_config=False)
+    check_model_directory(path, weights=False)
     kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs, **safe_load_kwargs(weights=False))
     except OSError as err:
         raise _wrap_os_error(path, err) from err
+    except ValueError as err:  # no tokenizer files, or files transformers cannot read
+        raise ModelLoadingError(
+            f"Could not load a tokenizer from {str(path)!r} ({str(err).splitlines()[0]}). Fix: save the "
+            "tokenizer beside the model (`tokenizer.save_pretrained(DIR)`, or copy tokenizer.json and "
+            "tokenizer_config.json from the base model)."
+        ) from None
     source = os.path.join(str(path), gguf_file) if gguf_file else str(path)
     return prepare_tokenizer(tokenizer, source=source)
 
@@ -149,11 +159,21 @@ def load_causal_lm(
     """Load a causal LM in `dtype` (None: float32; GGUF weights are dequantized) on `device`
     (None: the CPU), in eval mode."""
     _check_source(path, gguf_file)
+    check_model_directory(path, weights=gguf_file is None)
     kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
+    kwargs.update(safe_load_kwargs(weights=gguf_file is None))
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32, **kwargs)
     except OSError as err:
         raise _wrap_os_error(path, err) from err
+    except pickle.UnpicklingError:
+        raise unsafe_pickle_error(path) from None
+    except (ValueError, KeyError) as err:  # an architecture this transformers does not know
+        raise ModelLoadingError(
+            f"Could not build the model of {str(path)!r} ({str(err).splitlines()[0]}). Fix: check model_type "
+            "in its config.json; a newer transformers may know the architecture, or pass --trust-remote-code "
+            "if the directory ships its own code (auto_map)."
+        ) from None
     if device is not None:
         model.to(device)
     return model.eval()

@@ -28,6 +28,7 @@ from torch import nn
 
 from rlhf.models.backbone import decoder_hidden_states, head_logits, is_peft_model, unwrap_causal_lm
 from rlhf.models.loading import ModelLoadingError, load_causal_lm
+from rlhf.models.trust import check_model_directory
 
 HEAD_WEIGHTS_NAME = "scalar_head.safetensors"
 HEAD_CONFIG_NAME = "scalar_head.json"
@@ -134,8 +135,8 @@ class ScalarHeadModel(nn.Module):
         if not weights.is_file():
             raise ModelLoadingError(
                 f"{str(path)!r} has no {HEAD_WEIGHTS_NAME}: it is not a scalar-head (reward model or "
-                "critic) directory. Fix: for a causal LM use ScalarHeadModel.from_causal_lm(path) to get "
-                "a fresh head."
+                "critic) directory. Fix: pass the --out directory of `rlhf rm` (as --reward-model or "
+                "--judge); in Python, ScalarHeadModel.from_causal_lm(path) puts a fresh head on a causal LM."
             )
         info = json.loads(meta.read_text()) if meta.is_file() else {}
         if (path / "adapter_config.json").is_file():
@@ -149,6 +150,7 @@ class ScalarHeadModel(nn.Module):
                         "base_model=<the causal LM the adapter was trained on>."
                     )
                 base_model = load_causal_lm(base_path, dtype=dtype)
+            check_model_directory(path)  # the adapter's own weights: safetensors unless --allow-pickle
             model = PeftModel.from_pretrained(base_model, str(path), is_trainable=True)
         else:
             model = load_causal_lm(path, dtype=dtype)

@@ -5,14 +5,21 @@ and scheduler `state_dict()`s, RNG states, counters). `save_state` splits it int
 safetensors file holding every tensor and one JSON skeleton that refers to them by name;
 `load_state` puts it back together. A checkpoint directory is written under a temporary name
 and renamed into place, so an interrupted save never leaves a half-written checkpoint behind.
+
+Its `DONE` file, written last, records the iteration and every file's size and sha256
+(`write_done`); `verify` checks them on load, so a checkpoint damaged after it was written (a
+truncated file, an edited state) is found and `latest_verified` falls back to the previous one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import random
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +130,7 @@ class _AtomicDirectory:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return
+        _complete_done(self.tmp)
         for f in self.tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as handle:
@@ -132,6 +140,160 @@ class _AtomicDirectory:
             self.final.rename(old)
         self.tmp.rename(self.final)
         shutil.rmtree(old, ignore_errors=True)
+
+
+DONE = "DONE"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_done(directory: Path, iteration: int) -> None:
+    """Write `DONE` into a finished checkpoint directory: the iteration plus each file's size and sha256.
+
+    Call it last, inside `atomic_directory`, once every other file of the checkpoint is written.
+    """
+    directory = Path(directory)
+    files = {
+        str(f.relative_to(directory)): {"size": f.stat().st_size, "sha256": _sha256(f)}
+        for f in sorted(directory.rglob("*"))
+        if f.is_file() and f.name != DONE
+    }
+    (directory / DONE).write_text(json.dumps({"iteration": int(iteration), "files": files}, indent=1))
+
+
+def read_done(directory: Path) -> dict:
+    """The record of `DONE`: `{"iteration": N, "files": {...}}`; an old-style DONE (the iteration as
+    plain text) has no file list. Raises ValueError when DONE is missing or unreadable."""
+    path = Path(directory) / DONE
+    if not path.is_file():
+        raise ValueError("no DONE file (the checkpoint was never finished)")
+    text = path.read_text(errors="replace").strip()
+    try:
+        record = json.loads(text)
+    except ValueError:
+        raise ValueError(f"DONE is not readable ({text[:40]!r})") from None
+    if isinstance(record, int) and not isinstance(record, bool):
+        return {"iteration": record, "files": None}  # old style: the iteration number alone
+    if not isinstance(record, dict) or not isinstance(record.get("iteration"), int):
+        raise ValueError("DONE has no iteration")
+    return {"iteration": record["iteration"], "files": record.get("files")}
+
+
+def verify(path: Path) -> str | None:
+    """None when the checkpoint at `path` is complete and unchanged, else what is wrong with it."""
+    path = Path(path)
+    try:
+        record = read_done(path)
+    except ValueError as err:
+        return str(err)
+    expected = _checkpoint_iteration(path)
+    if expected is not None and record["iteration"] != expected:
+        return f"DONE says iteration {record['iteration']}, the directory name says {expected}"
+    for name, info in (record["files"] or {}).items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        size = f.stat().st_size
+        if size != info["size"]:
+            return f"{name} has {size} bytes, {info['size']} were written"
+        if _sha256(f) != info["sha256"]:
+            return f"{name} was changed after it was written (sha256 differs)"
+    return None
+
+
+def _checkpoint_iteration(path: Path) -> int | None:
+    try:
+        return int(Path(path).name.split("_", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Every `checkpoints/iter_N` directory, complete or not, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("iter_")]
+    found = [p for p in found if _checkpoint_iteration(p) is not None]
+    return sorted(found, key=_checkpoint_iteration)
+
+
+def latest_verified(run_dir: Path, warn: Callable[[str], None]) -> Path | None:
+    """The newest checkpoint of `run_dir` that `verify` passes; each newer damaged one is skipped
+    with `warn(message naming it and what is wrong)`. None when no checkpoint is complete."""
+    for path in reversed(_checkpoint_dirs(run_dir)):
+        problem = verify(path)
+        if problem is None:
+            return path
+        warn(f"skipping damaged checkpoint {path}: {problem}.")
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def clean_stale(run_dir: Path) -> list[Path]:
+    """Remove what killed checkpoint writes left in `run_dir/checkpoints`: `.iter_*.tmp-PID` and
+    `.iter_*.old-PID` directories of processes no longer alive, and empty `iter_*` directories.
+    Returns the removed paths."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    removed = []
+    for path in root.iterdir():
+        if not path.is_dir():
+            continue
+        stale = False
+        if path.name.startswith(".iter_") and (".tmp-" in path.name or ".old-" in path.name):
+            pid = path.name.rsplit("-", 1)[-1]
+            stale = pid.isdigit() and not _pid_alive(int(pid))
+            final = root / path.name[1:].split(".", 1)[0]
+            if stale and ".old-" in path.name and not final.exists():
+                path.rename(final)  # killed between the two renames: the old copy is the only one
+                continue
+        elif path.name.startswith("iter_"):
+            stale = not any(path.iterdir())
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _complete_done(directory: Path) -> None:
+    """A checkpoint whose writer put an old-style DONE (the iteration alone) gets the full record."""
+    try:
+        record = read_done(directory)
+    except ValueError:
+        return  # no DONE: not a checkpoint (or not finished), nothing to record
+    if record["files"] is None:
+        write_done(directory, record["iteration"])
+
+
+def set_aside_damaged(run_dir: Path, warn: Callable[[str], None]) -> Path | None:
+    """Before a resume: rename each damaged checkpoint newer than the newest complete one to
+    `checkpoints/damaged-iter_N` (kept for inspection, invisible to `list_checkpoints`), warning
+    about each. Returns the newest complete checkpoint, or None."""
+    good = latest_verified(run_dir, warn)
+    floor = -1 if good is None else _checkpoint_iteration(good)
+    for path in _checkpoint_dirs(run_dir):
+        if _checkpoint_iteration(path) > floor:
+            target = path.with_name(f"damaged-{path.name}")
+            shutil.rmtree(target, ignore_errors=True)
+            path.rename(target)
+    return good
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -146,3 +308,30 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_export(out: Path) -> Iterator[Path]:
+    """Write a model export into a temporary directory, then move each file into `out`.
+
+    Yields the temporary directory (inside `out`, so the moves are renames on one file system).
+    Every file lands whole: a failed or killed export (full disk) leaves no truncated file in
+    `out`, and the files of an earlier export stay until their replacement is complete.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".export.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        files = [f for f in sorted(tmp.rglob("*")) if f.is_file()]
+        for f in files:
+            with open(f, "rb") as handle:
+                os.fsync(handle.fileno())
+        for f in files:
+            target = out / f.relative_to(tmp)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(f, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

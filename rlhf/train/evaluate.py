@@ -99,6 +99,25 @@ def sample_responses(
     return rollouts, texts
 
 
+class NonFiniteScoresError(ValueError):
+    """A judge gave NaN or infinite scores: no mean or win rate can be computed from them."""
+
+
+def check_finite_scores(scores: torch.Tensor, judge_name: str, policy_name: str, limit: int = 8) -> None:
+    """Raise NonFiniteScoresError naming the judge, the policy and the prompt rows with non-finite scores."""
+    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+    if not bad:
+        return
+    rows = ", ".join(str(i + 1) for i in bad[:limit]) + (
+        f" ... ({len(bad)} in all)" if len(bad) > limit else ""
+    )
+    raise NonFiniteScoresError(
+        f"the judge {judge_name} gave non-finite scores (nan/inf) to {len(bad)} of {len(scores)} responses of "
+        f"{policy_name}, at prompts {rows} (1-based, in file order). No result was written. Fix: the judge "
+        "is broken (diverged training or damaged weights): retrain it with `rlhf rm`, or pass another --judge."
+    )
+
+
 def score_policy(
     policy,
     tokenizer,

@@ -16,7 +16,14 @@ from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenize
 from rlhf.models.precision import Precision
 from rlhf.models.sampling import SamplingConfig
 from rlhf.monitor import print_summary
-from rlhf.train.evaluate import compare_scores, mean_with_ci, reward_model_judge, score_policy
+from rlhf.train.context_check import check_prompts_fit, model_context
+from rlhf.train.evaluate import (
+    check_finite_scores,
+    compare_scores,
+    mean_with_ci,
+    reward_model_judge,
+    score_policy,
+)
 from rlhf.train.rl import RLTrainer
 from rlhf.train.roles import load_roles
 
@@ -24,8 +31,18 @@ from rlhf.train.roles import load_roles
 def encode_prompts(
     tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None
 ) -> list[list[int]]:
+    return load_prompts(
+        tokenizer, path, format=format, max_tokens=max_tokens, skip_invalid=skip_invalid, stats=stats
+    )[0]
+
+
+def load_prompts(
+    tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None
+) -> tuple[list[list[int]], list]:
+    """The encoded prompts of `path` and the source (file, line) of each."""
     loaded = load_examples(path, kind="prompt", format=format, skip_invalid=skip_invalid)
-    return [encode_prompt(tokenizer, ex.prompt, max_tokens, stats=stats) for ex in loaded.examples]
+    ids = [encode_prompt(tokenizer, ex.prompt, max_tokens, stats=stats) for ex in loaded.examples]
+    return ids, [ex.source for ex in loaded.examples]
 
 
 def ptx_sampler(
@@ -51,13 +68,22 @@ def ptx_sampler(
 def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: bool = False) -> dict:
     roles = load_roles(config)
     stats = TruncationStats()
-    prompts = encode_prompts(
+    prompts, sources = load_prompts(
         roles.tokenizer,
         config.data.prompts,
         format=config.data.format,
         max_tokens=config.data.max_prompt_tokens,
         skip_invalid=config.data.skip_invalid,
         stats=stats,
+    )
+    check_prompts_fit(
+        prompts,
+        sources,
+        context=model_context(roles.policy),
+        max_new_tokens=config.rollout.max_new_tokens,
+        model_name=f"the policy {config.model.policy}",
+        fix="--data.max_prompt_tokens {budget} (longer prompts are left-truncated to it), or a lower "
+        "--rollout.max_new_tokens",
     )
     ptx = None
     if config.data.ptx and config.policy.ptx_coef > 0:
@@ -77,23 +103,37 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
 def run_eval(args) -> dict:
     """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison.
     Every model runs on `--device` under the `--dtype` policy."""
+    _check_eval_args(args)
     device = resolve_device(getattr(args, "device", "auto"), key="--device")
     precision = Precision.resolve(getattr(args, "dtype", "auto"), device, key="--dtype")
     tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
-    prompts = encode_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=False)[
-        : args.n
-    ]
+    skip = bool(getattr(args, "skip_invalid", False))
+    prompts, sources = load_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=skip)
+    prompts, sources = prompts[: args.n], sources[: args.n]
+    greedy = args.temperature == 0  # --temperature 0: the most likely answer, as other tools read it
     sampling = SamplingConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
+        max_new_tokens=args.max_new_tokens,
+        temperature=1.0 if greedy else args.temperature,
+        top_p=args.top_p,
+        do_sample=not greedy,
     )
-    judge = _load_judge(args.judge, tokenizer, args.prompts, args.n, precision)
+    judge = _load_judge(args.judge, tokenizer, args.prompts, args.n, skip, precision)
     results = {}
     scores = {}
     for name, path in (("policy", args.policy), ("baseline", args.baseline)):
         model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))
+        check_prompts_fit(
+            prompts,
+            sources,
+            context=model_context(model),
+            max_new_tokens=args.max_new_tokens,
+            model_name=f"--{name} {path}",
+            fix="shorten that prompt (at most {budget} tokens) or remove it, or lower --max-new-tokens",
+        )
         s, texts, _ = score_policy(
             model, tokenizer, prompts, judge, sampling, seed=args.seed, precision=precision
         )
+        check_finite_scores(s, str(args.judge), f"--{name} {path}")
         scores[name] = s
         results[name] = {"path": str(path), **mean_with_ci(s), "samples": texts[:5]}
     results["comparison"] = compare_scores(scores["policy"], scores["baseline"])
@@ -115,7 +155,27 @@ def run_eval(args) -> dict:
     return results
 
 
-def _load_judge(spec: str, tokenizer, prompts_path: str, n: int, precision: Precision | None = None):
+def _check_eval_args(args) -> None:
+    from rlhf.config import ConfigError
+
+    for flag, ok, rule, fix in (
+        ("--n", args.n >= 1, "must be >= 1", "--n 256"),
+        ("--max-new-tokens", args.max_new_tokens >= 1, "must be >= 1", "--max-new-tokens 64"),
+        ("--temperature", args.temperature >= 0, "must be >= 0 (0: greedy)", "--temperature 1.0"),
+        ("--top-p", 0 < args.top_p <= 1, "must be in (0, 1]", "--top-p 1.0"),
+    ):
+        if not ok:
+            raise ConfigError(f"{flag} {rule}. Fix: {fix}.")
+
+
+def _load_judge(
+    spec: str,
+    tokenizer,
+    prompts_path: str,
+    n: int,
+    skip_invalid: bool = False,
+    precision: Precision | None = None,
+):
     """`judge_factory(start, end)`: a reward-model directory, or `world:DIR` for a built-in world's gold reward."""
     if spec.startswith("world:"):
         from rlhf.data.tokenize import render_prompt
@@ -124,7 +184,8 @@ def _load_judge(spec: str, tokenizer, prompts_path: str, n: int, precision: Prec
 
         world = load_world(spec[len("world:") :])
         texts = [
-            render_prompt(tokenizer, ex.prompt) for ex in load_examples(prompts_path, kind="prompt").examples
+            render_prompt(tokenizer, ex.prompt)
+            for ex in load_examples(prompts_path, kind="prompt", skip_invalid=skip_invalid).examples
         ][:n]
         return lambda start, end: text_judge(world.gold_rewards, texts[start:end])
     from rlhf.models.scalar_head import ScalarHeadModel

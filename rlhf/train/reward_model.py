@@ -14,7 +14,6 @@ Devices and precision as in SFT (sft.py): model and batches on `train.device`, f
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import shutil
 from dataclasses import dataclass
@@ -31,13 +30,13 @@ from rlhf.models.backbone import head_logits
 from rlhf.models.device import model_device, resolve_device, to_device
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm
-from rlhf.models.precision import Precision, cast_parameters
+from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.monitor import print_summary
-from rlhf.train.checkpoint import atomic_directory
+from rlhf.train.export import export_models
 from rlhf.train.lm_loss import token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
-from rlhf.train.run_dir import open_metrics_logger, quiet_hf_saves
+from rlhf.train.run_dir import open_metrics_logger
 from rlhf.train.setup import start_run, with_lora
 
 
@@ -256,13 +255,6 @@ def run_reward_training(
 
 def save_reward_model(model: ScalarHeadModel, tokenizer, directory: Path) -> None:
     """Atomic `save_pretrained` with the tokenizer beside it: float32 weights, LoRA adapters merged
-    (a copy is saved when either changes the model being trained)."""
-    to_save = model
-    merge = hasattr(model.causal_lm, "merge_and_unload")
-    if merge or any(p.dtype != torch.float32 for p in model.parameters() if p.is_floating_point()):
-        to_save = cast_parameters(copy.deepcopy(model), torch.float32)
-    if merge:
-        to_save.causal_lm = to_save.causal_lm.merge_and_unload()
-    with atomic_directory(Path(directory)) as tmp, quiet_hf_saves():
-        to_save.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    (a copy is saved when either changes the model being trained); the other files of `directory`,
+    such as a run's metrics, stay."""
+    export_models(directory, tokenizer, {"": model})

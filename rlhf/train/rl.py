@@ -37,6 +37,7 @@ from rlhf.monitor import CollapseDetector
 from rlhf.runtime import LocalRuntime
 from rlhf.train import checkpoint as ckpt
 from rlhf.train.experience import Experience, concat_experiences
+from rlhf.train.guards import require_finite_scores
 from rlhf.train.metrics import rollout_metrics
 from rlhf.train.prompts import PromptStream
 from rlhf.train.roles import PtxObjective, Roles, mean_over_steps
@@ -99,14 +100,16 @@ class RLTrainer:
         self.pretrain_done = c.critic.pretrain_iterations == 0
         self.pretrain_state = {"iterations": 0, "best": math.inf, "stale": 0}
         self.detector = collapse_detector(c)
+        notes: list[str] = []  # said once the logger is open
         if resume:
-            found = ckpt.list_checkpoints(self.run_dir)
-            if not found:
+            ckpt.clean_stale(self.run_dir)  # what killed checkpoint writes left behind
+            found = ckpt.latest_verified(self.run_dir, warn=notes.append)  # damaged newest ones skipped
+            if found is None:
                 raise ConfigError(
                     f"{self.run_dir} has no complete checkpoint to resume from (checkpoints/iter_*/DONE). "
                     "Fix: start a fresh run with another --out, or set checkpoint.every to save during a run."
                 )
-            self.load_checkpoint(found[-1])
+            self.load_checkpoint(found)
         self.logger = open_metrics_logger(
             self.run_dir,
             resumable=True,
@@ -116,6 +119,8 @@ class RLTrainer:
             resume=resume,
             resume_step=self.iteration - 1 if resume else None,
         )
+        for note in notes:
+            self.logger.warn(note, step=self.iteration)
 
     # ----------------------------------------------------------------------------------------
     # the loop
@@ -209,6 +214,13 @@ class RLTrainer:
         sequences, mask = rollout.sequences, rollout.response_mask.float()
         t1 = time.perf_counter()
         raw_scores = run.map_rows(r.reward_model.score, sequences)
+        if not bool(torch.isfinite(raw_scores).all()):  # a broken reward model stops the run here
+            require_finite_scores(
+                raw_scores,
+                model=c.model.reward_model or "(given in code)",
+                iteration=self.iteration,
+                texts=r.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True),
+            )
         # responses that hit max_new_tokens: keep, penalize or drop (docs/algorithms.md#5-truncated-responses)
         scores, keep = apply_truncation_policy(
             raw_scores,
@@ -298,7 +310,7 @@ class RLTrainer:
         with ckpt.atomic_directory(target) as tmp:
             self.roles.save_weights(tmp)
             ckpt.save_state(self.state(), tmp, "trainer")
-            (tmp / "DONE").write_text(str(self.iteration))
+            ckpt.write_done(tmp, self.iteration)  # sizes and checksums: verified on resume
         ckpt.prune_checkpoints(self.run_dir, self.config.checkpoint.keep)
         return target
 

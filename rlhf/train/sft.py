@@ -20,11 +20,12 @@ from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
 from rlhf.models.device import model_device, resolve_device, to_device
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm
-from rlhf.models.precision import Precision, cast_parameters
+from rlhf.models.precision import Precision
 from rlhf.monitor import print_summary
+from rlhf.train.export import export_models
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
-from rlhf.train.run_dir import open_metrics_logger, quiet_hf_saves
+from rlhf.train.run_dir import open_metrics_logger
 from rlhf.train.setup import start_run, with_lora
 
 
@@ -162,12 +163,7 @@ def run_sft(
             final = metrics
         final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
     model.eval()
-    cast_parameters(model, torch.float32)  # the export is float32 whatever the training precision
-    if hasattr(model, "merge_and_unload"):
-        model = model.merge_and_unload()
-    with quiet_hf_saves():
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+    export_models(out, tokenizer, {"": model})  # float32, LoRA merged, whatever the training used
     if not quiet:
         print_summary(f"SFT finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)})
     return final

@@ -14,19 +14,18 @@ import torch
 
 from rlhf.config import RLConfig
 from rlhf.models.device import resolve_device
-from rlhf.models.export import export_copy
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
 from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel, init_critic
+from rlhf.train.export import export_models
 from rlhf.train.roles.critic import Critic, SharedCritic
 from rlhf.train.roles.forward import PolicyForward, ValueForward
 from rlhf.train.roles.frozen import Reference, RewardModel
 from rlhf.train.roles.learner import Learner, StepStats, mean_over_steps
 from rlhf.train.roles.policy import JointValue, Policy, PtxObjective
-from rlhf.train.run_dir import quiet_hf_saves
 from rlhf.train.setup import with_lora
 
 __all__ = [
@@ -96,11 +95,10 @@ class Roles:
     def export(self, directory: Path) -> None:
         """The trained policy as a float32 Hugging Face directory (LoRA merged) with the tokenizer; a
         separate critic in `critic/`."""
-        with quiet_hf_saves():
-            export_copy(self.policy.model).save_pretrained(directory)
-            self.tokenizer.save_pretrained(directory)
-            if not self.critic.shares_policy:
-                export_copy(self.critic.model).save_pretrained(directory / "critic")
+        models = {"": self.policy.model}
+        if not self.critic.shares_policy:
+            models["critic"] = self.critic.model
+        export_models(directory, self.tokenizer, models)
 
 
 def optimizer_steps(config: RLConfig) -> tuple[int, int]:

@@ -1,0 +1,135 @@
+"""How `rlhf` ends when something goes wrong: one message and an exit code, never a bare traceback.
+
+- a mistake the user can fix (config, data, model directory, a busy run directory): the message
+  (what, where, the fix) and exit code 2;
+- a full disk: what could not be written and how to go on, exit code 2;
+- Ctrl-C: where the run stopped and the command that continues it, exit code 130;
+- anything else is a bug: a one-line summary plus the path of a log file holding the traceback,
+  exit code 1.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhf.monitor.logger import METRICS_FILE
+
+USER_ERROR = 2
+INTERNAL_ERROR = 1
+INTERRUPTED = 130
+ERROR_LOG = "error.log"
+
+
+@dataclass
+class RunContext:
+    """What the error path needs to know about the command being run."""
+
+    stage: str
+    run_dir: Path | None = None  # set once the run directory is known (and locked)
+    resumable: bool = False  # `rlhf train`: a checkpoint can be continued with --resume
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Errors written for the user: the library's own types, and any ValueError that carries a fix."""
+    from rlhf.config import ConfigError
+    from rlhf.data.errors import DataError
+    from rlhf.models.loading import ModelLoadingError
+
+    if isinstance(err, (ConfigError, DataError, ModelLoadingError)):
+        return True
+    return isinstance(err, ValueError) and "Fix:" in str(err)
+
+
+def no_space_message(ctx: RunContext, err: Exception) -> str:
+    where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+    then = (
+        f"then continue with: rlhf train --resume {ctx.run_dir}"
+        if ctx.resumable and ctx.run_dir and _last_checkpoint(ctx.run_dir) is not None
+        else "then run the command again"
+    )
+    return f"no space left on the device{where}. Fix: free disk space (or pass an --out on another disk), {then}."
+
+
+def is_no_space(err: BaseException) -> bool:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "No space left on device" in str(err)  # writers that wrap the OSError (safetensors)
+
+
+def _last_logged(run_dir: Path, key: str) -> int | None:
+    """The largest `key` (iteration or step) recorded in the run's metrics file."""
+    path = run_dir / METRICS_FILE
+    last = None
+    if not path.is_file():
+        return None
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by the interrupt
+        if isinstance(record, dict) and isinstance(record.get(key), int):
+            last = max(last or 0, record[key])
+    return last
+
+
+def _last_checkpoint(run_dir: Path) -> int | None:
+    from rlhf.train.checkpoint import latest_verified
+
+    found = latest_verified(run_dir, warn=lambda message: None)
+    return None if found is None else int(found.name.split("_")[1])
+
+
+def interrupted_message(ctx: RunContext) -> str:
+    """What Ctrl-C left behind and the true way to go on."""
+    if ctx.run_dir is None:
+        return "interrupted before anything was written."
+    if ctx.resumable:
+        last = _last_logged(ctx.run_dir, "iteration")  # records count iterations from 0
+        at = 0 if last is None else last + 1  # iterations done, as checkpoints and train.iterations count
+        saved = _last_checkpoint(ctx.run_dir)
+        if saved is None:
+            return (
+                f"interrupted at iteration {at}; no checkpoint was saved yet, so the run cannot resume. "
+                f"Fix: start again with another --out (add --checkpoint.every N to save during the run)."
+            )
+        since = "" if saved >= at else f" (from its checkpoint at iteration {saved})"
+        return f"interrupted at iteration {at}; resume with: rlhf train --resume {ctx.run_dir}{since}"
+    if ctx.stage == "demo":
+        return f"interrupted; the demo starts over when run again: `rlhf demo --out {ctx.run_dir}` clears its outputs."
+    step = _last_logged(ctx.run_dir, "step")
+    at = f" (last logged step {step})" if step is not None else ""
+    return (
+        f"interrupted{at}; no model was exported to {ctx.run_dir} and `rlhf {ctx.stage}` cannot resume. "
+        f"Fix: run the same command again with another --out (or delete {ctx.run_dir})."
+    )
+
+
+def write_error_log(ctx: RunContext, err: BaseException) -> Path:
+    """Write the traceback of `err` into the run directory (or a temporary file); returns its path."""
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    if ctx.run_dir is not None and ctx.run_dir.is_dir():
+        path = ctx.run_dir / ERROR_LOG
+        try:
+            path.write_text(text)
+            return path
+        except OSError:
+            pass
+    fd, name = tempfile.mkstemp(prefix=f"rlhf-{ctx.stage}-", suffix=".log")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    return Path(name)
+
+
+def internal_error_message(ctx: RunContext, err: BaseException) -> str:
+    log = write_error_log(ctx, err)
+    summary = str(err).splitlines()[0] if str(err) else ""
+    return (
+        f"internal error ({type(err).__name__}{': ' + summary if summary else ''}). "
+        f"This is a bug in rlhf, not in your input; the traceback is in {log} (include it in a report)."
+    )

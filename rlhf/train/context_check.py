@@ -1,0 +1,56 @@
+"""Prompts that do not fit the model: every prompt plus the response budget must fit its positions.
+
+Past its trained positions a model either fails (GPT-2's position table: an IndexError, and only
+when such a row is batched) or runs on silently with untrained positions (rotary models such as
+Llama). Both are caught at load time instead, naming the first prompt that does not fit.
+"""
+
+from __future__ import annotations
+
+from rlhf.data.errors import DataError, Source
+
+
+def model_context(model) -> int | None:
+    """The number of positions a model was built for (None when its config does not say)."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_prompts_fit(
+    prompt_ids: list[list[int]],
+    sources: list[Source | None],
+    *,
+    context: int | None,
+    max_new_tokens: int,
+    model_name: str,
+    fix: str,
+) -> None:
+    """Raise DataError at the first prompt whose tokens plus `max_new_tokens` exceed `context`.
+
+    `fix` is the remedy the command offers, with `{budget}` for the prompt budget that fits.
+    """
+    if context is None:
+        return
+    budget = context - max_new_tokens
+    too_long = [i for i, ids in enumerate(prompt_ids) if len(ids) > budget]
+    if not too_long:
+        return
+    first = too_long[0]
+    where = sources[first] or Source("prompt #" + str(first + 1))
+    if budget < 1:
+        raise DataError(
+            where,
+            f"the response budget ({max_new_tokens} new tokens) alone fills the {context} positions of {model_name}",
+            f"lower the response budget below {context}",
+        )
+    raise DataError(
+        where,
+        f"the prompt has {len(prompt_ids[first])} tokens; with {max_new_tokens} new tokens it needs "
+        f"{len(prompt_ids[first]) + max_new_tokens} positions, and {model_name} has {context} "
+        f"({len(too_long)} of {len(prompt_ids)} prompts do not fit)",
+        fix.format(budget=budget),
+    )

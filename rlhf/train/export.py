@@ -1,0 +1,25 @@
+"""Every stage's export: Hugging Face directories written atomically into a run directory.
+
+`models.export.export_copy` turns each model into what is saved (float32, LoRA merged, without
+touching the model being trained); `checkpoint.atomic_export` lands every file whole, beside
+the run's own files (metrics, config), which stay.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from rlhf.models.export import export_copy
+from rlhf.train.checkpoint import atomic_export
+from rlhf.train.run_dir import quiet_hf_saves
+
+
+def export_models(directory: str | Path, tokenizer, models: dict[str, nn.Module]) -> None:
+    """Save each of `models` (`{subdirectory: model}`, "" for `directory` itself) with its
+    `save_pretrained`, and the tokenizer into `directory`."""
+    with atomic_export(Path(directory)) as tmp, quiet_hf_saves():
+        for where, model in models.items():
+            export_copy(model).save_pretrained(tmp / where if where else tmp)
+        tokenizer.save_pretrained(tmp)

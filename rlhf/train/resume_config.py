@@ -1,0 +1,79 @@
+"""The config of `rlhf train --resume DIR`: the recorded one, plus only the changes a resume can honour.
+
+A checkpoint holds optimizer, scheduler, KL-controller, score and prompt-order state of the
+recorded config. Changing the algorithm, the models or the data mid-run would either be silently
+ignored (the checkpoint's state wins) or mix two runs in one record, so such changes are refused
+with the keys listed. Changes that only extend the run or change what is written are applied
+(and `config.yaml`, rewritten by the trainer, records them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlhf.config import ConfigError, RLConfig, config_from_yaml, deep_merge, from_dict, preset_dict, to_dict
+
+# Keys a resumed run may change: how long it runs, how often it saves, what it logs where.
+RESUMABLE_KEYS = (
+    "train.iterations",
+    "checkpoint.every",
+    "checkpoint.keep",
+    "log.every",
+    "log.sinks",
+    "log.eval_every",
+    "log.samples_to_log",
+)
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def resume_config(
+    run_dir: str | Path, *, preset: str | None = None, file: str | None = None, overrides: dict | None = None
+) -> RLConfig:
+    """The recorded config of `run_dir` with the requested changes (preset < file < overrides).
+
+    Raises ConfigError listing every requested change outside `RESUMABLE_KEYS` (a value equal to
+    the recorded one is no change).
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(
+            f"rlhf train --resume: {run_dir}/config.yaml not found: {run_dir} is not an RL run directory. "
+            "Fix: pass the --out directory of an earlier `rlhf train`."
+        )
+    recorded = to_dict(config_from_yaml(RLConfig, run_dir / "config.yaml"))
+    recorded["out"] = str(run_dir)  # the run directory given, wherever the run was first written
+    requested = recorded
+    if preset:
+        requested = deep_merge(requested, {**preset_dict(preset), "preset": preset})
+    if file:
+        from rlhf.config import _read_yaml  # the YAML reader that names the file on errors
+
+        file_data = _read_yaml(Path(file))
+        from_dict(RLConfig, deep_merge(recorded, file_data), origin=str(file))
+        requested = deep_merge(requested, file_data)
+    if overrides:
+        from_dict(RLConfig, deep_merge(recorded, overrides), origin="command line")
+        requested = deep_merge(requested, overrides)
+    config = from_dict(RLConfig, requested, origin="command line")
+    before, after = _flatten(recorded), _flatten(to_dict(config))
+    refused = [
+        f"{key} ({before.get(key)!r} -> {after[key]!r})"
+        for key in after
+        if after[key] != before.get(key) and key not in RESUMABLE_KEYS
+    ]
+    if refused:
+        raise ConfigError(
+            f"rlhf train --resume {run_dir}: a resumed run keeps its algorithm, models and data, but these "
+            f"were changed: {', '.join(refused)}. Fix: drop those options to resume as recorded, or start a "
+            f"new run (another --out) with them. A resume may change only: {', '.join(RESUMABLE_KEYS)}."
+        )
+    return config

@@ -1,0 +1,53 @@
+"""One writer per run directory: an exclusive `flock` on `RUN_DIR/.lock`, held for the whole run.
+
+The lock belongs to the open file, so the kernel releases it whenever the process ends, however
+it ends (normal exit, exception, SIGINT, kill -9): a lock file left behind by a dead process is
+never mistaken for a live one. The file holds the pid of its holder, for the message of the
+process that finds the directory taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from rlhf.config import ConfigError
+
+LOCK_FILE = ".lock"
+
+
+class RunDirInUse(ConfigError):
+    """Another live process is writing into the run directory."""
+
+
+def _holder_pid(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    text = os.read(fd, 64).decode(errors="replace").strip()
+    return text or "unknown"
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
+    """Hold the exclusive lock of `run_dir` (created if missing) for the body of the `with`.
+
+    Raises `RunDirInUse` naming the directory and the holder's pid when another process holds it.
+    """
+    directory = Path(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirInUse(
+                f"run directory {directory} is in use by another rlhf process (pid {_holder_pid(fd)}). "
+                "Fix: wait for that run to finish (or stop it), or pass another --out."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield directory
+    finally:
+        os.close(fd)  # closing the last descriptor releases the flock

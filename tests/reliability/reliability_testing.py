@@ -1,0 +1,89 @@
+"""Helpers of the reliability suite (imported as `reliability_testing`): run `rlhf` in a subprocess
+and read what it left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
+TINY_TRAIN = [
+    "--rollout.batch_size", "4", "--rollout.max_new_tokens", "3", "--train.micro_batch_size", "4",
+    "--log.sinks", "jsonl", "--policy_optim.lr", "0.001", "--train.overlap_critic", "false",
+]  # fmt: skip
+
+
+def env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def command(*args) -> list[str]:
+    return [sys.executable, "-m", "rlhf.cli", *map(str, args)]
+
+
+def rlhf(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`rlhf ARGS` in a subprocess; stdout and stderr captured as text."""
+    return subprocess.run(command(*args), env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def start(*args) -> subprocess.Popen:
+    """`rlhf ARGS` started in the background (stdout/stderr piped)."""
+    return subprocess.Popen(
+        command(*args), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def train_args(files: dict, out: Path, *extra) -> list:
+    return [
+        "train", "--preset", "vanilla_ppo", "--policy", files["policy"], "--reward-model", files["rm"],
+        "--prompts", files["prompts"], "--out", out, *TINY_TRAIN, *extra,
+    ]  # fmt: skip
+
+
+def assert_user_error(result, *named: str) -> str:
+    """Exit code 2, no traceback, one message on stderr naming each of `named`; returns stderr."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    for text in named:
+        assert text in result.stderr, (text, result.stderr[-3000:])
+    return result.stderr
+
+
+def assert_ok(result) -> None:
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def records(run: Path) -> list[dict]:
+    """Every record of `run/metrics.jsonl` (each line must be one JSON object)."""
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def iterations(run: Path) -> list[int]:
+    return [r["iteration"] for r in records(run) if "iteration" in r and "event" not in r]
+
+
+class InProcess:
+    """`rlhf.cli.main(ARGS)` in this process (no interpreter start-up): `.returncode` and `.stderr`
+    like a finished subprocess, for the cases that need no process of their own."""
+
+    def __init__(self, capsys, *args):
+        from rlhf.cli import main
+
+        self.returncode = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        self.stdout, self.stderr = captured.out, captured.err

@@ -1,0 +1,83 @@
+"""One writer per run directory, and Ctrl-C: a second `rlhf train` into a running run's --out is
+refused before it writes anything; SIGINT ends the first with the command that continues it, and
+that command works."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from reliability_testing import assert_ok, assert_user_error, iterations, records, rlhf, start, train_args
+
+
+def wait_for(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_second_writer_is_refused_and_sigint_says_how_to_resume(files, tmp_path):
+    out = tmp_path / "run"
+    first = start(*train_args(files, out, "--train.iterations", "100000", "--checkpoint.every", "1"))
+    try:
+        wait_for(lambda: (out / "metrics.jsonl").is_file() and len(iterations(out)) >= 2)
+        before = (out / "metrics.jsonl").read_text()
+        config_before = (out / "config.yaml").read_bytes()
+
+        second = rlhf(*train_args(files, out, "--train.iterations", "2", "--kl.beta", "0.3"))
+        assert_user_error(second, str(out), f"pid {first.pid}", "--out")
+        assert first.poll() is None  # the first run was never disturbed
+        assert (out / "config.yaml").read_bytes() == config_before  # the second wrote nothing
+        assert (out / "metrics.jsonl").read_text().startswith(before)
+
+        first.send_signal(signal.SIGINT)
+        _, stderr = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    done = iterations(out)
+    assert done == list(range(len(done)))  # every line whole, no record of the refused run
+    expected = f"interrupted at iteration {done[-1] + 1}; resume with: rlhf train --resume {out}"
+    assert expected in stderr, stderr[-2000:]
+
+    # the suggested fix works: the run continues from its checkpoint to a new end
+    target = done[-1] + 3
+    resumed = rlhf("train", "--resume", out, "--train.iterations", target)
+    assert_ok(resumed)
+    assert iterations(out) == list(range(target))
+    assert all(isinstance(r, dict) for r in records(out))
+
+
+def test_a_writer_killed_with_sigkill_leaves_no_lock_behind(tmp_path):
+    import subprocess
+    import sys
+
+    from reliability_testing import env
+
+    from rlhf.train.run_lock import LOCK_FILE, RunDirInUse, run_dir_lock
+
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         f"from rlhf.train.run_lock import run_dir_lock\nimport time\nwith run_dir_lock({str(run)!r}):\n"
+         "    print('locked', flush=True)\n    time.sleep(600)\n"],
+        env=env(), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        try:
+            with run_dir_lock(run):
+                raise AssertionError("the lock of a live holder was taken")
+        except RunDirInUse as busy:
+            assert f"pid {holder.pid}" in str(busy)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    assert (run / LOCK_FILE).read_text().strip() == str(holder.pid)  # the file stays ...
+    with run_dir_lock(run):  # ... but the lock died with its process
+        pass

@@ -79,7 +79,7 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     check_prompts_fit(
         prompts,
         sources,
-        context=model_context(roles.policy),
+        context=model_context(roles.policy.model),
         max_new_tokens=config.rollout.max_new_tokens,
         model_name=f"the policy {config.model.policy}",
         fix="--data.max_prompt_tokens {budget} (longer prompts are left-truncated to it), or a lower "

@@ -13,9 +13,14 @@ from pathlib import Path
 
 from rlhf.config import ConfigError, RLConfig, config_from_yaml, deep_merge, from_dict, preset_dict, to_dict
 
-# Keys a resumed run may change: how long it runs, how often it saves, what it logs where.
+# Keys a resumed run may change: how long it runs, how often it saves, what it logs where, and how
+# its work is scheduled (the runtime group changes no result beyond float rounding).
 RESUMABLE_KEYS = (
     "train.iterations",
+    "runtime.overlap_critic",
+    "runtime.split_forwards",
+    "runtime.keep_freed_memory",
+    "runtime.pack_weights",
     "checkpoint.every",
     "checkpoint.keep",
     "log.every",

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
 TINY_TRAIN = [
     "--rollout.batch_size", "4", "--rollout.max_new_tokens", "3", "--train.micro_batch_size", "4",
-    "--log.sinks", "jsonl", "--policy_optim.lr", "0.001", "--train.overlap_critic", "false",
+    "--log.sinks", "jsonl", "--policy_optim.lr", "0.001", "--runtime.overlap_critic", "false",
 ]  # fmt: skip
 
 

@@ -59,10 +59,13 @@ def test_every_resumable_key_may_change_and_no_other(run):
     from rlhf.train.resume_config import RESUMABLE_KEYS, resume_config
 
     allowed = {"train": {"iterations": 9}, "checkpoint": {"every": 3, "keep": 4},
-               "log": {"every": 2, "sinks": ["jsonl", "console"], "eval_every": 5, "samples_to_log": 1}}  # fmt: skip
+               "log": {"every": 2, "sinks": ["jsonl", "console"], "eval_every": 5, "samples_to_log": 1},
+               "runtime": {"overlap_critic": False, "split_forwards": False, "keep_freed_memory": False,
+                           "pack_weights": False}}  # fmt: skip
     config = resume_config(run, overrides=allowed)
     assert (config.train.iterations, config.checkpoint.keep, config.log.sinks) == (9, 4, ["jsonl", "console"])
-    assert len(RESUMABLE_KEYS) == 7
-    for refused in ({"seed": 5}, {"train": {"overlap_critic": True}}, {"log": {"collapse": {"window": 9}}}):
+    assert config.runtime.overlap_critic is False and config.runtime.pack_weights is False
+    assert len(RESUMABLE_KEYS) == 11
+    for refused in ({"seed": 5}, {"train": {"ppo_epochs": 3}}, {"log": {"collapse": {"window": 9}}}):
         with pytest.raises(ConfigError, match="were changed"):
             resume_config(run, overrides=refused)

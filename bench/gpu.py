@@ -115,6 +115,8 @@ def ppo_iteration(
     `warmup` of seconds per iteration and of each phase (`other` = the rest of the iteration:
     advantages, metrics), FLOPs per phase, and peak memory over the iterations (CUDA: allocated
     tensors, weights included; CPU: the process's peak RSS)."""
+    if not 0 <= warmup < iters:
+        raise ValueError(f"iters ({iters}) must exceed warmup ({warmup}): the first `warmup` are not counted")
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as run_dir:
         trainer = build_trainer(workload, device, dtype, seed, run_dir, model_dir)
         record_shapes(trainer)
@@ -250,16 +252,20 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64, help="sampler: tokens per response")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (host side)")
     args = parser.parse_args()
-    set_threads(args.threads)
-    if args.case == "info":
+    if args.case == "info":  # torch alone: the check runs on every `make bench`
+        torch.set_num_threads(args.threads)
         info = device_info()
         if info["cuda"]:
             info["matmul_gflops"] = matmul_rates("cuda")
         emit(info)
-    elif args.case == "ppo":
+        return
+    set_threads(args.threads)
+    if args.case == "ppo":
         if args.workload is None:
             parser.error("ppo needs --workload")
         workload = workload_named(args.workload)
+        if workload.size == "smollm2" and args.model is None:
+            parser.error(f"workload {workload.name} needs --model DIR (the SmolLM2 float32 directory)")
         emit(
             ppo_iteration(
                 workload, args.device, args.dtype, iters=args.iters, warmup=args.warmup, model_dir=args.model
@@ -268,6 +274,8 @@ def main() -> None:
     else:
         if args.model is None:
             parser.error("sampler needs --model DIR (the SmolLM2 float32 directory)")
+        if args.dtype not in DTYPES:
+            parser.error(f"sampler: --dtype must be one of {', '.join(DTYPES)} (the weights' dtype)")
         from bench import smollm2
 
         tokenizer, model = smollm2.load(args.model)

@@ -278,3 +278,27 @@ def test_on_cuda_the_iteration_reports_device_memory_and_greedy_tokens_match(tin
     )
     assert sampled["greedy_tokens"]["equal"] and sampled["memory_kind"] == "cuda_allocated"
     assert all(rate > 0 for rate in gpu.matmul_rates("cuda", size=512, reps=2).values())
+
+
+def test_gpu_blockers_name_what_pins_the_peer_script_to_the_cpu(tmp_path):
+    from bench.peer import gpu_blockers
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    assert "absent" in gpu_blockers(repo)[0]
+    peer = tmp_path / "shared" / "bench" / "peer"
+    peer.mkdir(parents=True)
+    (peer / "setup.sh").write_text('pip install torch\nassert "+cpu" in torch.__version__\n')
+    (peer / "trl_ppo_bench.py").write_text(
+        'os.environ["CUDA_VISIBLE_DEVICES"] = ""\ncfg(use_cpu=True, bf16=False)\n'
+    )
+    assert gpu_blockers(repo) == [
+        "trl_ppo_bench.py hides every CUDA device",
+        "trl_ppo_bench.py passes use_cpu=True to PPOConfig",
+        "trl_ppo_bench.py fixes bf16=False (float32 only)",
+        "setup.sh installs and asserts the CPU build of torch",
+        "trl_ppo_bench.py has no --device option",
+    ]
+    (peer / "setup.sh").write_text("pip install torch\n")
+    (peer / "trl_ppo_bench.py").write_text('p.add_argument("--device")\ncfg(bf16=args.bf16)\n')
+    assert gpu_blockers(repo) == []

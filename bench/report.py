@@ -181,6 +181,7 @@ def gpu_summary(section: dict) -> dict:
             {
                 **row,
                 "s_per_iter": case["s_per_iter_median"],
+                "iter_s": case.get("iter_s"),
                 "iterations_counted": case["iterations_counted"],
                 "phases_s": case["phases_s"],
                 "gflop_per_iter": case["gflop_per_iter"],

@@ -8,25 +8,29 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 from bench.common import emit, set_threads
 
 
-def matmul_rates(size: int = 2048, reps: int = 10, warmup: int = 2) -> list[float]:
-    """GFLOP/s of `reps` float32 [size, size] @ [size, size] products (2 size^3 FLOPs each)."""
+def matmul_rates(
+    size: int = 2048, reps: int = 10, warmup: int = 2, device: str = "cpu", dtype: str = "float32"
+) -> list[float]:
+    """GFLOP/s of `reps` [size, size] @ [size, size] products (2 size^3 FLOPs each) in `dtype` on
+    `device` (the device idle at both ends of each product: bench/timing.py)."""
     import torch
 
-    a = torch.randn(size, size, dtype=torch.float32)
-    b = torch.randn(size, size, dtype=torch.float32)
-    out = torch.empty(size, size, dtype=torch.float32)
+    from bench.timing import timed
+
+    kind = getattr(torch, dtype)
+    a = torch.randn(size, size, dtype=kind, device=device)
+    b = torch.randn(size, size, dtype=kind, device=device)
+    out = torch.empty(size, size, dtype=kind, device=device)
     for _ in range(warmup):
         torch.matmul(a, b, out=out)
     rates = []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.matmul(a, b, out=out)
-        rates.append(2.0 * size**3 / (time.perf_counter() - t0) / 1e9)
+        seconds, _ = timed(lambda: torch.matmul(a, b, out=out), device)
+        rates.append(2.0 * size**3 / seconds / 1e9)
     return rates
 
 

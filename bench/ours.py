@@ -13,9 +13,9 @@ import argparse
 import random
 import statistics
 import tempfile
-import time
 
 from bench.common import emit, peak_rss_mb, set_threads
+from bench.timing import timed
 from bench.workload import WORKLOADS, build_causal_lm, build_prompts, build_tokenizer
 
 PHASES = ("generate", "score", "forward", "update")
@@ -25,16 +25,23 @@ def build_trainer(workload, seed: int, run_dir: str, extra: dict | None = None):
     """RLTrainer on the workload: vanilla_ppo, the peer's shapes, EOS never stops a response.
     `extra`: config overrides on top (for A/B runs, e.g. {"runtime": {"overlap_critic": False}})."""
     from bench.workload import SIZES
-    from rlhf.config import RLConfig, deep_merge, load_config
-    from rlhf.models.scalar_head import ScalarHeadModel
-    from rlhf.train.rl import RLTrainer
-    from rlhf.train.roles import assemble_roles
 
     rng = random.Random(seed)
     tokenizer, words = build_tokenizer(SIZES[workload.size]["vocab"], rng)
     prompts = build_prompts(tokenizer, words, rng)
     policy = build_causal_lm(workload.size, tokenizer, seed)
     reward_lm = build_causal_lm(workload.size, tokenizer, seed + 2)
+    return trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed, run_dir, extra)
+
+
+def trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed: int, run_dir: str, extra: dict | None):
+    """RLTrainer with preset vanilla_ppo running `workload`'s rollout shape and update schedule on
+    the given models (the reward model is `reward_lm` with a scalar head)."""
+    from rlhf.config import RLConfig, deep_merge, load_config
+    from rlhf.models.scalar_head import ScalarHeadModel
+    from rlhf.train.rl import RLTrainer
+    from rlhf.train.roles import assemble_roles
+
     reward_model = ScalarHeadModel.from_causal_lm(reward_lm)
     overrides = {
         "out": run_dir,
@@ -61,13 +68,12 @@ def build_trainer(workload, seed: int, run_dir: str, extra: dict | None = None):
     return trainer
 
 
-def run_iterations(trainer, iters: int) -> list[dict]:
-    """Call trainer.step() `iters` times (as RLTrainer.train does), timing each call."""
+def run_iterations(trainer, iters: int, device: str = "cpu") -> list[dict]:
+    """Call trainer.step() `iters` times (as RLTrainer.train does), timing each call (`device`
+    idle at both ends of each, bench/timing.py)."""
     rows = []
     for _ in range(iters):
-        t0 = time.perf_counter()
-        metrics = trainer.step()
-        wall = time.perf_counter() - t0
+        wall, metrics = timed(trainer.step, device)
         trainer.iteration += 1
         rows.append({"wall": wall, **{p: metrics[f"time/{p}"] for p in PHASES}, "shape": trainer.last_shape})
     return rows

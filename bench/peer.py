@@ -85,3 +85,23 @@ def trl_command(
         "--threads",
         str(threads),
     ]
+
+
+# What in the peer files keeps TRL off a GPU (file, text that does it, what it does).
+CPU_PINS = (
+    ("trl_ppo_bench.py", 'os.environ["CUDA_VISIBLE_DEVICES"] = ""', "hides every CUDA device"),
+    ("trl_ppo_bench.py", "use_cpu=True", "passes use_cpu=True to PPOConfig"),
+    ("trl_ppo_bench.py", "bf16=False", "fixes bf16=False (float32 only)"),
+    ("setup.sh", '"+cpu" in torch.__version__', "installs and asserts the CPU build of torch"),
+)
+
+
+def gpu_blockers(repo: Path) -> list[str]:
+    """What keeps the peer script from running TRL on a GPU as it is (empty: nothing found)."""
+    peer = peer_dir(repo)
+    if peer is None:
+        return [f"{repo.parent / 'shared' / 'bench' / 'peer'} is absent (no peer scripts)"]
+    found = [f"{name} {effect}" for name, text, effect in CPU_PINS if text in (peer / name).read_text()]
+    if "--device" not in (peer / "trl_ppo_bench.py").read_text():
+        found.append("trl_ppo_bench.py has no --device option")
+    return found

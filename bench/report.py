@@ -163,6 +163,51 @@ def smollm2_summary(section: dict, peak_gflops: float) -> dict:
     return out
 
 
+def gpu_summary(section: dict) -> dict:
+    """The GPU section's table: one row per (workload, dtype) PPO case, with each phase's achieved
+    FLOP/s as a fraction of the device's matmul rate in that dtype; the sampler rows per dtype."""
+    if "skipped" in section:
+        return {"skipped": section["skipped"]}
+    info = section.get("info", {})
+    rates = info.get("matmul_gflops", {})
+    rows = []
+    for case in section.get("ppo", []):
+        row = {"workload": case.get("workload"), "dtype": case.get("dtype")}
+        if "error" in case:
+            rows.append({**row, "error": case["error"]})
+            continue
+        rate = rates.get("float32" if case["dtype"] == "float32" else "bfloat16")
+        rows.append(
+            {
+                **row,
+                "s_per_iter": case["s_per_iter_median"],
+                "iter_s": case.get("iter_s"),
+                "iterations_counted": case["iterations_counted"],
+                "phases_s": case["phases_s"],
+                "gflop_per_iter": case["gflop_per_iter"],
+                "fraction_of_peak": phase_fractions(case["gflop_per_iter"], case["phases_s"], rate or 0.0),
+                "peak_memory_mb": case["peak_memory_mb"],
+                "memory_kind": case["memory_kind"],
+            }
+        )
+    sampler = {}
+    for case in section.get("sampler", []):
+        if "error" in case:
+            sampler[case["dtype"]] = {"error": case["error"]}
+            continue
+        keep = ("greedy_tokens", "peak_memory_mb", "memory_kind")
+        sampler[case["dtype"]] = {k: v for k, v in case.items() if k.startswith("batch") or k in keep}
+    return {
+        "device": section.get("device"),
+        "info": info,
+        "matmul_gflops": rates,
+        "trl_skipped": section.get("trl_skipped"),
+        "smollm2_skipped": section.get("smollm2_skipped"),
+        "ppo": rows,
+        "sampler": sampler,
+    }
+
+
 def summarize(raw: dict, meta: dict) -> dict:
     machine = [m for m in raw["machine"] if "error" not in m]
     peak = max((m["gflops_max"] for m in machine), default=0.0)
@@ -196,6 +241,8 @@ def summarize(raw: dict, meta: dict) -> dict:
         if "ppo" in sm:
             fractions["smollm2"] = sm["ppo"]["fraction_of_peak"]["update"]
             rss["smollm2/ppo"] = sm["ppo"]["peak_rss_mb"]
+    if "gpu" in raw:
+        results["gpu"] = gpu_summary(raw["gpu"])
     results["update_fraction_of_peak"] = fractions
     results["peak_rss_mb"] = rss
     results["targets"] = targets(results)
@@ -364,8 +411,59 @@ def print_report(r: dict) -> None:
         "\n4. Peak resident memory per case (MB): "
         + ", ".join(f"{k} {_f(v, '{:.0f}')}" for k, v in r["peak_rss_mb"].items())
     )
+    if "gpu" in r:
+        print_gpu(r["gpu"])
     print("\nTargets:")
     for t in r["targets"]:
         value = t["value"]
         shown = _f(value, "{:.1%}") if "FLOP/s" in t["what"] else _f(value, "{:.2f}")
         print(f"   {_met(t['met']):>6}  {t['what']}: {shown} (target {t['target']})")
+
+
+def print_gpu(g: dict) -> None:
+    if "skipped" in g:
+        print(f"\nGPU section skipped: {g['skipped']}")
+        return
+    info = g["info"]
+    rates = ", ".join(f"{k} {v / 1000:.1f} TFLOP/s" for k, v in g["matmul_gflops"].items())
+    print(
+        f"\n5. On the GPU: {info.get('name', g['device'])} (compute capability {info.get('capability', '-')}, "
+        f"{_f(info.get('memory_mb'), '{:.0f}')} MB), torch {info.get('torch', '-')}, CUDA {info.get('cuda_version', '-')}\n"
+        f"   matmul 4096^2: {rates or '-'}"
+    )
+    if g.get("trl_skipped"):
+        print(f"   TRL not run on the GPU: {g['trl_skipped']}")
+    if g.get("smollm2_skipped"):
+        print(f"   SmolLM2 cases skipped: {g['smollm2_skipped']}")
+    print(
+        f"   {'workload':<12} {'dtype':<9} {'s/iter':>7}   {'gen/score/fwd/update/other s':<34} "
+        f"{'update % of matmul':>18} {'peak MB':>9}"
+    )
+    for row in g["ppo"]:
+        if "error" in row:
+            print(f"   {row['workload']:<12} {row['dtype']:<9} FAILED: {row['error']}")
+            continue
+        phases = "/".join(_f(v, "{:.3f}") for v in row["phases_s"].values())
+        print(
+            f"   {row['workload']:<12} {row['dtype']:<9} {_f(row['s_per_iter']):>7}   {phases:<34} "
+            f"{_pct(row['fraction_of_peak']['update']):>18} {_f(row['peak_memory_mb'], '{:.0f}'):>9}"
+        )
+    print("   (peak MB: torch.cuda.max_memory_allocated over the iterations, weights included)")
+    for dtype, s in g["sampler"].items():
+        if "error" in s:
+            print(f"   sampler {dtype}: FAILED: {s['error']}")
+            continue
+        for name, b in s.items():
+            if not name.startswith("batch"):
+                continue
+            print(
+                f"   SmolLM2 sampler {dtype:<9} {name:<8} ours {b['ours_tok_per_s']:8.1f} tok/s | generate "
+                f"{b['generate_tok_per_s']:8.1f} tok/s | {b['speedup']:.2f}x"
+            )
+        greedy = s["greedy_tokens"]
+        same = (
+            "same tokens"
+            if greedy["equal"]
+            else f"{greedy['rows_differing']} row(s) differ from step {greedy['first_step_differing']}"
+        )
+        print(f"   SmolLM2 sampler {dtype:<9} greedy vs generate: {same}; peak {s['peak_memory_mb']:.0f} MB")

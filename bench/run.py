@@ -1,10 +1,11 @@
 """`make bench`: our PPO iteration against TRL's PPOTrainer, against the machine's FLOP rate, and on
-a real 135M model, in one run. Prints a table and writes bench/results/latest.json.
+a real 135M model, in one run; then, when CUDA is present, the same on the GPU (bench/gpu.py).
+Prints a table and writes bench/results/latest.json.
 
     .venv/bin/python bench/run.py                  # everything (about 10 minutes on 2 cores)
     .venv/bin/python bench/run.py --quick          # one repetition, fewer iterations
     .venv/bin/python bench/run.py --skip-trl --skip-smollm2
-    .venv/bin/python bench/run.py --only vs_trl    # sections: vs_trl, smollm2 (the matmul rate always runs)
+    .venv/bin/python bench/run.py --only vs_trl    # sections: vs_trl, smollm2, gpu (the matmul rate always runs)
 
 Every case runs in its own subprocess (its peak RSS comes from wait4); ours and TRL's alternate
 within each repetition so that both see the same machine load. See bench/README.md.
@@ -25,12 +26,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python bench/run.py` puts bench/ first, not the repo root
     sys.path.insert(0, str(REPO))
 
-from bench import peer, smollm2  # noqa: E402
+from bench import gpu, peer, smollm2  # noqa: E402
 from bench.common import child_env, run_case  # noqa: E402
 from bench.report import print_report, summarize  # noqa: E402
 from bench.workload import WORKLOADS  # noqa: E402
 
-SECTIONS = ("vs_trl", "smollm2")
+SECTIONS = ("vs_trl", "smollm2", "gpu")
 CACHE = REPO / "bench" / ".cache"
 RESULTS = REPO / "bench" / "results" / "latest.json"
 CASE_TIMEOUT = 1800.0
@@ -46,7 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--skip-trl", action="store_true", help="no TRL peer runs (ours still runs, for FLOP/s)"
     )
-    parser.add_argument("--skip-smollm2", action="store_true", help="no SmolLM2-135M section")
+    parser.add_argument("--skip-smollm2", action="store_true", help="no SmolLM2-135M section (nor GPU cases)")
+    parser.add_argument(
+        "--skip-gpu", action="store_true", help="no GPU section (it runs only with CUDA anyway)"
+    )
     parser.add_argument("--only", choices=SECTIONS, help="run only this section (and the matmul rate)")
     parser.add_argument(
         "--reps", type=int, help="alternated repetitions of each workload (default 3, quick 1)"
@@ -119,11 +123,12 @@ def vs_trl_section(runner: Runner, args: argparse.Namespace) -> dict:
     return {"runs": runs, "trl_skipped": why if trl_python is None else None}
 
 
-def smollm2_section(runner: Runner, args: argparse.Namespace) -> dict:
+def smollm2_model(runner: Runner) -> tuple[Path | None, Path | None, str]:
+    """(the .gguf, its float32 directory, "") of SmolLM2, fetching and converting once; or
+    (gguf or None, None, why it is unavailable)."""
     gguf, why = smollm2.ensure_gguf(CACHE / "smollm2", runner.python)
     if gguf is None:
-        print(f"  SmolLM2 section skipped: {why}", flush=True)
-        return {"skipped": why}
+        return None, None, why
     model_dir = gguf.parent / "hf-float32"
     if not model_dir.is_dir():
         converted = runner.run(
@@ -131,7 +136,15 @@ def smollm2_section(runner: Runner, args: argparse.Namespace) -> dict:
             runner.module("bench.smollm2", "convert", "--model", str(gguf), "--out", str(model_dir)),
         )
         if "error" in converted:
-            return {"skipped": "conversion failed: " + converted["error"]}
+            return gguf, None, "conversion failed: " + converted["error"]
+    return gguf, model_dir, ""
+
+
+def smollm2_section(runner: Runner, args: argparse.Namespace) -> dict:
+    gguf, model_dir, why = smollm2_model(runner)
+    if model_dir is None:
+        print(f"  SmolLM2 section skipped: {why}", flush=True)
+        return {"skipped": why}
     common = ["--model", str(model_dir), "--threads", str(args.threads)]
     sampler = runner.run(
         "SmolLM2 sampler vs generate",
@@ -144,11 +157,63 @@ def smollm2_section(runner: Runner, args: argparse.Namespace) -> dict:
     return {"gguf": str(gguf.relative_to(REPO)), "sampler": sampler, "ppo": ppo}
 
 
+def gpu_section(runner: Runner, args: argparse.Namespace) -> dict:
+    """On a CUDA machine: our PPO iteration on every workload (the CPU ones and SmolLM2's) in each
+    of gpu.DTYPES, and our sampler against `generate` on SmolLM2, each case in its own process.
+    TRL's PPOTrainer is not run: the peer script pins the CPU (bench/peer.py gpu_blockers lists
+    how; the section prints it) and it is not ours to edit."""
+    info = runner.run("CUDA device check", runner.module("bench.gpu", "info"))
+    if "error" in info:
+        return {"skipped": "the CUDA check failed: " + info["error"]}
+    if not info["cuda"]:  # the report prints the one line saying so
+        return {"skipped": info["reason"]}
+    blockers = peer.gpu_blockers(REPO)
+    trl_skipped = (
+        "the peer script cannot run on a GPU as it is: " + "; ".join(blockers)
+        if blockers
+        else "the peer script no longer pins the CPU, but bench/run.py does not drive it on a GPU yet"
+    )
+    print(f"  TRL not run on the GPU ({trl_skipped}); ours alone", flush=True)
+    workloads = [w.name for w in WORKLOADS]
+    model_dir, smollm2_skipped = None, None
+    if not args.skip_smollm2:
+        _, model_dir, why = smollm2_model(runner)
+        if model_dir is None:
+            smollm2_skipped = why
+            print(f"  GPU SmolLM2 cases skipped: {why}", flush=True)
+        else:
+            workloads += [w.name for w in gpu.SMOLLM2_WORKLOADS]
+    model = ["--model", str(model_dir)] if model_dir is not None else []
+    device = "cuda"
+    common = ["--device", device, "--threads", str(args.threads)]
+    ppo = []
+    for name in workloads:
+        for dtype in gpu.DTYPES:
+            case = ["--workload", name, "--dtype", dtype, "--iters", str(args.iters), *common]
+            case += model if name.startswith("smollm2") else []
+            result = runner.run(f"GPU {name:<11} {dtype}", runner.module("bench.gpu", "ppo", *case))
+            ppo.append({"workload": name, "dtype": dtype, **result})
+    sampler = []
+    for dtype in gpu.DTYPES if model_dir is not None else ():
+        case = ["--dtype", dtype, "--reps", "1" if args.quick else "3", *common, *model]
+        result = runner.run(
+            f"GPU SmolLM2 sampler vs generate {dtype}", runner.module("bench.gpu", "sampler", *case)
+        )
+        sampler.append({"dtype": dtype, **result})
+    return {
+        "device": device,
+        "info": info,
+        "trl_skipped": trl_skipped,
+        "smollm2_skipped": smollm2_skipped,
+        "ppo": ppo,
+        "sampler": sampler,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sections = (
-        [args.only] if args.only else [s for s in SECTIONS if not (s == "smollm2" and args.skip_smollm2)]
-    )
+    skipped = {"smollm2": args.skip_smollm2, "gpu": args.skip_gpu}
+    sections = [args.only] if args.only else [s for s in SECTIONS if not skipped.get(s)]
     runner = Runner(args.threads)
     started = dt.datetime.now().astimezone()
     print(
@@ -160,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     if "smollm2" in sections:
         raw["smollm2"] = smollm2_section(runner, args)
     raw["machine"].append(machine_section(runner, args.threads, 10))
+    if "gpu" in sections:  # after the CPU measurements, which it would otherwise disturb
+        raw["gpu"] = gpu_section(runner, args)
     meta = {
         "date": started.isoformat(timespec="seconds"),
         "command": " ".join(

@@ -187,25 +187,36 @@ def rss_mb() -> float:
 # -- sampler vs transformers generate ------------------------------------------------------------
 
 
-def time_ours(model, ids, mask, config, tokenizer, seed: int) -> tuple[float, int, int]:
-    """(seconds, real response tokens, steps) of rlhf.models.sampling.generate."""
+def ours_generate(model, ids, mask, config, tokenizer, seed: int):
+    """(seconds, Rollout) of rlhf.models.sampling.generate on the model's device."""
     import torch
 
+    from bench.timing import timed
+    from rlhf.models.device import model_device
     from rlhf.models.sampling import generate
 
-    generator = torch.Generator().manual_seed(seed)
-    t0 = time.perf_counter()
-    rollout = generate(model, ids, mask, config, tokenizer.eos_token_id, tokenizer.pad_token_id, generator)
-    seconds = time.perf_counter() - t0
+    device = model_device(model)
+    generator = torch.Generator(device).manual_seed(seed)
+    return timed(
+        lambda: generate(model, ids, mask, config, tokenizer.eos_token_id, tokenizer.pad_token_id, generator),
+        device,
+    )
+
+
+def time_ours(model, ids, mask, config, tokenizer, seed: int) -> tuple[float, int, int]:
+    """(seconds, real response tokens, steps) of rlhf.models.sampling.generate."""
+    seconds, rollout = ours_generate(model, ids, mask, config, tokenizer, seed)
     return seconds, int(rollout.response_mask.sum()), int(rollout.response_mask.shape[1])
 
 
-def time_hf(model, ids, mask, config, tokenizer, seed: int) -> tuple[float, int, int]:
-    """(seconds, real response tokens, steps) of transformers' `generate` with the same settings.
-
-    EOS stops a row only when `config.stop_at_eos`; real tokens run up to the first EOS included."""
+def hf_generate(model, ids, mask, config, tokenizer, seed: int):
+    """(seconds, response token ids [B, steps]) of transformers' `generate` with the settings of
+    `config` (a SamplingConfig), on the model's device. EOS stops a row only when `config.stop_at_eos`."""
     import torch
     from transformers import GenerationConfig
+
+    from bench.timing import timed
+    from rlhf.models.device import model_device
 
     generation = GenerationConfig(
         max_new_tokens=config.max_new_tokens,
@@ -218,12 +229,23 @@ def time_hf(model, ids, mask, config, tokenizer, seed: int) -> tuple[float, int,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    device = model_device(model)
+    ids, mask = ids.to(device), mask.to(device)
     torch.manual_seed(seed)
-    t0 = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=generation)
-    seconds = time.perf_counter() - t0
-    response = out[:, ids.shape[1] :]
+        seconds, out = timed(
+            lambda: model.generate(input_ids=ids, attention_mask=mask, generation_config=generation), device
+        )
+    return seconds, out[:, ids.shape[1] :]
+
+
+def time_hf(model, ids, mask, config, tokenizer, seed: int) -> tuple[float, int, int]:
+    """(seconds, real response tokens, steps) of transformers' `generate` with the same settings.
+
+    EOS stops a row only when `config.stop_at_eos`; real tokens run up to the first EOS included."""
+    import torch
+
+    seconds, response = hf_generate(model, ids, mask, config, tokenizer, seed)
     steps = response.shape[1]
     if config.stop_at_eos:
         is_eos = response == tokenizer.eos_token_id
@@ -236,6 +258,25 @@ def time_hf(model, ids, mask, config, tokenizer, seed: int) -> tuple[float, int,
     else:
         tokens = response.numel()
     return seconds, tokens, steps
+
+
+def comparison(ids, ours: list[tuple], hf: list[tuple]) -> dict:
+    """One batch's row: medians of the alternated (seconds, tokens, steps) runs of both samplers."""
+    ours_s = statistics.median(s for s, _, _ in ours)
+    hf_s = statistics.median(s for s, _, _ in hf)
+    return {
+        "batch": ids.shape[0],
+        "prompt_width": ids.shape[1],
+        "ours_s": round(ours_s, 3),
+        "generate_s": round(hf_s, 3),
+        "ours_tokens": ours[0][1],
+        "generate_tokens": hf[0][1],
+        "ours_steps": ours[0][2],
+        "generate_steps": hf[0][2],
+        "ours_tok_per_s": round(ours[0][1] / ours_s, 2),
+        "generate_tok_per_s": round(hf[0][1] / hf_s, 2),
+        "speedup": round(hf_s / ours_s, 3),  # same work: time ratio
+    }
 
 
 def sampler_case(
@@ -275,21 +316,7 @@ def sampler_case(
             if config.stop_at_eos:
                 ours_full.append(time_ours(model, ids, mask, no_exit, tokenizer, rep))
                 ours_kept.append(time_ours(model, ids, mask, keep_rows, tokenizer, rep))
-        ours_s = statistics.median(s for s, _, _ in ours)
-        hf_s = statistics.median(s for s, _, _ in hf)
-        out[name] = {
-            "batch": batch,
-            "prompt_width": ids.shape[1],
-            "ours_s": round(ours_s, 3),
-            "generate_s": round(hf_s, 3),
-            "ours_tokens": ours[0][1],
-            "generate_tokens": hf[0][1],
-            "ours_steps": ours[0][2],
-            "generate_steps": hf[0][2],
-            "ours_tok_per_s": round(ours[0][1] / ours_s, 2),
-            "generate_tok_per_s": round(hf[0][1] / hf_s, 2),
-            "speedup": round(hf_s / ours_s, 3),  # same work: time ratio
-        }
+        out[name] = comparison(ids, ours, hf)
         if ours_full:
             out[name]["ours_no_exit_s"] = round(statistics.median(s for s, _, _ in ours_full), 3)
             out[name]["ours_no_exit_steps"] = ours_full[0][2]

@@ -5,6 +5,7 @@
     rlhf train --preset ppo_max --policy runs/sft --reward-model runs/rm --prompts prompts.jsonl --out runs/ppo
     rlhf train --resume runs/ppo
     rlhf eval  --policy runs/ppo --baseline runs/sft --judge runs/rm --prompts test.jsonl
+    rlhf rm-eval --reward-model runs/rm --data test_pairs.jsonl
 
 Every stage also takes `--config FILE.yaml` and dotted overrides of any config field
 (`--train.iterations 20`, `--kl.beta 0.05`, `--seed 1`).
@@ -26,6 +27,7 @@ STAGES = {
     "rm": "train a reward model on preference pairs (ranking + LM loss)",
     "train": "policy optimization against a reward model: PPO, PPO-max, APA, AWR",
     "eval": "mean reward and win rate of one policy against another on held-out prompts",
+    "rm-eval": "judge a reward model on preference pairs: accuracy, margins, calibration, worst pairs",
     "data": "inspect and validate datasets: `rlhf data check FILE`",
     "report": "render report.html from a demo output directory",
 }
@@ -36,6 +38,7 @@ EPILOG = """examples:
   rlhf train --preset ppo_max --policy runs/sft --reward-model runs/rm --prompts prompts.jsonl --out runs/ppo
   rlhf train --resume runs/ppo
   rlhf eval  --policy runs/ppo --baseline runs/sft --judge runs/rm --prompts test.jsonl
+  rlhf rm-eval --reward-model runs/rm --data test_pairs.jsonl
 Any config field can be overridden: --train.iterations 20 --kl.beta 0.05 --seed 1"""
 
 
@@ -103,9 +106,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 (autocast) | bfloat16-pure",
     )
 
-    for stage in (sft, rm, train, ev):
+    rm_eval = sub.add_parser("rm-eval", help=STAGES["rm-eval"], description=STAGES["rm-eval"])
+    rm_eval.add_argument("--reward-model", required=True, help="reward-model directory (`rlhf rm --out`)")
+    rm_eval.add_argument(
+        "--data", required=True, help="preference pairs (prompt/chosen/rejected, HH-RLHF, chat)"
+    )
+    rm_eval.add_argument("--out", help="write rm_eval.json here (default: in the reward-model directory)")
+    rm_eval.add_argument("--n", type=int, default=None, help="score only the first N valid pairs")
+    rm_eval.add_argument("--batch-size", type=int, default=8, help="pairs per forward")
+    rm_eval.add_argument("--worst", type=int, default=10, help="worst pairs (most negative margin) to keep")
+    rm_eval.add_argument("--calibration-bins", type=int, default=10, help="bins of sigmoid(|margin|)")
+    rm_eval.add_argument("--histogram-bins", type=int, default=10, help="margin histogram bins (even)")
+    rm_eval.add_argument(
+        "--device", default="auto", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N"
+    )
+    rm_eval.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 (autocast) | bfloat16-pure",
+    )
+
+    for stage in (sft, rm, train, ev, rm_eval):
         _add_safety_flags(stage)
-    for stage in (sft, rm, train, ev):
+    for stage in (sft, rm, train, ev, rm_eval):
         stage.add_argument(
             "--skip-invalid",
             action="store_true",
@@ -272,6 +295,13 @@ def run_eval_command(args, rest, ctx) -> int:
     return 0
 
 
+def run_rm_eval_command(args, rest, ctx) -> int:
+    from rlhf.train.rm_eval import run_rm_eval
+
+    run_rm_eval(args, rest)
+    return 0
+
+
 def run_demo_command(args, rest, ctx) -> int:
     from rlhf.demo import run_demo
     from rlhf.train.run_lock import run_dir_lock
@@ -355,6 +385,7 @@ def _dispatch(parser, args, rest, ctx) -> int:
         "rm": run_rm_command,
         "train": run_train_command,
         "eval": run_eval_command,
+        "rm-eval": run_rm_eval_command,
         "demo": run_demo_command,
         "report": run_report_command,
     }[args.stage]

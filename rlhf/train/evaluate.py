@@ -78,8 +78,10 @@ def sample_responses(
     seed: int,
     batch_size: int = 32,
     precision: Precision | None = None,
+    on_batch: Callable[[int], None] | None = None,
 ) -> tuple[list[Rollout], list[str]]:
-    """One response per prompt, sampled on the policy's device (rollouts stay there)."""
+    """One response per prompt, sampled on the policy's device (rollouts stay there); `on_batch(n)`
+    after each batch of n prompts (progress display)."""
     generator = torch.Generator(device=model_device(policy)).manual_seed(seed)
     rollouts, texts = [], []
     for start in range(0, len(prompt_ids), batch_size):
@@ -96,6 +98,8 @@ def sample_responses(
             )
         rollouts.append(rollout)
         texts.extend(decode_responses(tokenizer, rollout))
+        if on_batch is not None:
+            on_batch(len(rollout.input_ids))
     return rollouts, texts
 
 
@@ -118,6 +122,21 @@ def check_finite_scores(scores: torch.Tensor, judge_name: str, policy_name: str,
     )
 
 
+def score_rollouts(
+    rollouts: list[Rollout], texts: list[str], judge_factory, on_batch: Callable[[int], None] | None = None
+) -> torch.Tensor:
+    """The judge's scores of sampled rollouts (`texts` their decoded responses, in order), on the CPU;
+    `judge_factory(start, end) -> Judge` for the prompt rows; `on_batch(n)` after each rollout."""
+    scores, start = [], 0
+    for rollout in rollouts:
+        end = start + rollout.input_ids.shape[0]
+        scores.append(judge_factory(start, end)(rollout, texts[start:end]).cpu())
+        if on_batch is not None:
+            on_batch(end - start)
+        start = end
+    return torch.cat(scores)
+
+
 def score_policy(
     policy,
     tokenizer,
@@ -129,16 +148,11 @@ def score_policy(
     batch_size: int = 32,
     precision: Precision | None = None,
 ):
-    """Sample one response per prompt and score it. `judge_factory(start, end) -> Judge` for the prompt rows."""
+    """Sample one response per prompt and score it (`sample_responses`, then `score_rollouts`)."""
     rollouts, texts = sample_responses(
         policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=batch_size, precision=precision
     )
-    scores, start = [], 0
-    for rollout in rollouts:
-        end = start + rollout.input_ids.shape[0]
-        scores.append(judge_factory(start, end)(rollout, texts[start:end]).cpu())
-        start = end
-    return torch.cat(scores), texts, rollouts
+    return score_rollouts(rollouts, texts, judge_factory), texts, rollouts
 
 
 def mean_with_ci(values: torch.Tensor, z: float = 1.96) -> dict:
@@ -162,7 +176,16 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> list[float]:
     return [low, high]
 
 
-def compare_scores(a: torch.Tensor, b: torch.Tensor, tie_tolerance: float = 1e-6) -> dict:
+TIE_TOLERANCE = 1e-6  # score differences this small are ties
+
+
+def winners(a: torch.Tensor, b: torch.Tensor, tie_tolerance: float = TIE_TOLERANCE) -> list[str]:
+    """Per prompt, "a", "b" or "tie", counted as `compare_scores` counts them."""
+    diff = a - b
+    return ["a" if d > tie_tolerance else "b" if d < -tie_tolerance else "tie" for d in diff.tolist()]
+
+
+def compare_scores(a: torch.Tensor, b: torch.Tensor, tie_tolerance: float = TIE_TOLERANCE) -> dict:
     """Win/tie/loss of `a` against `b` on paired prompts, with Wilson intervals; win rate counts ties as half."""
     if a.shape != b.shape:
         raise ValueError(f"paired scores differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
@@ -182,3 +205,22 @@ def compare_scores(a: torch.Tensor, b: torch.Tensor, tie_tolerance: float = 1e-6
         "win_rate": win_rate,
         "win_rate_ci95": wilson_interval(wins + 0.5 * ties, n),
     }
+
+
+def paired_samples(prompts, sources, texts: dict, scores: dict) -> list[dict]:
+    """One record per prompt: its source and text, both responses, both scores and the winner.
+    `texts` and `scores` map "policy" and "baseline" to aligned lists / tensors."""
+    won = winners(scores["policy"], scores["baseline"])
+    names = {"a": "policy", "b": "baseline", "tie": "tie"}
+    return [
+        {
+            "source": str(sources[i]) if sources[i] is not None else None,
+            "prompt": prompts[i],
+            "policy_response": texts["policy"][i],
+            "baseline_response": texts["baseline"][i],
+            "policy_score": float(scores["policy"][i]),
+            "baseline_score": float(scores["baseline"][i]),
+            "winner": names[won[i]],
+        }
+        for i in range(len(prompts))
+    ]

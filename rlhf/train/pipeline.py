@@ -16,13 +16,16 @@ from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenize
 from rlhf.models.precision import Precision
 from rlhf.models.sampling import SamplingConfig
 from rlhf.monitor import print_summary
+from rlhf.monitor.progress import WorkProgress, announce
 from rlhf.train.context_check import check_prompts_fit, model_context
 from rlhf.train.evaluate import (
     check_finite_scores,
     compare_scores,
     mean_with_ci,
+    paired_samples,
     reward_model_judge,
-    score_policy,
+    sample_responses,
+    score_rollouts,
 )
 from rlhf.train.rl import RLTrainer
 from rlhf.train.roles import load_roles
@@ -108,8 +111,9 @@ def run_eval(args) -> dict:
     precision = Precision.resolve(getattr(args, "dtype", "auto"), device, key="--dtype")
     tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
     skip = bool(getattr(args, "skip_invalid", False))
-    prompts, sources = load_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=skip)
-    prompts, sources = prompts[: args.n], sources[: args.n]
+    examples = load_examples(args.prompts, kind="prompt", skip_invalid=skip).examples[: args.n]
+    prompts = [encode_prompt(tokenizer, ex.prompt, 512) for ex in examples]
+    sources = [ex.source for ex in examples]
     greedy = args.temperature == 0  # --temperature 0: the most likely answer, as other tools read it
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens,
@@ -117,11 +121,12 @@ def run_eval(args) -> dict:
         top_p=args.top_p,
         do_sample=not greedy,
     )
-    judge = _load_judge(args.judge, tokenizer, args.prompts, args.n, skip, precision)
-    results = {}
-    scores = {}
+    with announce(f"loading the judge {args.judge}"):
+        judge = _load_judge(args.judge, tokenizer, args.prompts, args.n, skip, precision)
+    results, scores, texts = {}, {}, {}
     for name, path in (("policy", args.policy), ("baseline", args.baseline)):
-        model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))
+        with announce(f"loading --{name} {path}"):
+            model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))
         check_prompts_fit(
             prompts,
             sources,
@@ -130,17 +135,27 @@ def run_eval(args) -> dict:
             model_name=f"--{name} {path}",
             fix="shorten that prompt (at most {budget} tokens) or remove it, or lower --max-new-tokens",
         )
-        s, texts, _ = score_policy(
-            model, tokenizer, prompts, judge, sampling, seed=args.seed, precision=precision
-        )
+        with WorkProgress(f"eval --{name}: sampling", len(prompts), "prompt") as progress:
+            rollouts, texts[name] = sample_responses(
+                model,
+                tokenizer,
+                prompts,
+                sampling,
+                seed=args.seed,
+                precision=precision,
+                on_batch=progress.advance,
+            )
+        with WorkProgress(f"eval --{name}: scoring", len(prompts), "response") as progress:
+            s = score_rollouts(rollouts, texts[name], judge, on_batch=progress.advance)
         check_finite_scores(s, str(args.judge), f"--{name} {path}")
         scores[name] = s
-        results[name] = {"path": str(path), **mean_with_ci(s), "samples": texts[:5]}
+        results[name] = {"path": str(path), **mean_with_ci(s)}
     results["comparison"] = compare_scores(scores["policy"], scores["baseline"])
     results["judge"] = str(args.judge)
+    results["samples"] = paired_samples([ex.prompt for ex in examples], sources, texts, scores)
     out = Path(args.out) if args.out else Path(args.policy) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out.write_text(json.dumps(results, indent=2, ensure_ascii=False))
     cmp = results["comparison"]
     print_summary(
         f"eval: {args.policy} vs {args.baseline} (judge {args.judge}, n={cmp['n']})",

@@ -96,6 +96,11 @@ def run_sft(
 ) -> dict:
     """Train, evaluate, and save a Hugging Face directory at `config.out`. Returns the final metrics.
 
+    With held-out rows, the first record of metrics.jsonl is the baseline: `{"step": 0, "eval/loss",
+    "eval/ppl", "eval/tokens"}` of the model before any update (no train/ keys; the training records
+    that follow count steps from 0 as well, step 0 being the first update). Evaluation draws no
+    random numbers, so the baseline leaves the training itself unchanged.
+
     `train_rows` / `test_rows` replace the rows read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).
     """
@@ -133,8 +138,16 @@ def run_sft(
         key_metrics=("train/loss", "eval/loss", "eval/ppl"),
     )
     final: dict = {}
-    model.train()
+    baseline: dict = {}
     with logger:
+        if test_rows:  # the baseline: held-out loss and perplexity of the model before any update
+            before = evaluate_nll(model, test_rows, pad_id, t.micro_batch_size)
+            logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step")
+            baseline = {
+                "eval/loss_before_training": before["loss"],
+                "eval/ppl_before_training": before["ppl"],
+            }
+        model.train()
         for step in range(steps):
             while len(order) < t.batch_size:  # a fresh shuffled epoch whenever the current one runs out
                 order += torch.randperm(len(train_rows), generator=generator).tolist()
@@ -161,6 +174,7 @@ def run_sft(
             if last or step % t.log_every == 0 or "eval/loss" in metrics:
                 logger.log(step, metrics, kind="step")
             final = metrics
+        final.update(baseline)
         final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
     model.eval()
     export_models(out, tokenizer, {"": model})  # float32, LoRA merged, whatever the training used

@@ -3,7 +3,9 @@ Hugging Face model directory."""
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 
 import pytest
 import torch
@@ -128,7 +130,8 @@ def test_run_sft_lowers_the_loss_and_saves_a_loadable_model(tok, tmp_path):
     model = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=1, num_heads=2)
     final = run_sft(config, model=model, tokenizer=tok, quiet=True)
     run = tmp_path / "sft"
-    rows = log_rows(run)
+    baseline, *rows = log_rows(run)
+    assert baseline["step"] == 0 and not any(k.startswith("train/") for k in baseline)
     assert [r["step"] for r in rows] == list(range(12))
     losses = [r["train/loss"] for r in rows]
     assert losses[-1] < 0.5 * losses[0]
@@ -152,7 +155,7 @@ def test_run_sft_fills_every_batch_when_the_data_is_smaller(tok, tmp_path):
     rows = [EncodedSFT([5, 6], [7, 8, tok.eos_token_id]) for _ in range(3)]  # 3 rows, batches of 8
     model = tiny_causal_lm(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2)
     run_sft(config, model=model, tokenizer=tok, train_rows=rows, test_rows=rows[:1], quiet=True)
-    assert [r["train/tokens"] for r in log_rows(tmp_path / "sft")] == [8 * 3, 8 * 3]
+    assert [r["train/tokens"] for r in log_rows(tmp_path / "sft") if "train/loss" in r] == [8 * 3, 8 * 3]
 
 
 def test_run_sft_uses_the_given_test_rows(tok, tmp_path):
@@ -161,6 +164,55 @@ def test_run_sft_uses_the_given_test_rows(tok, tmp_path):
     model = tiny_causal_lm(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2)
     final = run_sft(config, model=model, tokenizer=tok, test_rows=held_out, quiet=True)
     assert final["eval/tokens"] == 2
+
+
+def test_run_sft_evaluates_the_untrained_model_first(tok, tmp_path):
+    config = sft_config(tmp_path)
+    model = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=1, num_heads=2)
+    untouched = copy.deepcopy(model)
+    final = run_sft(config, model=model, tokenizer=tok, quiet=True)
+    baseline = log_rows(tmp_path / "sft")[0]
+    assert baseline["eval/tokens"] == 6 * 4  # 6 held-out rows of 3 words + EOS
+    # the reference: the token-mean NLL of the untouched model on the same held-out rows
+    from rlhf.data.loading import load_examples, split_examples
+    from rlhf.data.tokenize import TruncationStats
+    from rlhf.train.sft import encode_sft_examples, sft_batch
+
+    _, test_ex = split_examples(load_examples(config.data.path, kind="sft").examples, 0.25, seed=config.seed)
+    rows = encode_sft_examples(tok, test_ex, config, TruncationStats())
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for row in rows:
+            batch = sft_batch([row], tok.pad_token_id)
+            value, n = model_token_nll(
+                untouched, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+            )
+            nll, count = nll + float(value), count + n
+    assert baseline["eval/loss"] == pytest.approx(nll / count, rel=1e-5)
+    assert baseline["eval/ppl"] == pytest.approx(math.exp(nll / count), rel=1e-5)
+    assert final["eval/loss_before_training"] == baseline["eval/loss"] > final["eval/loss"]
+
+
+def test_the_baseline_evaluation_leaves_training_unchanged(tok, tmp_path):
+    """Evaluation draws no random numbers: a run with held-out rows trains exactly like one without
+    (attention dropout on, so that training itself draws from the global generator)."""
+    train = [EncodedSFT([5 + i % 4, 6], [7 + i % 3, 8, tok.eos_token_id]) for i in range(12)]
+    held_out = [EncodedSFT([6, 5], [9, tok.eos_token_id])]
+    runs = {}
+    for name, test_rows in (("with", held_out), ("without", [])):
+        config = sft_config(tmp_path, out=str(tmp_path / name), train={"max_steps": 4, "batch_size": 4})
+        model = tiny_causal_lm(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2)
+        for module in model.modules():
+            if hasattr(module, "attention_dropout"):
+                module.attention_dropout = 0.5
+        run_sft(config, model=model, tokenizer=tok, train_rows=train, test_rows=test_rows, quiet=True)
+        runs[name] = (
+            model.state_dict(),
+            [r["train/loss"] for r in log_rows(tmp_path / name) if "train/loss" in r],
+        )
+    assert runs["with"][1] == runs["without"][1]
+    for key, value in runs["with"][0].items():
+        assert torch.equal(value, runs["without"][0][key]), key
 
 
 def test_run_sft_with_lora_saves_merged_weights(tok, tmp_path):

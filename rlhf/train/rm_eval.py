@@ -1,0 +1,280 @@
+"""`rlhf rm-eval`: judge a reward model on a file of preference pairs.
+
+    rlhf rm-eval --reward-model runs/rm --data pairs.jsonl [--out rm_eval.json] [--skip-invalid]
+
+Pairs are read and encoded as `rlhf rm` does (`encode_pairs`, the prompt and response budgets of the
+reward model's own config.yaml unless `--data.max_prompt_tokens` / `--data.max_response_tokens`
+say otherwise) and scored in the training layout (chosen and rejected rows of one batch, reward
+at the last real token). The statistics are those of `pair_stats`; the JSON holds them, the worst
+pairs with their texts and every pair's two scores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import torch
+import yaml
+
+from rlhf.config import ConfigError, RewardConfig, RewardDataConfig, from_dict, parse_overrides
+from rlhf.data.collate import collate_pairs
+from rlhf.data.loading import load_examples
+from rlhf.data.tokenize import TruncationStats
+from rlhf.models.device import resolve_device, to_device
+from rlhf.models.loading import load_tokenizer
+from rlhf.models.precision import Precision
+from rlhf.models.scalar_head import ScalarHeadModel
+from rlhf.monitor import print_summary
+from rlhf.monitor.progress import WorkProgress, announce
+from rlhf.train.context_check import model_context
+from rlhf.train.pair_stats import sigmoid, summarize_margins, worst_indices
+from rlhf.train.reward_model import EncodedPair, encode_pairs
+
+RESULT_NAME = "rm_eval.json"
+BUDGET_KEYS = ("format", "max_prompt_tokens", "max_response_tokens")  # taken from the RM's config.yaml
+
+
+def data_settings(reward_model: str, data_path: str, skip_invalid: bool | None, rest: list[str]):
+    """The `RewardDataConfig` to read and encode the pairs with: the reward model's training settings
+    (`BUDGET_KEYS` of its config.yaml, when it has one) < `--data.*` overrides < `--data`/`--skip-invalid`."""
+    overrides = parse_overrides(rest)
+    other = sorted(set(overrides) - {"data"})
+    if other:
+        raise ConfigError(
+            f"rlhf rm-eval takes only data.* settings on the command line, got --{other[0]}. Fix: remove it "
+            "(see `rlhf rm-eval --help`)."
+        )
+    merged = {k: v for k, v in _training_data_settings(reward_model).items() if k in BUDGET_KEYS}
+    merged.update(overrides.get("data", {}))
+    merged["path"] = data_path
+    if skip_invalid is not None:
+        merged["skip_invalid"] = skip_invalid
+    data = from_dict(RewardDataConfig, merged, origin="command line", prefix="data.")
+    for key in ("max_prompt_tokens", "max_response_tokens"):
+        if getattr(data, key) < 1:
+            raise ConfigError(f"data.{key} must be >= 1, got {getattr(data, key)}. Fix: --data.{key} 256.")
+    return data
+
+
+def _training_data_settings(reward_model: str) -> dict:
+    path = Path(reward_model) / "config.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        data = (yaml.safe_load(path.read_text()) or {}).get("data", {})
+    except (yaml.YAMLError, AttributeError, OSError):
+        return {}  # not a config this version wrote: the defaults apply
+    return data if isinstance(data, dict) else {}
+
+
+@torch.inference_mode()
+def score_pairs(
+    model: ScalarHeadModel,
+    rows: list[EncodedPair],
+    pad_id: int,
+    batch_size: int,
+    *,
+    precision: Precision | None = None,
+    progress: WorkProgress | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards of the chosen and rejected responses ([n] float64 each, in `rows` order). Pairs of
+    similar length are batched together (less padding; a reward does not depend on its padding)."""
+    model.eval()
+    device = next(model.parameters()).device
+    chosen = torch.zeros(len(rows), dtype=torch.float64)
+    rejected = torch.zeros(len(rows), dtype=torch.float64)
+    order = sorted(range(len(rows)), key=lambda i: rows[i].num_tokens)
+    for start in range(0, len(order), batch_size):
+        index = order[start : start + batch_size]
+        batch = [rows[i] for i in index]
+        padded = collate_pairs(
+            [r.prompt_ids for r in batch],
+            [r.chosen_ids for r in batch],
+            [r.rejected_ids for r in batch],
+            pad_id,
+        )
+        padded = to_device(padded, device)
+        with precision.autocast() if precision is not None else contextlib.nullcontext():
+            scores = model.score(padded["input_ids"], padded["attention_mask"]).double().cpu()
+        chosen[index], rejected[index] = scores[: len(batch)], scores[len(batch) :]  # chosen rows first
+        if progress is not None:
+            progress.advance(len(batch))
+    return chosen, rejected
+
+
+def run_rm_eval(
+    args, rest: list[str] | None = None, *, model: ScalarHeadModel | None = None, tokenizer=None
+) -> dict:
+    """Load, score, summarize, write `rm_eval.json` and print the one-screen summary; returns the result.
+
+    `args` are the parsed `rlhf rm-eval` arguments, `rest` its `--data.*` overrides; a given `model` /
+    `tokenizer` is used instead of loading `args.reward_model` (which still names it)."""
+    _check_args(args)
+    device = resolve_device(args.device, key="--device")
+    precision = Precision.resolve(args.dtype, device, key="--dtype")
+    data = data_settings(args.reward_model, args.data, args.skip_invalid, rest or [])
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args.reward_model)
+    loaded = load_examples(data.path, kind="preference", format=data.format, skip_invalid=data.skip_invalid)
+    examples = loaded.examples[: args.n] if args.n else loaded.examples
+    stats = TruncationStats()
+    rows = encode_pairs(tokenizer, examples, RewardConfig(data=data), stats)
+    if model is None:
+        with announce(f"loading the reward model {args.reward_model}"):
+            model = ScalarHeadModel.from_pretrained(args.reward_model, dtype=precision.param_dtype)
+    precision.prepare(model)
+    _check_pairs_fit(rows, examples, model, data)
+    with WorkProgress("rm-eval: scoring", len(rows), "pair") as progress:
+        chosen, rejected = score_pairs(
+            model, rows, tokenizer.pad_token_id, args.batch_size, precision=precision, progress=progress
+        )
+    margins = chosen - rejected
+    _check_finite(margins, examples, args.reward_model)
+    result = {
+        "reward_model": str(args.reward_model),
+        "data": str(data.path),
+        "pairs_read": len(loaded.examples),
+        "skipped_invalid": loaded.skipped,
+        "skipped_reasons": [str(error) for error in loaded.errors[:20]],
+        "truncation": stats.as_dict(),
+        **summarize_margins(
+            margins, histogram_bins=args.histogram_bins, calibration_bins=args.calibration_bins
+        ),
+        "worst_pairs": [
+            _pair_record(examples[i], float(chosen[i]), float(rejected[i]))
+            for i in worst_indices(margins, args.worst)
+        ],
+        "pairs": [
+            {"source": _source(ex), "chosen_score": float(c), "rejected_score": float(r)}
+            for ex, c, r in zip(examples, chosen, rejected)
+        ],
+    }
+    out = Path(args.out) if args.out else Path(args.reward_model) / RESULT_NAME
+    _write_json(out, result)
+    print_rm_eval_summary(result, out)
+    return result
+
+
+def _check_args(args) -> None:
+    for flag, value, low in (
+        ("--batch-size", args.batch_size, 1),
+        ("--worst", args.worst, 0),
+        ("--n", args.n or 0, 0),
+        ("--calibration-bins", args.calibration_bins, 1),
+        ("--histogram-bins", args.histogram_bins, 2),
+    ):
+        if value < low:
+            raise ConfigError(f"{flag} must be >= {low}, got {value}. Fix: {flag} {max(low, 1) * 10}.")
+    if args.histogram_bins % 2:
+        raise ConfigError(
+            f"--histogram-bins must be even (0 is the middle edge), got {args.histogram_bins}. "
+            f"Fix: --histogram-bins {args.histogram_bins + 1}."
+        )
+
+
+def _check_pairs_fit(rows: list[EncodedPair], examples, model, data: RewardDataConfig) -> None:
+    context = model_context(model)
+    if context is None:
+        return
+    lengths = [len(r.prompt_ids) + max(len(r.chosen_ids), len(r.rejected_ids)) for r in rows]
+    too_long = [i for i, n in enumerate(lengths) if n > context]
+    if too_long:
+        first = too_long[0]
+        raise ConfigError(
+            f"{_source(examples[first])}: the pair needs {lengths[first]} positions and the reward model has "
+            f"{context} ({len(too_long)} of {len(rows)} pairs do not fit). Fix: lower --data.max_prompt_tokens "
+            f"or --data.max_response_tokens (now {data.max_prompt_tokens} and {data.max_response_tokens}) so "
+            f"that their sum is at most {context}."
+        )
+
+
+def _check_finite(margins: torch.Tensor, examples, reward_model: str) -> None:
+    bad = (~torch.isfinite(margins)).nonzero().flatten().tolist()
+    if bad:
+        where = ", ".join(_source(examples[i]) for i in bad[:5])
+        raise ValueError(
+            f"the reward model {reward_model} gave non-finite scores (nan/inf) to {len(bad)} of {len(margins)} "
+            f"pairs (first: {where}). No result was written. Fix: the reward model is broken (diverged "
+            "training or damaged weights): retrain it with `rlhf rm`."
+        )
+
+
+def _source(example) -> str:
+    return str(example.source) if example.source is not None else ""
+
+
+def _pair_record(example, chosen: float, rejected: float) -> dict:
+    return {
+        "source": _source(example),
+        "margin": chosen - rejected,
+        "p_chosen": sigmoid(chosen - rejected),  # the reward model's P(chosen preferred)
+        "chosen_score": chosen,
+        "rejected_score": rejected,
+        "prompt": example.prompt,
+        "chosen": example.chosen,
+        "rejected": example.rejected,
+    }
+
+
+def _write_json(path: Path, result: dict) -> None:
+    """Write `result` to `path` whole or not at all (a temporary file renamed over it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+# --- the one-screen summary -------------------------------------------------------------------
+
+
+def _clip(text, width: int) -> str:
+    if not isinstance(text, str):  # chat messages: the last one is the turn being answered
+        text = text[-1]["content"] if text else ""
+    text = " ".join(text.split())
+    return text if len(text) <= width else "..." + text[-(width - 3) :]
+
+
+def histogram_lines(histogram: dict, width: int = 30) -> list[str]:
+    """One text bar per bin: "[-1.20, -0.90)  ###       3"."""
+    counts, edges = histogram["counts"], histogram["edges"]
+    top = max(counts) or 1
+    return [
+        f"  [{edges[i]:+7.3f}, {edges[i + 1]:+7.3f})  {'#' * round(width * c / top):<{width}} {c}"
+        for i, c in enumerate(counts)
+    ]
+
+
+def print_rm_eval_summary(result: dict, out: Path, worst_shown: int = 3) -> None:
+    margin, cal = result["margin"], result["calibration"]
+    low, high = result["accuracy_ci95"]
+    over = cal["overconfidence"]
+    print_summary(
+        f"rm-eval: {result['reward_model']} on {result['data']}",
+        {
+            "pairs scored": result["n"],
+            "skipped (invalid)": result["skipped_invalid"],
+            "accuracy (chosen > rejected)": f"{result['accuracy']:.3f} [{low:.3f}, {high:.3f}] (95% Wilson)",
+            "ties (margin 0)": result["ties"],
+            "margin mean ± std": f"{margin['mean']:.4f} ± {margin['std']:.4f}",
+            "margin p05 / median / p95": f"{margin['p05']:.4f} / {margin['median']:.4f} / {margin['p95']:.4f}",
+            "ranking loss": f"{margin['rank_loss']:.4f}",
+            "calibration error (ECE)": f"{cal['ece']:.4f}",
+            "confidence - accuracy": f"{over:+.4f} ({'overconfident' if over > 0 else 'underconfident'})",
+        },
+    )
+    print("margin histogram (left of 0: ranked the wrong way):")
+    print("\n".join(histogram_lines(result["histogram"])))
+    print("calibration: confidence sigmoid(|margin|) bin -> pairs, mean confidence, observed accuracy")
+    for row in result["calibration"]["bins"]:
+        if row["n"]:
+            print(
+                f"  [{row['low']:.2f}, {row['high']:.2f})  n={row['n']:<6} "
+                f"confidence {row['confidence']:.3f}  accuracy {row['accuracy']:.3f}"
+            )
+    for pair in result["worst_pairs"][:worst_shown]:
+        print(f"worst {pair['margin']:+.4f} at {pair['source']}  prompt: {_clip(pair['prompt'], 70)}")
+        print(f"  chosen:   {_clip(pair['chosen'], 90)}")
+        print(f"  rejected: {_clip(pair['rejected'], 90)}")
+    print(f"written: {out}")

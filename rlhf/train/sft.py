@@ -20,7 +20,7 @@ from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
 from rlhf.models.device import model_device, resolve_device, to_device
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm
-from rlhf.models.precision import Precision
+from rlhf.models.precision import Precision, cast_parameters
 from rlhf.monitor import print_summary
 from rlhf.train.export import export_models
 from rlhf.train.lm_loss import model_token_nll
@@ -141,7 +141,7 @@ def run_sft(
     baseline: dict = {}
     with logger:
         if test_rows:  # the baseline: held-out loss and perplexity of the model before any update
-            before = evaluate_nll(model, test_rows, pad_id, t.micro_batch_size)
+            before = evaluate_nll(model, test_rows, pad_id, t.micro_batch_size, precision)
             logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step")
             baseline = {
                 "eval/loss_before_training": before["loss"],
@@ -177,7 +177,8 @@ def run_sft(
         final.update(baseline)
         final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
     model.eval()
-    export_models(out, tokenizer, {"": model})  # float32, LoRA merged, whatever the training used
+    cast_parameters(model, torch.float32)  # training is over: float32 in place, no copy to export
+    export_models(out, tokenizer, {"": model})  # LoRA merged (a copy), whatever the training used
     if not quiet:
         print_summary(f"SFT finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)})
     return final

@@ -154,6 +154,7 @@ def test_a_checkpoint_written_before_the_roles_resumes_exactly(make_trainer, tok
     state["critic_opt"], state["critic_sched"] = roles["critic"]["optimizer"], roles["critic"]["scheduler"]
     state["rng"]["generators"]["ptx"] = roles["policy"]["ptx_generator"]
     ckpt.save_state(state, path, "trainer")
+    ckpt.write_done(path, state["iteration"])  # the files changed: record their new checksums
     make_trainer(resumable_config(split), run_dir=split, ptx=ptx(), resume=True).train()
     assert metric_rows(split) == metric_rows(whole)
 

@@ -94,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0: greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument(
+        "--chat-template",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="render HH dialogues and messages with the policy tokenizer's chat template and stop at its "
+        "end-of-turn token (auto: when it has one)",
+    )
 
     for stage in (sft, rm, train, ev):
         _add_safety_flags(stage)

@@ -7,7 +7,7 @@ callable on texts, such as a built-in world's gold reward (`text_judge`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -64,7 +64,10 @@ def sample_responses(
     *,
     seed: int,
     batch_size: int = 32,
+    stop_ids: Sequence[int] | None = None,
 ) -> tuple[list[Rollout], list[str]]:
+    """One response per prompt; a response ends at one of `stop_ids` (default: the tokenizer's EOS;
+    with a chat template, `rlhf.data.chat.stop_token_ids` adds its end-of-turn token)."""
     generator = torch.Generator().manual_seed(seed)
     rollouts, texts = [], []
     for start in range(0, len(prompt_ids), batch_size):
@@ -74,7 +77,7 @@ def sample_responses(
             ids,
             mask,
             sampling,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id if stop_ids is None else list(stop_ids),
             pad_token_id=tokenizer.pad_token_id,
             generator=generator,
         )
@@ -102,10 +105,12 @@ def check_finite_scores(scores: torch.Tensor, judge_name: str, policy_name: str,
     )
 
 
-def score_policy(policy, tokenizer, prompt_ids, judge_factory, sampling, *, seed: int, batch_size: int = 32):
+def score_policy(
+    policy, tokenizer, prompt_ids, judge_factory, sampling, *, seed: int, batch_size: int = 32, stop_ids=None
+):
     """Sample one response per prompt and score it. `judge_factory(start, end) -> Judge` for the prompt rows."""
     rollouts, texts = sample_responses(
-        policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=batch_size
+        policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=batch_size, stop_ids=stop_ids
     )
     scores, start = [], 0
     for rollout in rollouts:

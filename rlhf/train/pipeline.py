@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 
 from rlhf.config import RLConfig
+from rlhf.data.chat import stop_token_ids
 from rlhf.data.collate import collate_sft
 from rlhf.data.loading import load_examples
-from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
+from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_sft
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
 from rlhf.models.sampling import SamplingConfig
 from rlhf.monitor import print_summary
@@ -27,32 +28,54 @@ from rlhf.train.roles import load_roles
 
 
 def encode_prompts(
-    tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None
+    tokenizer,
+    path: str,
+    *,
+    format: str,
+    max_tokens: int,
+    skip_invalid: bool,
+    stats=None,
+    chat_template: bool | str = "auto",
 ) -> list[list[int]]:
     return load_prompts(
-        tokenizer, path, format=format, max_tokens=max_tokens, skip_invalid=skip_invalid, stats=stats
+        tokenizer,
+        path,
+        format=format,
+        max_tokens=max_tokens,
+        skip_invalid=skip_invalid,
+        stats=stats,
+        chat_template=chat_template,
     )[0]
 
 
 def load_prompts(
-    tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None
+    tokenizer,
+    path: str,
+    *,
+    format: str,
+    max_tokens: int,
+    skip_invalid: bool,
+    stats=None,
+    chat_template: bool | str = "auto",
 ) -> tuple[list[list[int]], list]:
     """The encoded prompts of `path` and the source (file, line) of each."""
     loaded = load_examples(path, kind="prompt", format=format, skip_invalid=skip_invalid)
-    ids = [encode_prompt(tokenizer, ex.prompt, max_tokens, stats=stats) for ex in loaded.examples]
+    ids = [encode_prompt(tokenizer, ex.prompt, max_tokens, stats, chat_template) for ex in loaded.examples]
     return ids, [ex.source for ex in loaded.examples]
 
 
 def ptx_sampler(
-    tokenizer, path: str, batch_size: int, max_prompt_tokens: int, max_response_tokens: int = 256
+    tokenizer,
+    path: str,
+    batch_size: int,
+    max_prompt_tokens: int,
+    max_response_tokens: int = 256,
+    chat_template: bool | str = "auto",
 ):
     """A function drawing a right-padded SFT batch for the PPO-ptx loss."""
     loaded = load_examples(path, kind="sft")
     rows = [
-        (
-            encode_prompt(tokenizer, ex.prompt, max_prompt_tokens),
-            encode_response(tokenizer, ex.response, max_response_tokens),
-        )
+        encode_sft(tokenizer, ex, max_prompt_tokens, max_response_tokens, chat_template=chat_template)
         for ex in loaded.examples
     ]
 
@@ -73,6 +96,7 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
         max_tokens=config.data.max_prompt_tokens,
         skip_invalid=config.data.skip_invalid,
         stats=stats,
+        chat_template=config.data.chat_template,
     )
     check_prompts_fit(
         prompts,
@@ -86,7 +110,11 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     ptx = None
     if config.data.ptx and config.policy.ptx_coef > 0:
         ptx = ptx_sampler(
-            roles.tokenizer, config.data.ptx, config.data.ptx_batch_size, config.data.max_prompt_tokens
+            roles.tokenizer,
+            config.data.ptx,
+            config.data.ptx_batch_size,
+            config.data.max_prompt_tokens,
+            chat_template=config.data.chat_template,
         )
     trainer = RLTrainer(
         config, roles, prompts, ptx_batches=ptx, evaluator=evaluator, resume=resume, quiet=quiet
@@ -103,7 +131,10 @@ def run_eval(args) -> dict:
     _check_eval_args(args)
     tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
     skip = bool(getattr(args, "skip_invalid", False))
-    prompts, sources = load_prompts(tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=skip)
+    chat = {"true": True, "false": False}.get(getattr(args, "chat_template", "auto"), "auto")
+    prompts, sources = load_prompts(
+        tokenizer, args.prompts, format="auto", max_tokens=512, skip_invalid=skip, chat_template=chat
+    )
     prompts, sources = prompts[: args.n], sources[: args.n]
     greedy = args.temperature == 0  # --temperature 0: the most likely answer, as other tools read it
     sampling = SamplingConfig(
@@ -125,7 +156,15 @@ def run_eval(args) -> dict:
             model_name=f"--{name} {path}",
             fix="shorten that prompt (at most {budget} tokens) or remove it, or lower --max-new-tokens",
         )
-        s, texts, _ = score_policy(model, tokenizer, prompts, judge, sampling, seed=args.seed)
+        s, texts, _ = score_policy(
+            model,
+            tokenizer,
+            prompts,
+            judge,
+            sampling,
+            seed=args.seed,
+            stop_ids=stop_token_ids(tokenizer, chat),
+        )
         check_finite_scores(s, str(args.judge), f"--{name} {path}")
         scores[name] = s
         results[name] = {"path": str(path), **mean_with_ci(s), "samples": texts[:5]}

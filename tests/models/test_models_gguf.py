@@ -87,3 +87,21 @@ def test_rlhf_sft_from_a_gguf_file_writes_a_loadable_directory(gguf_dir, tmp_pat
     from_gguf = load_causal_lm(directory, gguf_file=GGUF_NAME)
     assert set(reloaded.state_dict()) == set(from_gguf.state_dict())
     assert gguf.GGUFReader(directory / GGUF_NAME).tensors  # the source file is left as it was
+
+
+def test_a_gguf_chat_template_is_applied_and_its_end_of_turn_stops_responses(tmp_path):
+    from rlhf.data import SFTExample, encode_sft
+    from rlhf.data.chat import stop_token_ids
+
+    chatml = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    write_tiny_llama_gguf(tmp_path / GGUF_NAME, chat_template=chatml)
+    tokenizer = load_tokenizer(tmp_path, gguf_file=GGUF_NAME)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt, response = encode_sft(tokenizer, SFTExample("\n\nHuman: wo\n\nAssistant:", "wo"))
+    assert tokenizer.decode(prompt) == "<|im_start|>user\nwo<|im_end|>\n<|im_start|>assistant\n"
+    assert response[-1] == im_end and tokenizer.decode(response[:-1]) == "wo"
+    assert stop_token_ids(tokenizer) == [tokenizer.eos_token_id, im_end]
+    assert stop_token_ids(tokenizer, False) == [tokenizer.eos_token_id]

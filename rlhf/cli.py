@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 (autocast) | bfloat16-pure",
     )
+    ev.add_argument(
+        "--chat-template",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="render HH dialogues and messages with the policy tokenizer's chat template and stop at its "
+        "end-of-turn token (auto: when it has one)",
+    )
 
     rm_eval = sub.add_parser("rm-eval", help=STAGES["rm-eval"], description=STAGES["rm-eval"])
     rm_eval.add_argument("--reward-model", required=True, help="reward-model directory (`rlhf rm --out`)")

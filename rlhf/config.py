@@ -67,6 +67,9 @@ class SFTDataConfig:
     max_prompt_tokens: int = 256  # longer prompts drop their oldest turns, then left-truncate
     max_response_tokens: int = 256  # longer responses right-truncate (EOS kept)
     skip_invalid: bool = False  # skip malformed lines (counted) instead of stopping
+    # "auto": render HH dialogues and messages with the tokenizer's chat template when it has one
+    # (responses then end with its end-of-turn token) | true: require one | false: verbatim text
+    chat_template: str | bool = "auto"
 
 
 @dataclass
@@ -111,6 +114,9 @@ class RewardDataConfig:
     max_prompt_tokens: int = 256  # prompt budget (oldest turns dropped first)
     max_response_tokens: int = 256  # response budget
     skip_invalid: bool = False  # skip malformed lines (counted) instead of stopping
+    # "auto": render HH dialogues and messages with the tokenizer's chat template when it has one
+    # (responses then end with its end-of-turn token) | true: require one | false: verbatim text
+    chat_template: str | bool = "auto"
 
 
 @dataclass
@@ -177,6 +183,9 @@ class RLDataConfig:
     ptx: str | None = None  # SFT data for the PPO-ptx loss (InstructGPT); None: no ptx loss
     ptx_batch_size: int = 8  # SFT examples per ptx step
     skip_invalid: bool = False  # skip malformed lines (counted) instead of stopping
+    # "auto": render HH dialogues and messages with the tokenizer's chat template when it has one
+    # (responses then end with its end-of-turn token) | true: require one | false: verbatim text
+    chat_template: str | bool = "auto"
 
 
 @dataclass
@@ -334,6 +343,7 @@ CHOICES = {
     "optim.schedule": ("constant", "cosine", "linear"),
     "train.batching": ("pairs", "tokens"),
     "dtype": ("auto", "float32", "bfloat16", "bfloat16-pure"),  # also model.dtype (rlhf.models.precision)
+    "data.chat_template": ("auto", True, False),
 }
 
 
@@ -488,6 +498,8 @@ def _coerce(tp: Any, value: Any, key: str, origin: str):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        if isinstance(value, bool) and bool in inner:  # e.g. `str | bool`: "auto" or true/false
+            return value
         return _coerce(inner[0], value, key, origin)
     if tp is bool:
         if not isinstance(value, bool):
@@ -506,7 +518,9 @@ def _coerce(tp: Any, value: Any, key: str, origin: str):
             raise bad("a string")
         choices = next((c for k, c in CHOICES.items() if key == k or key.endswith(("." + k, "_" + k))), None)
         if choices and value not in choices:
-            raise bad("one of " + ", ".join(repr(c) for c in choices))
+            raise bad(
+                "one of " + ", ".join(repr(c) if isinstance(c, str) else str(c).lower() for c in choices)
+            )
         return value
     if typing.get_origin(tp) is list:
         if isinstance(value, str):

@@ -4,12 +4,18 @@ Prompt and response are tokenized separately: the prompt with the tokenizer's sp
 BOS appears when the tokenizer uses one; not when the text already starts with it, e.g. from a chat
 template), the response without them, followed by `tokenizer.eos_token_id`.
 
+Chat templates (`chat_template`: "auto" | True | False, see `rlhf.data.chat`): with the template on,
+HH transcripts and message lists are rendered by `tokenizer.apply_chat_template` with the generation
+prompt, and their responses end with the template's end-of-turn token instead of EOS.
+
 Truncation, each counted in a `TruncationStats`:
 - a prompt longer than its budget first loses its oldest whole turns (HH "\\n\\nHuman:" /
   "\\n\\nAssistant:" turns, or chat messages), never the text before the first turn (an HH
   preamble) nor the system messages, nor the last user turn and what follows it; a dialogue
-  never starts with an assistant turn after a drop. If it is still too long, its tokens are cut
-  from the left, keeping the BOS and the end (where the generation cue is).
+  never starts with an assistant turn after a drop. A templated prompt is re-rendered after each
+  drop, so its template stays whole. If it is still too long, a templated prompt loses the start
+  of its oldest kept message's text; any other prompt (or a template too long by itself) has its
+  tokens cut from the left, keeping the BOS and the end (where the generation cue is).
 - a response keeps its first `max_tokens - 1` text tokens and always ends with EOS. Decision: the
   EOS is kept even when the text was cut, because the reward model reads its score at the last
   token and must always read it at an EOS, as it will on the policy's finished responses (PEERS
@@ -23,6 +29,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from rlhf.data.chat import response_end_id, templated_messages
 from rlhf.data.examples import Message, PreferenceExample, Prompt, SFTExample
 from rlhf.data.formats import HH_ASSISTANT, HH_HUMAN
 
@@ -75,24 +82,24 @@ def plain_chat_text(messages: list[Message], add_generation_prompt: bool = True)
     return "\n\n".join(blocks)
 
 
-def render_prompt(tokenizer, prompt: Prompt) -> str:
-    """The prompt text: a string as is; messages through the tokenizer's chat template (with the
-    generation prompt) when it has one, else `plain_chat_text`."""
-    if isinstance(prompt, str):
-        return prompt
-    if getattr(tokenizer, "chat_template", None):
-        try:
-            return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        except Exception as error:  # jinja raises TemplateError (e.g. "roles must alternate")
-            raise ValueError(
-                f"the tokenizer's chat template rejected the prompt messages ({error}). "
-                "Fix: give messages the template accepts (roles, order), or clear tokenizer.chat_template"
-            ) from error
-    return plain_chat_text(prompt)
+def render_prompt(tokenizer, prompt: Prompt, chat_template: bool | str = "auto") -> str:
+    """The prompt text: HH transcripts and messages through the tokenizer's chat template (with the
+    generation prompt) when `chat_template` turns it on; else a string as is and messages as
+    `plain_chat_text`."""
+    messages = templated_messages(tokenizer, prompt, chat_template)
+    if messages is not None:
+        return _apply_template(tokenizer, messages)
+    return prompt if isinstance(prompt, str) else plain_chat_text(prompt)
 
 
-def _uses_chat_template(tokenizer, prompt: Prompt) -> bool:
-    return not isinstance(prompt, str) and bool(getattr(tokenizer, "chat_template", None))
+def _apply_template(tokenizer, messages: list[Message]) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as error:  # jinja raises TemplateError (e.g. "roles must alternate")
+        raise ValueError(
+            f"the tokenizer's chat template rejected the prompt messages ({error}). Fix: give messages "
+            "the template accepts (roles, order), or turn the template off (--data.chat_template false)"
+        ) from error
 
 
 # --- turns ----------------------------------------------------------------------------------------
@@ -139,22 +146,47 @@ def _last_user(is_assistant: list[bool]) -> int:
 # --- encoding -------------------------------------------------------------------------------------
 
 
-def _encode_rendered(tokenizer, prompt: Prompt) -> list[int]:
-    text = render_prompt(tokenizer, prompt)
+def _encode_rendered(tokenizer, prompt: Prompt, templated: bool) -> list[int]:
+    if templated:  # a chat template writes its own BOS text; adding special tokens would double it
+        return list(tokenizer.encode(_apply_template(tokenizer, prompt), add_special_tokens=False))
+    text = prompt if isinstance(prompt, str) else plain_chat_text(prompt)
     bos = getattr(tokenizer, "bos_token", None)
-    # A chat template writes its own BOS text; adding special tokens again would double it.
-    add_special = not _uses_chat_template(tokenizer, prompt) and not (bos and text.startswith(bos))
-    return list(tokenizer.encode(text, add_special_tokens=add_special))
+    return list(tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos))))
+
+
+def _shorten_oldest_message(tokenizer, dialogue: _Dialogue, start: int, ids: list[int], max_tokens: int):
+    """Cut tokens from the start of the oldest kept message's text until the templated prompt fits
+    (a few tries: decoded text may re-tokenize differently); the template itself stays whole."""
+    if start >= len(dialogue.turns):
+        return ids
+    oldest, rest = dialogue.turns[start], dialogue.turns[start + 1 :]
+    content = list(tokenizer.encode(oldest["content"], add_special_tokens=False))
+    for _ in range(4):
+        overflow = len(ids) - max_tokens
+        if overflow <= 0 or overflow >= len(content):
+            break  # fits, or the text cannot absorb it (the caller cuts tokens instead)
+        content = content[overflow:]
+        shortened = {**oldest, "content": tokenizer.decode(content)}
+        ids = _encode_rendered(tokenizer, dialogue.head + [shortened] + rest, True)
+    return ids
 
 
 def encode_prompt(
-    tokenizer, prompt: Prompt, max_tokens: int | None = None, stats: TruncationStats | None = None
+    tokenizer,
+    prompt: Prompt,
+    max_tokens: int | None = None,
+    stats: TruncationStats | None = None,
+    chat_template: bool | str = "auto",
 ) -> list[int]:
     """Token ids of the rendered prompt, at most `max_tokens` (None: no limit); see the module doc."""
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    ids = _encode_rendered(tokenizer, prompt)
-    dropped = 0
+    messages = templated_messages(tokenizer, prompt, chat_template)
+    templated = messages is not None
+    if templated:
+        prompt = messages
+    ids = _encode_rendered(tokenizer, prompt, templated)
+    dropped, text_cut = 0, False
     if max_tokens is not None and len(ids) > max_tokens:
         dialogue = _as_dialogue(prompt)
         start = 0
@@ -163,7 +195,10 @@ def encode_prompt(
             while start < dialogue.protected_from and dialogue.is_assistant[start]:
                 start += 1  # a dialogue starts with a user turn
             dropped = start
-            ids = _encode_rendered(tokenizer, dialogue.join(dialogue.head, dialogue.turns[start:]))
+            ids = _encode_rendered(tokenizer, dialogue.join(dialogue.head, dialogue.turns[start:]), templated)
+        if templated and len(ids) > max_tokens:
+            text_cut = True
+            ids = _shorten_oldest_message(tokenizer, dialogue, start, ids, max_tokens)
     left_truncated = max_tokens is not None and len(ids) > max_tokens
     if left_truncated:
         keep_bos = int(bool(ids) and ids[0] == getattr(tokenizer, "bos_token_id", None))
@@ -178,7 +213,7 @@ def encode_prompt(
         stats.prompts += 1
         stats.prompts_turns_dropped += int(dropped > 0)
         stats.turns_dropped += dropped
-        stats.prompts_left_truncated += int(left_truncated)
+        stats.prompts_left_truncated += int(left_truncated or text_cut)
     return ids
 
 
@@ -195,13 +230,19 @@ def eos_token_id(tokenizer) -> int:
 
 
 def encode_response(
-    tokenizer, text: str, max_tokens: int | None = None, stats: TruncationStats | None = None
+    tokenizer,
+    text: str,
+    max_tokens: int | None = None,
+    stats: TruncationStats | None = None,
+    end_id: int | None = None,
 ) -> list[int]:
-    """Token ids of the response (no special tokens) followed by EOS, at most `max_tokens` in all.
+    """Token ids of the response (no special tokens) followed by `end_id`, at most `max_tokens` in all.
 
-    A text that already ends with the EOS token does not get a second one.
+    `end_id` is EOS by default; a response to a chat-templated prompt ends with the template's
+    end-of-turn token instead (`rlhf.data.chat.response_end_id`). A text that already ends with
+    that token does not get a second one.
     """
-    eos = eos_token_id(tokenizer)
+    eos = eos_token_id(tokenizer) if end_id is None else end_id
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1 (room for EOS), got {max_tokens}")
     ids = list(tokenizer.encode(text, add_special_tokens=False))
@@ -222,11 +263,13 @@ def encode_sft(
     max_prompt_tokens: int | None = None,
     max_response_tokens: int | None = None,
     stats: TruncationStats | None = None,
+    chat_template: bool | str = "auto",
 ) -> tuple[list[int], list[int]]:
-    """(prompt ids, response ids ending with EOS) of an SFT example."""
+    """(prompt ids, response ids ending with EOS or the template's end-of-turn) of an SFT example."""
+    end = response_end_id(tokenizer, example.prompt, chat_template)
     return (
-        encode_prompt(tokenizer, example.prompt, max_prompt_tokens, stats),
-        encode_response(tokenizer, example.response, max_response_tokens, stats),
+        encode_prompt(tokenizer, example.prompt, max_prompt_tokens, stats, chat_template),
+        encode_response(tokenizer, example.response, max_response_tokens, stats, end),
     )
 
 
@@ -236,15 +279,18 @@ def encode_pair(
     max_prompt_tokens: int | None = None,
     max_response_tokens: int | None = None,
     stats: TruncationStats | None = None,
+    chat_template: bool | str = "auto",
 ) -> tuple[list[int], list[int], list[int]]:
-    """(prompt ids, chosen ids, rejected ids) of a preference pair; both responses end with EOS.
+    """(prompt ids, chosen ids, rejected ids) of a preference pair; both responses end with EOS (or
+    the template's end-of-turn token when the prompt is chat-templated).
 
     Two responses that share their first `max_response_tokens - 1` tokens become identical; such
     a pair teaches the reward model nothing and is counted in `stats.pairs_identical_after_truncation`.
     """
-    prompt = encode_prompt(tokenizer, example.prompt, max_prompt_tokens, stats)
-    chosen = encode_response(tokenizer, example.chosen, max_response_tokens, stats)
-    rejected = encode_response(tokenizer, example.rejected, max_response_tokens, stats)
+    end = response_end_id(tokenizer, example.prompt, chat_template)
+    prompt = encode_prompt(tokenizer, example.prompt, max_prompt_tokens, stats, chat_template)
+    chosen = encode_response(tokenizer, example.chosen, max_response_tokens, stats, end)
+    rejected = encode_response(tokenizer, example.rejected, max_response_tokens, stats, end)
     if stats is not None and chosen == rejected:
         stats.pairs_identical_after_truncation += 1
     return prompt, chosen, rejected

@@ -150,6 +150,26 @@ def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None) -> Pre
     return prepare_tokenizer(tokenizer, source=source)
 
 
+def _gguf_kwargs(gguf_file: str | None) -> dict:
+    """`from_pretrained` arguments that load a GGUF file as plain dense weights.
+
+    transformers >= 5 loads a GGUF through a quantizer (`GgufHfQuantizer`) and, unless told to
+    dequantize, leaves `model.hf_quantizer` and `config.quantization_config` set even when every
+    weight was unpacked to float; `save_pretrained` then refuses the model ("quantized with gguf and
+    is not serializable"). Asking for `GgufConfig(dequantize=True)`, its documented option, makes the
+    quantizer unpack every weight and remove itself and the quantization config after loading
+    (`HfQuantizer.postprocess_model`), so a trained model saves as a normal directory. Older
+    transformers have no `GgufConfig` and always dequantize without a quantizer.
+    """
+    if gguf_file is None:
+        return {}
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {"gguf_file": gguf_file}
+    return {"gguf_file": gguf_file, "quantization_config": GgufConfig(dequantize=True)}
+
+
 def load_causal_lm(
     path: str | os.PathLike,
     gguf_file: str | None = None,
@@ -160,7 +180,7 @@ def load_causal_lm(
     (None: the CPU), in eval mode."""
     _check_source(path, gguf_file)
     check_model_directory(path, weights=gguf_file is None)
-    kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
+    kwargs = _gguf_kwargs(gguf_file)
     kwargs.update(safe_load_kwargs(weights=gguf_file is None))
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32, **kwargs)

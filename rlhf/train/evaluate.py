@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -79,9 +79,12 @@ def sample_responses(
     batch_size: int = 32,
     precision: Precision | None = None,
     on_batch: Callable[[int], None] | None = None,
+    stop_ids: Sequence[int] | None = None,
 ) -> tuple[list[Rollout], list[str]]:
-    """One response per prompt, sampled on the policy's device (rollouts stay there); `on_batch(n)`
-    after each batch of n prompts (progress display)."""
+    """One response per prompt, sampled on the policy's device (rollouts stay there); a response ends
+    at one of `stop_ids` (default: the tokenizer's EOS; with a chat template,
+    `rlhf.data.chat.stop_token_ids` adds its end-of-turn token); `on_batch(n)` after each batch of n
+    prompts (progress display)."""
     generator = torch.Generator(device=model_device(policy)).manual_seed(seed)
     rollouts, texts = [], []
     for start in range(0, len(prompt_ids), batch_size):
@@ -92,7 +95,7 @@ def sample_responses(
                 ids,
                 mask,
                 sampling,
-                eos_token_id=tokenizer.eos_token_id,
+                eos_token_id=tokenizer.eos_token_id if stop_ids is None else list(stop_ids),
                 pad_token_id=tokenizer.pad_token_id,
                 generator=generator,
             )
@@ -147,10 +150,18 @@ def score_policy(
     seed: int,
     batch_size: int = 32,
     precision: Precision | None = None,
+    stop_ids: Sequence[int] | None = None,
 ):
     """Sample one response per prompt and score it (`sample_responses`, then `score_rollouts`)."""
     rollouts, texts = sample_responses(
-        policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=batch_size, precision=precision
+        policy,
+        tokenizer,
+        prompt_ids,
+        sampling,
+        seed=seed,
+        batch_size=batch_size,
+        precision=precision,
+        stop_ids=stop_ids,
     )
     return score_rollouts(rollouts, texts, judge_factory), texts, rollouts
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 
 from rlhf.config import RLConfig
+from rlhf.data.chat import stop_token_ids
 from rlhf.data.collate import collate_sft
 from rlhf.data.loading import load_examples
-from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
+from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_sft
 from rlhf.models.device import resolve_device
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
 from rlhf.models.precision import Precision
@@ -32,32 +33,54 @@ from rlhf.train.roles import load_roles
 
 
 def encode_prompts(
-    tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None
+    tokenizer,
+    path: str,
+    *,
+    format: str,
+    max_tokens: int,
+    skip_invalid: bool,
+    stats=None,
+    chat_template: bool | str = "auto",
 ) -> list[list[int]]:
     return load_prompts(
-        tokenizer, path, format=format, max_tokens=max_tokens, skip_invalid=skip_invalid, stats=stats
+        tokenizer,
+        path,
+        format=format,
+        max_tokens=max_tokens,
+        skip_invalid=skip_invalid,
+        stats=stats,
+        chat_template=chat_template,
     )[0]
 
 
 def load_prompts(
-    tokenizer, path: str, *, format: str, max_tokens: int, skip_invalid: bool, stats=None
+    tokenizer,
+    path: str,
+    *,
+    format: str,
+    max_tokens: int,
+    skip_invalid: bool,
+    stats=None,
+    chat_template: bool | str = "auto",
 ) -> tuple[list[list[int]], list]:
     """The encoded prompts of `path` and the source (file, line) of each."""
     loaded = load_examples(path, kind="prompt", format=format, skip_invalid=skip_invalid)
-    ids = [encode_prompt(tokenizer, ex.prompt, max_tokens, stats=stats) for ex in loaded.examples]
+    ids = [encode_prompt(tokenizer, ex.prompt, max_tokens, stats, chat_template) for ex in loaded.examples]
     return ids, [ex.source for ex in loaded.examples]
 
 
 def ptx_sampler(
-    tokenizer, path: str, batch_size: int, max_prompt_tokens: int, max_response_tokens: int = 256
+    tokenizer,
+    path: str,
+    batch_size: int,
+    max_prompt_tokens: int,
+    max_response_tokens: int = 256,
+    chat_template: bool | str = "auto",
 ):
     """A function drawing a right-padded SFT batch for the PPO-ptx loss."""
     loaded = load_examples(path, kind="sft")
     rows = [
-        (
-            encode_prompt(tokenizer, ex.prompt, max_prompt_tokens),
-            encode_response(tokenizer, ex.response, max_response_tokens),
-        )
+        encode_sft(tokenizer, ex, max_prompt_tokens, max_response_tokens, chat_template=chat_template)
         for ex in loaded.examples
     ]
 
@@ -78,6 +101,7 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
         max_tokens=config.data.max_prompt_tokens,
         skip_invalid=config.data.skip_invalid,
         stats=stats,
+        chat_template=config.data.chat_template,
     )
     check_prompts_fit(
         prompts,
@@ -91,7 +115,11 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     ptx = None
     if config.data.ptx and config.policy.ptx_coef > 0:
         ptx = ptx_sampler(
-            roles.tokenizer, config.data.ptx, config.data.ptx_batch_size, config.data.max_prompt_tokens
+            roles.tokenizer,
+            config.data.ptx,
+            config.data.ptx_batch_size,
+            config.data.max_prompt_tokens,
+            chat_template=config.data.chat_template,
         )
     trainer = RLTrainer(
         config, roles, prompts, ptx_batches=ptx, evaluator=evaluator, resume=resume, quiet=quiet
@@ -111,8 +139,9 @@ def run_eval(args) -> dict:
     precision = Precision.resolve(getattr(args, "dtype", "auto"), device, key="--dtype")
     tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
     skip = bool(getattr(args, "skip_invalid", False))
+    chat = {"true": True, "false": False}.get(getattr(args, "chat_template", "auto"), "auto")
     examples = load_examples(args.prompts, kind="prompt", skip_invalid=skip).examples[: args.n]
-    prompts = [encode_prompt(tokenizer, ex.prompt, 512) for ex in examples]
+    prompts = [encode_prompt(tokenizer, ex.prompt, 512, chat_template=chat) for ex in examples]
     sources = [ex.source for ex in examples]
     greedy = args.temperature == 0  # --temperature 0: the most likely answer, as other tools read it
     sampling = SamplingConfig(
@@ -144,6 +173,7 @@ def run_eval(args) -> dict:
                 seed=args.seed,
                 precision=precision,
                 on_batch=progress.advance,
+                stop_ids=stop_token_ids(tokenizer, chat),
             )
         with WorkProgress(f"eval --{name}: scoring", len(prompts), "response") as progress:
             s = score_rollouts(rollouts, texts[name], judge, on_batch=progress.advance)

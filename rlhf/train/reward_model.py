@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhf.config import RewardConfig
+from rlhf.data.chat import response_end_id
 from rlhf.data.collate import collate_pairs, token_budget_batches
 from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
@@ -53,14 +54,17 @@ class EncodedPair:
 
 def encode_pairs(tokenizer, examples, config: RewardConfig, stats: TruncationStats) -> list[EncodedPair]:
     d = config.data
-    return [
-        EncodedPair(
-            encode_prompt(tokenizer, ex.prompt, d.max_prompt_tokens, stats=stats),
-            encode_response(tokenizer, ex.chosen, d.max_response_tokens, stats=stats),
-            encode_response(tokenizer, ex.rejected, d.max_response_tokens, stats=stats),
+    rows = []
+    for ex in examples:
+        end = response_end_id(tokenizer, ex.prompt, d.chat_template)  # EOS, or the template's end of turn
+        rows.append(
+            EncodedPair(
+                encode_prompt(tokenizer, ex.prompt, d.max_prompt_tokens, stats, d.chat_template),
+                encode_response(tokenizer, ex.chosen, d.max_response_tokens, stats, end),
+                encode_response(tokenizer, ex.rejected, d.max_response_tokens, stats, end),
+            )
         )
-        for ex in examples
-    ]
+    return rows
 
 
 def pair_forward(

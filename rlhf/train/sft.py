@@ -16,7 +16,7 @@ import torch
 from rlhf.config import SFTConfig
 from rlhf.data.collate import collate_sft
 from rlhf.data.loading import load_examples, split_examples
-from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
+from rlhf.data.tokenize import TruncationStats, encode_sft
 from rlhf.models.device import model_device, resolve_device, to_device
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm
@@ -32,14 +32,14 @@ from rlhf.train.setup import start_run, with_lora
 @dataclass
 class EncodedSFT:
     prompt_ids: list[int]
-    response_ids: list[int]  # EOS included
+    response_ids: list[int]  # EOS (or the chat template's end-of-turn token) included
 
 
 def encode_sft_examples(tokenizer, examples, config: SFTConfig, stats: TruncationStats) -> list[EncodedSFT]:
+    d = config.data
     return [
         EncodedSFT(
-            encode_prompt(tokenizer, ex.prompt, config.data.max_prompt_tokens, stats=stats),
-            encode_response(tokenizer, ex.response, config.data.max_response_tokens, stats=stats),
+            *encode_sft(tokenizer, ex, d.max_prompt_tokens, d.max_response_tokens, stats, d.chat_template)
         )
         for ex in examples
     ]

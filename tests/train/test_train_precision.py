@@ -70,7 +70,9 @@ def test_sft_in_bfloat16_lowers_the_loss_and_exports_float32(dtype, tok, tmp_pat
     weight_dtypes = []
     model.lm_head.register_forward_hook(lambda m, _i, _o: weight_dtypes.append(m.weight.dtype))
     run_sft(config, model=model, tokenizer=tok, quiet=True)
-    losses = [r["train/loss"] for r in log_rows(tmp_path / "sft") if "train/loss" in r]  # not the step-0 baseline eval
+    losses = [
+        r["train/loss"] for r in log_rows(tmp_path / "sft") if "train/loss" in r
+    ]  # not the step-0 baseline eval
     assert len(losses) == 8 and losses[-1] < 0.6 * losses[0]
     assert set(head_outputs) == {torch.bfloat16}  # every forward computed in bfloat16
     master = torch.float32 if dtype == "bfloat16" else torch.bfloat16

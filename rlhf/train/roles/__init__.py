@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from rlhf.config import RLConfig
+from rlhf.data.chat import stop_token_ids
 from rlhf.models.device import resolve_device
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
@@ -173,6 +174,8 @@ def assemble_roles(
         joint_value=joint_value,
         precision=precision,
     )
+    # a chat model's response also ends at its template's end-of-turn token (data.chat_template)
+    policy_role.stop_ids = stop_token_ids(tokenizer, c.data.chat_template)
     if joint_value is not None:
         critic = SharedCritic(policy_role)
     else:

@@ -70,6 +70,7 @@ class Policy(Learner):
         self.forward = PolicyForward(model, precision)
         self.joint_value = joint_value
         self.ptx: PtxObjective | None = None
+        self.stop_ids: list[int] | None = None  # ids that end a response (None: the tokenizer's EOS)
         trained = self.forward if joint_value is None else nn.ModuleList([self.forward, joint_value.forward])
         super().__init__(trained, optim, total_steps, micro_batch_size)
 
@@ -90,7 +91,7 @@ class Policy(Learner):
                 ids.to(device),
                 mask.to(device),
                 self.sampling,
-                eos_token_id=tok.eos_token_id,
+                eos_token_id=self.stop_ids or tok.eos_token_id,
                 pad_token_id=tok.pad_token_id,
                 generator=generator,
                 return_logprobs=return_logprobs,

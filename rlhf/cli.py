@@ -27,7 +27,7 @@ STAGES = {
     "train": "policy optimization against a reward model: PPO, PPO-max, APA, AWR",
     "eval": "mean reward and win rate of one policy against another on held-out prompts",
     "data": "inspect and validate datasets: `rlhf data check FILE`",
-    "report": "render report.html from a demo output directory",
+    "report": "render report.html of a training run (sft, rm, train) or a demo output directory",
 }
 
 EPILOG = """examples:
@@ -115,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_safety_flags(check)
 
     report = sub.add_parser("report", help=STAGES["report"], description=STAGES["report"])
-    report.add_argument("directory", help="a demo output directory (holds summary.json and runs/)")
+    report.add_argument(
+        "directory", help="the --out directory of `rlhf sft`, `rlhf rm`, `rlhf train` or `rlhf demo`"
+    )
     return parser
 
 
@@ -275,9 +277,9 @@ def run_demo_command(args, rest, ctx) -> int:
 
 
 def run_report_command(args, rest, ctx) -> int:
-    from rlhf.demo import rebuild_report
+    from rlhf.report_command import run_report
 
-    return rebuild_report(args.directory)
+    return run_report(args.directory)
 
 
 def _require(value, flag: str) -> None:

@@ -30,6 +30,7 @@ img { max-width: 100%; height: auto; border: 1px solid #eee; }
 nav { font-size: .9em; margin-bottom: 1em; }
 nav a { color: #1f77b4; text-decoration: none; }
 footer { margin-top: 3em; color: #888; font-size: .85em; }
+.columns { display: flex; flex-wrap: wrap; gap: 0 2.5em; align-items: flex-start; }
 """
 
 

@@ -22,6 +22,7 @@ from rlhf.train.evaluate import (
     reward_model_judge,
     score_policy,
 )
+from rlhf.train.final_report import write_final_report
 from rlhf.train.rl import RLTrainer
 from rlhf.train.roles import load_roles
 
@@ -92,9 +93,10 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
         config, roles, prompts, ptx_batches=ptx, evaluator=evaluator, resume=resume, quiet=quiet
     )
     final = trainer.train()
+    report = write_final_report(config.out)
     if not quiet:
         shown = {k: v for k, v in final.items() if isinstance(v, (int, float)) and not k.startswith("time/")}
-        print_summary(f"RL run finished: {config.out}", shown)
+        print_summary(f"RL run finished: {config.out}", {**shown, "report": report})
     return final
 
 

@@ -27,6 +27,7 @@ from rlhf.models.loading import load_causal_lm
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.monitor import print_summary
 from rlhf.train.checkpoint import atomic_export
+from rlhf.train.final_report import write_final_report
 from rlhf.train.lm_loss import token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
 from rlhf.train.run_dir import open_metrics_logger, quiet_hf_saves
@@ -218,10 +219,10 @@ def run_reward_training(
     else:
         save_reward_model(model, tokenizer, out)
     final["best_step"], final["best_accuracy"] = best["step"], best["accuracy"]
+    report = write_final_report(out)
     if not quiet:
-        print_summary(
-            f"Reward model finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)}
-        )
+        shown = {k: v for k, v in final.items() if not isinstance(v, list)}
+        print_summary(f"Reward model finished: {out}", {**shown, "report": report})
     return final
 
 

@@ -14,6 +14,7 @@ from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
 from rlhf.models.loading import load_causal_lm
 from rlhf.monitor import print_summary
 from rlhf.train.checkpoint import atomic_export
+from rlhf.train.final_report import write_final_report
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
 from rlhf.train.run_dir import open_metrics_logger, quiet_hf_saves
@@ -144,6 +145,8 @@ def run_sft(
     with atomic_export(out) as tmp, quiet_hf_saves():
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+    report = write_final_report(out)
     if not quiet:
-        print_summary(f"SFT finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)})
+        shown = {k: v for k, v in final.items() if not isinstance(v, list)}
+        print_summary(f"SFT finished: {out}", {**shown, "report": report})
     return final

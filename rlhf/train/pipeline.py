@@ -96,7 +96,8 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     report = write_final_report(config.out)
     if not quiet:
         shown = {k: v for k, v in final.items() if isinstance(v, (int, float)) and not k.startswith("time/")}
-        print_summary(f"RL run finished: {config.out}", {**shown, "report": report})
+        print_summary(f"RL run finished: {config.out}", shown)
+        print(f"report: {report}")  # a line of its own: the table would cut a long path
     return final
 
 

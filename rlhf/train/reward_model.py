@@ -222,7 +222,8 @@ def run_reward_training(
     report = write_final_report(out)
     if not quiet:
         shown = {k: v for k, v in final.items() if not isinstance(v, list)}
-        print_summary(f"Reward model finished: {out}", {**shown, "report": report})
+        print_summary(f"Reward model finished: {out}", shown)
+        print(f"report: {report}")  # a line of its own: the table would cut a long path
     return final
 
 

@@ -148,5 +148,6 @@ def run_sft(
     report = write_final_report(out)
     if not quiet:
         shown = {k: v for k, v in final.items() if not isinstance(v, list)}
-        print_summary(f"SFT finished: {out}", {**shown, "report": report})
+        print_summary(f"SFT finished: {out}", shown)
+        print(f"report: {report}")  # a line of its own: the table would cut a long path
     return final

@@ -115,3 +115,16 @@ def test_a_report_that_fails_does_not_fail_the_run(files, tmp_path, monkeypatch)
     assert f"rlhf report {out}" in stderr and "Traceback" not in stderr
     assert stdout.splitlines()[-1] == "report: not written (RuntimeError: matplotlib exploded)"
     assert (out / "model.safetensors").is_file() and not (out / "report.html").exists()
+
+
+def test_a_run_directory_that_cannot_be_written_is_a_user_error(runs, capsys, monkeypatch):
+    run, _ = runs["sft"]
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "write_text", refused)  # root ignores file modes: refuse the write itself
+    result = InProcess(capsys, "report", run)
+    assert_user_error(
+        result, f"cannot write the report into {run}", "Permission denied", "Fix: make the directory"
+    )

@@ -279,6 +279,8 @@ def run_demo_command(args, rest, ctx) -> int:
 def run_report_command(args, rest, ctx) -> int:
     from rlhf.report_command import run_report
 
+    if rest:
+        raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf report --help`.")
     return run_report(args.directory)
 
 

@@ -128,3 +128,10 @@ def test_a_run_directory_that_cannot_be_written_is_a_user_error(runs, capsys, mo
     assert_user_error(
         result, f"cannot write the report into {run}", "Permission denied", "Fix: make the directory"
     )
+
+
+def test_rlhf_report_refuses_extra_arguments(runs, capsys):
+    run, _ = runs["sft"]
+    assert_user_error(
+        InProcess(capsys, "report", run, "--title", "x"), "unexpected arguments ['--title', 'x']"
+    )

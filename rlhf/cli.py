@@ -29,7 +29,7 @@ STAGES = {
     "eval": "mean reward and win rate of one policy against another on held-out prompts",
     "rm-eval": "judge a reward model on preference pairs: accuracy, margins, calibration, worst pairs",
     "data": "inspect and validate datasets: `rlhf data check FILE`",
-    "report": "render report.html from a demo output directory",
+    "report": "render report.html of a training run (sft, rm, train) or a demo output directory",
 }
 
 EPILOG = """examples:
@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_safety_flags(check)
 
     report = sub.add_parser("report", help=STAGES["report"], description=STAGES["report"])
-    report.add_argument("directory", help="a demo output directory (holds summary.json and runs/)")
+    report.add_argument(
+        "directory", help="the --out directory of `rlhf sft`, `rlhf rm`, `rlhf train` or `rlhf demo`"
+    )
     return parser
 
 
@@ -320,9 +322,11 @@ def run_demo_command(args, rest, ctx) -> int:
 
 
 def run_report_command(args, rest, ctx) -> int:
-    from rlhf.demo import rebuild_report
+    from rlhf.report_command import run_report
 
-    return rebuild_report(args.directory)
+    if rest:
+        raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf report --help`.")
+    return run_report(args.directory)
 
 
 def _require(value, flag: str) -> None:

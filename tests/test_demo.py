@@ -85,3 +85,24 @@ def test_a_rerun_into_the_same_directory_starts_clean(demo_dir):
     assert run_demo(out=str(demo_dir / "again"), seeds=1, overrides=short, quiet=True) == 0
     summary = json.loads((demo_dir / "again" / "summary.json").read_text())
     assert [r["algorithm"] for r in summary["runs"]] == ["ppo_max"]
+
+
+def test_rlhf_report_rebuilds_the_demo_report_and_reports_each_run_of_it(demo_dir, capsys):
+    from report_html import ReportPage
+
+    from rlhf.cli import main
+    from rlhf.monitor.run_report import SECTIONS as RUN_SECTIONS
+
+    before = ReportPage.of(demo_dir / "report.html")
+    (demo_dir / "report.html").unlink()
+    assert main(["report", str(demo_dir)]) == 0
+    after = ReportPage.of(demo_dir / "report.html")
+    assert after.h2 == list(SECTIONS) and after.tables == before.tables
+    run = demo_dir / "runs" / "ppo_max-seed0"
+    assert main(["report", str(run)]) == 0  # a run of the demo is an RL run directory like any other
+    page = ReportPage.of(run / "report.html")
+    assert page.h2 == list(RUN_SECTIONS) and page.rows("Summary", "run")["kind"] == ["RL (rlhf train)"]
+    assert "eval/gold" in page.rows("Summary", "metric")  # the demo's evaluations join the headline
+    for stage in ("sft", "rm"):  # the demo's SFT and reward-model stages end with their own report
+        assert ReportPage.of(demo_dir / stage / "report.html").h2 == list(RUN_SECTIONS)
+    capsys.readouterr()

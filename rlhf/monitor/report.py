@@ -48,18 +48,24 @@ against KL (if gold and KL were recorded), the reward distribution (if any "rewa
 
 from __future__ import annotations
 
-import html
-import math
 import os
 import statistics
 from collections.abc import Mapping, Sequence
-from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rlhf.monitor import plots
+from rlhf.monitor.html_parts import Html as _Html
+from rlhf.monitor.html_parts import NumText as _NumText
+from rlhf.monitor.html_parts import esc as _esc
+from rlhf.monitor.html_parts import fmt as _fmt
+from rlhf.monitor.html_parts import img as _img
+from rlhf.monitor.html_parts import note as _note
+from rlhf.monitor.html_parts import num as _num
+from rlhf.monitor.html_parts import page
+from rlhf.monitor.html_parts import table as _table
 from rlhf.monitor.records import read_metrics
 
 SECTIONS = (
@@ -94,58 +100,6 @@ PANEL_TITLES: dict[str, str] = {
 # the eval keys a trainer writes into metrics.jsonl, read by `load_run`
 DEFAULT_EVAL_KEYS: dict[str, str] = {name: f"eval/{name}" for name in PANEL_TITLES}
 
-CSS = """
-body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1180px;
-       color: #222; line-height: 1.45; padding: 0 1em; }
-h1 { border-bottom: 3px solid #1f77b4; padding-bottom: .2em; }
-h2 { border-bottom: 1px solid #ccc; margin-top: 2em; }
-table { border-collapse: collapse; margin: .6em 0 1.2em; font-size: 0.92em; }
-th, td { border: 1px solid #ddd; padding: .3em .6em; vertical-align: top; }
-th { background: #f3f6fa; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.text { white-space: pre-wrap; max-width: 34em; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; }
-.pass { background: #2ca02c; color: #fff; padding: .1em .5em; border-radius: 3px; font-weight: bold; }
-.fail { background: #d62728; color: #fff; padding: .1em .5em; border-radius: 3px; font-weight: bold; }
-.note { color: #666; font-style: italic; }
-.warning { background: #fff4ce; border-left: 4px solid #e0a800; padding: .3em .6em; margin: .3em 0; }
-img { max-width: 100%; height: auto; border: 1px solid #eee; }
-nav { font-size: .9em; margin-bottom: 1em; }
-nav a { color: #1f77b4; text-decoration: none; }
-footer { margin-top: 3em; color: #888; font-size: .85em; }
-"""
-
-
-class _Html(str):
-    """A string of trusted HTML: inserted as is (everything else is escaped)."""
-
-
-class _NumText(str):
-    """Text that reads as a number ("1.5 ± 0.2", "82.0%"): right-aligned like numbers."""
-
-
-def _esc(value: Any) -> str:
-    return value if isinstance(value, _Html) else html.escape(str(value), quote=True)
-
-
-def _num(value: Any) -> float | None:
-    """A finite float, or None for anything else (None, NaN, inf, bools, strings)."""
-    if isinstance(value, bool) or not isinstance(value, Real):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
-def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, Integral):
-        return str(int(value))
-    if isinstance(value, Real):
-        return f"{float(value):.{digits}g}" if math.isfinite(value) else "-"
-    return str(value)
-
 
 def _fmt_mean_std(values: Sequence[float]) -> str:
     if not values:
@@ -153,33 +107,6 @@ def _fmt_mean_std(values: Sequence[float]) -> str:
     if len(values) == 1:
         return _NumText(_fmt(values[0]))
     return _NumText(f"{_fmt(statistics.fmean(values))} ± {_fmt(statistics.stdev(values), 2)}")
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: Sequence[int] = ()) -> str:
-    """An HTML table; every cell is escaped unless it is `_Html`. Numbers are formatted and right-aligned."""
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
-    body = []
-    for row in rows:
-        cells = []
-        for index, cell in enumerate(row):
-            text = cell if isinstance(cell, str) else _fmt(cell)
-            numeric = isinstance(cell, _NumText) or (isinstance(cell, Real) and not isinstance(cell, bool))
-            css = "text" if index in text_columns else ("num" if numeric else "")
-            cells.append(f'<td class="{css}">{_esc(text)}</td>' if css else f"<td>{_esc(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _anchor(section: str) -> str:
-    return section.lower().replace(" ", "-")
-
-
-def _note(text: str) -> str:
-    return f'<p class="note">{_esc(text)}</p>'
-
-
-def _img(png: bytes, alt: str) -> str:
-    return f'<p><img alt="{_esc(alt)}" src="{plots.png_data_uri(png)}"></p>'
 
 
 # -- data shaping ---------------------------------------------------------------------------------
@@ -244,7 +171,7 @@ def _bands(groups, series_of) -> dict[str, dict[str, plots.Band]]:
     return bands
 
 
-def _reward_buckets(group: Sequence[Mapping[str, Any]], n_buckets: int) -> list[tuple[str, np.ndarray]]:
+def pooled_reward_buckets(group: Sequence[Mapping[str, Any]], n_buckets: int) -> list[tuple[str, np.ndarray]]:
     """Pool the reward samples of a group's seeds into up to n_buckets contiguous iteration ranges."""
     by_iteration: dict[float, list[float]] = {}
     for run in group:
@@ -516,7 +443,7 @@ def write_report(
     else:
         sections["Gold reward against KL"] = _note("Gold reward and KL were not both recorded.")
 
-    buckets = {algorithm: _reward_buckets(group, reward_buckets) for algorithm, group in groups.items()}
+    buckets = {algorithm: pooled_reward_buckets(group, reward_buckets) for algorithm, group in groups.items()}
     buckets = {algorithm: b for algorithm, b in buckets.items() if b}
     if buckets:
         figure = plots.reward_distribution_figure(buckets, colors)
@@ -531,17 +458,7 @@ def write_report(
     sections["Sample responses"] = _samples(runs, max_samples)
     sections["Collapse warnings"] = _warnings(runs)
 
-    from rlhf import __version__
-
-    nav = " · ".join(f'<a href="#{_anchor(name)}">{_esc(name)}</a>' for name in SECTIONS)
-    body = f"<nav>{nav}</nav>" + "".join(
-        f'<section id="{_anchor(name)}"><h2>{_esc(name)}</h2>{sections[name]}</section>' for name in SECTIONS
-    )
-    document = (
-        "<!DOCTYPE html>\n"
-        f'<html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title><style>{CSS}</style></head>'
-        f"<body><h1>{_esc(title)}</h1>{body}<footer>generated by rlhf {_esc(__version__)}</footer></body></html>\n"
-    )
+    document = page(title, [(name, sections[name]) for name in SECTIONS])
     path.write_text(document, encoding="utf-8")
     return path
 

@@ -28,6 +28,7 @@ from rlhf.train.evaluate import (
     sample_responses,
     score_rollouts,
 )
+from rlhf.train.final_report import write_final_report
 from rlhf.train.rl import RLTrainer
 from rlhf.train.roles import load_roles
 
@@ -125,9 +126,11 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
         config, roles, prompts, ptx_batches=ptx, evaluator=evaluator, resume=resume, quiet=quiet
     )
     final = trainer.train()
+    report = write_final_report(config.out)
     if not quiet:
         shown = {k: v for k, v in final.items() if isinstance(v, (int, float)) and not k.startswith("time/")}
         print_summary(f"RL run finished: {config.out}", shown)
+        print(f"report: {report}")  # a line of its own: the table would cut a long path
     return final
 
 

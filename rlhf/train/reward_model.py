@@ -35,6 +35,7 @@ from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.monitor import print_summary
 from rlhf.train.export import export_models
+from rlhf.train.final_report import write_final_report
 from rlhf.train.lm_loss import token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
 from rlhf.train.run_dir import open_metrics_logger
@@ -250,10 +251,11 @@ def run_reward_training(
     else:
         save_reward_model(model, tokenizer, out)
     final["best_step"], final["best_accuracy"] = best["step"], best["accuracy"]
+    report = write_final_report(out)
     if not quiet:
-        print_summary(
-            f"Reward model finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)}
-        )
+        shown = {k: v for k, v in final.items() if not isinstance(v, list)}
+        print_summary(f"Reward model finished: {out}", shown)
+        print(f"report: {report}")  # a line of its own: the table would cut a long path
     return final
 
 

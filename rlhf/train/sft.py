@@ -23,6 +23,7 @@ from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision, cast_parameters
 from rlhf.monitor import print_summary
 from rlhf.train.export import export_models
+from rlhf.train.final_report import write_final_report
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
 from rlhf.train.run_dir import open_metrics_logger
@@ -179,6 +180,9 @@ def run_sft(
     model.eval()
     cast_parameters(model, torch.float32)  # training is over: float32 in place, no copy to export
     export_models(out, tokenizer, {"": model})  # LoRA merged (a copy), whatever the training used
+    report = write_final_report(out)
     if not quiet:
-        print_summary(f"SFT finished: {out}", {k: v for k, v in final.items() if not isinstance(v, list)})
+        shown = {k: v for k, v in final.items() if not isinstance(v, list)}
+        print_summary(f"SFT finished: {out}", shown)
+        print(f"report: {report}")  # a line of its own: the table would cut a long path
     return final

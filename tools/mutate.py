@@ -376,10 +376,11 @@ def mutate(files, *, root=REPO, test_map=TEST_MAP, limit=None, seed=0, jobs=2, t
 
 def _mutate_file(path, root, test_map, servers, jobs, limit, seed, timeout, equivalents, log) -> dict:
     source = (root / path).read_bytes()
-    tests = tests_for(path, root, test_map)
-    if not tests:
-        raise SystemExit(f"no tests mapped to {path}: add it to TEST_MAP in tools/mutate.py")
     server = servers.get()
+    tests = tests_for(path, server.copy, test_map)  # the copy's tests: the tree may change meanwhile
+    if not tests:
+        servers.put(server)
+        raise SystemExit(f"no tests mapped to {path}: add it to TEST_MAP in tools/mutate.py")
     baseline, seconds = server.run(tests, timeout=600)
     servers.put(server)
     if baseline != "passed":
@@ -389,7 +390,11 @@ def _mutate_file(path, root, test_map, servers, jobs, limit, seed, timeout, equi
     log(f"{path}: {len(mutants)} mutants; tests: {' '.join(tests)} ({seconds:.1f}s unmutated)")
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         results = list(pool.map(lambda m: run_mutant(m, servers, source, tests, limit_s), mutants))
-    return summarize(results, equivalents)
+    summary = summarize(results, equivalents)
+    log(f"  {summary['killed']} killed, {summary['survived']} survived, {summary['timeout']} timeouts")
+    for survivor in summary["survivors"]:
+        log(f"  survived: {survivor}")
+    return summary
 
 
 def summarize(results, equivalents) -> dict:

@@ -260,7 +260,7 @@ def tests_for(path: str, root: Path, test_map: dict[str, list[str]] = TEST_MAP) 
 PRELOAD = ("torch", "numpy", "pytest", "hypothesis", "transformers")  # never rlhf: it is what gets mutated
 
 
-def serve(copy: str) -> None:
+def serve(copy: str, package: str) -> None:
     """Test server of one repository copy (``--serve``): reads a JSON request per stdin line,
     ``{"tests": [...], "timeout": s}``, and answers ``{"outcome": ..., "seconds": ...}``.
 
@@ -278,9 +278,12 @@ def serve(copy: str) -> None:
     os.chdir(copy)
     sys.path.insert(0, copy)
     sys.dont_write_bytecode = True  # a same-size mutant written within a second must not reuse a .pyc
-    origin = importlib.util.find_spec("rlhf").origin  # located, not imported
-    if not origin.startswith(copy):
-        raise SystemExit(f"the mutation copy {copy} imports rlhf from {origin}: check PYTHONPATH/.pth files")
+    spec = importlib.util.find_spec(package)  # located, not imported
+    if spec is None or not str(spec.origin).startswith(copy):
+        where = spec.origin if spec else "nowhere"
+        raise SystemExit(
+            f"the mutation copy {copy} imports {package} from {where}: check PYTHONPATH/.pth files"
+        )
     for line in sys.stdin:
         request = json.loads(line)
         began = time.monotonic()
@@ -309,11 +312,11 @@ def serve(copy: str) -> None:
 class TestServer:
     """A private copy of the repository with its `serve` process."""
 
-    def __init__(self, root: Path, into: Path) -> None:
+    def __init__(self, root: Path, into: Path, package: str) -> None:
         self.copy = into / "repo"
         shutil.copytree(root, self.copy, ignore=COPY_IGNORE)
         self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--serve", str(self.copy)],
+            [sys.executable, str(Path(__file__).resolve()), "--serve", str(self.copy), package],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
 
@@ -361,7 +364,8 @@ def mutate(files, *, root=REPO, test_map=TEST_MAP, limit=None, seed=0, jobs=2, t
     report = {"seed": seed, "limit": limit, "files": {}}
     with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
         servers: queue.Queue[TestServer] = queue.Queue()
-        started = [TestServer(root, Path(tmp) / str(j)) for j in range(jobs)]
+        package = Path(files[0]).parts[0]  # the package the targets belong to, e.g. rlhf
+        started = [TestServer(root, Path(tmp) / str(j), package) for j in range(jobs)]
         for server in started:
             servers.put(server)
         try:
@@ -464,10 +468,10 @@ def main(argv: list[str] | None = None) -> int:
         "--equivalents", default=DEFAULT_EQUIVALENTS, help="markdown list of equivalent mutants"
     )
     parser.add_argument("--list", action="store_true", help="only list the mutants, run nothing")
-    parser.add_argument("--serve", metavar="COPY", help=argparse.SUPPRESS)  # internal: a test server
+    parser.add_argument("--serve", nargs=2, metavar=("COPY", "PACKAGE"), help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve)
+        serve(*args.serve)
         return 0
     for path in args.files:
         if not (REPO / path).is_file():

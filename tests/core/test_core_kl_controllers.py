@@ -73,3 +73,11 @@ def test_adaptive_state_holds_only_the_coefficient() -> None:
     assert controller.state_dict() == {"value": pytest.approx(0.06, rel=1e-15)}
     with pytest.raises(ValueError, match="state 'value' must be finite"):
         controller.load_state_dict({"value": float("inf")})
+
+
+def test_adaptive_accepts_small_positive_target_and_horizon() -> None:
+    controller = AdaptiveKLController(init=0.1, target=0.5, horizon=0.5)
+    controller.update(1.0, n_steps=0)
+    assert controller.value == 0.1
+    controller.update(0.0, n_steps=0.5)  # e = -1 -> -0.2 over one horizon
+    assert controller.value == pytest.approx(0.08, rel=1e-15)

@@ -74,3 +74,9 @@ def test_wrong_shape_and_missing_state_are_clear_errors() -> None:
         ScoreProcessor()(torch.ones(2, 1))
     with pytest.raises(KeyError, match="discounted_return"):
         ScoreProcessor().load_state_dict({"moments": {}, "return_moments": {}})
+
+
+def test_default_eps_leaves_nearly_constant_scores_unscaled() -> None:
+    scores = torch.tensor([1.0, 1.0 + 1e-12], dtype=torch.float64)  # std ~7e-13, below eps = 1e-8
+    assert ScoreProcessor(scale=True)(scores).tolist() == scores.tolist()
+    assert ScoreProcessor(scale=True, eps=0.0)(scores)[0].item() > 1e11  # eps 0: divided by ~7e-13

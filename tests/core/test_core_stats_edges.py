@@ -1,4 +1,5 @@
-"""Masked statistics with too few valid tokens: outputs by definition, gradients finite and exact.
+"""Masked statistics at their edges (few valid tokens, shape errors): outputs by definition or by
+hand, gradients finite and exact.
 
 With exactly one valid token the unbiased variance is undefined (0 by convention) and the whitened
 value is 0 whatever the input: both are constants, so their gradients are exactly 0, never NaN.
@@ -69,3 +70,8 @@ def test_explained_variance_edges_by_hand() -> None:
     assert explained_variance(worse, returns, mask).item() == -3.0
     constant = torch.full((1, 4), 2.0)
     assert explained_variance(values, constant, mask).item() == 0.0  # Var(G) = 0: defined as 0
+
+
+def test_explained_variance_shape_error_names_returns() -> None:
+    with pytest.raises(ValueError, match="returns has shape \\(1, 3\\) but values has shape \\(1, 4\\)"):
+        explained_variance(torch.ones(1, 4), torch.ones(1, 3), torch.ones(1, 4))

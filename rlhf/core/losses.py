@@ -363,4 +363,3 @@ def token_weighted_accumulate(values: Sequence[Tensor | float], masks: Sequence[
     if total == 0:
         return torch.zeros(())
     return sum(torch.as_tensor(v) * (n / total) for v, n in zip(values, counts))  # type: ignore[return-value]
-

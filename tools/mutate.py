@@ -376,7 +376,7 @@ def read_equivalents(path: Path) -> set[str]:
 
 
 def mutate(files, *, root=REPO, test_map=TEST_MAP, limit=None, seed=0, jobs=2, timeout=None,
-           equivalents=frozenset(), log=print):  # fmt: skip
+           equivalents=frozenset(), log=print, only=()):  # fmt: skip
     """Run the mutants of `files` (repository-relative) and return the report as a dict."""
     jobs = max(1, min(jobs, 2))
     report = {"seed": seed, "limit": limit, "files": {}}
@@ -389,16 +389,20 @@ def mutate(files, *, root=REPO, test_map=TEST_MAP, limit=None, seed=0, jobs=2, t
         try:
             for path in files:
                 report["files"][path] = _mutate_file(path, root, test_map, servers, jobs, limit, seed,
-                                                     timeout, equivalents, log)  # fmt: skip
+                                                     timeout, equivalents, log, only)  # fmt: skip
         finally:
             for server in started:
                 server.close()
     return report
 
 
-def _mutate_file(path, root, test_map, servers, jobs, limit, seed, timeout, equivalents, log) -> dict:
+def _mutate_file(
+    path, root, test_map, servers, jobs, limit, seed, timeout, equivalents, log, only=()
+) -> dict:
     source = (root / path).read_bytes()
     mutants = choose(find_mutants(path, source), limit, seed)
+    if only:
+        mutants = [m for m in mutants if any(text in m.key for text in only)]
     if not mutants:
         log(f"{path}: no mutants")
         return summarize([], equivalents)
@@ -490,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         "--equivalents", default=DEFAULT_EQUIVALENTS, help="markdown list of equivalent mutants"
     )
     parser.add_argument("--list", action="store_true", help="only list the mutants, run nothing")
+    parser.add_argument("--only", nargs="+", default=(), metavar="TEXT",
+                        help="run only the mutants whose name contains one of these (e.g. losses.py:201:)")  # fmt: skip
     parser.add_argument("--serve", nargs=2, metavar=("COPY", "PACKAGE"), help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
     if args.serve:
@@ -502,11 +508,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for path in args.files:
             for m in choose(find_mutants(path, (REPO / path).read_bytes()), args.limit, args.seed):
-                print(f"{m.key}  [{m.kind}]")
+                if not args.only or any(text in m.key for text in args.only):
+                    print(f"{m.key}  [{m.kind}]")
         return 0
     equivalents = read_equivalents(REPO / args.equivalents)
     report = mutate(args.files, limit=args.limit, seed=args.seed, jobs=args.jobs, timeout=args.timeout,
-                    equivalents=equivalents, log=lambda s: print(s, flush=True))  # fmt: skip
+                    equivalents=equivalents, log=lambda s: print(s, flush=True), only=args.only)  # fmt: skip
     out = (REPO / args.json).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -40,6 +40,8 @@ def test_std_at_eps_is_unscaled_and_just_above_is_scaled() -> None:
 def test_discounted_scaling_needs_a_gamma_below_one() -> None:
     with pytest.raises(ValueError, match="0 <= gamma < 1"):
         ScoreProcessor(scale=True, discounted=True)  # the default gamma 1.0 is a random walk
+    with pytest.raises(ValueError, match="got gamma=1.0"):
+        ScoreProcessor(scale=True, discounted=True)
     with pytest.raises(ValueError, match="gamma=-0.5"):
         ScoreProcessor(scale=True, discounted=True, gamma=-0.5)
     with pytest.raises(ValueError, match="set scale=True and normalize=False"):
@@ -80,3 +82,9 @@ def test_default_eps_leaves_nearly_constant_scores_unscaled() -> None:
     scores = torch.tensor([1.0, 1.0 + 1e-12], dtype=torch.float64)  # std ~7e-13, below eps = 1e-8
     assert ScoreProcessor(scale=True)(scores).tolist() == scores.tolist()
     assert ScoreProcessor(scale=True, eps=0.0)(scores)[0].item() > 1e11  # eps 0: divided by ~7e-13
+
+
+def test_default_eps_scales_a_std_just_above_it() -> None:
+    scores = torch.tensor([0.0, 2e-8], dtype=torch.float64)  # std = 2e-8 / sqrt(2) ~ 1.4e-8 > 1e-8
+    out = ScoreProcessor(scale=True)(scores)
+    assert out.tolist() == pytest.approx([0.0, 2**0.5], rel=1e-12)

@@ -75,3 +75,19 @@ def test_explained_variance_edges_by_hand() -> None:
 def test_explained_variance_shape_error_names_returns() -> None:
     with pytest.raises(ValueError, match="returns has shape \\(1, 3\\) but values has shape \\(1, 4\\)"):
         explained_variance(torch.ones(1, 4), torch.ones(1, 3), torch.ones(1, 4))
+
+
+def test_explained_variance_of_constant_returns_has_zero_gradient() -> None:
+    values = torch.tensor([[0.5, -1.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    returns = torch.full((1, 3), 4.0, dtype=torch.float64)  # Var(G) = 0: defined as 0, a constant
+    ev = explained_variance(values, returns, torch.ones(1, 3))
+    (grad,) = torch.autograd.grad(ev, values)
+    assert ev.item() == 0.0 and torch.equal(grad, torch.zeros_like(values))
+
+
+def test_a_normalizer_of_one_token_is_allowed() -> None:
+    x, mask = torch.tensor([[2.0, 5.0]]), torch.tensor([[1.0, 0.0]])
+    assert masked_mean(x, mask, normalizer=1).item() == 2.0
+    for bad in (0, -2.0):
+        with pytest.raises(ValueError, match="normalizer must be a positive token count"):
+            masked_mean(x, mask, normalizer=bad)

@@ -35,11 +35,11 @@ def test_apa_stats_closed_form() -> None:
 
 
 def test_value_loss_stats_closed_form() -> None:
-    values, returns = t([1.0, 3.0, 7.0]), t([2.0, 0.0, 7.0])
+    values, returns = t([1.0, 3.0, 7.0]), t([2.0, 6.0, 7.0])
     loss, stats = value_loss(values, None, returns, MASK)
     assert loss.item() == pytest.approx(0.5 * (1.0 + 9.0) / 2, rel=1e-12)
-    assert stats["value_mean"].item() == 2.0 and stats["return_mean"].item() == 1.0
-    assert stats["value_mse"].item() == 5.0  # ((1-2)^2 + (3-0)^2) / 2
+    assert stats["value_mean"].item() == 2.0 and stats["return_mean"].item() == 4.0
+    assert stats["value_mse"].item() == 5.0  # ((1-2)^2 + (3-6)^2) / 2
     assert stats["value_clip_fraction"].item() == 0.0
 
 

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test demo lint bench bench-demo clean
+.PHONY: setup test demo lint bench bench-demo mutate clean
 
 setup: $(STAMP)
 
@@ -22,8 +22,8 @@ demo: setup
 	$(VENV)/bin/rlhf demo
 
 lint: setup
-	$(VENV)/bin/ruff check rlhf tests bench examples
-	$(VENV)/bin/ruff format --check rlhf tests bench examples
+	$(VENV)/bin/ruff check rlhf tests bench examples tools
+	$(VENV)/bin/ruff format --check rlhf tests bench examples tools
 
 bench: setup
 	$(PY) bench/run.py
@@ -31,6 +31,13 @@ bench: setup
 # Wall time of `rlhf demo` and `rlhf demo --compare --seeds 3`, with the findings (about 10 minutes).
 bench-demo: setup
 	$(PY) bench/demo_timing.py
+
+# Mutation testing of rlhf/core/*.py and rlhf/train/experience.py (minutes; not part of `make test`):
+# prints the per-file table and survivors, writes bench/results/mutation.json (docs/mutation.md).
+# MUTATE_LIMIT mutants per file (a seeded sample); `make mutate MUTATE_LIMIT=` runs all of them.
+MUTATE_LIMIT ?= 25
+mutate: setup
+	$(PY) tools/mutate.py --seed 0 $(if $(MUTATE_LIMIT),--limit $(MUTATE_LIMIT)) --json bench/results/mutation.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -130,7 +130,9 @@ def test_sampler_vs_generate_on_the_cpu(tiny_lm):
         # EOS never stops a row: both produce every token of every row
         assert row["ours_tokens"] == row["generate_tokens"] == size * 8
         assert row["ours_steps"] == row["generate_steps"] == 8
-        assert row["speedup"] == pytest.approx(row["generate_s"] / row["ours_s"], rel=0.02, abs=0.01)
+        # the times are stored rounded to 1 ms: the ratio they give is known only to that rounding
+        slack = 0.0005 / row["generate_s"] + 0.0005 / row["ours_s"]
+        assert row["speedup"] == pytest.approx(row["generate_s"] / row["ours_s"], rel=slack + 0.002)
     assert result["greedy_tokens"] == {
         "steps": [8, 8],
         "equal": True,

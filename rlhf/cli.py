@@ -42,6 +42,18 @@ EPILOG = """examples:
 Any config field can be overridden: --train.iterations 20 --kl.beta 0.05 --seed 1"""
 
 
+def _add_device_flags(parser: argparse.ArgumentParser) -> None:
+    """--device and --dtype of the commands that only load models (sft/rm/train use config fields)."""
+    parser.add_argument(
+        "--device", default="auto", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 (autocast) | bfloat16-pure",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlhf",
@@ -97,14 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0: greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument(
-        "--device", default="auto", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N"
-    )
-    ev.add_argument(
-        "--dtype",
-        default="auto",
-        help="auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 (autocast) | bfloat16-pure",
-    )
+    _add_device_flags(ev)
     ev.add_argument(
         "--chat-template",
         choices=("auto", "true", "false"),
@@ -124,14 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm_eval.add_argument("--worst", type=int, default=10, help="worst pairs (most negative margin) to keep")
     rm_eval.add_argument("--calibration-bins", type=int, default=10, help="bins of sigmoid(|margin|)")
     rm_eval.add_argument("--histogram-bins", type=int, default=10, help="margin histogram bins (even)")
-    rm_eval.add_argument(
-        "--device", default="auto", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N"
-    )
-    rm_eval.add_argument(
-        "--dtype",
-        default="auto",
-        help="auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 (autocast) | bfloat16-pure",
-    )
+    _add_device_flags(rm_eval)
 
     for stage in (sft, rm, train, ev, rm_eval):
         _add_safety_flags(stage)

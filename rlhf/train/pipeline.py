@@ -33,25 +33,9 @@ from rlhf.train.rl import RLTrainer
 from rlhf.train.roles import load_roles
 
 
-def encode_prompts(
-    tokenizer,
-    path: str,
-    *,
-    format: str,
-    max_tokens: int,
-    skip_invalid: bool,
-    stats=None,
-    chat_template: bool | str = "auto",
-) -> list[list[int]]:
-    return load_prompts(
-        tokenizer,
-        path,
-        format=format,
-        max_tokens=max_tokens,
-        skip_invalid=skip_invalid,
-        stats=stats,
-        chat_template=chat_template,
-    )[0]
+def encode_prompts(tokenizer, path: str, **options) -> list[list[int]]:
+    """The encoded prompts of `path` (`load_prompts` without the sources)."""
+    return load_prompts(tokenizer, path, **options)[0]
 
 
 def load_prompts(

@@ -179,7 +179,7 @@ def _monitors(run: RunFiles) -> str:
     markers = _collapse_steps(run)
     parts = [note("Dashed vertical lines: iterations where the collapse detector warned.")] if markers else []
     for group in ordered_groups(groups):
-        panels, flat = _panels(series, groups[group], preferred=dict(SPECS[run.kind].headline))
+        panels, flat, copies = _panels(series, groups[group], preferred=dict(SPECS[run.kind].headline))
         parts.append(f"<h3>{esc(group_title(group))}</h3>")
         if panels:
             pretraining = group == "critic_pretrain"
@@ -192,6 +192,8 @@ def _monitors(run: RunFiles) -> str:
             parts.append(img(plots.figure_png(figure), group))
         if flat:
             parts.append(note("Constant over the run: " + ", ".join(flat) + "."))
+        if copies:
+            parts.append(note("Not drawn twice: " + ", ".join(copies) + "."))
     parts.append(_distribution(run))
     return "".join(parts) if series else note("No numeric metrics were recorded.")
 
@@ -201,7 +203,7 @@ def _panels(series: dict[str, list[tuple[float, float]]], keys: Sequence[str], p
     exact copies of another key (`kl/k1` is `kl/ref` with the k1 estimator; `preferred` keys are
     kept under their own name)."""
     panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
-    flat, seen = [], {}
+    flat, copies, seen = [], [], {}
     for key in sorted(keys, key=lambda k: (k not in preferred, k)):
         points = series[key]
         values = [y for _, y in points]
@@ -209,13 +211,13 @@ def _panels(series: dict[str, list[tuple[float, float]]], keys: Sequence[str], p
             flat.append(f"{key} = {fmt(values[0])}")
             continue
         if tuple(points) in seen:
-            flat.append(f"{key} (same as {seen[tuple(points)]})")
+            copies.append(f"{key} (same as {seen[tuple(points)]})")
             continue
         seen[tuple(points)] = key
         title, label = panel_of(key)
         xs, ys = zip(*points)
         panels.setdefault(title, {})[label] = (np.asarray(xs), np.asarray(ys))
-    return sorted(panels.items()), flat
+    return sorted(panels.items()), flat, copies
 
 
 def _distribution(run: RunFiles) -> str:

@@ -158,9 +158,10 @@ def test_rl_run_marks_the_collapse_warnings_at_the_detectors_iterations(tmp_path
         GROUP_TITLES["policy"], GROUP_TITLES["critic_pretrain"], "Reward distribution over training",
     ]  # fmt: skip
     assert images_are_pngs(page, "Monitors") == 6  # the policy group holds a constant only: no figure
-    notes = " ".join(page.paragraphs["Monitors"])
-    assert "kl/k1 (same as kl/ref)" in notes and "policy/lr = 1e-06" in notes
-    assert "collapse detector warned" in notes
+    notes = page.paragraphs["Monitors"]
+    assert "Not drawn twice: kl/k1 (same as kl/ref)." in notes
+    assert "Constant over the run: policy/lr = 1e-06." in notes
+    assert "Dashed vertical lines: iterations where the collapse detector warned." in notes
     assert page.rows("Summary", "metric")["reward/raw_mean"] == ["0", "2.9", "2.9", "29", "29"]
 
 

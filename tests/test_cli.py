@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_data import pair_rows, sft_rows
 
 from rlhf.cli import STAGES, main
 from rlhf.config import RLConfig, config_from_yaml
@@ -54,16 +55,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     model = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=1, num_heads=2)
     model.save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    k = len(WORDS)
-    sft = [
-        {"prompt": f"{WORDS[i % k]} {WORDS[(i + 1) % k]}", "response": f"{WORDS[(i + 2) % k]} t"}
-        for i in range(16)
-    ]
-    pairs = [
-        {"prompt": f"{WORDS[i % k]} {WORDS[(i + 3) % k]}", "chosen": f"t {WORDS[(i + 5) % k]}",
-         "rejected": f"{WORDS[(i + 7) % k]} {WORDS[(i + 2) % k]}"}
-        for i in range(16)
-    ]  # fmt: skip
+    sft, pairs = sft_rows(WORDS), pair_rows(WORDS)
     return {
         "root": str(root),
         "base": str(root / "base"),

@@ -19,6 +19,7 @@ from rlhf.data.collate import left_pad
 from rlhf.models.device import model_device
 from rlhf.models.precision import Precision
 from rlhf.models.sampling import Rollout, SamplingConfig, generate
+from rlhf.train.guards import require_finite_scores
 
 Judge = Callable[[Rollout, list[str]], torch.Tensor]
 
@@ -106,22 +107,18 @@ def sample_responses(
     return rollouts, texts
 
 
-class NonFiniteScoresError(ValueError):
-    """A judge gave NaN or infinite scores: no mean or win rate can be computed from them."""
-
-
-def check_finite_scores(scores: torch.Tensor, judge_name: str, policy_name: str, limit: int = 8) -> None:
-    """Raise NonFiniteScoresError naming the judge, the policy and the prompt rows with non-finite scores."""
-    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
-    if not bad:
-        return
-    rows = ", ".join(str(i + 1) for i in bad[:limit]) + (
-        f" ... ({len(bad)} in all)" if len(bad) > limit else ""
-    )
-    raise NonFiniteScoresError(
-        f"the judge {judge_name} gave non-finite scores (nan/inf) to {len(bad)} of {len(scores)} responses of "
-        f"{policy_name}, at prompts {rows} (1-based, in file order). No result was written. Fix: the judge "
-        "is broken (diverged training or damaged weights): retrain it with `rlhf rm`, or pass another --judge."
+def check_finite_scores(scores: torch.Tensor, judge_name: str, policy_name: str) -> None:
+    """Stop (`guards.NonFiniteScoresError`) naming the judge, the policy and the prompts (1-based, in file
+    order) whose responses got a NaN or infinite score."""
+    require_finite_scores(
+        scores,
+        model=f"the judge {judge_name}",
+        what=f"responses of {policy_name} at prompts",
+        row=lambda i: str(i + 1),
+        consequence="(1-based, in file order). No result was written.",
+        fix="the judge is broken (diverged training or damaged weights): retrain it with `rlhf rm`, or pass "
+        "another --judge.",
+        limit=8,
     )
 
 

@@ -26,6 +26,17 @@ class Experience:
     advantages: torch.Tensor  # [B, T] GAE advantages (0 at padding)
     returns: torch.Tensor  # [B, T] value targets (0 at padding)
 
+    @classmethod
+    def of(cls, sequences: Sequences, response_mask: torch.Tensor, **per_token: torch.Tensor) -> Experience:
+        """The experience of a rollout's `sequences` with its response mask and per-token tensors."""
+        return cls(
+            input_ids=sequences.input_ids,
+            attention_mask=sequences.attention_mask,
+            prompt_length=sequences.prompt_length,
+            response_mask=response_mask,
+            **per_token,
+        )
+
     @property
     def batch_size(self) -> int:
         return self.input_ids.shape[0]

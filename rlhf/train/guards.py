@@ -1,25 +1,35 @@
-"""Checks that stop an RL run before a broken model poisons it (one message: what, where, the fix)."""
+"""One check for every stage that scores with a model (RL rewards, `rlhf eval`'s judge, `rlhf
+rm-eval`): a NaN or infinite score stops the command before it is used, with one message naming
+the model, the rows and the fix."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 
-class NonFiniteRewardError(ValueError):
-    """The reward model scored responses NaN or infinite."""
+class NonFiniteScoresError(ValueError):
+    """A model gave NaN or infinite scores: no mean, advantage or win rate can be computed from them."""
 
 
-def require_finite_scores(scores: torch.Tensor, *, model: str, iteration: int, texts: list[str]) -> None:
-    """Raise `NonFiniteRewardError` naming the reward model, the iteration and the rows (with the
-    start of each response) whose score is NaN or infinite. Running moments, advantages and every
-    metric would turn NaN from such a score on, so the run stops before using it."""
+def require_finite_scores(
+    scores: torch.Tensor,
+    *,
+    model: str,
+    what: str,
+    row: Callable[[int], str],
+    consequence: str,
+    fix: str,
+    limit: int = 4,
+) -> None:
+    """Raise `NonFiniteScoresError` when a score is NaN or infinite: "`model` gave non-finite scores
+    (nan/inf) to n of N `what` `row(i)`, ... (the first `limit` such rows). `consequence` Fix: `fix`"."""
     bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
     if not bad:
         return
-    shown = "; ".join(f"row {i}: {texts[i][:60]!r}" for i in bad[:4]) + (" ..." if len(bad) > 4 else "")
-    raise NonFiniteRewardError(
-        f"the reward model {model} gave non-finite scores (nan/inf) to {len(bad)} of {len(scores)} responses "
-        f"at iteration {iteration} ({shown}). Nothing of this iteration was used or saved; the last "
-        "checkpoint is intact. Fix: the reward model is broken (diverged training or damaged weights): "
-        "retrain it with `rlhf rm` (check its metrics.jsonl for a NaN loss) and start a new run."
+    shown = ", ".join(row(i) for i in bad[:limit]) + (f" ... ({len(bad)} in all)" if len(bad) > limit else "")
+    raise NonFiniteScoresError(
+        f"{model} gave non-finite scores (nan/inf) to {len(bad)} of {len(scores)} {what} {shown}. "
+        f"{consequence} Fix: {fix}"
     )

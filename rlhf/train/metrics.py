@@ -17,7 +17,6 @@ def distinct_n(response_ids: torch.Tensor, response_mask: torch.Tensor, n: int =
 def rollout_metrics(
     rollout,
     experience,
-    *,
     raw_scores: torch.Tensor,
     processed: torch.Tensor,
     keep: torch.Tensor,

@@ -208,27 +208,11 @@ class RLTrainer:
         c, r, run = self.config, self.roles, self.runtime
         t0 = time.perf_counter()
         prompts = self.prompts.next_batch(c.rollout.batch_size)
-        rollout = r.policy.generate(
-            prompts, self.sample_generator, return_logprobs=c.rollout.logprobs_from_sampler
-        )
-        sequences, mask = rollout.sequences, rollout.response_mask.float()
+        rollout = r.policy.generate(prompts, self.sample_generator, c.rollout.logprobs_from_sampler)
+        sequences = rollout.sequences
         t1 = time.perf_counter()
-        raw_scores = run.map_rows(r.reward_model.score, sequences)
-        if not bool(torch.isfinite(raw_scores).all()):  # a broken reward model stops the run here
-            require_finite_scores(
-                raw_scores,
-                model=c.model.reward_model or "(given in code)",
-                iteration=self.iteration,
-                texts=r.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True),
-            )
-        # responses that hit max_new_tokens: keep, penalize or drop (docs/algorithms.md#5-truncated-responses)
-        scores, keep = apply_truncation_policy(
-            raw_scores,
-            rollout.ended_with_eos,
-            policy=c.rollout.truncated,
-            penalty=c.rollout.truncation_penalty,
-        )
-        mask = mask * keep[:, None].float()
+        raw_scores, scores, keep = self.score(rollout)
+        mask = rollout.response_mask.float() * keep[:, None].float()  # dropped responses train nothing
         t2 = time.perf_counter()
         if rollout.logprobs is not None:  # rollout.logprobs_from_sampler: no policy forward
             old_logp = rollout.logprobs * mask
@@ -242,16 +226,13 @@ class RLTrainer:
         processed = self.score_processor(scores[keep]) if bool(keep.any()) else scores[keep]
         # token-level KL penalty in the reward (sec. 5.3.2): -beta * kl on every token, score at EOS
         kl = kl_estimate(old_logp, ref_logp, kind=c.kl.estimator, mask=mask)
-        processed_full = torch.zeros_like(scores)  # dropped responses: no score, no tokens
-        processed_full[keep] = processed
-        rewards = token_rewards(processed_full, kl, mask, self.kl_controller.value)
+        final_scores = torch.zeros_like(scores).index_put_((keep,), processed)  # dropped rows: 0
+        rewards = token_rewards(final_scores, kl, mask, self.kl_controller.value)
         # GAE (sec. 3.2.2): V after the last valid token is 0; advantages/returns 0 at padding
         advantages, returns = gae(rewards, values, mask, c.advantage.gamma, c.advantage.lam)
-        experience = Experience(
-            input_ids=sequences.input_ids,
-            attention_mask=sequences.attention_mask,
-            prompt_length=sequences.prompt_length,
-            response_mask=mask,
+        experience = Experience.of(
+            sequences,
+            mask,
             old_logp=old_logp,
             ref_logp=ref_logp,
             old_values=values,
@@ -259,17 +240,34 @@ class RLTrainer:
             returns=returns,
         )
         metrics = rollout_metrics(
-            rollout,
-            experience,
-            raw_scores=raw_scores,
-            processed=processed,
-            keep=keep,
-            kl=kl,
-            kl_estimator=c.kl.estimator,
-            beta=self.kl_controller.value,
+            rollout, experience, raw_scores, processed, keep, kl, c.kl.estimator, self.kl_controller.value
         )
         metrics.update({"time/generate": t1 - t0, "time/score": t2 - t1, "time/forward": t3 - t2})
         return experience, metrics
+
+    def score(self, rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(raw reward-model scores [B], scores after the truncation policy [B], rows kept [B])."""
+        c, r = self.config, self.roles
+        raw_scores = self.runtime.map_rows(r.reward_model.score, rollout.sequences)
+        if not bool(torch.isfinite(raw_scores).all()):  # a broken reward model stops the run here
+            texts = r.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+            require_finite_scores(
+                raw_scores,
+                model=f"the reward model {c.model.reward_model or '(given in code)'}",
+                what=f"responses at iteration {self.iteration}:",
+                row=lambda i: f"row {i} {texts[i][:60]!r}",
+                consequence="Nothing of this iteration was used or saved; the last checkpoint is intact.",
+                fix="the reward model is broken (diverged training or damaged weights): retrain it with "
+                "`rlhf rm` (check its metrics.jsonl for a NaN loss) and start a new run.",
+            )
+        # responses that hit max_new_tokens: keep, penalize or drop (docs/algorithms.md#5-truncated-responses)
+        scores, keep = apply_truncation_policy(
+            raw_scores,
+            rollout.ended_with_eos,
+            policy=c.rollout.truncated,
+            penalty=c.rollout.truncation_penalty,
+        )
+        return raw_scores, scores, keep
 
     def update(self, experience: Experience, *, train_policy: bool = True) -> dict:
         """`ppo_epochs` passes of shuffled minibatches, one optimizer step of each learner per minibatch."""

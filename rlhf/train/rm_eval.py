@@ -30,6 +30,7 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.monitor import print_summary
 from rlhf.monitor.progress import WorkProgress, announce
 from rlhf.train.context_check import model_context
+from rlhf.train.guards import require_finite_scores
 from rlhf.train.pair_stats import sigmoid, summarize_margins, worst_indices
 from rlhf.train.reward_model import EncodedPair, encode_pairs
 
@@ -191,14 +192,15 @@ def _check_pairs_fit(rows: list[EncodedPair], examples, model, data: RewardDataC
 
 
 def _check_finite(margins: torch.Tensor, examples, reward_model: str) -> None:
-    bad = (~torch.isfinite(margins)).nonzero().flatten().tolist()
-    if bad:
-        where = ", ".join(_source(examples[i]) for i in bad[:5])
-        raise ValueError(
-            f"the reward model {reward_model} gave non-finite scores (nan/inf) to {len(bad)} of {len(margins)} "
-            f"pairs (first: {where}). No result was written. Fix: the reward model is broken (diverged "
-            "training or damaged weights): retrain it with `rlhf rm`."
-        )
+    require_finite_scores(
+        margins,
+        model=f"the reward model {reward_model}",
+        what="pairs, at",
+        row=lambda i: _source(examples[i]),
+        consequence="No result was written.",
+        fix="the reward model is broken (diverged training or damaged weights): retrain it with `rlhf rm`.",
+        limit=5,
+    )
 
 
 def _source(example) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_data import pair_rows, sft_rows
 from reliability_testing import WORDS, write_jsonl
 
 from rlhf.models.scalar_head import ScalarHeadModel
@@ -27,16 +28,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     )
     reward_model.save_pretrained(root / "rm")
     tok.save_pretrained(root / "rm")
-    k = len(WORDS)
-    sft = [
-        {"prompt": f"{WORDS[i % k]} {WORDS[(i + 1) % k]}", "response": f"{WORDS[(i + 2) % k]} t"}
-        for i in range(16)
-    ]
-    pairs = [
-        {"prompt": f"{WORDS[i % k]} {WORDS[(i + 3) % k]}", "chosen": f"t {WORDS[(i + 5) % k]}",
-         "rejected": f"{WORDS[(i + 7) % k]} {WORDS[(i + 2) % k]}"}
-        for i in range(16)
-    ]  # fmt: skip
+    sft, pairs = sft_rows(WORDS), pair_rows(WORDS)
     return {
         "root": root,
         "policy": root / "policy",

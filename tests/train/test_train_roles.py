@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_train_resume import Interrupted, interrupt_at, resumable_config
-from train_testing import metric_rows, params_of, rl_config
+from train_testing import metric_rows, rl_config
 
 from rlhf.config import ConfigError, RLConfig, config_from_yaml, load_config, save_config
 from rlhf.core import explained_variance
@@ -197,4 +197,3 @@ def test_update_stats_are_the_mean_of_the_steps(make_trainer):
     assert len(policy_losses) == 4
     assert stats["policy/loss"] == pytest.approx(sum(policy_losses) / 4)
     assert stats["policy/ratio_max"] == max(s["policy/ratio_max"] for s in seen if "policy/ratio_max" in s)
-    assert params_of(trainer.roles.policy.model)

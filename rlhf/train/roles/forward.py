@@ -46,18 +46,15 @@ class PolicyForward(nn.Module):
                 return model_token_nll(
                     self.model, lm_batch["input_ids"], lm_batch["attention_mask"], lm_batch["loss_mask"]
                 )
-            return self._logprobs(sequences, temperature, with_entropy, entropy_grad)
-
-    def _logprobs(self, sequences, temperature, with_entropy, entropy_grad):
-        return response_logprobs(
-            self.model,
-            sequences.input_ids,
-            sequences.attention_mask,
-            sequences.prompt_length,
-            temperature=temperature,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
-        )
+            return response_logprobs(
+                self.model,
+                sequences.input_ids,
+                sequences.attention_mask,
+                sequences.prompt_length,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+            )
 
 
 class ValueForward(nn.Module):

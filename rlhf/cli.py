@@ -129,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", help="write eval.json here (default: beside the policy)")
     ev.add_argument("--n", type=int, default=256, help="prompts to evaluate (the first N)")
     ev.add_argument("--max-new-tokens", type=int, default=64)
+    ev.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="prompt budget in tokens, oldest dialogue turns dropped first (default: the --policy run's "
+        "data.max_prompt_tokens from its config.yaml, else 512)",
+    )
     ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0: greedy")
     ev.add_argument("--top-p", type=float, default=1.0)
     ev.add_argument(

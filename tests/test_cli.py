@@ -166,6 +166,46 @@ def test_eval_with_the_papers_sampling_records_it_and_refuses_a_second_temperatu
     assert not (tmp_path / "x.json").exists()
 
 
+def test_eval_encodes_prompts_with_the_budget_the_policy_was_trained_with(
+    files, runs, tmp_path, monkeypatch, capsys
+):
+    import rlhf.train.pipeline as pipeline
+
+    budgets = []
+
+    def spy(tokenizer, prompt, budget, **kwargs):
+        budgets.append(budget)
+        return encode_prompt(tokenizer, prompt, budget, **kwargs)
+
+    encode_prompt = pipeline.encode_prompt
+    monkeypatch.setattr(pipeline, "encode_prompt", spy)
+    base = ["eval", "--policy", str(runs["ppo"]), "--baseline", str(runs["sft"]), "--judge", str(runs["rm"]),
+            "--prompts", files["test"], "--n", "2", "--max-new-tokens", "2"]  # fmt: skip
+    trained = config_from_yaml(RLConfig, runs["ppo"] / "config.yaml").data.max_prompt_tokens
+    assert main([*base, "--out", str(tmp_path / "a.json")]) == 0
+    assert budgets == [trained, trained]
+    assert json.loads((tmp_path / "a.json").read_text())["max_prompt_tokens"] == trained
+    budgets.clear()
+    assert main([*base, "--max-prompt-tokens", "3", "--out", str(tmp_path / "b.json")]) == 0
+    assert budgets == [3, 3] and json.loads((tmp_path / "b.json").read_text())["max_prompt_tokens"] == 3
+    assert main([*base, "--max-prompt-tokens", "0", "--out", str(tmp_path / "c.json")]) == 2
+    assert "--max-prompt-tokens must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_eval_prompt_budget_of_a_model_without_a_run_config_is_512(tmp_path):
+    from argparse import Namespace
+
+    from rlhf.train.pipeline import eval_prompt_budget
+
+    assert eval_prompt_budget(Namespace(policy=str(tmp_path), max_prompt_tokens=None)) == 512
+    (tmp_path / "config.yaml").write_text("data: [not, a, mapping]\n")
+    assert eval_prompt_budget(Namespace(policy=str(tmp_path), max_prompt_tokens=None)) == 512
+    (tmp_path / "config.yaml").write_text("data: {max_prompt_tokens: 40}\n")
+    assert eval_prompt_budget(Namespace(policy=str(tmp_path), max_prompt_tokens=None)) == 40
+    assert eval_prompt_budget(Namespace(policy=str(tmp_path), max_prompt_tokens=7)) == 7
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

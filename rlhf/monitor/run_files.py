@@ -51,7 +51,7 @@ def read_run_dir(directory: str | os.PathLike) -> RunFiles:
     if not d.is_dir():
         what = "is a file, not a directory" if d.exists() else "does not exist"
         raise NotARunDirectory(f"{d} {what}. Fix: pass the --out directory of {COMMANDS}.")
-    config = _read_config(d)
+    config = recorded_config(d)
     records = _read_records(d)
     steps = [r for r in records if "event" not in r and ("iteration" in r or "step" in r)]
     pretrain = [r for r in records if "event" not in r and "pretrain" in r]
@@ -118,15 +118,24 @@ def _read_records(d: Path) -> list[dict]:
         raise NotARunDirectory(f"{err}. Fix: repair or delete that line of {path}.") from None
 
 
-def _read_config(d: Path) -> dict:
-    path = d / "config.yaml"
+def recorded_config(directory: str | os.PathLike) -> dict:
+    """The `config.yaml` a run wrote into `directory`, as a dict: {} when there is none or it is
+    not readable (a model directory from elsewhere, a damaged file): callers fall back to defaults."""
+    path = Path(directory) / "config.yaml"
     if not path.is_file():
         return {}
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError):
-        return {}  # a damaged config only costs the report its highlights
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return {}
     return config if isinstance(config, dict) else {}
+
+
+def recorded_data_settings(directory: str | os.PathLike) -> dict:
+    """The `data` section of the run's `config.yaml` ({} when absent): the token budgets a model was
+    trained with, which `rlhf eval` and `rlhf rm-eval` encode with."""
+    data = recorded_config(directory).get("data", {})
+    return data if isinstance(data, dict) else {}
 
 
 def _read_samples(path: Path) -> list[dict]:

@@ -18,6 +18,7 @@ from rlhf.models.precision import Precision
 from rlhf.models.sampling import SamplingConfig
 from rlhf.monitor import print_summary
 from rlhf.monitor.progress import WorkProgress, announce
+from rlhf.monitor.run_files import recorded_data_settings
 from rlhf.runtime import runtime_for
 from rlhf.train.context_check import check_prompts_fit, model_context
 from rlhf.train.evaluate import (
@@ -151,7 +152,8 @@ def run_eval(args) -> dict:
     skip = bool(getattr(args, "skip_invalid", False))
     chat = {"true": True, "false": False}.get(getattr(args, "chat_template", "auto"), "auto")
     examples = load_examples(args.prompts, kind="prompt", skip_invalid=skip).examples[: args.n]
-    prompts = [encode_prompt(tokenizer, ex.prompt, 512, chat_template=chat) for ex in examples]
+    budget = eval_prompt_budget(args)
+    prompts = [encode_prompt(tokenizer, ex.prompt, budget, chat_template=chat) for ex in examples]
     sources = [ex.source for ex in examples]
     greedy = args.temperature == 0  # --temperature 0: the most likely answer, as other tools read it
     sampling = SamplingConfig(
@@ -206,6 +208,7 @@ def run_eval(args) -> dict:
     results["sampling"] = {
         k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")
     }
+    results["max_prompt_tokens"] = budget
     results["samples"] = paired_samples([ex.prompt for ex in examples], sources, texts, scores)
     out = Path(args.out) if args.out else Path(args.policy) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -224,12 +227,32 @@ def run_eval(args) -> dict:
     return results
 
 
+DEFAULT_EVAL_PROMPT_TOKENS = 512  # for a --policy that records no budget (a model from elsewhere)
+
+
+def eval_prompt_budget(args) -> int:
+    """`rlhf eval`'s prompt budget: --max-prompt-tokens, else the budget the --policy run was trained
+    with (its config.yaml), so that both policies and the judge see the prompts they were trained on."""
+    if getattr(args, "max_prompt_tokens", None) is not None:
+        return args.max_prompt_tokens
+    recorded = recorded_data_settings(args.policy).get("max_prompt_tokens")
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+        return recorded
+    return DEFAULT_EVAL_PROMPT_TOKENS
+
+
 def _check_eval_args(args) -> None:
     from rlhf.config import ConfigError
 
     for flag, ok, rule, fix in (
         ("--n", args.n >= 1, "must be >= 1", "--n 256"),
         ("--max-new-tokens", args.max_new_tokens >= 1, "must be >= 1", "--max-new-tokens 64"),
+        (
+            "--max-prompt-tokens",
+            getattr(args, "max_prompt_tokens", None) is None or args.max_prompt_tokens >= 1,
+            "must be >= 1",
+            "--max-prompt-tokens 256",
+        ),
         ("--temperature", args.temperature >= 0, "must be >= 0 (0: greedy)", "--temperature 1.0"),
         ("--top-p", 0 < args.top_p <= 1, "must be in (0, 1]", "--top-p 1.0"),
         (

@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import torch
-import yaml
 
 from rlhf.config import ConfigError, RewardConfig, RewardDataConfig, from_dict, parse_overrides
 from rlhf.data.collate import collate_pairs
@@ -29,6 +28,7 @@ from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.monitor import print_summary
 from rlhf.monitor.progress import WorkProgress, announce
+from rlhf.monitor.run_files import recorded_data_settings
 from rlhf.train.context_check import model_context
 from rlhf.train.guards import require_finite_scores
 from rlhf.train.pair_stats import sigmoid, summarize_margins, worst_indices
@@ -48,7 +48,7 @@ def data_settings(reward_model: str, data_path: str, skip_invalid: bool | None, 
             f"rlhf rm-eval takes only data.* settings on the command line, got --{other[0]}. Fix: remove it "
             "(see `rlhf rm-eval --help`)."
         )
-    merged = {k: v for k, v in _training_data_settings(reward_model).items() if k in BUDGET_KEYS}
+    merged = {k: v for k, v in recorded_data_settings(reward_model).items() if k in BUDGET_KEYS}
     merged.update(overrides.get("data", {}))
     merged["path"] = data_path
     if skip_invalid is not None:
@@ -58,17 +58,6 @@ def data_settings(reward_model: str, data_path: str, skip_invalid: bool | None, 
         if getattr(data, key) < 1:
             raise ConfigError(f"data.{key} must be >= 1, got {getattr(data, key)}. Fix: --data.{key} 256.")
     return data
-
-
-def _training_data_settings(reward_model: str) -> dict:
-    path = Path(reward_model) / "config.yaml"
-    if not path.is_file():
-        return {}
-    try:
-        data = (yaml.safe_load(path.read_text()) or {}).get("data", {})
-    except (yaml.YAMLError, AttributeError, OSError):
-        return {}  # not a config this version wrote: the defaults apply
-    return data if isinstance(data, dict) else {}
 
 
 @torch.inference_mode()

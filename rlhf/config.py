@@ -150,6 +150,10 @@ class RewardTrainConfig:
     )
     batch_size: int = 16  # pairs per step when batching == "pairs"
     max_tokens: int = 8192  # tokens per step when batching == "tokens"
+    # pairs per step when batching == "tokens" (PPO paper sec. 4.2: at least 4, at most 128); the
+    # minimum wins over max_tokens for long pairs
+    min_batch: int = 4
+    max_batch: int = 128
     micro_batch_size: int = 8  # pairs per forward/backward
     # less padding (docs/padding.md): "within_step" | "across_steps" | "none", as SFTTrainConfig's
     # (with batching "tokens" the steps already hold pairs of similar length)
@@ -171,7 +175,8 @@ class RewardConfig:
     data: RewardDataConfig = field(default_factory=RewardDataConfig)
     train: RewardTrainConfig = field(default_factory=RewardTrainConfig)
     optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=5e-6, warmup_steps=10, schedule="cosine")
+        # PPO paper sec. 4.2: lr 5e-6, warmup over the first 10% of the steps
+        default_factory=lambda: OptimConfig(lr=5e-6, warmup_fraction=0.1, schedule="cosine")
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
     dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "bfloat16-pure", as SFTConfig.dtype
@@ -748,6 +753,12 @@ def _validate_supervised(c) -> None:
     _at_least(t.eval_every, 0, "train.eval_every", " (0: evaluate at the end only)")
     if isinstance(c, RewardConfig):
         _at_least(t.max_tokens, 1, "train.max_tokens")
+        _at_least(t.min_batch, 1, "train.min_batch")
+        _need(
+            t.max_batch >= t.min_batch,
+            f"train.max_batch ({t.max_batch!r}) must be >= train.min_batch ({t.min_batch!r}). "
+            "Fix: --train.max_batch 128 --train.min_batch 4.",
+        )
         _at_least(t.lm_coef, 0, "train.lm_coef")
     _need(0 <= d.test_fraction < 1, f"data.test_fraction must be in [0, 1), got {d.test_fraction!r}.")
     _at_least(d.max_prompt_tokens, 1, "data.max_prompt_tokens")

@@ -175,7 +175,7 @@ def test_the_reported_cases_keep_their_stage_defaults():
     sft = load_config(SFTConfig, overrides={"optim": {"warmup_steps": 2}}).optim
     assert (sft.lr, sft.schedule, sft.warmup_steps) == (2e-5, "cosine", 2)
     rm = load_config(RewardConfig, overrides={"optim": {"warmup_steps": 2}}).optim
-    assert (rm.lr, rm.schedule, rm.warmup_steps) == (5e-6, "cosine", 2)
+    assert (rm.lr, rm.schedule, rm.warmup_steps, rm.warmup_fraction) == (5e-6, "cosine", 2, 0.1)
     rl = load_config(
         RLConfig, overrides={"policy_optim": {"max_grad_norm": 0.5}, "critic_optim": {"betas": [0.9, 0.99]}}
     )
@@ -186,6 +186,17 @@ def test_the_reported_cases_keep_their_stage_defaults():
         and deep.log.collapse.kl_floor == 0.5
         and deep.log.sinks == ["console", "jsonl"]
     )
+
+
+def test_reward_model_defaults_are_the_papers_and_token_batch_bounds_are_checked():
+    # PPO paper sec. 4.2: lr 5e-6 warmed up over the first 10% of steps; token batches of 4 to 128 pairs
+    rm = RewardConfig()
+    assert (rm.optim.lr, rm.optim.warmup_fraction, rm.optim.warmup_steps) == (5e-6, 0.1, 0)
+    assert (rm.train.min_batch, rm.train.max_batch) == (4, 128)
+    with pytest.raises(ConfigError, match=r"train.max_batch \(3\) must be >= train.min_batch \(4\)"):
+        load_config(RewardConfig, overrides={"train": {"max_batch": 3}})
+    with pytest.raises(ConfigError, match="train.min_batch must be >= 1"):
+        load_config(RewardConfig, overrides={"train": {"min_batch": 0}})
 
 
 # The papers' rates (docs/algorithms.md, sec. 23): PPO paper sec. 5.1 with a 10% warmup; the APA code's 1e-6.

@@ -63,7 +63,7 @@ stage sft "$OUT/sft/model.safetensors" $RLHF sft --model "$MODEL" "${gguf[@]}" -
 stage rm "$OUT/rm/model.safetensors" $RLHF rm --model "$OUT/sft" --data "$OUT/data/rm_train.jsonl" \
   --out "$OUT/rm" --train.max_steps "$RM_STEPS" --train.batch_size 8 --train.micro_batch_size 8 \
   --data.max_prompt_tokens "$PROMPT_TOKENS" --data.max_response_tokens "$RESPONSE_TOKENS" --data.test_fraction 0.02 \
-  --optim.lr 2e-5 --optim.warmup_steps 3 --train.log_every 1 --train.eval_every 1000 $EXTRA
+  --optim.lr 2e-5 --optim.warmup_steps 3 --optim.warmup_fraction 0 --train.log_every 1 --train.eval_every 1000 $EXTRA
 
 # 4. reward-model accuracy on the held-out pairs (Wilson interval in rm_eval.json); a few HH rows
 #    whose two dialogues differ before the last Assistant turn are no pair: skipped and counted

@@ -139,20 +139,29 @@ def _check_counts(*named: tuple[str, Sequence[TokenIds]]) -> list[list[list[int]
 
 
 def token_budget_batches(
-    lengths: Sequence[int], max_tokens: int, max_batch: int | None = None, seed: int | None = 0
+    lengths: Sequence[int],
+    max_tokens: int,
+    max_batch: int | None = None,
+    seed: int | None = 0,
+    min_batch: int = 1,
 ) -> list[list[int]]:
     """Group example indices into batches whose padded size (rows x longest row) is at most
     `max_tokens`, with at most `max_batch` rows; every index appears in exactly one batch.
 
     Examples are sorted by length (ties broken by a seeded shuffle) and packed greedily, so a
     batch holds examples of similar length and about `max_tokens` tokens: the PPO paper's reward
-    model batches by token count. The batch order is shuffled with `seed` (`seed=None`: neither
-    shuffle; batches come shortest first). An example longer than `max_tokens` is an error.
+    model batches by token count, between 4 and 128 pairs (sec. 4.2). A batch holds at least
+    `min_batch` rows: below that the token budget gives way (long examples), and a last batch
+    left shorter joins the one before it when `max_batch` allows. The batch order is shuffled
+    with `seed` (`seed=None`: neither shuffle; batches come shortest first). An example longer
+    than `max_tokens` is an error.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     if max_batch is not None and max_batch < 1:
         raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+    if min_batch < 1 or (max_batch is not None and min_batch > max_batch):
+        raise ValueError(f"min_batch must be in [1, max_batch={max_batch}], got {min_batch}")
     for index, length in enumerate(lengths):
         if length < 0 or length > max_tokens:
             raise ValueError(
@@ -168,12 +177,17 @@ def token_budget_batches(
     for index in order:
         longest = lengths[index]  # ascending order: the new example is the longest so far
         full = max_batch is not None and len(current) >= max_batch
-        if current and (full or (len(current) + 1) * longest > max_tokens):
+        over_budget = (len(current) + 1) * longest > max_tokens and len(current) >= min_batch
+        if current and (full or over_budget):
             batches.append(current)
             current = []
         current.append(index)
     if current:
-        batches.append(current)
+        short_tail = len(current) < min_batch and batches
+        if short_tail and (max_batch is None or len(batches[-1]) + len(current) <= max_batch):
+            batches[-1].extend(current)
+        else:
+            batches.append(current)
     if seed is not None:
         random.Random(seed + 1).shuffle(batches)
     return batches

@@ -195,7 +195,9 @@ def plan_batches(
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         return [
             [order[j] for j in batch]
-            for batch in token_budget_batches(lengths, t.max_tokens, max_batch=128, seed=seed)
+            for batch in token_budget_batches(
+                lengths, t.max_tokens, max_batch=t.max_batch, seed=seed, min_batch=t.min_batch
+            )
         ]
     if t.group_by_length == "across_steps":  # HF group_by_length (rlhf.data.length_grouping)
         lengths = [len(r.prompt_ids) + max(len(r.chosen_ids), len(r.rejected_ids)) for r in rows]

@@ -159,6 +159,27 @@ def test_token_budget_batches_by_hand():
     assert token_budget_batches([], max_tokens=5) == []
 
 
+def test_token_budget_batches_minimum_rows_by_hand():
+    # lengths 2, 3, 9, 9, 10 (indices 3, 0, 1, 4, 2) under 20 tokens: without a minimum the long ones
+    # go one or two per batch; with min_batch 2 the budget gives way to reach 2 rows
+    lengths = [3, 9, 10, 2, 9]
+    assert token_budget_batches(lengths, max_tokens=20, seed=None) == [[3, 0], [1, 4], [2]]
+    # the last batch (index 2) is short of 2 rows: it joins the batch before it
+    assert token_budget_batches(lengths, max_tokens=20, seed=None, min_batch=2) == [[3, 0], [1, 4, 2]]
+    # ... unless that batch would then exceed max_batch
+    assert token_budget_batches(lengths, max_tokens=20, max_batch=2, seed=None, min_batch=2) == [
+        [3, 0],
+        [1, 4],
+        [2],
+    ]
+    # a batch grows past the budget only up to min_batch rows: 3 x 10 = 30 > 20 tokens
+    assert token_budget_batches([10, 10, 10, 10, 10, 10], max_tokens=20, seed=None, min_batch=3) == [
+        [0, 1, 2],
+        [3, 4, 5],
+    ]
+    assert token_budget_batches([5], max_tokens=5, seed=None, min_batch=4) == [[0]]  # fewer rows than that
+
+
 def test_token_budget_batches_errors():
     with pytest.raises(ValueError, match="example 1 has 11 tokens, which does not fit max_tokens=10"):
         token_budget_batches([3, 11], max_tokens=10)
@@ -166,6 +187,10 @@ def test_token_budget_batches_errors():
         token_budget_batches([1], max_tokens=0)
     with pytest.raises(ValueError, match="max_batch must be at least 1"):
         token_budget_batches([1], max_tokens=4, max_batch=0)
+    with pytest.raises(ValueError, match="min_batch must be in"):
+        token_budget_batches([1], max_tokens=4, max_batch=2, min_batch=3)
+    with pytest.raises(ValueError, match="min_batch must be in"):
+        token_budget_batches([1], max_tokens=4, min_batch=0)
 
 
 @settings(max_examples=150, deadline=None)
@@ -190,3 +215,29 @@ def test_token_budget_batches_cover_each_index_once_within_budget(lengths, extra
             assert (max_batch is not None and len(first) == max_batch) or grown * min(
                 lengths[i] for i in second
             ) > max_tokens
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), max_size=60),
+    extra=st.integers(0, 100),
+    min_batch=st.integers(1, 6),
+    spare=st.one_of(st.none(), st.integers(0, 6)),
+    seed=st.one_of(st.none(), st.integers(0, 5)),
+)
+def test_token_budget_batches_hold_at_least_min_batch_rows(lengths, extra, min_batch, spare, seed):
+    max_tokens = max(lengths, default=1) + extra or 1
+    max_batch = None if spare is None else min_batch + spare
+    batches = token_budget_batches(lengths, max_tokens, max_batch, seed, min_batch=min_batch)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    short = [batch for batch in batches if len(batch) < min_batch]
+    # only the longest examples' batch can be short: when there are too few rows, or max_batch forbade the merge
+    assert len(short) <= 1
+    if short and len(batches) > 1:
+        assert max_batch is not None
+    for batch in batches:
+        assert max_batch is None or len(batch) <= max_batch
+        within = len(batch) * max(lengths[i] for i in batch) <= max_tokens
+        # over budget only to reach min_batch, or as the merged last batch (it holds the longest rows)
+        longest_rows = max(lengths[i] for i in batch) == max(lengths)
+        assert within or len(batch) <= min_batch or longest_rows

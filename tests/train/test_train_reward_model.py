@@ -122,7 +122,7 @@ def test_lm_coef_adds_the_chosen_response_lm_loss(tok, tmp_path):
 
 
 def test_token_batching_packs_pairs_by_length(tok, tmp_path):
-    config = rm_config(tmp_path, max_steps=None, batching="tokens", max_tokens=60)
+    config = rm_config(tmp_path, max_steps=None, batching="tokens", max_tokens=60, min_batch=1)
     rows = [EncodedPair([5] * (1 + i % 4), [6, 7, 3], [8] * (1 + i % 5) + [3]) for i in range(24)]
     plan = plan_batches(rows, config, torch.Generator().manual_seed(0))
     assert sorted(i for batch in plan for i in batch) == list(range(24))  # every pair once
@@ -136,6 +136,19 @@ def test_token_batching_packs_pairs_by_length(tok, tmp_path):
     logged = [r["train/pairs"] for r in log_rows(tmp_path / "rm") if "train/pairs" in r]
     assert sum(logged) == 24 and len(logged) == len(plan)
     assert math.isfinite(final["train/loss"])
+
+
+def test_token_batches_hold_between_min_batch_and_max_batch_pairs(tok, tmp_path):
+    # PPO paper sec. 4.2: the batch size follows the token count, between 4 and 128 pairs; here a
+    # budget of 40 tokens fits only 2 of the longest pairs (17 tokens), and the minimum of 4 wins
+    config = rm_config(tmp_path, max_steps=None, batching="tokens", max_tokens=40, max_batch=6)
+    rows = [EncodedPair([5] * (1 + i % 4), [6, 7, 3], [8] * (1 + i % 5) + [3]) for i in range(24)]
+    plan = plan_batches(rows, config, torch.Generator().manual_seed(0))
+    assert sorted(i for batch in plan for i in batch) == list(range(24))
+    assert all(4 <= len(batch) <= 6 for batch in plan)
+    assert any(len(batch) * max(rows[i].num_tokens for i in batch) > 40 for batch in plan)
+    unbounded = rm_config(tmp_path / "one", max_steps=None, batching="tokens", max_tokens=40, min_batch=1)
+    assert min(len(b) for b in plan_batches(rows, unbounded, torch.Generator().manual_seed(0))) < 4
 
 
 def test_pair_batch_scores_read_the_eos_of_each_row(tok):

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from rlhf.config import PAPER_SAMPLING
 from rlhf.models.backbone import causal_lm_parts, eval_mode, output_head, position_ids
 from rlhf.models.device import model_device, same_device
 from rlhf.models.packed_linear import MIN_PACKED_NEW_TOKENS, packed_linears
@@ -74,9 +75,9 @@ class SamplingConfig:
 
     @classmethod
     def ppo_paper(cls, max_new_tokens: int = 64) -> SamplingConfig:
-        """The PPO paper's preset (Secrets of RLHF Part I): temperature 0.8, top-p 0.9, repetition
-        penalty 1.1."""
-        return cls(max_new_tokens=max_new_tokens, temperature=0.8, top_p=0.9, repetition_penalty=1.1)
+        """The PPO paper's preset (Secrets of RLHF Part I, sec. 6.1): temperature 0.8, top-p 0.9,
+        repetition penalty 1.1 (`rlhf.config.PAPER_SAMPLING`, which `rollout.sampling: paper` reads)."""
+        return cls(max_new_tokens=max_new_tokens, **PAPER_SAMPLING)
 
     def check_every(self, device: torch.device) -> int:
         """Decode steps between two reads of "has every row ended?" on `device`."""

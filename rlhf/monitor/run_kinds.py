@@ -37,7 +37,7 @@ SPECS: dict[str, KindSpec] = {
         ),
         config_keys=(
             "model", "data.path", "train.batching", "train.batch_size", "train.epochs", "train.max_steps",
-            "train.lm_coef", "optim.lr", "lora.enabled", "seed",
+            "train.lm_coef", "optim.lr", "optim.warmup_fraction", "lora.enabled", "seed",
         ),
         length_keys=("train.max_steps",),
     ),
@@ -50,7 +50,8 @@ SPECS: dict[str, KindSpec] = {
         ),
         config_keys=(
             "preset", "model.policy", "model.reward_model", "data.prompts", "train.iterations",
-            "rollout.batch_size", "rollout.max_new_tokens", "policy.loss", "kl.beta", "kl.adaptive",
+            "rollout.batch_size", "rollout.max_new_tokens", "rollout.samples_per_prompt", "policy.loss",
+            "advantage.estimator", "kl.beta", "kl.adaptive",
             "policy_optim.lr", "critic_optim.lr", "model.lora.enabled", "seed",
         ),
         length_keys=("train.iterations",),

@@ -1,6 +1,7 @@
 """The measured figures of a SmolLM2 + HH run (run.sh) as one small JSON: RM held-out accuracy with its
 Wilson interval, PPO reward/KL/ratio at the first and last iteration, win rate against SFT with its
-interval, wall time and peak RSS per stage, and side-by-side samples.
+interval, wall time and peak RSS per stage, and side-by-side samples; `ppo_curves.png` beside it (the
+PPO run's reward and KL per iteration).
 
     python examples/smollm2_hh/summarize.py runs/smollm2_hh [--out results.json]
 """
@@ -9,8 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
+import statistics
 from pathlib import Path
+
+
+def t975(df: float) -> float:
+    """Student's t 0.975 quantile (Cornish-Fisher, two terms: within 0.025 of the table for df >= 5,
+    so that this script needs the standard library only."""
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
 
 PPO_KEYS = (
     "reward/raw_mean",
@@ -52,6 +63,53 @@ def stage_cost(time_file: Path) -> dict | None:
     }
 
 
+def reward_trend(records: list[dict]) -> dict:
+    """Mean sampled reward of the last third of the iterations minus the first third's, with a
+    95% Welch interval over the iterations' means: a rise the batch noise cannot explain, or not."""
+    third = max(2, len(records) // 3)
+    first = [r["reward/raw_mean"] for r in records[:third]]
+    last = [r["reward/raw_mean"] for r in records[-third:]]
+    va, vb = statistics.variance(first) / len(first), statistics.variance(last) / len(last)
+    df = (va + vb) ** 2 / (va**2 / (len(first) - 1) + vb**2 / (len(last) - 1))
+    diff, half = statistics.fmean(last) - statistics.fmean(first), t975(df) * math.sqrt(va + vb)
+    return {
+        "iterations_per_third": third,
+        "first_third_mean": statistics.fmean(first),
+        "last_third_mean": statistics.fmean(last),
+        "difference": diff,
+        "difference_ci95": [diff - half, diff + half],
+    }
+
+
+def plot_curves(records: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    its = [r["iteration"] for r in records]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    for ax, key, title in zip(
+        axes,
+        ("reward/raw_mean", "kl/ref", "response/length_mean"),
+        (
+            "reward-model score of the samples",
+            "KL to the reference (nats / response)",
+            "response length (tokens)",
+        ),
+    ):
+        ax.plot(its, [r.get(key) for r in records], marker="o", markersize=3)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def summarize(out: Path) -> dict:
     result: dict = {"split": json.loads((out / "data" / "split.json").read_text())}
     rm_eval = json.loads((out / "rm" / "rm_eval.json").read_text())
@@ -62,11 +120,14 @@ def summarize(out: Path) -> dict:
         "iterations": len(records),
         "first": {k: records[0].get(k) for k in PPO_KEYS},
         "last": {k: records[-1].get(k) for k in PPO_KEYS},
+        "reward_trend": reward_trend(records) if len(records) >= 4 else None,
         "curve": [
             {k: r.get(k) for k in ("iteration", "reward/raw_mean", "kl/ref", "policy/clip_fraction")}
             for r in records
         ],
     }
+    if plot_curves(records, out / "ppo_curves.png"):
+        result["ppo"]["curves_png"] = str(out / "ppo_curves.png")
     evaluation = json.loads((out / "ppo" / "eval.json").read_text())
     cmp = evaluation["comparison"]
     result["win_rate_vs_sft"] = {
@@ -77,7 +138,11 @@ def summarize(out: Path) -> dict:
         "ppo_reward": evaluation["policy"].get("mean"),
         "sft_reward": evaluation["baseline"].get("mean"),
     }
-    result["samples"] = evaluation.get("samples", [])[:3]
+    samples = evaluation.get("samples", [])
+    for side in ("policy", "baseline"):  # words per response: a shorter policy is a reward-model preference
+        words = [len(x[f"{side}_response"].split()) for x in samples if f"{side}_response" in x]
+        result["win_rate_vs_sft"][f"{side}_words_mean"] = statistics.fmean(words) if words else None
+    result["samples"] = samples[:3]
     result["stages"] = {p.stem: stage_cost(p) for p in sorted((out / "logs").glob("*.time"))}
     return result
 

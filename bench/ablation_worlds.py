@@ -5,9 +5,10 @@
 
 Each file is one `rlhf ablate` run (a world seed, or a world option such as reward drift). Per
 trick, the table gives its paired effect on the metric (variant minus the full preset, mean and
-95% t interval over the run's seeds) in every file, and whether the verdicts agree: "lower"/"higher"
-on every world, "no effect on any" when every interval holds 0, else "differs" (issue 19: a finding
-must hold on world seeds other than the default).
+95% t interval over the run's seeds) in every file, the effect pooled over every (world, seed) pair,
+and whether the per-world verdicts agree: "lower"/"higher" on every world, "no effect on any" when
+every interval holds 0, else "differs" (issue 19: a finding must hold on world seeds other than the
+default).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from rlhf.ablate.stats import mean_ci, verdict
 
 METRICS = ("gold_gain_end", "gold_gain_at_kl", "kl_end", "ppl_end")
 
@@ -31,6 +34,20 @@ def label(ablation: dict, path: Path) -> str:
 def effects(ablation: dict, metric: str) -> dict[str, dict]:
     """variant -> its vs-full difference on `metric` ({"mean", "ci95", "verdict"})."""
     return {row["variant"]: row["vs_full"][metric] for row in ablation["variants"] if "vs_full" in row}
+
+
+def paired_differences(ablation: dict, variant: str, metric: str) -> list[float]:
+    """The variant's per-seed differences to the full preset on `metric` (runs paired by seed)."""
+    rows = {row["variant"]: row for row in ablation["variants"]}
+    full = {run["seed"]: run[metric] for run in rows["full"]["runs"]}
+    return [run[metric] - full[run["seed"]] for run in rows[variant]["runs"] if run["seed"] in full]
+
+
+def pooled(ablations: list[dict], variant: str, metric: str) -> dict:
+    """The effect over every (world, seed) pair at once: more runs, a narrower interval."""
+    effect = mean_ci([d for a in ablations for d in paired_differences(a, variant, metric)])
+    effect["verdict"] = verdict(effect)
+    return effect
 
 
 def agreement(verdicts: list[str]) -> str:
@@ -54,12 +71,15 @@ def table(paths: list[Path], metric: str) -> str:
     ablations = [json.loads(p.read_text()) for p in paths]
     columns = [effects(a, metric) for a in ablations]
     variants = [v for v in columns[0] if all(v in c for c in columns)]
-    head = ["trick switched", *(label(a, p) for a, p in zip(ablations, paths)), "verdicts"]
+    head = ["trick switched", *(label(a, p) for a, p in zip(ablations, paths)), "pooled", "verdicts"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for variant in variants:
         found = [c.get(variant) for c in columns]
         verdicts = [f["verdict"] for f in found if f is not None]
-        lines.append("| " + " | ".join([variant, *(cell(f) for f in found), agreement(verdicts)]) + " |")
+        both = cell(pooled(ablations, variant, metric))
+        lines.append(
+            "| " + " | ".join([variant, *(cell(f) for f in found), both, agreement(verdicts)]) + " |"
+        )
     return "\n".join(lines)
 
 

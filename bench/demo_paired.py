@@ -46,17 +46,20 @@ def run_figures(directory: Path, algorithm: str) -> dict[int, dict]:
 
 
 def compare(base: Path, others: list[Path], algorithm: str) -> dict:
-    runs = {str(d): run_figures(d, algorithm) for d in [base, *others]}
-    out = {"algorithm": algorithm, "base": str(base), "runs": {}, "vs_base": {}}
+    """Figures per run directory and differences to `base`, keyed by the directories' names."""
+    runs = {d.name: run_figures(d, algorithm) for d in [base, *others]}
+    if len(runs) != 1 + len(others):
+        raise SystemExit("the run directories must have different names (they label the table)")
+    out = {"algorithm": algorithm, "base": base.name, "runs": {}, "vs_base": {}}
     for name, by_seed in runs.items():
         seeds = sorted(by_seed)
         out["runs"][name] = {k: mean_ci([by_seed[s][k] for s in seeds]) for k in FIGURES}
         out["runs"][name]["collapse"] = f"{sum(by_seed[s]['collapse'] for s in seeds)}/{len(seeds)}"
-    for name in map(str, others):
-        shared = sorted(set(runs[name]) & set(runs[str(base)]))
+    for name in (d.name for d in others):
+        shared = sorted(set(runs[name]) & set(runs[base.name]))
         out["vs_base"][name] = {}
         for key in FIGURES:
-            difference = mean_ci([runs[name][s][key] - runs[str(base)][s][key] for s in shared])
+            difference = mean_ci([runs[name][s][key] - runs[base.name][s][key] for s in shared])
             difference["verdict"] = verdict(difference)
             out["vs_base"][name][key] = difference
     return out
@@ -86,7 +89,7 @@ def markdown(result: dict) -> str:
             "| "
             + " | ".join(
                 [
-                    Path(name).name,
+                    name,
                     interval(figures["gold_gain"]),
                     interval(diff["gold_gain"]) if diff else "-",
                     interval(figures["peak_gain"]),

@@ -34,14 +34,14 @@ def test_paired_differences_in_sft_standard_deviations(tmp_path, capsys):
     other = demo_dir(tmp_path, "other", [1.0, 4.0, 1.0], [9.0, 5.0, 4.0], [True, False, True])
     result = compare(base, [other], "apa")
     # gold gains (gold - 1) / 2: base 1.0, 2.0, 1.5; other 0.0, 1.5, 0.0; paired -1.0, -0.5, -1.5
-    assert result["runs"][str(base)]["gold_gain"]["mean"] == pytest.approx(1.5)
-    gain = result["vs_base"][str(other)]["gold_gain"]
+    assert result["runs"]["base"]["gold_gain"]["mean"] == pytest.approx(1.5)
+    gain = result["vs_base"]["other"]["gold_gain"]
     assert gain["mean"] == pytest.approx(-1.0)
     half = 4.303 * 0.5 / 3**0.5  # t(2) x sd / sqrt(3)
     assert gain["ci95"] == pytest.approx([-1.0 - half, -1.0 + half])
     assert gain["verdict"] == "no measurable effect"  # the interval [-2.24, +0.24] holds 0
-    assert result["vs_base"][str(other)]["kl"]["mean"] == pytest.approx(4.0)
-    assert result["runs"][str(other)]["collapse"] == "2/3"
+    assert result["vs_base"]["other"]["kl"]["mean"] == pytest.approx(4.0)
+    assert result["runs"]["other"]["collapse"] == "2/3"
     assert main([str(base), str(other), "--algorithm", "apa", "--json", str(tmp_path / "o.json")]) == 0
     out = capsys.readouterr().out
     # other's gains 0, 1.5, 0: mean 0.5, sd 0.866, t(2) half-width 2.15
@@ -53,3 +53,5 @@ def test_an_algorithm_without_runs_stops_with_its_name(tmp_path):
     base = demo_dir(tmp_path, "base", [3.0], [2.0], [False])
     with pytest.raises(SystemExit, match="has no run of 'grpo'"):
         compare(base, [base], "grpo")
+    with pytest.raises(SystemExit, match="must have different names"):
+        compare(base, [base], "apa")

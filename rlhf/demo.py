@@ -104,8 +104,9 @@ DEMO_RL = {
 # Per preset: every KL-penalized algorithm gets the same beta and 5 critic pre-training iterations.
 # PPO-max runs without PPO-ptx here (the demo passes no ptx data; its gain is measured without it).
 # The demo keeps the values it was measured with (bench/results/demo.json) where the presets since
-# moved to the papers' values (docs/algorithms.md, sec. 23): reward clip 5, PPO-max whitening, APA/AWR
-# without whitening, AWR weights capped at 20, vanilla PPO's critic from the SFT trunk.
+# moved to the papers' values (docs/algorithms.md, sec. 23): reward clip 5, PPO-max whitening, vanilla
+# PPO's critic from the SFT trunk. APA and AWR take the APA paper's whitening and uncapped weights but
+# keep a KL penalty: without it both collapse at the demo's learning rates (bench/ablation.md).
 PRESET_DEMO = {
     "vanilla_ppo": {"model": {"critic_init": "policy"}},
     "ppo_max": {
@@ -115,19 +116,8 @@ PRESET_DEMO = {
         "reward": {"clip": 5.0},
         "advantage": {"whiten": True},
     },
-    "apa": {
-        "critic": {"pretrain_iterations": 5},
-        "kl": {"beta": 0.1},
-        "reward": {"clip": 5.0},
-        "advantage": {"whiten": False},
-    },
-    "awr": {
-        "critic": {"pretrain_iterations": 5},
-        "kl": {"beta": 0.1},
-        "reward": {"clip": 5.0},
-        "advantage": {"whiten": False},
-        "policy": {"awr_max_weight": 20.0},
-    },
+    "apa": {"critic": {"pretrain_iterations": 5}, "kl": {"beta": 0.1}, "reward": {"clip": 5.0}},
+    "awr": {"critic": {"pretrain_iterations": 5}, "kl": {"beta": 0.1}, "reward": {"clip": 5.0}},
     # critic-free: groups of 4 responses per prompt; GRPO's KL is in its loss (same coefficient)
     "grpo": {"rollout": {"samples_per_prompt": 4}, "policy": {"kl_loss_coef": 0.1}},
     "rloo": {"rollout": {"samples_per_prompt": 4}, "kl": {"beta": 0.1}},

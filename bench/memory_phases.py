@@ -94,6 +94,38 @@ def malloc_mib() -> dict[str, float]:
 MIB = float(1 << 20)
 
 
+def arenas_mib() -> list[tuple[float, float]]:
+    """(bytes obtained from the OS, bytes free) of each glibc malloc arena, MiB (malloc_info's
+    report: arena 0 is the main thread's, the others were made for other threads); [] off glibc."""
+    import os
+    import re
+    import tempfile
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.fopen.restype = ctypes.c_void_p
+        libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return []
+    handle, path = tempfile.mkstemp()
+    os.close(handle)
+    stream = libc.fopen(path.encode(), b"w")
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    text = Path(path).read_text()
+    os.unlink(path)
+    out = []
+    for heap in re.findall(r'<heap nr="\d+">(.*?)</heap>', text, re.S):
+        free = sum(
+            int(n) for n in re.findall(r'<total type="(?:fast|rest)" count="\d+" size="(\d+)"/>', heap)
+        )
+        system = int(re.search(r'<system type="current" size="(\d+)"/>', heap).group(1))
+        out.append((system / MIB, free / MIB))
+    return out
+
+
 class PhaseRecorder:
     """RSS sampled every 10 ms, attributed to the phase running on the main thread: per call of a
     phase (`update #2`), the RSS at entry, the peak inside with malloc's figures at that peak, and
@@ -130,7 +162,7 @@ class PhaseRecorder:
         if previous is not None:
             with self.lock:
                 s = self.stats[self.phase]
-                s["exit"], s["exit_malloc"] = rss_mib(), malloc_mib()
+                s["exit"], s["exit_malloc"], s["arenas"] = rss_mib(), malloc_mib(), arenas_mib()
                 s["peak"] = max(s["peak"], s["exit"])
                 self.phase = previous
 
@@ -271,6 +303,13 @@ def main() -> int:
         at_peak = f"{m['used']:6.0f} {m['free']:6.0f} {m['mmapped']:6.0f}" if m else " " * 20
         at_exit = f"{s['exit']:6.0f} {e['used']:6.0f} {e['free']:6.0f}" if e else ""
         print(f"{name:24} {s['entry']:6.0f} {s['peak']:6.0f} {at_peak}   {at_exit}")
+    print("\nglibc arenas at each phase's exit (MiB obtained from the OS / free in it), arena 0 first:")
+    for name, s in recorder.stats.items():
+        if s.get("arenas"):
+            print(
+                f"{name:24} "
+                + "  ".join(f"{system:.0f}/{free:.0f}" for system, free in s["arenas"] if system >= 1)
+            )
     if saved is not None:
         saved.report()
     return code or 0

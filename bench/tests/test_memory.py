@@ -4,6 +4,7 @@ parameter count against the model's."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -69,3 +70,17 @@ def test_lora_activation_estimate_is_what_autograd_keeps(tmp_path, layers):
 
 def test_ppo_update_micro_batches_hold_a_minibatch_at_most():
     assert ppo_micro_rows() == 2  # 8 rollouts in the preset's 4 minibatches, micro-batches of <= 4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+def test_malloc_figures_see_an_allocation():
+    from bench.memory_phases import arenas_mib, malloc_mib
+
+    before = malloc_mib()
+    block = torch.ones(4 << 20)  # 16 MiB: heap or mmapped, as glibc's threshold decides
+    after = malloc_mib()
+    grown = (after["used"] + after["mmapped"]) - (before["used"] + before["mmapped"])
+    assert 15.9 < grown < 17  # MiB
+    del block
+    arenas = arenas_mib()
+    assert arenas and arenas[0][0] >= arenas[0][1] >= 0  # the main arena: taken from the OS >= free

@@ -7,7 +7,8 @@ Each stage runs the `rlhf` command in its own subprocess (a clean heap; its peak
 read with wait4) on SmolLM2-135M-Instruct in float32 (/work/models/smollm2-f32) and HH-RLHF
 harmless-base pairs (the longest ones), with the shapes of issue 17: prompts and responses
 <= 256 tokens each, 8 sequences per SFT and RM micro-batch, PPO-max with a LoRA policy on
-8 prompts <= 256 tokens, 64 new tokens, 4 rows per update micro-batch (the constants below).
+8 prompts <= 256 tokens, 64 new tokens, micro-batches of up to 4 rows (the constants below; the
+preset's 4 minibatches of 8 rollouts make each update micro-batch 2 rows).
 Two steps each: the peak is reached once the optimizer state exists and a micro-batch is in
 flight, i.e. in the second step.
 
@@ -49,6 +50,7 @@ F32 = 4
 # Activations grow linearly with a micro-batch's rows; each floor is computed for these shapes.
 SFT_ROWS, RM_PAIRS, PROMPT_TOKENS = 8, 2, 256
 PPO_ROWS, PPO_MICRO_ROWS, PPO_NEW_TOKENS = 8, 4, 64
+PPO_MINIBATCHES = 4  # the ppo_max preset's train.minibatches: its micro-batches hold 8 / 4 = 2 rows
 
 
 def model_shape(model: Path) -> dict:
@@ -85,6 +87,26 @@ def activation_bytes(shape: dict, rows: int, width: int) -> int:
     return F32 * rows * width * (shape["layers"] * per_token_layer + 2 * h)
 
 
+def lora_activation_bytes(shape: dict, rows: int, width: int, rank: int = 8) -> int:
+    """`activation_bytes` of a decoder whose base weights are frozen, with LoRA adapters of `rank`
+    on q_proj and v_proj (PEFT's default for Llama). Autograd saves an operand only for the
+    gradients it feeds, and a frozen weight needs none: the inputs of k_proj, o_proj and the three
+    MLP projections and the RMSNorms' normalized outputs are not kept (the adapters keep the
+    attention input once, shared by q and v, and their rank-wide outputs). Per token and layer:
+    3 h-wide (the two RMSNorms' inputs, the adapters' input), 4 q-wide (q, k and v repeated to the
+    query heads, q's adapter sum), 3 i-wide (gate, up, silu(gate)), 2 x rank, the mask's row, a
+    log-sum-exp per head; plus the rotary table (Counted: bench/tests/test_memory.py.)"""
+    h, i, q, heads = shape["hidden"], shape["intermediate"], shape["q"], shape["heads"]
+    per_token_layer = 3 * h + 4 * q + 3 * i + 2 * rank + heads + width + 2
+    return F32 * rows * width * (shape["layers"] * per_token_layer + q // heads * 2)
+
+
+def ppo_micro_rows() -> int:
+    """Rows of each PPO update micro-batch: a minibatch is 1/PPO_MINIBATCHES of the rollout batch,
+    cut into micro-batches of at most PPO_MICRO_ROWS rows."""
+    return min(PPO_MICRO_ROWS, -(-PPO_ROWS // PPO_MINIBATCHES))
+
+
 def floors(model: Path, widths: dict[str, int]) -> dict:
     """The floor of each stage in MiB, and what it is made of; `widths`: each stage's longest row
     (prompt + response tokens), the width of its widest micro-batch."""
@@ -94,12 +116,15 @@ def floors(model: Path, widths: dict[str, int]) -> dict:
     sft_act = activation_bytes(s, SFT_ROWS, widths["sft"])
     rm_act = activation_bytes(s, 2 * RM_PAIRS, widths["rm"])
     lora = lora_params(s, rank=8)
+    rows = ppo_micro_rows()
     ppo = {
         # policy (also the reference: its adapter off) + reward model + critic trained in full
         "weights": w + w + w,
         "trained": 3 * F32 * lora + 3 * w,  # LoRA grads+moments, critic grads+moments
-        # policy and critic steps overlap on two cores (runtime.overlap_critic): two micro-batches
-        "activations": 2 * activation_bytes(s, PPO_MICRO_ROWS, widths["train"]),
+        # policy and critic steps overlap on two cores (runtime.overlap_critic): one micro-batch of
+        # each alive at once; the LoRA policy keeps less than the fully trained critic
+        "activations": lora_activation_bytes(s, rows, widths["train"])
+        + activation_bytes(s, rows, widths["train"]),
     }
     out = {
         "sft": {"weights": w, "trained": full_train - w, "activations": sft_act},
@@ -181,7 +206,10 @@ def rlhf_command(*args: str) -> list[str]:
 
 
 # Knobs measured beside the default stages (`--stages sft,rm,train,sft+gc,...`): (stage, extra flags)
+# and, in ENVIRONMENTS, the variables a variant sets in the stage's environment
+ENVIRONMENTS = {"train-one_arena": {"MALLOC_ARENA_MAX": "1"}}  # glibc: every thread allocates from one arena
 VARIANTS = {
+    "train-one_arena": ("train", []),
     "sft+gc": ("sft", ["--gradient_checkpointing", "true"]),
     "rm+gc": ("rm", ["--gradient_checkpointing", "true"]),
     "train+gc": ("train", ["--model.gradient_checkpointing", "true"]),
@@ -250,7 +278,9 @@ def run(args) -> dict:
             base, extra = VARIANTS.get(stage, (stage, []))
             command = stage_command(base, args.model, data, reward_model, work / stage, args.steps) + extra
             print(f"[memory] {stage} ...", file=sys.stderr, flush=True)
-            outcome = run_case(command, env=env, cwd=str(work), timeout=args.timeout)
+            outcome = run_case(
+                command, env={**env, **ENVIRONMENTS.get(stage, {})}, cwd=str(work), timeout=args.timeout
+            )
             record = {"peak_rss_mib": outcome["maxrss_mb"], "wall_s": outcome["wall_s"]}
             if "error" in outcome:
                 record["error"] = outcome["error"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +36,22 @@ def rlhf(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(command(*args), env=env(), capture_output=True, text=True, timeout=timeout)
 
 
+def _default_sigint() -> None:
+    # a suite started in the background (`make test &`, nohup, some CI runners) inherits SIGINT
+    # ignored, and so would the child: the Ctrl-C tests then time out; give it the default back
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(*args) -> subprocess.Popen:
-    """`rlhf ARGS` started in the background (stdout/stderr piped)."""
+    """`rlhf ARGS` started in the background (stdout/stderr piped), with SIGINT's default action
+    whatever the test runner's is, so that it can be interrupted as a user would."""
     return subprocess.Popen(
-        command(*args), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command(*args),
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
     )
 
 

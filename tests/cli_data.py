@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> str:
+    """`rows` as a JSON-lines file at `path`; returns the path as the string a CLI flag takes."""
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
 
 def sft_rows(words: list[str], n: int = 16) -> list[dict]:
     """Two-word prompts answered by a word and "t"."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_data import pair_rows, save_tiny_base, sft_rows
+from cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl
 
 from rlhf.cli import STAGES, main
 from rlhf.config import RLConfig, config_from_yaml
@@ -27,11 +27,6 @@ TINY_TRAIN = [
     "--train.micro_batch_size", "4", "--critic.pretrain_iterations", "1", "--checkpoint.every", "1",
     "--policy_optim.lr", "0.001", "--log.sinks", "jsonl",
 ]  # fmt: skip
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
 
 
 def records(run: Path) -> list[dict]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_data import save_tiny_base
+from cli_data import save_tiny_base, write_jsonl
 
 from rlhf.cli import main
 
@@ -21,11 +21,6 @@ WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
 def varied(i: int, n: int) -> str:
     """`n` words starting at word i: rows of 1 to 7 words, so micro-batches pad."""
     return " ".join(WORDS[(i + j) % len(WORDS)] for j in range(n))
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
 
 
 def step_rows(run: Path) -> list[dict]:

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: cli_data
 
-from cli_data import pair_rows, save_tiny_base, sft_rows  # noqa: E402
+from cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl  # noqa: E402
 
 from rlhf.cli import main  # noqa: E402
 
@@ -25,11 +25,6 @@ torch.set_num_threads(1)
 WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 300  # seconds for a whole torchrun job
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The device check of a session lent a GPU, in one call (about 6 minutes on an H100/H200):
+#   PYTHONPATH=. OUT=DIR bash bench/gpu_check.sh
+# 1. tests/gpu; 2. bench/gpu.py's PPO iteration (small workloads, float32 and bf16);
+# 3. peak GPU memory per phase of PPO-max (bench/gpu_memory.py: the 84M workload and SmolLM2's
+#    shape); 4. `rlhf train` under a one-rank torchrun with fsdp2 in bf16 from model directories.
+# Every figure lands in $OUT (gpu_tests.log, bench_gpu.jsonl, gpu_memory.jsonl, torchrun.log).
+set -u
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+step() { echo; echo "== $* ($(date +%T))"; }
+
+step versions
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'peft', peft.__version__)"
+
+step "tests/gpu"
+timeout 240 python3 -m pytest tests/gpu -m gpu -q -ra -p no:cacheprovider --timeout 120 \
+    --junitxml "$OUT/gpu_tests.xml" >"$OUT/gpu_tests.log" 2>&1
+echo "pytest exit $?"
+grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -3
+grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30
+
+step "bench/gpu.py: PPO iteration"
+timeout 30 python3 -m bench.gpu info | tail -1 | tee -a "$OUT/bench_gpu.jsonl"
+for workload in small-1x1 small-4x4; do
+    for dtype in float32 bfloat16; do
+        timeout 60 python3 -m bench.gpu ppo --workload $workload --dtype $dtype --device cuda --iters 4 \
+            >"$OUT/last_case.log" 2>&1
+        echo "$workload $dtype exit $?"
+        tail -1 "$OUT/last_case.log" | tee -a "$OUT/bench_gpu.jsonl"
+        tail -4 "$OUT/last_case.log" | grep -i error
+    done
+done
+
+step "bench/gpu_memory.py: peak allocated per phase, PPO-max"
+for workload in m84 smollm2; do
+    for dtype in bfloat16 float32; do
+        timeout 90 python3 -m bench.gpu_memory --workload $workload --dtype $dtype --iters 2 \
+            >"$OUT/last_case.log" 2>&1
+        echo "$workload $dtype exit $?"
+        tail -1 "$OUT/last_case.log" | tee -a "$OUT/gpu_memory.jsonl"
+        tail -6 "$OUT/last_case.log" | grep -iE "error|Traceback" -A3
+    done
+done
+
+step "torchrun 1 rank, fsdp2, bf16: rlhf train from model directories"
+MODELS=$(mktemp -d)
+timeout 60 python3 -m bench.gpu_models --workload m84 --out "$MODELS"
+timeout 150 torchrun --nproc-per-node 1 -m rlhf train --dist.strategy fsdp2 --preset ppo_max \
+    --policy "$MODELS/policy" --reward-model "$MODELS/rm" --prompts "$MODELS/prompts.jsonl" \
+    --out "$MODELS/ppo" --train.device cuda --model.dtype bfloat16 --train.iterations 2 \
+    --rollout.batch_size 8 --rollout.max_new_tokens 8 --train.minibatches 2 \
+    --critic.pretrain_iterations 1 >"$OUT/torchrun.log" 2>&1
+echo "torchrun exit $?"
+tail -25 "$OUT/torchrun.log"
+ls "$MODELS/ppo"
+step done

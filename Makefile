@@ -37,7 +37,7 @@ bench-memory: setup
 bench-demo: setup
 	$(PY) bench/demo_timing.py
 
-# Mutation testing of rlhf/core/*.py and rlhf/train/experience.py (minutes; not part of `make test`):
+# Mutation testing of rlhf/core/*.py and rlhf/rl/experience.py (minutes; not part of `make test`):
 # prints the per-file table and survivors, writes bench/results/mutation.json (docs/mutation.md).
 # MUTATE_LIMIT mutants per file (a seeded sample); `make mutate MUTATE_LIMIT=` runs all of them.
 MUTATE_LIMIT ?= 25

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rlhf.ablate.stats import mean_ci, verdict
+from rlhf.demo.ablate.stats import mean_ci, verdict
 
 METRICS = ("gold_gain_end", "gold_gain_at_kl", "kl_end", "ppl_end")
 

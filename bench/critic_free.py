@@ -37,7 +37,7 @@ def one_run(directory: Path, algorithm: str, seed: int, iterations: int) -> dict
     """One RL run in this process (called in a child process); its figures."""
     import torch
 
-    from rlhf.demo import DemoConfig, run_one
+    from rlhf.demo.run import DemoConfig, run_one
     from rlhf.models.scalar_head import ScalarHeadModel
     from rlhf.worlds import build_world
 
@@ -85,8 +85,8 @@ def smollm2_run(model_dir: Path, algorithm: str, iterations: int) -> dict:
     from bench.smollm2 import chat_prompts, load, rss_mb
     from rlhf.config import RLConfig, load_config
     from rlhf.models.scalar_head import ScalarHeadModel
-    from rlhf.train.rl import RLTrainer
-    from rlhf.train.roles import assemble_roles
+    from rlhf.rl.roles.assemble import assemble_roles
+    from rlhf.rl.trainer import RLTrainer
 
     torch.set_num_threads(1)
     tokenizer, policy = load(model_dir)
@@ -178,7 +178,7 @@ def main() -> int:
     if args.skip_demo:
         (ROOT / "bench" / "results" / "critic_free_smollm2.json").write_text(json.dumps(results, indent=2))
         return 0
-    from rlhf.demo import run_demo
+    from rlhf.demo.run import run_demo
 
     run_demo(out=str(directory), overrides=["--iterations", "1"], quiet=True)  # world, SFT, reward model
     rows = []

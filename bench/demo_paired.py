@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rlhf.ablate.stats import mean_ci, verdict
+from rlhf.demo.ablate.stats import mean_ci, verdict
 
 FIGURES = ("gold_gain", "peak_gain", "proxy", "kl", "ppl", "distinct2")
 

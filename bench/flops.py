@@ -98,7 +98,7 @@ class IterationShape:
 
 
 def iteration_phases(policy: ModelShape, critic: ModelShape, reward: ModelShape, it: IterationShape) -> dict:
-    """FLOPs per phase of our trainer (rlhf.train.rl.RLTrainer.step):
+    """FLOPs per phase of our trainer (rlhf.rl.trainer.RLTrainer.step):
 
     - generate: sampling with the policy (KV cache);
     - score: the reward model over prompt + response (its scalar head is negligible);

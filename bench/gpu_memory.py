@@ -106,8 +106,8 @@ def run(name: str, dtype: str, device: str, iters: int, seed: int = 0) -> dict:
     from bench.ours import build_prompts, build_tokenizer
     from rlhf.config import RLConfig, load_config
     from rlhf.models.scalar_head import ScalarHeadModel
-    from rlhf.train.rl import RLTrainer
-    from rlhf.train.roles import assemble_roles
+    from rlhf.rl.roles.assemble import assemble_roles
+    from rlhf.rl.trainer import RLTrainer
 
     dev = torch.device(device)
     rng = random.Random(seed)

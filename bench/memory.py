@@ -156,8 +156,8 @@ def write_data(directory: Path, model: Path, rows: int) -> tuple[dict[str, Path]
     from rlhf.config import RewardConfig, SFTConfig, load_config
     from rlhf.data.loading import load_examples
     from rlhf.data.tokenize import TruncationStats
-    from rlhf.train.reward_model import encode_pairs
-    from rlhf.train.sft import encode_sft_examples
+    from rlhf.stages.rm import encode_pairs
+    from rlhf.stages.sft import encode_sft_examples
 
     with gzip.open(PAIRS, "rt") as f:
         lines = [line for line in f if line.strip()]

@@ -33,24 +33,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # (module, attribute, phase name): functions looked up by these names when the stage runs
 PHASES = [
     ("rlhf.models.loading", "load_causal_lm", "load model"),
-    ("rlhf.train.sft", "train_steps", "forward+backward"),
-    ("rlhf.train.sft", "evaluate_nll", "evaluate"),
-    ("rlhf.train.sft", "clip_and_step", "optimizer step"),
-    ("rlhf.train.sft", "export_models", "export"),
-    ("rlhf.train.reward_model", "pair_forward", "forward+backward"),
-    ("rlhf.train.reward_model", "ranking_loss", "forward+backward"),
-    ("rlhf.train.reward_model", "evaluate_pairs", "evaluate"),
-    ("rlhf.train.reward_model", "clip_and_step", "optimizer step"),
-    ("rlhf.train.reward_model", "save_reward_model", "export"),
-    ("rlhf.train.roles", "assemble_roles", "build roles"),
-    ("rlhf.train.roles.policy.Policy", "generate", "rollout"),
-    ("rlhf.train.rl.RLTrainer", "score", "score"),
-    ("rlhf.train.roles.policy.Policy", "logprobs", "old log-probs"),
+    ("rlhf.stages.sft", "train_steps", "forward+backward"),
+    ("rlhf.stages.sft", "evaluate_nll", "evaluate"),
+    ("rlhf.stages.sft", "clip_and_step", "optimizer step"),
+    ("rlhf.stages.sft", "export_models", "export"),
+    ("rlhf.stages.rm", "pair_forward", "forward+backward"),
+    ("rlhf.stages.rm", "ranking_loss", "forward+backward"),
+    ("rlhf.stages.rm", "evaluate_pairs", "evaluate"),
+    ("rlhf.stages.rm", "clip_and_step", "optimizer step"),
+    ("rlhf.stages.rm", "save_reward_model", "export"),
+    ("rlhf.rl.roles.assemble", "assemble_roles", "build roles"),
+    ("rlhf.rl.roles.policy.Policy", "generate", "rollout"),
+    ("rlhf.rl.trainer.RLTrainer", "score", "score"),
+    ("rlhf.rl.roles.policy.Policy", "logprobs", "old log-probs"),
     ("rlhf.models.reference.ReferenceModel", "session", None),  # a context manager: see below
-    ("rlhf.train.roles.critic.Critic", "values", "values"),
-    ("rlhf.train.rl.RLTrainer", "update", "update"),
-    ("rlhf.train.rl.RLTrainer", "save_checkpoint", "checkpoint"),
-    ("rlhf.train.roles.Roles", "export", "export"),
+    ("rlhf.rl.roles.critic.Critic", "values", "values"),
+    ("rlhf.rl.trainer.RLTrainer", "update", "update"),
+    ("rlhf.rl.trainer.RLTrainer", "save_checkpoint", "checkpoint"),
+    ("rlhf.rl.roles.assemble.Roles", "export", "export"),
 ]
 
 
@@ -253,7 +253,7 @@ class SavedTensors:
         return wrapped
 
     def install(self) -> None:
-        from rlhf.train.roles import critic, policy
+        from rlhf.rl.roles import critic, policy
 
         self_policy = policy.Policy.micro_loss
         policy.Policy.micro_loss = self.count("policy", lambda args: args[0].model, self_policy)

@@ -39,8 +39,8 @@ def trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed: int, run_d
     the given models (the reward model is `reward_lm` with a scalar head)."""
     from rlhf.config import RLConfig, deep_merge, load_config
     from rlhf.models.scalar_head import ScalarHeadModel
-    from rlhf.train.rl import RLTrainer
-    from rlhf.train.roles import assemble_roles
+    from rlhf.rl.roles.assemble import assemble_roles
+    from rlhf.rl.trainer import RLTrainer
 
     reward_model = ScalarHeadModel.from_causal_lm(reward_lm)
     overrides = {

@@ -59,7 +59,8 @@ def main() -> None:
     logging.getLogger("rlhf.data.loading").setLevel(logging.ERROR)
     from rlhf.data.length_grouping import micro_batch_groups, padded_tokens
     from rlhf.models.loading import load_tokenizer
-    from rlhf.train import reward_model, sft
+    from rlhf.stages import rm as reward_model
+    from rlhf.stages import sft
 
     tokenizer = load_tokenizer(MODEL)
     kind = "sft" if args.stage == "sft" else "preference"

@@ -338,8 +338,8 @@ def ppo_case(model_dir: Path, batch: int, new_tokens: int, iters: int, warmup: i
     from bench.ours import PHASES, phase_flops, record_shapes, run_iterations, summarize
     from rlhf.config import RLConfig, load_config
     from rlhf.models.scalar_head import ScalarHeadModel
-    from rlhf.train.rl import RLTrainer
-    from rlhf.train.roles import assemble_roles
+    from rlhf.rl.roles.assemble import assemble_roles
+    from rlhf.rl.trainer import RLTrainer
 
     memory = {"after_imports": rss_mb()}
     tokenizer, policy = load(model_dir)

@@ -229,8 +229,8 @@ def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
 def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     """`rlhf sft` and `rlhf rm`: --model, --data and --out over --config and dotted overrides."""
     from rlhf.config import load_config
+    from rlhf.rundir.lock import writer_lock
     from rlhf.runtime.process_group import data_parallel
-    from rlhf.train.run_lock import writer_lock
 
     config = load_config(
         config_class,
@@ -254,23 +254,23 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
 
 def run_sft_command(args, rest, ctx) -> int:
     from rlhf.config import SFTConfig
-    from rlhf.train.sft import run_sft
+    from rlhf.stages.sft import run_sft
 
     return _run_supervised_stage(args, rest, SFTConfig, run_sft, ctx)
 
 
 def run_rm_command(args, rest, ctx) -> int:
     from rlhf.config import RewardConfig
-    from rlhf.train.reward_model import run_reward_training
+    from rlhf.stages.rm import run_reward_training
 
     return _run_supervised_stage(args, rest, RewardConfig, run_reward_training, ctx)
 
 
 def run_train_command(args, rest, ctx) -> int:
     from rlhf.config import RLConfig, load_config
+    from rlhf.rundir.lock import writer_lock
     from rlhf.runtime.process_group import data_parallel, is_writer_process
-    from rlhf.train.pipeline import run_rl
-    from rlhf.train.run_lock import writer_lock
+    from rlhf.stages.train import run_rl
 
     named = {
         "model.policy": args.policy,
@@ -281,7 +281,7 @@ def run_train_command(args, rest, ctx) -> int:
     }
     ctx.resumable = True
     if args.resume:
-        from rlhf.train.resume_config import resume_config
+        from rlhf.rundir.resume import resume_config
 
         config = resume_config(
             args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named)
@@ -317,7 +317,7 @@ def _prepare_resume(run_dir) -> None:
     """Remove what killed checkpoint writes left, and set damaged newest checkpoints aside (warning
     about each) so the run resumes from the newest complete one."""
     from rlhf.config import ConfigError
-    from rlhf.train import checkpoint as ckpt
+    from rlhf.rundir import checkpoint as ckpt
 
     ckpt.clean_stale(run_dir)
     problems: list[str] = []
@@ -335,7 +335,7 @@ def _prepare_resume(run_dir) -> None:
 
 
 def run_eval_command(args, rest, ctx) -> int:
-    from rlhf.train.pipeline import run_eval
+    from rlhf.stages.eval import run_eval
 
     if rest:
         raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf eval --help`.")
@@ -344,15 +344,15 @@ def run_eval_command(args, rest, ctx) -> int:
 
 
 def run_rm_eval_command(args, rest, ctx) -> int:
-    from rlhf.train.rm_eval import run_rm_eval
+    from rlhf.stages.rm_eval import run_rm_eval
 
     run_rm_eval(args, rest)
     return 0
 
 
 def run_demo_command(args, rest, ctx) -> int:
-    from rlhf.demo import run_demo
-    from rlhf.train.run_lock import run_dir_lock
+    from rlhf.demo.run import run_demo
+    from rlhf.rundir.lock import run_dir_lock
 
     with run_dir_lock(args.out) as ctx.run_dir:
         return run_demo(
@@ -361,8 +361,8 @@ def run_demo_command(args, rest, ctx) -> int:
 
 
 def run_ablate_command(args, rest, ctx) -> int:
-    from rlhf.ablate import run_ablation
-    from rlhf.train.run_lock import run_dir_lock
+    from rlhf.demo.ablate import run_ablation
+    from rlhf.rundir.lock import run_dir_lock
 
     with run_dir_lock(args.out) as ctx.run_dir:
         return run_ablation(

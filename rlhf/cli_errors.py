@@ -79,7 +79,7 @@ def _last_logged(run_dir: Path, key: str) -> int | None:
 
 
 def _last_checkpoint(run_dir: Path) -> int | None:
-    from rlhf.train.checkpoint import latest_verified
+    from rlhf.rundir.checkpoint import latest_verified
 
     found = latest_verified(run_dir, warn=lambda message: None)
     return None if found is None else int(found.name.split("_")[1])

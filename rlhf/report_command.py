@@ -12,7 +12,7 @@ def run_report(directory: str) -> int:
     d = Path(directory)
     try:
         if all((d / name).is_file() for name in DEMO_FILES):
-            from rlhf.demo import rebuild_report
+            from rlhf.demo.run import rebuild_report
 
             return rebuild_report(directory)
         from rlhf.monitor.run_report import write_run_report

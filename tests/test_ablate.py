@@ -10,13 +10,13 @@ import math
 import pytest
 import torch
 
-from rlhf.ablate import TRICKS, run_ablation, variants
-from rlhf.ablate import runner as ablate_runner
-from rlhf.ablate.runner import ABLATABLE_PRESETS, ABLATE_RL
-from rlhf.ablate.stats import gold_at_kl, mean_ci, verdict
-from rlhf.ablate.tricks import resolved
 from rlhf.cli import main
 from rlhf.config import to_dict
+from rlhf.demo.ablate import TRICKS, run_ablation, variants
+from rlhf.demo.ablate import runner as ablate_runner
+from rlhf.demo.ablate.runner import ABLATABLE_PRESETS, ABLATE_RL
+from rlhf.demo.ablate.stats import gold_at_kl, mean_ci, verdict
+from rlhf.demo.ablate.tricks import resolved
 
 TINY = [
     "--sft_steps", "4", "--rm_steps", "4", "--iterations", "2", "--eval_every", "1", "--eval_prompts", "4",

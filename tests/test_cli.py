@@ -164,7 +164,7 @@ def test_eval_with_the_papers_sampling_records_it_and_refuses_a_second_temperatu
 def test_eval_encodes_prompts_with_the_budget_the_policy_was_trained_with(
     files, runs, tmp_path, monkeypatch, capsys
 ):
-    import rlhf.train.pipeline as pipeline
+    import rlhf.stages.train as pipeline
 
     budgets = []
 
@@ -191,7 +191,7 @@ def test_eval_encodes_prompts_with_the_budget_the_policy_was_trained_with(
 def test_eval_prompt_budget_of_a_model_without_a_run_config_is_512(tmp_path):
     from argparse import Namespace
 
-    from rlhf.train.pipeline import eval_prompt_budget
+    from rlhf.stages.eval import eval_prompt_budget
 
     assert eval_prompt_budget(Namespace(policy=str(tmp_path), max_prompt_tokens=None)) == 512
     (tmp_path / "config.yaml").write_text("data: [not, a, mapping]\n")

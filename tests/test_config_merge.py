@@ -29,7 +29,7 @@ from rlhf.config import (
     save_config,
     to_dict,
 )
-from rlhf.demo import DemoConfig, demo_config
+from rlhf.demo.run import DemoConfig, demo_config
 
 STAGES = (SFTConfig, RewardConfig, RLConfig)
 # Cross-field rules of `validate`: a key that cannot change alone, and what it needs beside it.
@@ -227,13 +227,13 @@ def test_every_preset_states_its_learning_rates(preset):
 
 
 def test_rlhf_train_with_a_preset_resolves_its_rates(monkeypatch, tmp_path):
-    import rlhf.train.pipeline
-    import rlhf.train.sft
+    import rlhf.stages.sft
+    import rlhf.stages.train
     from rlhf.cli import main
 
     seen = []
-    monkeypatch.setattr(rlhf.train.pipeline, "run_rl", lambda config, **_: seen.append(config))
-    monkeypatch.setattr(rlhf.train.sft, "run_sft", lambda config, **_: seen.append(config))
+    monkeypatch.setattr(rlhf.stages.train, "run_rl", lambda config, **_: seen.append(config))
+    monkeypatch.setattr(rlhf.stages.sft, "run_sft", lambda config, **_: seen.append(config))
     paths = ["--policy", "p", "--reward-model", "r", "--prompts", "x.jsonl", "--out", str(tmp_path)]
     assert main(["train", "--preset", "ppo_max", *paths, "--policy_optim.warmup_steps", "3"]) == 0
     assert main(["sft", "--model", "m", "--data", "d.jsonl", "--optim.warmup_steps", "3"]) == 0

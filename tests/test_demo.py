@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from rlhf.demo import ALGORITHMS, run_demo
+from rlhf.demo.run import ALGORITHMS, run_demo
 from rlhf.monitor.report import SECTIONS
 
 TINY = [
@@ -112,7 +112,7 @@ def test_the_demo_keeps_the_settings_it_was_measured_with():
     """The presets follow the papers (docs/algorithms.md, sec. 23); the demo pins the values its
     measured findings (bench/results/demo.json) were run with, so its summary does not move."""
     from rlhf.config import RLConfig, load_config
-    from rlhf.demo import ALGORITHMS, DemoConfig, demo_rl_overrides
+    from rlhf.demo.run import ALGORITHMS, DemoConfig, demo_rl_overrides
 
     measured = {  # (reward.clip, advantage.whiten, model.critic_init, kl.beta, policy.awr_max_weight)
         "vanilla_ppo": (None, True, "policy", 0.0, 20.0),

@@ -1,6 +1,6 @@
 """Mutation testing of the core: small AST mutants of a file, each run against that file's tests.
 
-    python tools/mutate.py                                 # rlhf/core/*.py and rlhf/train/experience.py
+    python tools/mutate.py                                 # rlhf/core/*.py and rlhf/rl/experience.py
     python tools/mutate.py --files rlhf/core/stats.py --limit 20 --seed 1 --json out.json
 
 Every mutant is one small change found by walking the file's AST: an operator swap (+ -, * /,
@@ -40,14 +40,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FILES = sorted(str(p.relative_to(REPO)) for p in (REPO / "rlhf/core").glob("*.py")) + [
-    "rlhf/train/experience.py"
+    "rlhf/rl/experience.py"
 ]
 DEFAULT_JSON = "bench/results/mutation.json"
 DEFAULT_EQUIVALENTS = "docs/mutation.md"
 # Target file (glob) -> its tests, most specific first so that `-x` stops early on a kill.
 TEST_MAP: dict[str, list[str]] = {
     "rlhf/core/*.py": ["tests/core/test_core_{stem}*.py", "tests/core/test_core_*.py"],
-    "rlhf/train/experience.py": [
+    "rlhf/rl/experience.py": [
         "tests/train/test_train_experience.py",
         "tests/train/test_train_internals.py",
     ],

@@ -101,8 +101,8 @@ def test_iteration_phases_match_the_trainer(tokenizer, tmp_path, from_sampler):
     """Every matmul of one RLTrainer iteration (rollout, scoring forwards, update) is counted."""
     from rlhf.config import RLConfig, load_config
     from rlhf.models.scalar_head import ScalarHeadModel
-    from rlhf.train.rl import RLTrainer
-    from rlhf.train.roles import assemble_roles
+    from rlhf.rl.roles.assemble import assemble_roles
+    from rlhf.rl.trainer import RLTrainer
 
     policy = eager_lm(tokenizer, seed=0)
     reward_model = ScalarHeadModel.from_causal_lm(eager_lm(tokenizer, seed=2))

@@ -1,4 +1,4 @@
-"""Runtimes place the roles (rlhf/train/roles/) and schedule their work; the RL loop is the same
+"""Runtimes place the roles (rlhf/rl/roles/) and schedule their work; the RL loop is the same
 for all of them.
 
     local        one process, CPU or one GPU (threads that overlap critic and policy live here)

@@ -1,6 +1,6 @@
 """The distributed runtime: data parallelism over the ranks of a torchrun launch (docs/distributed.md).
 
-Global batch, local rows. Every rank holds every role and runs the same loop (rlhf/train/rl.py) on
+Global batch, local rows. Every rank holds every role and runs the same loop (rlhf/rl/trainer.py) on
 the same numbers: the same prompts, the same sampled tokens, the same experience and statistics.
 The costly work on rows is shared:
 - `generate`: each rank samples its share of the rows, drawing the whole batch's uniforms at each
@@ -16,7 +16,7 @@ The costly work on rows is shared:
 Under `dist.strategy fsdp2` the learners' modules and optimizer state are sharded at the first use
 (after a resumed run has loaded its whole state) and gathered for each of the uses above
 (rlhf/runtime/fsdp.py); checkpoints are written as each rank's shards
-(rlhf/train/sharded_checkpoint.py). The frozen roles (reference, reward model) stay whole.
+(rlhf/rundir/sharded_checkpoint.py). The frozen roles (reference, reward model) stay whole.
 Rank 0 alone writes the run directory (`writer`).
 """
 

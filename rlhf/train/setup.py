@@ -9,7 +9,7 @@ import torch
 from rlhf.config import LoraConfig, save_config
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.lora import apply_lora
-from rlhf.train.run_dir import check_fresh_run_dir
+from rlhf.rundir.directory import check_fresh_run_dir
 
 
 def with_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:

@@ -12,8 +12,8 @@ from rlhf.config import ConfigError, RewardConfig, RLConfig, SFTConfig, load_con
 from rlhf.data import PreferenceExample, SFTExample, TruncationStats, encode_pair, encode_prompt, encode_sft
 from rlhf.data.chat import end_of_turn_id, hh_messages, stop_token_ids
 from rlhf.data.tokenize import render_prompt
+from rlhf.evaluation.judging import sample_responses
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
-from rlhf.train.evaluate import sample_responses
 
 WORDS = "Human: Assistant: user assistant system w1 w2 w3 w4 w5 w6 w7 w8 S r1 r2 user: assistant: system:"
 CHATML = (
@@ -226,7 +226,7 @@ def test_config_takes_auto_true_false(cls):
 def test_the_rl_policy_stops_at_the_end_of_turn_token(tok, setting):
     """`rlhf train`'s policy role samples until EOS or, with the template on, its end-of-turn token."""
     from rlhf.models.scalar_head import ScalarHeadModel
-    from rlhf.train.roles import assemble_roles
+    from rlhf.rl.roles.assemble import assemble_roles
 
     config = load_config(
         RLConfig,

@@ -20,9 +20,9 @@ from rlhf.models.logprobs import response_logprobs
 from rlhf.models.sampling import SamplingConfig, generate
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
-from rlhf.train.checkpoint import rng_state, set_rng_state
-from rlhf.train.reward_model import run_reward_training
-from rlhf.train.sft import run_sft
+from rlhf.rundir.checkpoint import rng_state, set_rng_state
+from rlhf.stages.rm import run_reward_training
+from rlhf.stages.sft import run_sft
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,8 +14,8 @@ import torch
 from rlhf.config import PRESETS, RLConfig, deep_merge, load_config
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
-from rlhf.train.rl import RLTrainer
-from rlhf.train.roles import assemble_roles
+from rlhf.rl.roles.assemble import assemble_roles
+from rlhf.rl.trainer import RLTrainer
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from rlhf.cli import main
 from rlhf.config import SFTConfig, load_config
 from rlhf.models.loading import load_causal_lm, load_tokenizer
-from rlhf.train.sft import run_sft
+from rlhf.stages.sft import run_sft
 
 GGUF_NAME = "tiny.Q4_1.gguf"
 

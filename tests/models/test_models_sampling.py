@@ -567,7 +567,9 @@ def test_checking_finished_rows_every_few_steps_draws_the_same_rollout(lm, confi
     assert torch.equal(every_4.input_ids, every_step.input_ids)  # T trimmed to the longest response
     assert torch.equal(every_4.attention_mask, every_step.attention_mask)
     assert torch.equal(every_4.ended_with_eos, every_step.ended_with_eos)
-    torch.testing.assert_close(every_4.logprobs, every_step.logprobs, rtol=0, atol=1e-6)
+    # float rounding only: dropping finished rows at other steps changes the batch shapes of the
+    # matmuls, so a log-prob may differ in its last float32 bits (1.2e-6 seen on this machine)
+    torch.testing.assert_close(every_4.logprobs, every_step.logprobs, rtol=1e-6, atol=1e-6)
     longest = int(lengths.max())
     assert steps[1] == longest - 1  # every step checks: it exits right after the last EOS
     assert (steps[4] + 1) % 4 == 0 and longest <= steps[4] + 1 < longest + 4  # the next check step

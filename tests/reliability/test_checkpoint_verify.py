@@ -12,7 +12,7 @@ import pytest
 import torch
 from reliability_testing import InProcess, assert_ok, assert_user_error, iterations, rlhf, train_args
 
-from rlhf.train import checkpoint as ckpt
+from rlhf.rundir import checkpoint as ckpt
 
 
 def make_checkpoint(run, iteration: int, *, old_style: bool = False):

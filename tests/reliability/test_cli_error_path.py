@@ -19,7 +19,7 @@ def test_an_internal_error_leaves_its_traceback_in_the_run_directory(files, tmp_
     def broken(config):
         raise KeyError("value/loss")  # a bug somewhere inside the stage
 
-    monkeypatch.setattr("rlhf.train.sft.run_sft", broken)
+    monkeypatch.setattr("rlhf.stages.sft.run_sft", broken)
     out = tmp_path / "sft"
     code = main(["sft", "--model", str(files["policy"]), "--data", str(files["sft"]), "--out", str(out)])
     err = capsys.readouterr().err
@@ -42,7 +42,7 @@ def test_a_full_disk_is_a_message_with_the_way_on(files, tmp_path, capsys, monke
     def full(config):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "sft" / "model.safetensors"))
 
-    monkeypatch.setattr("rlhf.train.sft.run_sft", full)
+    monkeypatch.setattr("rlhf.stages.sft.run_sft", full)
     code = main(
         ["sft", "--model", str(files["policy"]), "--data", str(files["sft"]), "--out", str(tmp_path / "sft")]
     )

@@ -10,10 +10,10 @@ from reliability_testing import InProcess
 
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt
+from rlhf.evaluation.judging import sample_responses
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel
-from rlhf.train.evaluate import sample_responses
 
 
 def test_eval_json_keeps_every_sample_and_progress_is_shown(files, tmp_path, capsys):

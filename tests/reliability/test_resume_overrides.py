@@ -56,7 +56,7 @@ def test_the_fix_resumes_and_config_yaml_tells_the_truth(run, tmp_path):
 
 def test_every_resumable_key_may_change_and_no_other(run):
     from rlhf.config import ConfigError
-    from rlhf.train.resume_config import RESUMABLE_KEYS, resume_config
+    from rlhf.rundir.resume import RESUMABLE_KEYS, resume_config
 
     allowed = {"train": {"iterations": 9}, "checkpoint": {"every": 3, "keep": 4},
                "log": {"every": 2, "sinks": ["jsonl", "console"], "eval_every": 5, "samples_to_log": 1},

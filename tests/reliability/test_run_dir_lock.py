@@ -57,12 +57,12 @@ def test_a_writer_killed_with_sigkill_leaves_no_lock_behind(tmp_path):
 
     from reliability_testing import env
 
-    from rlhf.train.run_lock import LOCK_FILE, RunDirInUse, run_dir_lock
+    from rlhf.rundir.lock import LOCK_FILE, RunDirInUse, run_dir_lock
 
     run = tmp_path / "run"
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         f"from rlhf.train.run_lock import run_dir_lock\nimport time\nwith run_dir_lock({str(run)!r}):\n"
+         f"from rlhf.rundir.lock import run_dir_lock\nimport time\nwith run_dir_lock({str(run)!r}):\n"
          "    print('locked', flush=True)\n    time.sleep(600)\n"],
         env=env(), stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

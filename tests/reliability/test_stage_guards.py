@@ -10,7 +10,7 @@ import pytest
 from reliability_testing import train_args
 
 from rlhf.cli import main
-from rlhf.train.run_lock import LOCK_FILE, run_dir_lock
+from rlhf.rundir.lock import LOCK_FILE, run_dir_lock
 
 
 @pytest.mark.parametrize("stage", ["sft", "rm", "demo"])
@@ -42,7 +42,7 @@ def test_ctrl_c_in_sft_says_it_cannot_resume_and_what_to_do(files, tmp_path, cap
         (out / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n" + json.dumps({"step": 10}) + "\n")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("rlhf.train.sft.run_sft", interrupted)
+    monkeypatch.setattr("rlhf.stages.sft.run_sft", interrupted)
     code = main(["sft", "--model", str(files["policy"]), "--data", str(files["sft"]), "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err
@@ -56,7 +56,7 @@ def test_ctrl_c_before_a_checkpoint_does_not_promise_a_resume(files, tmp_path, c
         (out / "metrics.jsonl").write_text(json.dumps({"iteration": 0}) + "\n")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("rlhf.train.pipeline.run_rl", interrupted)
+    monkeypatch.setattr("rlhf.stages.train.run_rl", interrupted)
     assert main([str(a) for a in train_args(files, out)]) == 130
     err = capsys.readouterr().err
     assert "interrupted at iteration 1; no checkpoint was saved yet" in err and "--checkpoint.every" in err
@@ -92,7 +92,7 @@ def test_a_model_without_tokenizer_and_an_unknown_architecture_are_named(files, 
 
 
 def test_ctrl_c_in_the_demo_says_a_rerun_starts_over(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("rlhf.demo.run_demo", lambda **kwargs: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr("rlhf.demo.run.run_demo", lambda **kwargs: (_ for _ in ()).throw(KeyboardInterrupt))
     assert main(["demo", "--out", str(tmp_path / "demo")]) == 130
     err = capsys.readouterr().err
     assert f"rlhf demo --out {tmp_path / 'demo'}" in err and "starts over" in err and "Traceback" not in err

@@ -18,10 +18,10 @@ from train_testing import PROMPT_TEXTS, WORDS, metric_rows, rl_config, write_jso
 
 from rlhf.models.scalar_head import ScalarHeadModel  # noqa: E402
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer  # noqa: E402
+from rlhf.rl.roles.assemble import assemble_roles
+from rlhf.rl.trainer import RLTrainer  # noqa: E402
 from rlhf.runtime import runtime_for  # noqa: E402
-from rlhf.train.pipeline import ptx_sampler  # noqa: E402
-from rlhf.train.rl import RLTrainer  # noqa: E402
-from rlhf.train.roles import assemble_roles  # noqa: E402
+from rlhf.stages.prompt_files import ptx_sampler
 
 # 10 rows in 2 minibatches of 5: ranks hold 3 and 2 rows (uneven tokens, 2 and 1 micro-batches of 2)
 DATA_PARALLEL_CASE = {
@@ -138,8 +138,8 @@ def supervised_run(stage: str, run_dir: str, data_path: str, strategy: str = "dd
     and (rank 0) written metrics."""
     from rlhf.config import RewardConfig, SFTConfig, load_config
     from rlhf.runtime.peers import current_peers
-    from rlhf.train.reward_model import run_reward_training
-    from rlhf.train.sft import run_sft
+    from rlhf.stages.rm import run_reward_training
+    from rlhf.stages.sft import run_sft
 
     tok = word_tokenizer([" ".join(WORDS)])
     policy, reward_model = tiny_models(tok)

@@ -18,8 +18,8 @@ import pytest
 import torch
 from train_testing import rl_config
 
+import rlhf.rl.roles.forward as forward_module
 import rlhf.runtime.local as local_module
-import rlhf.train.roles.forward as forward_module
 from rlhf.runtime.flops import handover_step
 from rlhf.runtime.threads import by_row_halves, run_side_by_side
 
@@ -131,7 +131,7 @@ def test_an_error_in_the_critic_update_reaches_the_caller(make_trainer, monkeypa
     def broken(*args, **kwargs):
         raise FloatingPointError("value loss is NaN")
 
-    monkeypatch.setattr("rlhf.train.roles.critic.value_loss", broken)
+    monkeypatch.setattr("rlhf.rl.roles.critic.value_loss", broken)
     threads = torch.get_num_threads()
     with pytest.raises(FloatingPointError, match="value loss is NaN"):
         trainer.step()

@@ -14,8 +14,8 @@ from train_testing import PROMPT_TEXTS, WORDS
 from rlhf.config import RLConfig
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
-from rlhf.train.rl import RLTrainer
-from rlhf.train.roles import assemble_roles
+from rlhf.rl.roles.assemble import assemble_roles
+from rlhf.rl.trainer import RLTrainer
 
 # Tiny models run fastest on one thread; with other processes sharing the 2 cores, OpenMP
 # spin-waiting makes two threads about 100x slower.

@@ -12,10 +12,10 @@ from torch import nn
 from train_testing import WORDS, write_jsonl
 
 from rlhf.cli import build_parser, main
+from rlhf.evaluation import pair_stats
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
-from rlhf.train import pair_stats
-from rlhf.train.rm_eval import run_rm_eval
+from rlhf.stages.rm_eval import run_rm_eval
 
 MARGINS = [2.0, 1.0, 0.5, -0.5, -1.0, 0.0]
 

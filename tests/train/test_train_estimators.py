@@ -11,8 +11,8 @@ from train_testing import metric_rows, perturb, rl_config
 
 from rlhf.config import ConfigError, RLConfig, load_config
 from rlhf.core import kl_estimate, masked_mean
-from rlhf.train.experience import Experience, concat_experiences
-from rlhf.train.prompts import PromptStream
+from rlhf.rl.experience import Experience, concat_experiences
+from rlhf.rl.prompts import PromptStream
 
 GRPO = {
     "advantage": {"estimator": "grpo", "whiten": False},

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rlhf.evaluation.judging import compare_scores, decode_responses, mean_with_ci, wilson_interval
 from rlhf.models.sampling import Rollout
-from rlhf.train.evaluate import compare_scores, decode_responses, mean_with_ci, wilson_interval
 
 
 def test_wilson_interval_of_one_in_four():

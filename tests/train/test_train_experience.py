@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlhf.models.sequences import Sequences
-from rlhf.train.experience import Experience, concat_experiences, forward_in_chunks, in_row_chunks
+from rlhf.rl.experience import Experience, concat_experiences, forward_in_chunks, in_row_chunks
 
 PER_TOKEN = ("old_logp", "ref_logp", "old_values", "advantages", "returns")
 

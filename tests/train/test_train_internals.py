@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from rlhf.config import OptimConfig
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.tiny import tiny_causal_lm
-from rlhf.train import checkpoint as ckpt
-from rlhf.train.experience import Experience, concat_experiences, forward_in_chunks
-from rlhf.train.metrics import distinct_n
+from rlhf.rl.experience import Experience, concat_experiences, forward_in_chunks
+from rlhf.rl.metrics import distinct_n
+from rlhf.rl.prompts import PromptStream
+from rlhf.rundir import checkpoint as ckpt
 from rlhf.train.optim import build_optimizer, clip_and_step, lr_multiplier
-from rlhf.train.prompts import PromptStream
 
 
 # -- checkpoints -------------------------------------------------------------------------------

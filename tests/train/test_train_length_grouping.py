@@ -15,12 +15,12 @@ from rlhf.config import RewardConfig, SFTConfig, load_config
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.models.tiny import tiny_causal_lm
-from rlhf.train import reward_model as rm_module
-from rlhf.train import sft as sft_module
-from rlhf.train.experience import Experience, in_row_chunks
+from rlhf.rl.experience import Experience, in_row_chunks
+from rlhf.stages import rm as rm_module
+from rlhf.stages import sft as sft_module
+from rlhf.stages.rm import EncodedPair, evaluate_pairs, pair_forward, pair_step, ranking_loss
+from rlhf.stages.sft import EncodedSFT, evaluate_nll, train_steps
 from rlhf.train.lm_loss import model_token_nll
-from rlhf.train.reward_model import EncodedPair, evaluate_pairs, pair_forward, pair_step, ranking_loss
-from rlhf.train.sft import EncodedSFT, evaluate_nll, train_steps
 
 ATOL = 1e-6
 

@@ -16,9 +16,9 @@ from rlhf.models.backbone import decoder_hidden_states, position_ids
 from rlhf.models.logprobs import logprobs_from_hidden
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.models.tiny import tiny_causal_lm
+from rlhf.stages.rm import EncodedPair, pair_forward
 from rlhf.train import lm_loss
 from rlhf.train.lm_loss import hidden_token_nll, model_token_nll, token_nll
-from rlhf.train.reward_model import EncodedPair, pair_forward
 
 
 def plain_nll(model, batch):

@@ -13,9 +13,9 @@ from test_train_resume import Interrupted, interrupt_at
 from train_testing import metric_rows, rl_config
 
 from rlhf.config import ConfigError
-from rlhf.train import checkpoint as ckpt
-from rlhf.train.role_weights import load_trained
-from rlhf.train.roles import assemble_roles
+from rlhf.rl.roles.assemble import assemble_roles
+from rlhf.rundir import checkpoint as ckpt
+from rlhf.rundir.weights import load_trained
 
 ITERATIONS = 4
 
@@ -95,7 +95,7 @@ def test_a_checkpoint_of_the_whole_model_format_still_resumes(make_trainer, tmp_
 
 
 def test_resuming_on_other_base_weights_stops_with_the_fix(make_trainer, tok, _models, tmp_path):
-    from rlhf.train.rl import RLTrainer
+    from rlhf.rl.trainer import RLTrainer
 
     out = tmp_path / "run"
     run_until(make_trainer(lora_config(out), run_dir=out), 3)

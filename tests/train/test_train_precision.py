@@ -15,11 +15,11 @@ from train_testing import write_jsonl
 
 from rlhf.cli import main
 from rlhf.config import ConfigError, RewardConfig, SFTConfig, load_config
+from rlhf.evaluation.judging import reward_model_judge, score_policy
 from rlhf.models.precision import Precision
 from rlhf.models.tiny import tiny_causal_lm
-from rlhf.train.evaluate import reward_model_judge, score_policy
-from rlhf.train.reward_model import run_reward_training
-from rlhf.train.sft import run_sft
+from rlhf.stages.rm import run_reward_training
+from rlhf.stages.sft import run_sft
 
 
 def output_dtypes(module: torch.nn.Module) -> list[torch.dtype]:
@@ -261,7 +261,7 @@ def test_cli_eval_in_bfloat16_writes_its_results(tok, tmp_path, capsys):
 
 
 def test_rng_state_holds_cuda_only_when_cuda_is_in_use(monkeypatch):
-    from rlhf.train.checkpoint import rng_state, set_rng_state
+    from rlhf.rundir.checkpoint import rng_state, set_rng_state
 
     assert "cuda" not in rng_state()  # no CUDA here (tests/gpu checks the round trip on a GPU)
     restored = []

@@ -9,7 +9,7 @@ import pytest
 from train_testing import WORDS, metric_rows, rl_config, write_jsonl
 
 from rlhf.config import ConfigError
-from rlhf.train.pipeline import ptx_sampler
+from rlhf.stages.prompt_files import ptx_sampler
 
 ITERATIONS = 4
 

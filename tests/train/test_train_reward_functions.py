@@ -15,14 +15,14 @@ import torch
 from train_testing import rl_config
 
 from rlhf.config import ConfigError
-from rlhf.train.reward_functions import (
+from rlhf.rl.reward_functions import (
     RewardFunctionError,
     load_reward_functions,
     parse_specs,
     weighted_reward,
 )
-from rlhf.train.rl import RLTrainer
-from rlhf.train.roles import assemble_roles
+from rlhf.rl.roles.assemble import assemble_roles
+from rlhf.rl.trainer import RLTrainer
 
 
 def test_weighted_sum_with_the_reward_model_is_the_sum_of_the_parts(make_trainer):
@@ -135,7 +135,7 @@ def test_nothing_is_imported_unless_named(make_trainer):
     assert parse_specs(["reward_fns_unnamed:f"]) == [("reward_fns_unnamed:f", 1.0)]  # parsing imports nothing
     assert "reward_fns_unnamed" not in sys.modules
     code = (
-        "import sys, rlhf.cli, rlhf.train.rl, rlhf.train.pipeline; print('rlhf.worlds.reward' in sys.modules)"
+        "import sys, rlhf.cli, rlhf.rl.trainer, rlhf.stages.train; print('rlhf.worlds.reward' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

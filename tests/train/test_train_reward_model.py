@@ -15,7 +15,7 @@ from rlhf.data.collate import collate_pairs
 from rlhf.data.loading import load_examples, split_examples
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
-from rlhf.train.reward_model import (
+from rlhf.stages.rm import (
     EncodedPair,
     encode_pairs,
     evaluate_pairs,

@@ -13,9 +13,10 @@ from rlhf.config import ConfigError, RLConfig, config_from_yaml, load_config, sa
 from rlhf.core import explained_variance
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.scalar_head import response_values
-from rlhf.train import checkpoint as ckpt
-from rlhf.train.experience import concat_experiences
-from rlhf.train.roles import Critic, Policy, SharedCritic
+from rlhf.rl.experience import concat_experiences
+from rlhf.rl.roles.critic import Critic, SharedCritic
+from rlhf.rl.roles.policy import Policy
+from rlhf.rundir import checkpoint as ckpt
 
 
 def test_learners_are_the_roles_that_step(make_trainer):
@@ -131,7 +132,7 @@ def test_a_checkpoint_written_before_the_roles_resumes_exactly(make_trainer, tok
     among the trainer's) resume to the metrics of an uninterrupted run."""
     from train_testing import WORDS, write_jsonl
 
-    from rlhf.train.pipeline import ptx_sampler
+    from rlhf.stages.prompt_files import ptx_sampler
 
     rows = [
         {"prompt": " ".join(WORDS[i : i + 2]), "response": " ".join(WORDS[i + 2 : i + 5])} for i in range(6)

@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlhf.config import ConfigError, SFTConfig, load_config
 from rlhf.data.collate import collate_sft
 from rlhf.models.tiny import tiny_causal_lm
+from rlhf.stages.sft import EncodedSFT, run_sft
 from rlhf.train.lm_loss import model_token_nll, token_nll
-from rlhf.train.sft import EncodedSFT, run_sft
 
 
 def sft_rows(n: int) -> list[dict]:
@@ -176,7 +176,7 @@ def test_run_sft_evaluates_the_untrained_model_first(tok, tmp_path):
     # the reference: the token-mean NLL of the untouched model on the same held-out rows
     from rlhf.data.loading import load_examples, split_examples
     from rlhf.data.tokenize import TruncationStats
-    from rlhf.train.sft import encode_sft_examples, sft_batch
+    from rlhf.stages.sft import encode_sft_examples, sft_batch
 
     _, test_ex = split_examples(load_examples(config.data.path, kind="sft").examples, 0.25, seed=config.seed)
     rows = encode_sft_examples(tok, test_ex, config, TruncationStats())

@@ -13,8 +13,8 @@ from rlhf.core import masked_mean
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.scalar_head import response_values
+from rlhf.stages.prompt_files import ptx_sampler
 from rlhf.train.lm_loss import model_token_nll
-from rlhf.train.pipeline import ptx_sampler
 
 # one minibatch in one micro-batch, raw advantages: the first update's stats are closed forms
 ONE_BATCH = {"train": {"minibatches": 1, "micro_batch_size": 8}, "advantage": {"whiten": False}}

@@ -8,9 +8,9 @@ import copy
 import torch
 from train_testing import metric_rows, rl_config
 
-from rlhf.train.rl import RLTrainer
-from rlhf.train.roles import assemble_roles
-from rlhf.train.world_scores import trainer_class
+from rlhf.demo.world_scores import trainer_class
+from rlhf.rl.roles.assemble import assemble_roles
+from rlhf.rl.trainer import RLTrainer
 from rlhf.worlds import WorldConfig
 
 

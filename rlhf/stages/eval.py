@@ -1,27 +1,15 @@
-"""Glue from files to trainers: what `rlhf train` and `rlhf eval` do with their paths."""
+"""`rlhf eval`: two policies answer the same held-out prompts, a judge scores both, and the paired
+comparison (mean reward with intervals, win rate) is written to eval.json."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import torch
-
-from rlhf.config import RLConfig
 from rlhf.data.chat import stop_token_ids
-from rlhf.data.collate import collate_sft
 from rlhf.data.loading import load_examples
-from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_sft
-from rlhf.models.device import resolve_device
-from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
-from rlhf.models.precision import Precision
-from rlhf.models.sampling import SamplingConfig
-from rlhf.monitor import print_summary
-from rlhf.monitor.progress import WorkProgress, announce
-from rlhf.monitor.run_files import recorded_data_settings
-from rlhf.runtime import runtime_for
-from rlhf.train.context_check import check_prompts_fit, model_context
-from rlhf.train.evaluate import (
+from rlhf.data.tokenize import encode_prompt
+from rlhf.evaluation.judging import (
     check_finite_scores,
     compare_scores,
     mean_with_ci,
@@ -30,116 +18,15 @@ from rlhf.train.evaluate import (
     sample_responses,
     score_rollouts,
 )
-from rlhf.train.final_report import write_final_report
-from rlhf.train.rl import RLTrainer
-from rlhf.train.roles import load_roles
-
-
-def encode_prompts(tokenizer, path: str, **options) -> list[list[int]]:
-    """The encoded prompts of `path` (`load_prompts` without the sources)."""
-    return load_prompts(tokenizer, path, **options)[0]
-
-
-def load_prompts(
-    tokenizer,
-    path: str,
-    *,
-    format: str,
-    max_tokens: int,
-    skip_invalid: bool,
-    stats=None,
-    chat_template: bool | str = "auto",
-) -> tuple[list[list[int]], list]:
-    """The encoded prompts of `path` and the source (file, line) of each."""
-    loaded = load_examples(path, kind="prompt", format=format, skip_invalid=skip_invalid)
-    ids = [encode_prompt(tokenizer, ex.prompt, max_tokens, stats, chat_template) for ex in loaded.examples]
-    return ids, [ex.source for ex in loaded.examples]
-
-
-def prompt_rows(path: str, sources: list) -> list[dict]:
-    """The prompt file's record of each source (every field of its line, for reward functions)."""
-    from rlhf.data.loading import _records
-
-    by_source = {(str(s.file), s.line): r for s, r in _records(path) if isinstance(r, dict)}
-    return [dict(by_source.get((str(s.file), s.line), {})) for s in sources]
-
-
-def ptx_sampler(
-    tokenizer,
-    path: str,
-    batch_size: int,
-    max_prompt_tokens: int,
-    max_response_tokens: int = 256,
-    chat_template: bool | str = "auto",
-):
-    """A function drawing a right-padded SFT batch for the PPO-ptx loss."""
-    loaded = load_examples(path, kind="sft")
-    rows = [
-        encode_sft(tokenizer, ex, max_prompt_tokens, max_response_tokens, chat_template=chat_template)
-        for ex in loaded.examples
-    ]
-
-    def draw(generator: torch.Generator) -> dict:
-        index = torch.randint(0, len(rows), (batch_size,), generator=generator).tolist()
-        return collate_sft([rows[i][0] for i in index], [rows[i][1] for i in index], tokenizer.pad_token_id)
-
-    return draw
-
-
-def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: bool = False) -> dict:
-    from rlhf.train.reward_functions import parse_specs
-
-    parse_specs(config.reward.functions)  # a malformed name stops here, before any model loads
-    roles = load_roles(config)
-    stats = TruncationStats()
-    prompts, sources = load_prompts(
-        roles.tokenizer,
-        config.data.prompts,
-        format=config.data.format,
-        max_tokens=config.data.max_prompt_tokens,
-        skip_invalid=config.data.skip_invalid,
-        stats=stats,
-        chat_template=config.data.chat_template,
-    )
-    check_prompts_fit(
-        prompts,
-        sources,
-        context=model_context(roles.policy.model),
-        max_new_tokens=config.rollout.max_new_tokens,
-        model_name=f"the policy {config.model.policy}",
-        fix="--data.max_prompt_tokens {budget} (longer prompts are left-truncated to it), or a lower "
-        "--rollout.max_new_tokens",
-    )
-    ptx = None
-    if config.data.ptx and config.policy.ptx_coef > 0:
-        ptx = ptx_sampler(
-            roles.tokenizer,
-            config.data.ptx,
-            config.data.ptx_batch_size,
-            config.data.max_prompt_tokens,
-            chat_template=config.data.chat_template,
-        )
-    rows = prompt_rows(config.data.prompts, sources) if config.reward.functions else None
-    trainer = RLTrainer(
-        config,
-        roles,
-        prompts,
-        ptx_batches=ptx,
-        evaluator=evaluator,
-        resume=resume,
-        quiet=quiet,
-        runtime=runtime_for(roles, config),
-        prompt_rows=rows,
-    )
-    final = trainer.train()
-    if not trainer.runtime.writer:
-        return final  # rank 0 writes the report and prints the summary
-    report = write_final_report(config.out)
-    if not quiet:
-        shown = {k: v for k, v in final.items() if isinstance(v, (int, float)) and not k.startswith("time/")}
-        print_summary(f"RL run finished: {config.out}", shown)
-        print(f"report: {report}")  # a line of its own: the table would cut a long path
-    return final
+from rlhf.models.device import resolve_device
+from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
+from rlhf.models.precision import Precision
+from rlhf.models.sampling import SamplingConfig
+from rlhf.monitor import print_summary
+from rlhf.monitor.progress import WorkProgress, announce
+from rlhf.monitor.run_files import recorded_data_settings
+from rlhf.stages.prompt_files import prompt_rows
+from rlhf.train.context_check import check_prompts_fit, model_context
 
 
 def run_eval(args) -> dict:
@@ -170,7 +57,7 @@ def run_eval(args) -> dict:
             judge = _load_judge(args.judge, tokenizer, args.prompts, args.n, skip, precision)
     reward_fns = getattr(args, "reward_fn", None) or []
     if reward_fns:  # Python reward functions added to the judge's score (docs/algorithms.md, sec. 31)
-        from rlhf.train.reward_functions import judge_with_functions, load_reward_functions
+        from rlhf.rl.reward_functions import judge_with_functions, load_reward_functions
 
         functions = load_reward_functions(reward_fns, key="--reward-fn")
         judge = judge_with_functions(judge, functions, tokenizer, prompt_rows(args.prompts, sources))
@@ -283,7 +170,7 @@ def _load_judge(
     """`judge_factory(start, end)`: a reward-model directory, or `world:DIR` for a built-in world's gold reward."""
     if spec.startswith("world:"):
         from rlhf.data.tokenize import render_prompt
-        from rlhf.train.evaluate import text_judge
+        from rlhf.evaluation.judging import text_judge
         from rlhf.worlds import load_world
 
         world = load_world(spec[len("world:") :])

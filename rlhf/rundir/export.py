@@ -12,8 +12,8 @@ from pathlib import Path
 from torch import nn
 
 from rlhf.models.export import export_copy
-from rlhf.train.checkpoint import atomic_export
-from rlhf.train.run_dir import quiet_hf_saves
+from rlhf.rundir.checkpoint import atomic_export
+from rlhf.rundir.directory import quiet_hf_saves
 
 
 def export_models(directory: str | Path, tokenizer, models: dict[str, nn.Module]) -> None:

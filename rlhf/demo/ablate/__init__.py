@@ -6,7 +6,7 @@ runner.py   the world, SFT and reward model once (the demo's), the runs (paralle
 report.py   ablation.json's table and the report's forest plot
 """
 
-from rlhf.ablate.runner import run_ablation
-from rlhf.ablate.tricks import TRICKS, Trick, Variant, variants
+from rlhf.demo.ablate.runner import run_ablation
+from rlhf.demo.ablate.tricks import TRICKS, Trick, Variant, variants
 
 __all__ = ["TRICKS", "Trick", "Variant", "run_ablation", "variants"]

@@ -12,8 +12,8 @@ from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
-from rlhf.train.experience import in_row_chunks, map_row_chunks
-from rlhf.train.roles.forward import autocast
+from rlhf.rl.experience import in_row_chunks, map_row_chunks
+from rlhf.rl.roles.forward import autocast
 
 
 class Reference:

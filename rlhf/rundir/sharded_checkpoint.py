@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from rlhf.train import checkpoint as ckpt
+from rlhf.rundir import checkpoint as ckpt
 
 SHARDS = "shards"
 

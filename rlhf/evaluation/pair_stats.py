@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from rlhf.train.evaluate import wilson_interval
+from rlhf.evaluation.judging import wilson_interval
 
 QUANTILES = {"min": 0.0, "p05": 0.05, "p25": 0.25, "median": 0.5, "p75": 0.75, "p95": 0.95, "max": 1.0}
 

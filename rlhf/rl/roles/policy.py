@@ -27,10 +27,10 @@ from rlhf.data.collate import left_pad
 from rlhf.models.precision import Precision
 from rlhf.models.sampling import Rollout, RowShare, SamplingConfig, generate
 from rlhf.models.sequences import Sequences
-from rlhf.train.experience import Experience, in_row_chunks
-from rlhf.train.roles.critic import value_micro_loss
-from rlhf.train.roles.forward import PolicyForward, ValueForward, autocast
-from rlhf.train.roles.learner import Learner, StepStats
+from rlhf.rl.experience import Experience, in_row_chunks
+from rlhf.rl.roles.critic import value_micro_loss
+from rlhf.rl.roles.forward import PolicyForward, ValueForward, autocast
+from rlhf.rl.roles.learner import Learner, StepStats
 
 
 @dataclass

@@ -8,7 +8,7 @@ One iteration (docs/internals.md#data-flow-of-one-rl-iteration):
     advantage processed scores -> token rewards with KL -> GAE (or a critic-free estimator)
     update    epochs x minibatches of policy loss + value loss (+ entropy, + ptx)
 
-The loop talks to the roles (rlhf/train/roles/) and lets a runtime (rlhf/runtime/) schedule their
+The loop talks to the roles (rlhf/rl/roles/) and lets a runtime (rlhf/runtime/) schedule their
 work; every trick of the PPO paper is one named line below, switched by its own config field.
 """
 
@@ -36,18 +36,20 @@ from rlhf.core import (
 )
 from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
+from rlhf.rl.experience import Experience, concat_experiences
+from rlhf.rl.groups import group_metrics, sample_groups
+from rlhf.rl.metrics import rollout_metrics
+from rlhf.rl.prompts import PromptStream
+from rlhf.rl.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
+from rlhf.rl.roles.assemble import Roles
+from rlhf.rl.roles.learner import mean_over_steps
+from rlhf.rl.roles.policy import PtxObjective
+from rlhf.rl.sample_log import SampleLog
+from rlhf.rundir import checkpoint as ckpt
+from rlhf.rundir.directory import open_metrics_logger
+from rlhf.rundir.sharded_checkpoint import has_shards, load_sharded_weights, save_sharded_checkpoint
 from rlhf.runtime import LocalRuntime
-from rlhf.train import checkpoint as ckpt
-from rlhf.train.experience import Experience, concat_experiences
-from rlhf.train.groups import group_metrics, sample_groups
 from rlhf.train.guards import require_finite_scores
-from rlhf.train.metrics import rollout_metrics
-from rlhf.train.prompts import PromptStream
-from rlhf.train.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
-from rlhf.train.roles import PtxObjective, Roles, mean_over_steps
-from rlhf.train.run_dir import open_metrics_logger
-from rlhf.train.sample_log import SampleLog
-from rlhf.train.sharded_checkpoint import has_shards, load_sharded_weights, save_sharded_checkpoint
 
 KEY_METRICS = ("reward/raw_mean", "kl/ref", "policy_ppl", "response/length_mean", "policy/clip_fraction")
 Evaluator = Callable[["RLTrainer", int], dict]

@@ -4,7 +4,7 @@ sees them (rlhf/worlds/reward_distortion.py): `rlhf demo` and `rlhf ablate` buil
 from __future__ import annotations
 
 from rlhf.models.truncation import apply_truncation_policy
-from rlhf.train.rl import RLTrainer
+from rlhf.rl.trainer import RLTrainer
 from rlhf.worlds import WorldConfig
 from rlhf.worlds.reward_distortion import distort_scores
 

@@ -3,7 +3,7 @@ the preset (tricks.py) over seeds, in parallel worker processes, resumable.
 
 Layout of the output directory (`--out`):
 
-    world/ sft/ rm/           the demo's stage 1-2 (rlhf/demo.py, prepare_stage)
+    world/ sft/ rm/           the demo's stage 1-2 (rlhf/demo/run.py, prepare_stage)
     stage.json                the settings it was built with and the SFT / reward-model summaries
     runs/<variant>-seed<k>/   one RL run; result.json once it has finished
     ablation.json report.html ablation.md   the table over seeds, its forest plot (report.py)
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from rlhf.ablate.report import aggregate, markdown_table, print_ablation, write_ablation_report
-from rlhf.ablate.tricks import Variant, variants
 from rlhf.config import PRESETS, ConfigError, RLConfig, deep_merge, from_dict, load_config, to_dict
-from rlhf.demo import DEMO_RL, DemoConfig, demo_config, load_stage, prepare_stage, run_one
+from rlhf.demo.ablate.report import aggregate, markdown_table, print_ablation, write_ablation_report
+from rlhf.demo.ablate.tricks import Variant, variants
+from rlhf.demo.run import DEMO_RL, DemoConfig, demo_config, load_stage, prepare_stage, run_one
 
-# The scale of the demo's runs (tiny models want large rates, rlhf/demo.py DEMO_RL); everything
+# The scale of the demo's runs (tiny models want large rates, rlhf/demo/run.py DEMO_RL); everything
 # else, tricks included, is the preset's own.
 ABLATE_RL = {
     "rollout": DEMO_RL["rollout"],

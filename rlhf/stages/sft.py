@@ -23,14 +23,14 @@ from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision, cast_parameters
 from rlhf.monitor import print_summary
+from rlhf.rundir.directory import open_metrics_logger
+from rlhf.rundir.export import export_models
+from rlhf.rundir.final_report import write_final_report
 from rlhf.runtime import fsdp
 from rlhf.runtime.fsdp import gathered, shard_trained, whole_copies
 from rlhf.runtime.peers import Peers, current_peers
-from rlhf.train.export import export_models
-from rlhf.train.final_report import write_final_report
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.optim import build_optimizer, clip_and_step
-from rlhf.train.run_dir import open_metrics_logger
 from rlhf.train.setup import start_run, with_lora
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlhf.ablate.stats import gold_at_kl, mean_ci, verdict
-from rlhf.ablate.tricks import Variant
+from rlhf.demo.ablate.stats import gold_at_kl, mean_ci, verdict
+from rlhf.demo.ablate.tricks import Variant
 from rlhf.monitor import html_parts as H
 from rlhf.monitor import plots
 

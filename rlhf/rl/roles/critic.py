@@ -19,12 +19,12 @@ from rlhf.core import value_loss
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
-from rlhf.train.experience import Experience, in_row_chunks
-from rlhf.train.roles.forward import ValueForward
-from rlhf.train.roles.learner import Learner, StepStats
+from rlhf.rl.experience import Experience, in_row_chunks
+from rlhf.rl.roles.forward import ValueForward
+from rlhf.rl.roles.learner import Learner, StepStats
 
 if TYPE_CHECKING:
-    from rlhf.train.roles.policy import Policy
+    from rlhf.rl.roles.policy import Policy
 
 
 def value_micro_loss(

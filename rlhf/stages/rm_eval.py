@@ -22,6 +22,7 @@ from rlhf.config import ConfigError, RewardConfig, RewardDataConfig, from_dict, 
 from rlhf.data.collate import collate_pairs
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats
+from rlhf.evaluation.pair_stats import sigmoid, summarize_margins, worst_indices
 from rlhf.models.device import resolve_device, to_device
 from rlhf.models.loading import load_tokenizer
 from rlhf.models.precision import Precision
@@ -29,10 +30,9 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.monitor import print_summary
 from rlhf.monitor.progress import WorkProgress, announce
 from rlhf.monitor.run_files import recorded_data_settings
+from rlhf.stages.rm import EncodedPair, encode_pairs
 from rlhf.train.context_check import model_context
 from rlhf.train.guards import require_finite_scores
-from rlhf.train.pair_stats import sigmoid, summarize_margins, worst_indices
-from rlhf.train.reward_model import EncodedPair, encode_pairs
 
 RESULT_NAME = "rm_eval.json"
 BUDGET_KEYS = ("format", "max_prompt_tokens", "max_response_tokens")  # taken from the RM's config.yaml

@@ -37,6 +37,8 @@ from rlhf.config import (
 )
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt
+from rlhf.demo.world_scores import trainer_class
+from rlhf.evaluation.judging import sample_responses
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.reference import ReferenceModel
@@ -45,14 +47,12 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.monitor import print_summary
 from rlhf.monitor.report import write_report
-from rlhf.train.evaluate import sample_responses
-from rlhf.train.metrics import distinct_n
-from rlhf.train.pipeline import encode_prompts
-from rlhf.train.reward_model import encode_pairs, evaluate_pairs, run_reward_training
-from rlhf.train.rl import RLTrainer
-from rlhf.train.roles import assemble_roles
-from rlhf.train.sft import run_sft
-from rlhf.train.world_scores import trainer_class
+from rlhf.rl.metrics import distinct_n
+from rlhf.rl.roles.assemble import assemble_roles
+from rlhf.rl.trainer import RLTrainer
+from rlhf.stages.prompt_files import encode_prompts
+from rlhf.stages.rm import encode_pairs, evaluate_pairs, run_reward_training
+from rlhf.stages.sft import run_sft
 from rlhf.worlds import WorldConfig, build_world
 
 ALGORITHMS = ("vanilla_ppo", "ppo_max", "apa", "awr", "grpo", "rloo")

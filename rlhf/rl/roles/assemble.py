@@ -1,9 +1,5 @@
-"""The four roles of RLHF (OpenRLHF's model groups, verl's workers): `Policy` (generate,
-log-probs, train_step), `Critic` (values, train_step), `Reference` (log-probs) and `RewardModel`
-(score). Each owns its module, optimizer and schedule, micro-batching, gradient clipping and
-checkpoint state; the RL loop talks to these interfaces, never to modules, and a runtime
-(rlhf/runtime/) places them and schedules their work.
-"""
+"""The roles of a run built from its config (`assemble_roles`, `load_roles`), held together in
+`Roles`, with the optimizer-step counts that size their schedules."""
 
 from __future__ import annotations
 
@@ -21,32 +17,13 @@ from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel, init_critic
-from rlhf.train.export import export_models
-from rlhf.train.role_weights import load_trained, save_trained
-from rlhf.train.roles.critic import Critic, SharedCritic
-from rlhf.train.roles.forward import PolicyForward, ValueForward
-from rlhf.train.roles.frozen import Reference, RewardModel
-from rlhf.train.roles.learner import Learner, StepStats, mean_over_steps
-from rlhf.train.roles.policy import JointValue, Policy, PtxObjective
+from rlhf.rl.roles.critic import Critic, SharedCritic
+from rlhf.rl.roles.forward import ValueForward
+from rlhf.rl.roles.frozen import Reference, RewardModel
+from rlhf.rl.roles.policy import JointValue, Policy
+from rlhf.rundir.export import export_models
+from rlhf.rundir.weights import load_trained, save_trained
 from rlhf.train.setup import with_lora
-
-__all__ = [
-    "Critic",
-    "JointValue",
-    "Learner",
-    "Policy",
-    "PolicyForward",
-    "PtxObjective",
-    "Reference",
-    "RewardModel",
-    "Roles",
-    "SharedCritic",
-    "StepStats",
-    "ValueForward",
-    "assemble_roles",
-    "load_roles",
-    "mean_over_steps",
-]
 
 
 @dataclass

@@ -17,7 +17,7 @@ from torch import nn
 
 from rlhf.config import OptimConfig
 from rlhf.core import explained_variance, micro_batch_weight
-from rlhf.train.experience import Experience
+from rlhf.rl.experience import Experience
 from rlhf.train.optim import build_optimizer, clip_and_step
 
 
@@ -172,7 +172,7 @@ class Learner:
         return clip_and_step(self.optimizer, self.scheduler, self.trainable(), self.max_grad_norm)
 
     def state_dict(self) -> dict:
-        # fsdp2: the sharded moments go to each rank's checkpoint shards (rlhf/train/sharded_checkpoint.py)
+        # fsdp2: the sharded moments go to each rank's checkpoint shards (rlhf/rundir/sharded_checkpoint.py)
         optimizer = self.optimizer.state_dict() if self.sharded is None else None
         return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
 

@@ -154,7 +154,7 @@ def part_metrics(parts: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def rollout_texts(tokenizer, rollout) -> tuple[list[str], list[str], list[list[int]]]:
     """(prompt texts, response texts without EOS, response token ids with the EOS) of a rollout."""
-    from rlhf.train.evaluate import decode_responses
+    from rlhf.evaluation.judging import decode_responses
 
     prompts = [
         tokenizer.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=True).strip()

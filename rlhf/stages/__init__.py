@@ -1,0 +1,2 @@
+"""The commands' bodies: `rlhf sft` (sft.py), `rlhf rm` (rm.py), `rlhf train` (train.py, with the
+prompt files of prompt_files.py), `rlhf eval` (eval.py) and `rlhf rm-eval` (rm_eval.py)."""

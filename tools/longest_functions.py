@@ -1,6 +1,6 @@
 """The longest functions of a tree (by `ast`: lines from `def` to the last line of the body).
 
-    python tools/longest_functions.py [ROOT=rlhf] [--top 10] [--rev GIT_REV]
+python tools/longest_functions.py [ROOT=rlhf] [--top 10] [--rev GIT_REV]
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def longest(files: dict[str, str], top: int) -> list[tuple[int, str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("root", nargs="?", default="rlhf")
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--rev", help="a git revision (default: the work tree)")

@@ -164,7 +164,7 @@ def test_eval_with_the_papers_sampling_records_it_and_refuses_a_second_temperatu
 def test_eval_encodes_prompts_with_the_budget_the_policy_was_trained_with(
     files, runs, tmp_path, monkeypatch, capsys
 ):
-    import rlhf.stages.train as pipeline
+    import rlhf.stages.eval as eval_stage
 
     budgets = []
 
@@ -172,8 +172,8 @@ def test_eval_encodes_prompts_with_the_budget_the_policy_was_trained_with(
         budgets.append(budget)
         return encode_prompt(tokenizer, prompt, budget, **kwargs)
 
-    encode_prompt = pipeline.encode_prompt
-    monkeypatch.setattr(pipeline, "encode_prompt", spy)
+    encode_prompt = eval_stage.encode_prompt
+    monkeypatch.setattr(eval_stage, "encode_prompt", spy)
     base = ["eval", "--policy", str(runs["ppo"]), "--baseline", str(runs["sft"]), "--judge", str(runs["rm"]),
             "--prompts", files["test"], "--n", "2", "--max-new-tokens", "2"]  # fmt: skip
     trained = config_from_yaml(RLConfig, runs["ppo"] / "config.yaml").data.max_prompt_tokens

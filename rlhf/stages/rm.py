@@ -26,23 +26,16 @@ from rlhf.config import RewardConfig
 from rlhf.data.chat import response_end_id
 from rlhf.data.collate import collate_pairs, token_budget_batches
 from rlhf.data.length_grouping import length_grouped_order, micro_batch_groups
-from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
-from rlhf.models.device import model_device, resolve_device, to_device
-from rlhf.models.grad_checkpointing import gradient_checkpointing
+from rlhf.models.device import model_device, to_device
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
-from rlhf.monitor import print_summary
-from rlhf.rundir.directory import open_metrics_logger
 from rlhf.rundir.export import export_models
-from rlhf.rundir.final_report import write_final_report
-from rlhf.runtime import fsdp
-from rlhf.runtime.fsdp import gathered, shard_trained, whole_copies
-from rlhf.runtime.peers import Peers, current_peers
+from rlhf.runtime.peers import Peers
 from rlhf.train.lm_loss import hidden_token_nll
-from rlhf.train.optim import build_optimizer, clip_and_step
-from rlhf.train.setup import start_run, with_lora
+from rlhf.train.setup import with_lora
+from rlhf.train.supervised import SupervisedRun, SupervisedStage, run_supervised
 
 
 @dataclass
@@ -110,7 +103,7 @@ def pair_step(
     The loss is the ranking loss summed over the step's pairs / their count, plus `lm_coef` x the NLL
     summed over the step's chosen tokens / their count: exact whatever the micro-batches
     (`by_length`: pairs sorted by length before the split, rlhf.data.length_grouping). With `peers`
-    (data parallelism) this rank takes its share of the pairs; gradients and sums cover every rank's.
+    (data parallelism) this rank takes its share of the pairs; the sums cover every rank's.
     """
     with_lm = lm_coef > 0
     chosen_tokens = sum(len(r.chosen_ids) for r in rows)
@@ -125,8 +118,7 @@ def pair_step(
         lm_sum += float(nll.detach())
         correct += int((chosen > rejected).sum())
         margin_sum += float((chosen - rejected).detach().sum())
-    if peers is not None:  # every rank's pairs: summed gradients (clipped by the global norm), stats
-        peers.sum_gradients(list(model.parameters()))
+    if peers is not None:  # every rank's pairs (the learner sums the gradients at its step)
         rank_sum, lm_sum, correct, margin_sum = peers.sums([rank_sum, lm_sum, correct, margin_sum])
     metrics = {
         "train/loss": rank_sum / len(rows) + (lm_coef * lm_sum / chosen_tokens if with_lm else 0.0),
@@ -205,6 +197,83 @@ def plan_batches(
     return [order[i : i + t.batch_size] for i in range(0, len(order), t.batch_size)]
 
 
+class RewardModelStage(SupervisedStage):
+    """Pairwise ranking loss (+ lm_coef x the chosen responses' LM loss), evaluated by held-out
+    accuracy; the best checkpoint by that accuracy is the one left in the run directory."""
+
+    title = "Reward model"
+    data_kind = "preference"
+    empty_data = "training preference pairs"
+    key_metrics = ("train/loss", "train/accuracy", "eval/accuracy")
+
+    def __init__(self, config: RewardConfig) -> None:
+        super().__init__(config)
+        self.best = {"accuracy": -1.0, "step": -1}
+
+    def build_model(self, model, precision: Precision):
+        if model is None:
+            lm = with_lora(
+                load_causal_lm(self.config.model, gguf_file=self.config.gguf_file), self.config.lora
+            )
+            model = ScalarHeadModel.from_causal_lm(lm)
+        precision.prepare(model)
+        return model
+
+    def encode(self, tokenizer, examples, stats: TruncationStats) -> list[EncodedPair]:
+        return encode_pairs(tokenizer, examples, self.config, stats)
+
+    def schedule(self, rows, generator):
+        t = self.config.train
+        epochs = max(1, math.ceil(t.epochs))
+        plan = [b for _ in range(epochs) for b in plan_batches(rows, self.config, generator)]
+        steps = t.max_steps or max(1, math.ceil(len(plan) * t.epochs / epochs))
+        return steps, iter((plan * math.ceil(steps / max(len(plan), 1)))[:steps])
+
+    def _by_length(self) -> bool:
+        return self.config.train.group_by_length != "none"  # micro-batches of similar-length pairs
+
+    def train_step(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:
+        t = self.config.train
+        return pair_step(
+            run.model,
+            rows,
+            run.pad_id,
+            t.micro_batch_size,
+            t.lm_coef,
+            run.precision,
+            self._by_length(),
+            run.peers,
+        )
+
+    def evaluate(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:
+        t = self.config.train  # every rank evaluates every pair (the margins keep their order)
+        return evaluate_pairs(
+            run.model, rows, run.pad_id, t.micro_batch_size, t.lm_coef > 0, run.precision, self._by_length()
+        )
+
+    def on_evaluation(self, run: SupervisedRun, step: int, result: dict) -> None:
+        if result["accuracy"] > self.best["accuracy"]:  # keep the best checkpoint by held-out accuracy
+            self.best = {"accuracy": result["accuracy"], "step": step}
+            with run.learner.whole_copies():  # fsdp2: every rank gathers, rank 0 saves
+                if run.writer:
+                    save_reward_model(run.model, run.tokenizer, run.out / "best")
+
+    def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
+        final["best_step"], final["best_accuracy"] = self.best["step"], self.best["accuracy"]
+        if self.best["step"] < 0:
+            with run.learner.whole_copies():  # fsdp2: every rank gathers, rank 0 saves
+                if run.writer:
+                    save_reward_model(run.model, run.tokenizer, run.out)
+        elif run.writer:
+            for item in (run.out / "best").iterdir():  # promote the best checkpoint to the run directory
+                target = run.out / item.name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                item.replace(target)
+            shutil.rmtree(run.out / "best", ignore_errors=True)
+        return final
+
+
 def run_reward_training(
     config: RewardConfig,
     *,
@@ -214,115 +283,16 @@ def run_reward_training(
     test_rows: list[EncodedPair] | None = None,
     quiet: bool = False,
 ) -> dict:
-    """Train, keep the best held-out checkpoint in `config.out`, return the final metrics.
+    """Train, keep the best held-out checkpoint in `config.out`, return the final metrics
+    (rlhf/train/supervised.py runs the stage).
 
     `train_rows` / `test_rows` replace the pairs read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).
     """
-    device = resolve_device(config.train.device, key="train.device")
-    precision = Precision.resolve(config.dtype, device, key="dtype")
-    peers = current_peers()  # torchrun: this rank's share of every batch (rlhf/runtime/peers.py)
-    writer = peers is None or peers.rank == 0
-    out, tokenizer = start_run(config, tokenizer, writer=writer)
-    if model is None:
-        lm = with_lora(load_causal_lm(config.model, gguf_file=config.gguf_file), config.lora)
-        model = ScalarHeadModel.from_causal_lm(lm)
-    precision.prepare(model)
-    if peers is not None:
-        peers.broadcast_parameters(model.parameters())  # one start for every rank
-    if config.gradient_checkpointing:
-        gradient_checkpointing(model)
-    stats = TruncationStats()
-    if train_rows is None:
-        loaded = load_examples(
-            config.data.path,
-            kind="preference",
-            format=config.data.format,
-            skip_invalid=config.data.skip_invalid,
-        )
-        train_ex, test_ex = split_examples(loaded.examples, config.data.test_fraction, seed=config.seed)
-        train_rows = encode_pairs(tokenizer, train_ex, config, stats)
-        if test_rows is None:
-            test_rows = encode_pairs(tokenizer, test_ex, config, stats)
-    test_rows = test_rows or []
-    if not train_rows:
-        raise ValueError(
-            "no training preference pairs: the data left nothing to train on. Fix: check data.path."
-        )
-    t = config.train
-    with_lm = t.lm_coef > 0
-    by_length = t.group_by_length != "none"  # micro-batches of similar-length pairs (length_grouping.py)
-    pad_id = tokenizer.pad_token_id
-    generator = torch.Generator().manual_seed(config.seed)  # data order: on the CPU, the same everywhere
-    epochs = max(1, math.ceil(t.epochs))
-    plan = [b for _ in range(epochs) for b in plan_batches(train_rows, config, generator)]
-    steps = t.max_steps or max(1, math.ceil(len(plan) * t.epochs / epochs))
-    plan = (plan * math.ceil(steps / max(len(plan), 1)))[:steps]
-    optimizer, scheduler = build_optimizer(model.parameters(), config.optim, steps)
-    sharded = shard_trained(config.dist.strategy, model, optimizer, peers)  # fsdp2: [model]
-    logger = open_metrics_logger(
-        out,
-        resumable=False,
-        sinks=tuple(config.sinks),  # `quiet` only drops the final summary table
-        total=steps,
-        key_metrics=("train/loss", "train/accuracy", "eval/accuracy"),
-        writer=writer,
+    stage = RewardModelStage(config)
+    return run_supervised(
+        stage, model=model, tokenizer=tokenizer, train_rows=train_rows, test_rows=test_rows, quiet=quiet
     )
-    best = {"accuracy": -1.0, "step": -1}
-    final: dict = {}
-    with logger:
-        for step, indices in enumerate(plan):
-            model.train()
-            rows = [train_rows[i] for i in indices]
-            with gathered(sharded):  # fsdp2: the whole model for the step's micro-batches
-                metrics = pair_step(
-                    model, rows, pad_id, t.micro_batch_size, t.lm_coef, precision, by_length, peers
-                )
-                if sharded:  # summed by pair_step: cut to this rank's shard, clipped by the global norm
-                    metrics["train/grad_norm"] = fsdp.step(
-                        sharded[0], optimizer, scheduler, peers, config.optim.max_grad_norm, summed=True
-                    )
-            if not sharded:
-                metrics["train/grad_norm"] = clip_and_step(
-                    optimizer, scheduler, model.parameters(), config.optim.max_grad_norm
-                )
-            metrics["train/lr"] = scheduler.get_last_lr()[0]
-            last = step == steps - 1
-            if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
-                with gathered(sharded):
-                    result = evaluate_pairs(
-                        model, test_rows, pad_id, t.micro_batch_size, with_lm, precision, by_length
-                    )
-                metrics.update({f"eval/{k}": v for k, v in result.items()})
-                if result["accuracy"] > best["accuracy"]:  # keep the best checkpoint by held-out accuracy
-                    best = {"accuracy": result["accuracy"], "step": step}
-                    with whole_copies(sharded):  # fsdp2: every rank gathers, rank 0 saves
-                        if writer:
-                            save_reward_model(model, tokenizer, out / "best")
-            if last or step % t.log_every == 0 or "eval/accuracy" in metrics:
-                logger.log(step, metrics, kind="step")
-            final = metrics
-    model.eval()
-    final["best_step"], final["best_accuracy"] = best["step"], best["accuracy"]
-    if best["step"] < 0:
-        with whole_copies(sharded):  # fsdp2: every rank gathers, rank 0 saves
-            if writer:
-                save_reward_model(model, tokenizer, out)
-    if not writer:
-        return final  # rank 0 saves, reports and prints
-    if best["step"] >= 0:
-        for item in (out / "best").iterdir():  # promote the best checkpoint to the run directory
-            target = out / item.name
-            if target.is_dir():
-                shutil.rmtree(target)
-            item.replace(target)
-        shutil.rmtree(out / "best", ignore_errors=True)
-    report = write_final_report(out)
-    if not quiet:
-        shown = {k: v for k, v in final.items() if not isinstance(v, list)}
-        print_summary(f"Reward model finished: {out}", shown)
-        print(f"report: {report}")  # a line of its own: the table would cut a long path
-    return final
 
 
 def save_reward_model(model: ScalarHeadModel, tokenizer, directory: Path) -> None:

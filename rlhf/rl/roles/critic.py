@@ -21,7 +21,7 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.rl.experience import Experience, in_row_chunks
 from rlhf.rl.roles.forward import ValueForward
-from rlhf.rl.roles.learner import Learner, StepStats
+from rlhf.rl.roles.learner import RoleLearner, StepStats
 
 if TYPE_CHECKING:
     from rlhf.rl.roles.policy import Policy
@@ -42,7 +42,7 @@ def value_micro_loss(
     return loss
 
 
-class Critic(Learner):
+class Critic(RoleLearner):
     prefix = "value"
     shares_policy = False  # a network and an optimizer of its own
 

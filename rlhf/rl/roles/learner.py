@@ -1,4 +1,5 @@
-"""What every trained role owns: its module, AdamW and schedule, micro-batching, gradient clipping.
+"""What every trained role owns beside its learner (rlhf/train/learner.py): micro-batches of
+experience and the stats of an optimizer step.
 
 A role's `train_step(minibatch, total_tokens)` takes one optimizer step on a minibatch. The loss
 is a token mean over the minibatch, accumulated over micro-batches of `micro_batch_size` rows:
@@ -18,7 +19,7 @@ from torch import nn
 from rlhf.config import OptimConfig
 from rlhf.core import explained_variance, micro_batch_weight
 from rlhf.rl.experience import Experience
-from rlhf.train.optim import build_optimizer, clip_and_step
+from rlhf.train.learner import Learner
 
 
 class StepStats:
@@ -115,15 +116,12 @@ def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-class Learner:
-    """A role that trains: `module` (what the optimizer steps), AdamW over its trainable
-    parameters with a warmup/decay schedule over `total_steps`, micro-batches of
-    `micro_batch_size` rows (`sort_by_length`: rows of similar length together, the same token-mean
-    gradient) and global gradient clipping (PPO paper sec. 5.4, appendix C.2)."""
+class RoleLearner(Learner):
+    """A role that trains (policy, critic): a `Learner` (rlhf/train/learner.py) whose optimizer steps
+    take minibatches of experience in micro-batches of `micro_batch_size` rows (`sort_by_length`:
+    rows of similar length together, the same token-mean gradient)."""
 
     prefix = ""  # metric namespace: "policy" or "value"
-    peers = None  # data-parallel ranks (rlhf/runtime/peers.py): gradients and stats summed over them
-    sharded = None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/runtime/fsdp.py)
 
     def __init__(
         self,
@@ -133,15 +131,9 @@ class Learner:
         micro_batch_size: int,
         sort_by_length: bool = True,
     ) -> None:
-        self.module = module
+        super().__init__(module, optim, total_steps)
         self.micro_batch_size = micro_batch_size
         self.sort_by_length = sort_by_length  # runtime.sort_by_length
-        self.max_grad_norm = optim.max_grad_norm
-        self.optimizer, self.scheduler = build_optimizer(module.parameters(), optim, total_steps)
-
-    @property
-    def lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
 
     def loss_denominator(self, minibatch: Experience) -> float:
         """What the summed token losses of `minibatch` are divided by (the `total_tokens` of
@@ -156,31 +148,3 @@ class Learner:
             weight = micro_batch_weight(micro.response_mask, max(total_tokens, 1.0))
             if weight > 0:
                 yield micro, weight
-
-    def trainable(self) -> list[torch.Tensor]:
-        return [q for group in self.optimizer.param_groups for q in group["params"]]
-
-    def optimizer_step(self) -> float:
-        """Clip the global gradient norm (when set), step, zero the gradients; the pre-clip norm.
-        Under data parallelism the ranks' gradients are summed first: the norm is the global one."""
-        if self.sharded is not None:
-            from rlhf.runtime import fsdp
-
-            return fsdp.step(self.sharded, self.optimizer, self.scheduler, self.peers, self.max_grad_norm)
-        if self.peers is not None:
-            self.peers.sum_gradients(self.trainable())
-        return clip_and_step(self.optimizer, self.scheduler, self.trainable(), self.max_grad_norm)
-
-    def state_dict(self) -> dict:
-        # fsdp2: the sharded moments go to each rank's checkpoint shards (rlhf/rundir/sharded_checkpoint.py)
-        optimizer = self.optimizer.state_dict() if self.sharded is None else None
-        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state["optimizer"] is not None:  # None: loaded from the checkpoint's shards
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if state["optimizer"] is None:  # the moments came from the shards; the current lr (which the
-            # optimizer's own state would carry) is the schedule's last one, not the lr of step 0
-            for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
-                group["lr"] = lr

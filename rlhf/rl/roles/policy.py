@@ -30,7 +30,7 @@ from rlhf.models.sequences import Sequences
 from rlhf.rl.experience import Experience, in_row_chunks
 from rlhf.rl.roles.critic import value_micro_loss
 from rlhf.rl.roles.forward import PolicyForward, ValueForward, autocast
-from rlhf.rl.roles.learner import Learner, StepStats
+from rlhf.rl.roles.learner import RoleLearner, StepStats
 
 
 @dataclass
@@ -53,7 +53,7 @@ class JointValue:
     value_clip: float | None
 
 
-class Policy(Learner):
+class Policy(RoleLearner):
     prefix = "policy"
 
     def __init__(

@@ -1,0 +1,202 @@
+"""One skeleton for every supervised stage (`rlhf sft`, `rlhf rm`, and DPO next): setup, data, the
+optimizer steps through the same `Learner` the RL roles use (data-parallel and sharded training
+written once, rlhf/train/learner.py), the evaluation cadence, and the finish (export, report,
+summary). A stage says only what differs, by subclassing `SupervisedStage`:
+
+    build_model   the model to train (loaded from `config.model` unless one is given)
+    encode        examples -> the stage's rows
+    schedule      the number of optimizer steps and each step's row indices (a CPU generator: the
+                  same data order on every device and at every number of ranks)
+    train_step    forward/backward of one step's rows (no optimizer step): the step's metrics
+    evaluate      held-out metrics (logged under eval/)
+    finish        export the trained model (every rank joins the gathers, rank 0 writes)
+
+The run's skeleton:
+
+    run_dir, tokenizer <- start_run; model <- build_model; rows <- load, split, encode
+    learner <- Learner(model, optim, steps, peers, dist.strategy)
+    [evaluate before the first update: step 0's eval/ record]
+    for each step: train_step under the gathered model, learner.optimizer_step, log;
+                   evaluate every train.eval_every steps and at the last
+    finish, report.html, the one-screen summary
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlhf.data.length_grouping import length_grouped_order
+from rlhf.data.loading import load_examples, split_examples
+from rlhf.data.tokenize import TruncationStats
+from rlhf.models.device import resolve_device
+from rlhf.models.grad_checkpointing import gradient_checkpointing
+from rlhf.models.precision import Precision
+from rlhf.monitor import print_summary
+from rlhf.rundir.directory import open_metrics_logger
+from rlhf.rundir.final_report import write_final_report
+from rlhf.runtime.peers import Peers, current_peers
+from rlhf.train.learner import Learner
+from rlhf.train.setup import start_run
+
+
+@dataclass
+class SupervisedRun:
+    """What the stage's hooks may read: the run directory, tokenizer, model and its learner, and
+    the process's place in a torchrun launch."""
+
+    out: Path
+    tokenizer: object
+    model: nn.Module
+    learner: Learner
+    precision: Precision
+    peers: Peers | None  # torchrun: this rank's share of every batch (rlhf/runtime/peers.py)
+    writer: bool  # rank 0 (or the only process) writes the run directory
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+
+class SupervisedStage:
+    """What one supervised stage adds to the skeleton (see the module's docstring)."""
+
+    title = ""  # the summary's heading: "SFT", "Reward model"
+    data_kind = ""  # the rows `load_examples` reads: "sft" | "preference"
+    empty_data = ""  # what the message says there is none of, e.g. "training SFT examples"
+    key_metrics: tuple[str, ...] = ()  # shown in the progress line
+    baseline_eval = False  # evaluate the held-out rows before the first update (step 0's record)
+    before_training: dict | None = None  # that evaluation's figures, when it ran
+
+    def __init__(self, config) -> None:
+        self.config = config
+
+    def build_model(self, model: nn.Module | None, precision: Precision) -> nn.Module:
+        raise NotImplementedError
+
+    def encode(self, tokenizer, examples, stats: TruncationStats) -> list:
+        raise NotImplementedError
+
+    def schedule(self, rows: list, generator) -> tuple[int, Iterator[list[int]]]:
+        raise NotImplementedError
+
+    def train_step(self, run: SupervisedRun, rows: list) -> dict:
+        raise NotImplementedError
+
+    def evaluate(self, run: SupervisedRun, rows: list) -> dict:
+        raise NotImplementedError
+
+    def on_evaluation(self, run: SupervisedRun, step: int, result: dict) -> None:
+        """After each held-out evaluation (the reward model keeps its best checkpoint here)."""
+
+    def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
+        raise NotImplementedError
+
+
+def run_supervised(
+    stage: SupervisedStage,
+    *,
+    model: nn.Module | None = None,
+    tokenizer=None,
+    train_rows: list | None = None,
+    test_rows: list | None = None,
+    quiet: bool = False,
+) -> dict:
+    """Train, evaluate and export `stage` into `stage.config.out`; the final metrics.
+
+    `train_rows` / `test_rows` replace the rows read from `config.data.path` (given test rows are
+    used as they are; without train rows the file is read and split by `data.test_fraction`).
+    """
+    config = stage.config
+    device = resolve_device(config.train.device, key="train.device")
+    precision = Precision.resolve(config.dtype, device, key="dtype")
+    peers = current_peers()
+    writer = peers is None or peers.rank == 0
+    out, tokenizer = start_run(config, tokenizer, writer=writer)
+    model = stage.build_model(model, precision)
+    if peers is not None:
+        peers.broadcast_parameters(model.parameters())  # one start for every rank
+    if config.gradient_checkpointing:
+        gradient_checkpointing(model)
+    stats = TruncationStats()
+    if train_rows is None:
+        d = config.data
+        loaded = load_examples(d.path, kind=stage.data_kind, format=d.format, skip_invalid=d.skip_invalid)
+        train_ex, test_ex = split_examples(loaded.examples, d.test_fraction, seed=config.seed)
+        train_rows = stage.encode(tokenizer, train_ex, stats)
+        if test_rows is None:
+            test_rows = stage.encode(tokenizer, test_ex, stats)
+    test_rows = test_rows or []
+    if not train_rows:
+        raise ValueError(f"no {stage.empty_data}: the data left nothing to train on. Fix: check data.path.")
+    generator = torch.Generator().manual_seed(config.seed)  # data order: on the CPU, the same everywhere
+    steps, batches = stage.schedule(train_rows, generator)
+    learner = Learner(model, config.optim, steps, peers=peers, strategy=config.dist.strategy)
+    run = SupervisedRun(out, tokenizer, model, learner, precision, peers, writer)
+    t = config.train
+    logger = open_metrics_logger(
+        out,
+        resumable=False,
+        sinks=tuple(config.sinks),  # `quiet` only drops the final summary table
+        total=steps,
+        key_metrics=stage.key_metrics,
+        writer=writer,
+    )
+    final: dict = {}
+    with logger:
+        if test_rows and stage.baseline_eval:  # held-out figures of the model before any update
+            with learner.gathered():
+                before = stage.evaluate(run, test_rows)
+            logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step")
+            stage.before_training = before
+        for step, indices in zip(range(steps), batches):
+            model.train()
+            with learner.gathered():  # fsdp2: the whole model for the step's micro-batches
+                metrics = stage.train_step(run, [train_rows[i] for i in indices])
+                metrics["train/grad_norm"] = learner.optimizer_step()
+            metrics["train/lr"] = learner.lr
+            last = step == steps - 1
+            if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
+                with learner.gathered():
+                    result = stage.evaluate(run, test_rows)
+                metrics.update({f"eval/{k}": v for k, v in result.items()})
+                stage.on_evaluation(run, step, result)
+            if last or step % t.log_every == 0 or any(k.startswith("eval/") for k in metrics):
+                logger.log(step, metrics, kind="step")
+            final = metrics
+    model.eval()
+    final = stage.finish(run, final, stats)
+    if not writer:
+        return final  # rank 0 exports, reports and prints
+    report = write_final_report(out)
+    if not quiet:
+        shown = {k: v for k, v in final.items() if not isinstance(v, list)}
+        print_summary(f"{stage.title} finished: {out}", shown)
+        print(f"report: {report}")  # a line of its own: the table would cut a long path
+    return final
+
+
+def shuffled_step_batches(
+    steps: int, batch_size: int, lengths: list[int], group_by_length: str, generator: torch.Generator
+) -> Iterator[list[int]]:
+    """Step batches of `batch_size` row indices for `steps` steps: a fresh shuffled epoch whenever
+    the current one runs out (`group_by_length across_steps`: steps of similar-length rows, the
+    Hugging Face Trainer's group_by_length, rlhf/data/length_grouping.py); `lengths`: each row's."""
+    order: list[int] = []
+    for _ in range(steps):
+        while len(order) < batch_size:
+            order += torch.randperm(len(lengths), generator=generator).tolist()
+            if group_by_length == "across_steps":  # the last epoch's leftover rows join in, so that
+                order = length_grouped_order(order, lengths, batch_size, generator)  # steps stay aligned
+        yield order[:batch_size]
+        del order[:batch_size]
+
+
+def steps_of_epochs(epochs: float, num_rows: int, batch_size: int, max_steps: int | None) -> int:
+    """`max_steps`, or the steps of `epochs` passes over `num_rows` rows in batches of `batch_size`."""
+    return max_steps or max(1, math.ceil(epochs * num_rows / batch_size))

@@ -1,0 +1,73 @@
+"""The package's layers: a module never imports one of a higher layer (../shared/DESIGN.md,
+docs/internals.md). Lazy imports inside functions count too: they are still a dependency."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import rlhf
+
+# lowest first; a module may import its own layer and those before it
+LAYERS = (
+    "core",
+    "config",
+    "models",
+    "data",  # data/check.py (`rlhf data check`) reads a model directory's tokenizer
+    "worlds",
+    "monitor",
+    "runtime",
+    "rundir",
+    "train",
+    "evaluation",
+    "rl",
+    "stages",
+    "demo",
+    "cli",  # rlhf/cli.py, cli_errors.py, report_command.py, __main__.py, __init__.py
+)
+PACKAGE = Path(rlhf.__file__).parent
+
+
+def layer_of(module: str) -> int:
+    """The layer index of a dotted module name under rlhf."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return LAYERS.index(parts[1])
+    return LAYERS.index("cli")  # top-level modules
+
+
+def imports_of(source: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(source.read_text(), filename=str(source))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return [n for n in names if n.startswith("rlhf.")]
+
+
+def module_name(source: Path) -> str:
+    parts = source.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_every_folder_of_the_package_is_a_known_layer():
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert folders <= set(LAYERS), folders - set(LAYERS)
+
+
+def test_no_module_imports_a_higher_layer():
+    offenders = []
+    for source in sorted(PACKAGE.rglob("*.py")):
+        mine = layer_of(module_name(source))
+        for name in imports_of(source):
+            if layer_of(name) > mine:
+                offenders.append(f"{source.relative_to(PACKAGE.parent)} imports {name}")
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    source = tmp_path / "bad.py"
+    source.write_text("def f():\n    from rlhf.stages.sft import run_sft\n")
+    assert imports_of(source) == ["rlhf.stages.sft"]
+    assert layer_of("rlhf.stages.sft") > layer_of("rlhf.rl.trainer") > layer_of("rlhf.core.kl")

@@ -28,6 +28,7 @@ from rlhf.core.losses import (
     token_weighted_accumulate,
     value_loss,
 )
+from rlhf.core.preference import PREFERENCE_LOSSES, preference_loss
 from rlhf.core.rewards import ScoreProcessor, token_rewards, whiten_advantages
 from rlhf.core.stats import (
     RunningMoments,
@@ -45,6 +46,7 @@ __all__ = [
     "KL_KINDS",
     "POLICY_LOSSES",
     "POLICY_LOSS_SOURCES",
+    "PREFERENCE_LOSSES",
     "AdaptiveKLController",
     "FixedKLController",
     "RunningMoments",
@@ -70,6 +72,7 @@ __all__ = [
     "policy_loss",
     "policy_loss_params",
     "ppo_loss",
+    "preference_loss",
     "register_estimator",
     "register_policy_loss",
     "token_rewards",

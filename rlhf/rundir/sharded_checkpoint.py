@@ -24,10 +24,11 @@ SHARDS = "shards"
 
 
 def trained_learners(roles) -> dict:
-    """The roles whose parameters and optimizer state the shards hold: {name: learner}."""
-    if roles.critic.shares_policy:
+    """The roles whose parameters and optimizer state the shards hold: {name: learner} (a shared
+    critic is part of the policy's module; a critic-free run has none)."""
+    if roles.separate_critic is None:
         return {"policy": roles.policy}
-    return {"policy": roles.policy, "critic": roles.critic}
+    return {"policy": roles.policy, "critic": roles.separate_critic}
 
 
 def has_shards(path: Path) -> bool:

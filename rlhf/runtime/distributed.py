@@ -40,7 +40,7 @@ class DistributedRuntime(LocalRuntime):
     def __init__(self, roles, config: RuntimeConfig, group=None, strategy: str = "ddp") -> None:
         super().__init__(roles, config)
         self.peers = Peers(group)
-        self.learners = [roles.policy] if roles.critic.shares_policy else [roles.policy, roles.critic]
+        self.learners = roles.learners()  # the policy, and a critic of its own (none: critic-free)
         for learner in self.learners:
             learner.peers = self.peers
             self.peers.broadcast_parameters(learner.module.parameters())  # one start for every rank

@@ -24,6 +24,7 @@ from rlhf.runtime import runtime_for  # noqa: E402
 from rlhf.stages.prompt_files import ptx_sampler
 
 # 10 rows in 2 minibatches of 5: ranks hold 3 and 2 rows (uneven tokens, 2 and 1 micro-batches of 2)
+CRITIC_FREE = ("grpo", "rloo", "reinforce_pp")
 DATA_PARALLEL_CASE = {
     "rollout": {"batch_size": 10, "max_new_tokens": 5},
     "train": {"iterations": 2, "ppo_epochs": 2, "minibatches": 2, "micro_batch_size": 2},
@@ -81,14 +82,19 @@ def trainer_of(config, run_dir: Path, *, resume: bool = False, ptx_file: str | N
 def ppo_run(run_dir: str, preset: str, layers: list[dict], ptx_file: str | None = None) -> dict:
     """Train a run; what every rank must agree on: its returned metrics, the final parameters,
     the sampled tokens of the last rollout, and the metrics rank 0 wrote."""
-    config = rl_config(preset, DATA_PARALLEL_CASE, *layers, out=run_dir)
+    case = DATA_PARALLEL_CASE
+    if preset in CRITIC_FREE:  # critic settings are errors there
+        case = {k: v for k, v in case.items() if k not in ("critic", "critic_optim")}
+    config = rl_config(preset, case, *layers, out=run_dir)
     trainer = trainer_of(config, Path(run_dir), ptx_file=ptx_file)
     last = trainer.train()
     roles = trainer.roles
     written = metric_rows(run_dir) if trainer.runtime.writer else None
     with trainer.runtime.whole_models():  # fsdp2: the whole parameters, gathered on every rank
         policy = {n: p.detach().clone() for n, p in roles.policy.module.named_parameters()}
-        critic = {n: p.detach().clone() for n, p in roles.critic.model.named_parameters()}
+        critic = (
+            {n: p.detach().clone() for n, p in roles.critic.model.named_parameters()} if roles.critic else {}
+        )
     return {
         "last": {k: v for k, v in last.items() if not k.startswith(("time/", "throughput/"))},
         "policy": policy,

@@ -67,6 +67,9 @@ PPO_CASES = {
             {"rollout": {"batch_size": 4, "truncated": "drop"}, "train": {"minibatches": 4}},
         ],
     ),
+    # critic-free presets: the policy is the only learner (no critic to broadcast, shard or save)
+    "grpo-critic-free": ("grpo", [{"rollout": {"batch_size": 8, "samples_per_prompt": 4}}]),
+    "fsdp2-rloo-critic-free": ("rloo", [{"dist": {"strategy": "fsdp2"}, "rollout": {"batch_size": 8}}]),
 }
 
 
@@ -97,7 +100,10 @@ def test_two_ranks_train_as_one_process(case, ppo_on_two_ranks, tmp_path):
         assert_close_dicts(got, expected, "metrics.jsonl")
     # the case is one where the switches act: clipping, PPO-ptx, the critic's pre-training
     assert one["last"]["policy/grad_norm"] > 0.05
-    assert any("critic_pretrain/value_loss" in row for row in one["written"])
+    if "critic-free" in case:
+        assert one["critic"] == {} and not any(k.startswith("value/") for k in one["last"])
+    else:
+        assert any("critic_pretrain/value_loss" in row for row in one["written"])
 
 
 def test_a_multi_process_launch_without_a_strategy_exits_2_naming_the_rank(monkeypatch, tmp_path, capsys):

@@ -106,6 +106,27 @@ def test_torchrun_two_ranks_give_the_one_process_metrics(strategy, models, tmp_p
         assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
+CRITIC_FREE = {"grpo": "ddp", "rloo": "fsdp2", "reinforce_pp": "fsdp2"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", CRITIC_FREE)
+def test_critic_free_presets_run_under_torchrun_and_save_their_checkpoints(preset, models, tmp_path):
+    """The policy is the only learner: no critic to broadcast, shard or write into the checkpoint."""
+    args = train_args(models, tmp_path / "two", "--dist.strategy", CRITIC_FREE[preset])
+    args[args.index("ppo_max")] = preset
+    at = args.index("--critic.pretrain_iterations")  # critic settings are errors without a critic
+    del args[at : at + 2]
+    args += ["--rollout.batch_size", "8", "--rollout.samples_per_prompt", "4", "--checkpoint.every", "1"]
+    job = torchrun(args)
+    out, err = job.communicate(timeout=TIMEOUT)
+    assert job.returncode == 0, err[-3000:]
+    rows = metric_rows(tmp_path / "two")
+    assert [r["iteration"] for r in rows] == [0, 1, 2] and not any("value/loss" in r for r in rows)
+    assert (tmp_path / "two" / "model.safetensors").is_file() and not (tmp_path / "two" / "critic").exists()
+    assert (tmp_path / "two" / "checkpoints" / "iter_000003" / "DONE").is_file()
+
+
 def test_a_killed_rank_ends_the_job_naming_the_rank(models, tmp_path):
     job = torchrun(
         train_args(models, tmp_path / "run", "--dist.strategy", "ddp", "--dist.timeout", "30",

@@ -74,9 +74,17 @@ class ReferenceModel:
             with torch.no_grad():  # per thread
                 return response_logprobs(self.model, input_ids, attention_mask, prompt_length, temperature)[0]
 
+        with self.in_force():
+            yield logprobs
+
+    @contextmanager
+    def in_force(self) -> Iterator[nn.Module]:
+        """The module with the reference's weights in force for a block (no gradient, eval mode, a
+        LoRA policy's adapter disabled): for forwards other than response log-probs, e.g. DPO's
+        summed sequence log-probs."""
         with torch.no_grad(), eval_mode(self.model):
             if self.mode == "adapter":
                 with self.model.disable_adapter():
-                    yield logprobs
+                    yield self.model
             else:
-                yield logprobs
+                yield self.model

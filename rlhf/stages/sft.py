@@ -19,14 +19,14 @@ from rlhf.data.length_grouping import micro_batch_groups
 from rlhf.data.tokenize import TruncationStats, encode_sft
 from rlhf.models.device import model_device, to_device
 from rlhf.models.loading import load_causal_lm
-from rlhf.models.precision import Precision, cast_parameters
-from rlhf.rundir.export import export_models
+from rlhf.models.precision import Precision
 from rlhf.runtime.peers import Peers
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import (
     SupervisedRun,
     SupervisedStage,
+    export_causal_lm,
     run_supervised,
     shuffled_step_batches,
     steps_of_epochs,
@@ -157,14 +157,11 @@ class SFTStage(SupervisedStage):
         )
 
     def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
-        if self.before_training is not None:
-            final["eval/loss_before_training"] = self.before_training["loss"]
-            final["eval/ppl_before_training"] = self.before_training["ppl"]
+        if self.baseline is not None:
+            final["eval/loss_before_training"] = self.baseline["loss"]
+            final["eval/ppl_before_training"] = self.baseline["ppl"]
         final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
-        cast_parameters(run.model, torch.float32)  # training is over: float32 in place, no copy to export
-        with run.learner.whole_copies():  # fsdp2: every rank gathers the weights, rank 0 exports
-            if run.writer:  # LoRA merged (a copy), whatever the training used
-                export_models(run.out, run.tokenizer, {"": run.model})
+        export_causal_lm(run)  # float32, LoRA merged (a copy), whatever the training used
         return final
 
 

@@ -57,3 +57,21 @@ def model_token_nll(
     decoder stops one column short: the last column is only ever a target (exact under causal attention)."""
     hidden = decoder_hidden_states(model, input_ids[:, :-1], attention_mask[:, :-1])
     return hidden_token_nll(model, hidden, input_ids, loss_mask)
+
+
+def sequence_logprobs(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """The summed log-probs [B] (float32) of each right-padded row's response tokens (`response_mask`)
+    under a causal LM: what DPO's losses take (docs/algorithms.md §32). Like `model_token_nll`, the
+    head runs on the scored positions only; a row without a response token sums to 0."""
+    hidden = decoder_hidden_states(model, input_ids[:, :-1], attention_mask[:, :-1])
+    target_mask = response_mask[:, 1:].bool()
+    sums = hidden.new_zeros(input_ids.shape[0], dtype=torch.float32)
+    if not bool(target_mask.any()):  # a zero that still reaches the head and the decoder
+        return sums + output_head(model)(hidden[:, :1]).float().sum() * 0.0
+    picked = hidden[target_mask]  # [N, H], row-major: the rows' positions in order
+    targets = input_ids[:, 1:][target_mask]
+    logp, _ = logprobs_from_hidden(model, picked.unsqueeze(0), targets.unsqueeze(0))
+    rows = target_mask.nonzero()[:, 0]
+    return sums.index_add(0, rows, logp[0].float())

@@ -11,6 +11,8 @@ summary). A stage says only what differs, by subclassing `SupervisedStage`:
     evaluate      held-out metrics (logged under eval/)
     finish        export the trained model (every rank joins the gathers, rank 0 writes)
 
+and, when it needs them, `before_training` (once, before the first step) and `on_evaluation`.
+
 The run's skeleton:
 
     run_dir, tokenizer <- start_run; model <- build_model; rows <- load, split, encode
@@ -36,9 +38,10 @@ from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats
 from rlhf.models.device import resolve_device
 from rlhf.models.grad_checkpointing import gradient_checkpointing
-from rlhf.models.precision import Precision
+from rlhf.models.precision import Precision, cast_parameters
 from rlhf.monitor import print_summary
 from rlhf.rundir.directory import open_metrics_logger
+from rlhf.rundir.export import export_models
 from rlhf.rundir.final_report import write_final_report
 from rlhf.runtime.peers import Peers, current_peers
 from rlhf.train.learner import Learner
@@ -71,7 +74,7 @@ class SupervisedStage:
     empty_data = ""  # what the message says there is none of, e.g. "training SFT examples"
     key_metrics: tuple[str, ...] = ()  # shown in the progress line
     baseline_eval = False  # evaluate the held-out rows before the first update (step 0's record)
-    before_training: dict | None = None  # that evaluation's figures, when it ran
+    baseline: dict | None = None  # that evaluation's figures, when it ran
 
     def __init__(self, config) -> None:
         self.config = config
@@ -84,6 +87,10 @@ class SupervisedStage:
 
     def schedule(self, rows: list, generator) -> tuple[int, Iterator[list[int]]]:
         raise NotImplementedError
+
+    def before_training(self, run: SupervisedRun, train_rows: list, test_rows: list) -> None:
+        """Once, after the rows are read and before the first step (DPO caches its reference
+        log-probs here)."""
 
     def train_step(self, run: SupervisedRun, rows: list) -> dict:
         raise NotImplementedError
@@ -148,12 +155,13 @@ def run_supervised(
         writer=writer,
     )
     final: dict = {}
+    stage.before_training(run, train_rows, test_rows)
     with logger:
         if test_rows and stage.baseline_eval:  # held-out figures of the model before any update
             with learner.gathered():
                 before = stage.evaluate(run, test_rows)
             logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step")
-            stage.before_training = before
+            stage.baseline = before
         for step, indices in zip(range(steps), batches):
             model.train()
             with learner.gathered():  # fsdp2: the whole model for the step's micro-batches
@@ -179,6 +187,15 @@ def run_supervised(
         print_summary(f"{stage.title} finished: {out}", shown)
         print(f"report: {report}")  # a line of its own: the table would cut a long path
     return final
+
+
+def export_causal_lm(run: SupervisedRun) -> None:
+    """The trained causal LM as a float32 Hugging Face directory in the run directory (LoRA merged
+    into a copy): every rank joins the gather (fsdp2), rank 0 writes."""
+    cast_parameters(run.model, torch.float32)  # training is over: float32 in place, no copy to export
+    with run.learner.whole_copies():
+        if run.writer:
+            export_models(run.out, run.tokenizer, {"": run.model})
 
 
 def shuffled_step_batches(

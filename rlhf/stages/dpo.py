@@ -1,0 +1,187 @@
+"""Direct preference optimization (`rlhf dpo`): the SFT model trained on preference pairs against
+itself, frozen, as the reference (docs/algorithms.md §32; `dpo.loss` sigmoid | ipo | robust).
+
+Pairs are read and encoded as `rlhf rm` reads them (every pair format: prompt/chosen/rejected, HH
+dialogues, chat messages). The reference is a frozen copy of the starting model, or, for a LoRA
+policy, the same weights with the adapter switched off (no second copy). Its summed log-probs of
+each pair are computed once before training (`dpo.precompute_reference`, the default: each rank
+scores its share and the shares are joined) or in every step. The step runs in the supervised
+skeleton (rlhf/train/supervised.py): the loss is the mean over the step's pairs however the
+micro-batches and ranks split them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from rlhf.core import preference_loss
+from rlhf.data.collate import collate_pairs
+from rlhf.data.tokenize import TruncationStats
+from rlhf.models.device import model_device, to_device
+from rlhf.models.loading import load_causal_lm
+from rlhf.models.precision import Precision
+from rlhf.models.reference import ReferenceModel
+from rlhf.stages.rm import EncodedPair, encode_pairs, pair_micro_batches
+from rlhf.train.lm_loss import sequence_logprobs
+from rlhf.train.setup import with_lora
+from rlhf.train.supervised import (
+    SupervisedRun,
+    SupervisedStage,
+    export_causal_lm,
+    run_supervised,
+    shuffled_step_batches,
+    steps_of_epochs,
+)
+
+STATS = ("chosen_reward", "rejected_reward", "margin", "accuracy", "chosen_logp", "rejected_logp")
+
+
+@dataclass
+class DPOPair(EncodedPair):
+    ref_chosen: float | None = None  # the reference's summed log-probs, once computed
+    ref_rejected: float | None = None
+
+
+def pair_logprobs(model, rows: list[EncodedPair], pad_id: int, precision: Precision | None):
+    """Summed response log-probs ([b] float32 each) of the chosen and the rejected responses."""
+    batch = collate_pairs(
+        [r.prompt_ids for r in rows], [r.chosen_ids for r in rows], [r.rejected_ids for r in rows], pad_id
+    )
+    batch = to_device(batch, model_device(model))
+    with precision.autocast() if precision is not None else contextlib.nullcontext():
+        logp = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+    return logp[: len(rows)], logp[len(rows) :]
+
+
+class DPOStage(SupervisedStage):
+    """A preference loss on the policy's and the reference's summed log-probs of each pair."""
+
+    title = "DPO"
+    data_kind = "preference"
+    empty_data = "training preference pairs"
+    key_metrics = ("train/loss", "train/accuracy", "eval/accuracy", "eval/margin")
+
+    def build_model(self, model, precision: Precision):
+        c = self.config
+        if model is None:
+            model = load_causal_lm(c.model, gguf_file=c.gguf_file)
+        model = precision.prepare(with_lora(model, c.lora))
+        # the SFT model, frozen: a LoRA policy's reference is its adapter switched off
+        self.reference = ReferenceModel(model, mode="adapter" if c.lora.enabled else "copy")
+        return model
+
+    def encode(self, tokenizer, examples, stats: TruncationStats) -> list[DPOPair]:
+        return [
+            DPOPair(r.prompt_ids, r.chosen_ids, r.rejected_ids)
+            for r in encode_pairs(tokenizer, examples, self.config, stats)
+        ]
+
+    def schedule(self, rows, generator):
+        t = self.config.train
+        steps = steps_of_epochs(t.epochs, len(rows), t.batch_size, t.max_steps)
+        lengths = [len(r.prompt_ids) + max(len(r.chosen_ids), len(r.rejected_ids)) for r in rows]
+        return steps, shuffled_step_batches(steps, t.batch_size, lengths, t.group_by_length, generator)
+
+    def before_training(
+        self, run: SupervisedRun, train_rows: list[DPOPair], test_rows: list[DPOPair]
+    ) -> None:
+        if self.config.dpo.precompute_reference:
+            for rows in (train_rows, test_rows):
+                self.cache_reference(run, rows)
+
+    def cache_reference(self, run: SupervisedRun, rows: list[DPOPair]) -> None:
+        """Each rank scores its share of `rows` with the reference; the shares are joined so that
+        every rank holds every pair's reference log-probs."""
+        if not rows:
+            return
+        mine = rows if run.peers is None else rows[run.peers.rows(len(rows))]
+        local = torch.zeros(len(mine), 2, dtype=torch.float64)
+        size = self.config.train.micro_batch_size
+        with run.learner.gathered():  # fsdp2 shards the policy; the reference copy stays whole
+            for group in pair_micro_batches(mine, size, self._by_length()):
+                chosen, rejected = self.reference_logprobs(run, [mine[i] for i in group])
+                local[group] = torch.stack([chosen, rejected], dim=1).double().cpu()
+        if run.peers is not None:
+            local = run.peers.gather_rows(local.to(run.peers.device), len(rows)).cpu()
+        for row, (chosen, rejected) in zip(rows, local.tolist()):
+            row.ref_chosen, row.ref_rejected = chosen, rejected
+
+    def reference_logprobs(
+        self, run: SupervisedRun, rows: list[DPOPair]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if all(r.ref_chosen is not None for r in rows):
+            device = model_device(run.model)
+            return (
+                torch.tensor([r.ref_chosen for r in rows], dtype=torch.float32, device=device),
+                torch.tensor([r.ref_rejected for r in rows], dtype=torch.float32, device=device),
+            )
+        with self.reference.in_force() as reference:
+            return pair_logprobs(reference, rows, run.pad_id, run.precision)
+
+    def _by_length(self) -> bool:
+        return self.config.train.group_by_length != "none"  # micro-batches of similar-length pairs
+
+    def _pass(self, run: SupervisedRun, rows: list[DPOPair], train: bool) -> dict:
+        """The loss and stats over `rows` (this rank's share under torchrun, summed over the ranks);
+        `train`: each micro-batch's loss, weighted by its share of the pairs, is backpropagated."""
+        d, size = self.config.dpo, self.config.train.micro_batch_size
+        mine = rows if run.peers is None else rows[run.peers.rows(len(rows))]
+        sums = dict.fromkeys(("loss", *STATS), 0.0)
+        for group in pair_micro_batches(mine, size, self._by_length()):
+            micro = [mine[i] for i in group]
+            ref_chosen, ref_rejected = self.reference_logprobs(run, micro)
+            with contextlib.nullcontext() if train else torch.no_grad():
+                chosen, rejected = pair_logprobs(run.model, micro, run.pad_id, run.precision)
+                loss, stats = preference_loss(
+                    d.loss, chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing
+                )
+            if train:
+                (loss * (len(micro) / len(rows))).backward()  # the mean over the step's pairs
+            for key, value in (("loss", loss), *stats.items()):
+                sums[key] += float(value.detach()) * len(micro)
+        values = list(sums.values())
+        if run.peers is not None:
+            values = run.peers.sums(values)
+        return {key: total / max(len(rows), 1) for key, total in zip(sums, values)}
+
+    def train_step(self, run: SupervisedRun, rows: list[DPOPair]) -> dict:
+        out = {f"train/{k}": v for k, v in self._pass(run, rows, train=True).items()}
+        out["train/pairs"] = len(rows)
+        return out
+
+    def evaluate(self, run: SupervisedRun, rows: list[DPOPair]) -> dict:
+        was_training = run.model.training
+        run.model.eval()
+        try:
+            return self._pass(run, rows, train=False)
+        finally:
+            run.model.train(was_training)
+
+    def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
+        final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
+        export_causal_lm(run)  # float32, LoRA merged (a copy)
+        return final
+
+
+def run_dpo(
+    config,
+    *,
+    model=None,
+    tokenizer=None,
+    train_rows: list[DPOPair] | None = None,
+    test_rows: list[DPOPair] | None = None,
+    quiet: bool = False,
+) -> dict:
+    """Train the policy of `config.model` by `config.dpo.loss` on the pairs of `config.data.path`,
+    evaluate on the held-out pairs, export it to `config.out`; the final metrics."""
+    return run_supervised(
+        DPOStage(config),
+        model=model,
+        tokenizer=tokenizer,
+        train_rows=train_rows,
+        test_rows=test_rows,
+        quiet=quiet,
+    )

@@ -2,7 +2,7 @@
 configuration and samples.
 
     run = read_run_dir("runs/ppo")     # NotARunDirectory (a ValueError with the fix) otherwise
-    run.kind                           # "sft" | "rm" | "rl"
+    run.kind                           # "sft" | "rm" | "dpo" | "rl"
 
 The kind comes from `metrics.jsonl`: RL records count `iteration` (and `pretrain` for critic
 pre-training); SFT and reward-model records count `step`, and reward-model records carry accuracy or
@@ -22,8 +22,9 @@ import yaml
 from rlhf.monitor.logger import SAMPLES_FILE
 from rlhf.monitor.records import read_metrics
 
-KINDS = {"sft": "SFT", "rm": "reward model", "rl": "RL"}
+KINDS = {"sft": "SFT", "rm": "reward model", "dpo": "DPO", "rl": "RL"}
 RM_KEYS = ("train/accuracy", "train/rank_loss", "eval/accuracy", "eval/rank_loss")
+DPO_KEYS = ("train/chosen_reward", "eval/chosen_reward")  # implicit rewards: DPO's alone
 EVAL_FILE = "eval.json"  # written beside a policy by `rlhf eval`
 COMMANDS = "`rlhf sft`, `rlhf rm`, `rlhf train` or `rlhf demo`"
 
@@ -35,7 +36,7 @@ class NotARunDirectory(ValueError):
 @dataclass
 class RunFiles:
     directory: Path
-    kind: str  # "sft" | "rm" | "rl"
+    kind: str  # "sft" | "rm" | "dpo" | "rl"
     step_key: str  # "step" or "iteration": the key counting the training records
     records: list[dict]  # training records, in file order
     pretrain: list[dict] = field(default_factory=list)  # RL critic pre-training records
@@ -90,6 +91,8 @@ def read_run_dir(directory: str | os.PathLike) -> RunFiles:
 def _kind_of_records(steps: list[dict], pretrain: list[dict]) -> str | None:
     if pretrain or any("iteration" in r for r in steps):
         return "rl"
+    if any(key in r for r in steps for key in DPO_KEYS):
+        return "dpo"
     if any(key in r for r in steps for key in RM_KEYS):
         return "rm"
     if any("train/loss" in r for r in steps):
@@ -101,6 +104,8 @@ def _kind_of_config(config: dict) -> str | None:
     model, train, data = config.get("model"), config.get("train"), config.get("data")
     if (isinstance(model, dict) and "policy" in model) or "rollout" in config:
         return "rl"
+    if isinstance(config.get("dpo"), dict):
+        return "dpo"
     if isinstance(train, dict) and "lm_coef" in train:
         return "rm"
     if isinstance(model, str) and isinstance(data, dict) and "max_response_tokens" in data:

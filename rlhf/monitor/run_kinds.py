@@ -41,6 +41,18 @@ SPECS: dict[str, KindSpec] = {
         ),
         length_keys=("train.max_steps",),
     ),
+    "dpo": KindSpec(
+        title="DPO",
+        headline=(
+            ("train/loss", "min"), ("eval/loss", "min"), ("eval/accuracy", "max"), ("eval/margin", "max"),
+            ("eval/chosen_logp", None), ("eval/rejected_logp", None),
+        ),
+        config_keys=(
+            "model", "data.path", "dpo.loss", "dpo.beta", "dpo.label_smoothing", "dpo.precompute_reference",
+            "train.epochs", "train.max_steps", "train.batch_size", "optim.lr", "lora.enabled", "seed",
+        ),
+        length_keys=("train.max_steps",),
+    ),
     "rl": KindSpec(
         title="RL",
         headline=(

@@ -101,7 +101,7 @@ def _summary(run: RunFiles) -> str:
     )
     collapse = _collapse_steps(run)
     facts: list[tuple[str, Any]] = [
-        ("kind", f"{KINDS[run.kind]} (rlhf {dict(sft='sft', rm='rm', rl='train')[run.kind]})"),
+        ("kind", f"{KINDS[run.kind]} (rlhf {dict(sft='sft', rm='rm', dpo='dpo', rl='train')[run.kind]})"),
         ("directory", str(run.directory)),
         (f"{run.step_key}s logged", NumText(f"{min(steps)} – {max(steps)} ({len(steps)} records)")),
     ]
@@ -315,6 +315,7 @@ def _samples(run: RunFiles) -> str:
         "one beside the policy)",
         "sft": "an SFT run records losses only",
         "rm": "a reward-model run records scores and margins only",
+        "dpo": "a DPO run records losses, implicit rewards and log-probs only",
     }[run.kind]
     return note(f"No sample responses: {where}.")
 

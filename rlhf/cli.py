@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sampling",
         choices=("custom", "paper"),
         default="custom",
-        help="paper: the PPO paper's sec. 6.1 sampling (temperature 0.8, top-p 0.9, repetition penalty 1.1) "
+        help="paper: the PPO paper's §6.1 sampling (temperature 0.8, top-p 0.9, repetition penalty 1.1) "
         "instead of --temperature/--top-p",
     )
     ev.add_argument("--seed", type=int, default=0)

@@ -1,4 +1,4 @@
-"""`rlhf train` and `rlhf eval` with `--reward-fn` (docs/algorithms.md, sec. 31), in-process: a GRPO
+"""`rlhf train` and `rlhf eval` with `--reward-fn` (docs/algorithms.md §31), in-process: a GRPO
 run whose only reward is a Python function reading the prompt file's fields, its failure as one
 message and exit code 2, and an evaluation judged by a function."""
 

@@ -189,7 +189,7 @@ def test_the_reported_cases_keep_their_stage_defaults():
 
 
 def test_reward_model_defaults_are_the_papers_and_token_batch_bounds_are_checked():
-    # PPO paper sec. 4.2: lr 5e-6 warmed up over the first 10% of steps; token batches of 4 to 128 pairs
+    # PPO paper §4.2: lr 5e-6 warmed up over the first 10% of steps; token batches of 4 to 128 pairs
     rm = RewardConfig()
     assert (rm.optim.lr, rm.optim.warmup_fraction, rm.optim.warmup_steps) == (5e-6, 0.1, 0)
     assert (rm.train.min_batch, rm.train.max_batch) == (4, 128)
@@ -199,7 +199,7 @@ def test_reward_model_defaults_are_the_papers_and_token_batch_bounds_are_checked
         load_config(RewardConfig, overrides={"train": {"min_batch": 0}})
 
 
-# The papers' rates (docs/algorithms.md, sec. 23): PPO paper sec. 5.1 with a 10% warmup; the APA code's 1e-6.
+# The papers' rates (docs/algorithms.md §23): PPO paper §5.1 with a 10% warmup; the APA code's 1e-6.
 PAPER_RATES = {
     "vanilla_ppo": (5e-7, 1.65e-6, 0.1),
     "ppo_max": (5e-7, 1.65e-6, 0.1),

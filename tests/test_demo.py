@@ -109,7 +109,7 @@ def test_rlhf_report_rebuilds_the_demo_report_and_reports_each_run_of_it(demo_di
 
 
 def test_the_demo_keeps_the_settings_it_was_measured_with():
-    """The presets follow the papers (docs/algorithms.md, sec. 23); the demo pins the values its
+    """The presets follow the papers (docs/algorithms.md §23); the demo pins the values its
     measured findings (bench/results/demo.json) were run with, so its summary does not move."""
     from rlhf.config import RLConfig, load_config
     from rlhf.demo.run import ALGORITHMS, DemoConfig, demo_rl_overrides

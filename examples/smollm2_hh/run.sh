@@ -59,7 +59,7 @@ stage sft "$OUT/sft/model.safetensors" $RLHF sft --model "$MODEL" "${gguf[@]}" -
   --data.max_prompt_tokens "$PROMPT_TOKENS" --data.max_response_tokens "$RESPONSE_TOKENS" --data.test_fraction 0.02 \
   --optim.lr 2e-5 --optim.warmup_steps 2 --train.log_every 1 --train.eval_every 1000 $EXTRA
 
-# 3. reward model from the SFT model (ranking loss + LM loss on the chosen, PPO paper sec. 4)
+# 3. reward model from the SFT model (ranking loss + LM loss on the chosen, PPO paper §4)
 stage rm "$OUT/rm/model.safetensors" $RLHF rm --model "$OUT/sft" --data "$OUT/data/rm_train.jsonl" \
   --out "$OUT/rm" --train.max_steps "$RM_STEPS" --train.batch_size 8 --train.micro_batch_size 8 \
   --data.max_prompt_tokens "$PROMPT_TOKENS" --data.max_response_tokens "$RESPONSE_TOKENS" --data.test_fraction 0.02 \

@@ -2,7 +2,7 @@
 
 Every estimator maps the token rewards ``[B, T]`` of a rollout (``token_rewards``: ``-beta * kl`` on
 each valid token, the processed score added at the last one) to ``(advantages, returns)``, both
-``[B, T]`` and 0 at masked positions (docs/algorithms.md, sec. 10 and 27-30):
+``[B, T]`` and 0 at masked positions (docs/algorithms.md §10 and §27-30):
 
     gae           needs values: Generalized Advantage Estimation (Schulman et al. 2016)
     grpo          needs groups: (R - group mean) / (group std + eps)   (Shao et al. 2024, DeepSeekMath)
@@ -182,7 +182,7 @@ def gae_estimator(
     gamma: float = 1.0,
     lam: float = 0.95,
 ) -> EstimatorOutput:
-    """GAE over the critic's values (PPO paper sec. 3.2.2; docs/algorithms.md#10-gae)."""
+    """GAE over the critic's values (PPO paper §3.2.2; docs/algorithms.md#10-gae)."""
     assert values is not None
     return gae(token_rewards, values, mask, gamma, lam)
 
@@ -247,7 +247,7 @@ def grpo_estimator(
     eps: float = 1e-6,
     std_normalize: bool = True,
 ) -> EstimatorOutput:
-    """GRPO outcome supervision (Shao et al. 2024, DeepSeekMath sec. 4.1.2):
+    """GRPO outcome supervision (Shao et al. 2024, DeepSeekMath paper §4.1.2):
     ``A_i = (R_i - mean(R_group)) / (std(R_group) + eps)`` on every valid token of row i (unbiased
     std; ``std_normalize=False`` keeps the numerator only). Groups of one and groups of equal
     rewards give 0."""
@@ -263,11 +263,11 @@ def grpo_estimator(
 def dr_grpo_estimator(
     token_rewards: Tensor, mask: Tensor, values: Tensor | None, group: Tensor | None
 ) -> EstimatorOutput:
-    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", sec. 3.2):
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", Dr. GRPO paper §3.2):
     ``A_i = R_i - mean(R_group)``, without GRPO's division by the group std (which up-weights
     groups that are nearly all right or all wrong). Its other half, the loss summed over tokens and
     divided by a constant instead of each response's length, is ``policy.loss_aggregation:
-    fixed_length`` (docs/algorithms.md, sec. 28)."""
+    fixed_length`` (docs/algorithms.md §28)."""
     return grpo_estimator(token_rewards, mask, values, group, std_normalize=False)
 
 
@@ -275,7 +275,7 @@ def dr_grpo_estimator(
 def rloo_estimator(
     token_rewards: Tensor, mask: Tensor, values: Tensor | None, group: Tensor | None
 ) -> EstimatorOutput:
-    """REINFORCE Leave-One-Out (Ahmadian et al. 2024, "Back to Basics", sec. 3.2; Kool et al. 2019):
+    """REINFORCE Leave-One-Out (Ahmadian et al. 2024, "Back to Basics", RLOO paper §3.2; Kool et al. 2019):
     ``A_i = R_i - (sum_{j != i} R_j) / (k - 1)`` over the k members of row i's group, on every valid
     token of row i. A group of one has no other member and gives 0."""
     assert group is not None
@@ -298,7 +298,7 @@ def reinforce_pp_estimator(
     *,
     gamma: float = 1.0,
 ) -> EstimatorOutput:
-    """REINFORCE++ (Hu 2025, arXiv 2501.03262, sec. 3): the return-to-go of the token rewards
+    """REINFORCE++ (Hu 2025, arXiv 2501.03262, REINFORCE++ paper §3): the return-to-go of the token rewards
     (token-level KL penalty included), ``G_t = r_t + gamma * G_{t+1}`` within each row's valid
     tokens, whitened over the whole batch's valid tokens (mean 0, unbiased var 1): the global
     batch normalization that replaces a critic. Returns are the unwhitened ``G``."""

@@ -1,4 +1,4 @@
-"""Per-token KL estimators and the KL-coefficient controllers (docs/algorithms.md, sec. 7 and sec. 9).
+"""Per-token KL estimators and the KL-coefficient controllers (docs/algorithms.md §7 and §9).
 
 With ``d = logp - ref_logp`` for tokens sampled from the policy whose log-prob is `logp`
 (Schulman, "Approximating KL divergence", 2020):
@@ -71,7 +71,7 @@ class FixedKLController:
 
 
 class AdaptiveKLController:
-    """Proportional control of beta towards a target KL (Ziegler et al. 2019, sec. 2.2; trlX, APA paper).
+    """Proportional control of beta towards a target KL (Ziegler et al. 2019 §2.2; trlX, APA paper).
 
         e    = clip(current_kl / target - 1, -0.2, 0.2)
         beta = beta * (1 + e * n_steps / horizon)

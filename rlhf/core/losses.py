@@ -1,6 +1,6 @@
 """Policy losses (a registry: ppo, apa, awr), the value loss, and micro-batch gradient accumulation.
 
-Every loss is a token mean over the whole batch it is given (docs/algorithms.md, sec. 12-15) and
+Every loss is a token mean over the whole batch it is given (docs/algorithms.md §12-15) and
 returns ``(loss, stats)``; stats are detached 0-d tensors (call ``float()`` to log them). Values at
 masked positions are never read: they change neither the loss nor its gradient.
 
@@ -173,7 +173,7 @@ def ppo_loss(
 
     dual_clip: c > 1 caps the loss of tokens with A < 0 at ``-c * A`` (Ye et al. 2020, dual-clip PPO).
     ratio_against: the importance-sampling denominator, "old" (behaviour policy, the default) or
-        "ref" (the reference policy: PPO paper sec. 5.3.2, "infinite experience buffer").
+        "ref" (the reference policy: PPO paper §5.3.2, "infinite experience buffer").
     Stats: clip_fraction, dual_clip_fraction, approx_kl (k3, old vs new), ratio_mean/min/max.
     """
     if ratio_against not in ("old", "ref"):
@@ -295,7 +295,7 @@ def value_loss(
     mask: Tensor,
     clip_eps: float | None = None,
 ) -> LossOutput:
-    """Critic loss ``0.5 * mean((V - G)^2)``, or clipped (docs/algorithms.md#15-value-loss; PPO paper sec. 5.4)::
+    """Critic loss ``0.5 * mean((V - G)^2)``, or clipped (docs/algorithms.md#15-value-loss; PPO paper §5.4)::
 
         V_clip = V_old + clip(V - V_old, -eps, eps)
         L      = 0.5 * mean(max((V - G)^2, (V_clip - G)^2))

@@ -1,6 +1,6 @@
-"""From reward-model scores to token rewards, and advantage whitening (docs/algorithms.md, sec. 6, 8, 11).
+"""From reward-model scores to token rewards, and advantage whitening (docs/algorithms.md §6, §8, §11).
 
-Score reparameterization (PPO paper sec. 5.3.1), each switch independent of the others:
+Score reparameterization (PPO paper §5.3.1), each switch independent of the others:
 
     reward scaling:        s = r / std_run                  (scale=True)
     reward normalization:  s = (r - mean_run) / std_run     (normalize=True; implies the division)
@@ -125,7 +125,7 @@ def token_rewards(scores: Tensor, kl: Tensor, mask: Tensor, beta: float | Tensor
 
 
 def whiten_advantages(advantages: Tensor, mask: Tensor, clip: float | None = None) -> Tensor:
-    """Advantage normalization, then optional advantage clipping (PPO paper sec. 5.3.1).
+    """Advantage normalization, then optional advantage clipping (PPO paper §5.3.1).
 
     Masked whitening (mean 0, unbiased variance 1 over valid tokens, eps 1e-8), then clip to
     [-clip, clip] (the paper tries 0.12, 0.5, 0.8). Whiten over the whole minibatch, before any

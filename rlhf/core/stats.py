@@ -89,7 +89,7 @@ def masked_min(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
-    """``1 - Var(G - V) / Var(G)`` over valid tokens (PPO paper sec. 5.2 monitors); 0 if Var(G) = 0.
+    """``1 - Var(G - V) / Var(G)`` over valid tokens (PPO paper §5.2 monitors); 0 if Var(G) = 0.
 
     1 is a perfect critic, 0 no better than a constant, negative worse than a constant.
     """
@@ -103,7 +103,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
 
 
 class RunningMoments:
-    """Mean and unbiased std of every value seen so far, exact at any point (PPO paper sec. 5.3.1).
+    """Mean and unbiased std of every value seen so far, exact at any point (PPO paper §5.3.1).
 
     Batches are combined with the parallel merge of Chan et al. (the pairwise form of Welford's
     algorithm), so two instances (e.g. two ranks) can be merged and the result equals the statistics

@@ -150,7 +150,7 @@ def token_budget_batches(
 
     Examples are sorted by length (ties broken by a seeded shuffle) and packed greedily, so a
     batch holds examples of similar length and about `max_tokens` tokens: the PPO paper's reward
-    model batches by token count, between 4 and 128 pairs (sec. 4.2). A batch holds at least
+    model batches by token count, between 4 and 128 pairs (PPO paper §4.2). A batch holds at least
     `min_batch` rows: below that the token budget gives way (long examples), and a last batch
     left shorter joins the one before it when `max_batch` allows. The batch order is shuffled
     with `seed` (`seed=None`: neither shuffle; batches come shortest first). An example longer

@@ -104,7 +104,7 @@ DEMO_RL = {
 # Per preset: every KL-penalized algorithm gets the same beta and 5 critic pre-training iterations.
 # PPO-max runs without PPO-ptx here (the demo passes no ptx data; its gain is measured without it).
 # The demo keeps the values it was measured with (bench/results/demo.json) where the presets since
-# moved to the papers' values (docs/algorithms.md, sec. 23): reward clip 5, PPO-max whitening, vanilla
+# moved to the papers' values (docs/algorithms.md §23): reward clip 5, PPO-max whitening, vanilla
 # PPO's critic from the SFT trunk. APA and AWR take the APA paper's whitening and uncapped weights but
 # keep a KL penalty: without it both collapse at the demo's learning rates (bench/ablation.md).
 PRESET_DEMO = {

@@ -1,6 +1,6 @@
 """Loading tokenizers and causal LMs: a `save_pretrained` directory, a hub id (online) or a GGUF file.
 
-Tokenizer rules (padding and EOS pitfalls: docs/algorithms.md, sec. 25, points 7 and 8):
+Tokenizer rules (padding and EOS pitfalls: docs/algorithms.md §25, points 7 and 8):
 - an EOS token is required: without it no response can end (`prepare_tokenizer` stops with the fix);
 - a pad token is always set, preferring a real pad or unk token; EOS is reused as the pad *filler
   id* only as a last resort. That is safe here because every mask in this library is built from

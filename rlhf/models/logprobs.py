@@ -4,7 +4,7 @@ Layout (docs/internals.md): `input_ids` [B, P + T] is a left-padded prompt block
 right-padded response block; the log-prob of response token t is read from the logits at
 column P - 1 + t. The logits are divided by the sampling temperature, so the behaviour policy's
 log-probs (`old_logp`) and the trained policy's come from this same function and the first PPO
-ratio is exactly 1 on the batch just sampled (docs/algorithms.md, sec. 25, point 10).
+ratio is exactly 1 on the batch just sampled (docs/algorithms.md §25, point 10).
 
 Memory: the output head runs only on the T response columns, chunked over time, and each chunk
 reduces its [B, t, V] logits to [B, t] with a logsumexp and a gather; under autograd each chunk

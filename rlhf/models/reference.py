@@ -1,6 +1,6 @@
 """The reference model: the frozen SFT policy whose log-probs anchor the KL penalty.
 
-Two ways to hold it (memory: docs/algorithms.md, sec. 25, point 4):
+Two ways to hold it (memory: docs/algorithms.md §25, point 4):
 - "copy": a deep copy of the policy, frozen (requires_grad False) and in eval mode;
 - "adapter": when the policy is LoRA (PEFT), the policy's own weights with the adapter disabled
   (`with policy.disable_adapter():`): the base weights are frozen by PEFT, so they *are* the SFT

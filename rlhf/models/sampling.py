@@ -75,7 +75,7 @@ class SamplingConfig:
 
     @classmethod
     def ppo_paper(cls, max_new_tokens: int = 64) -> SamplingConfig:
-        """The PPO paper's preset (Secrets of RLHF Part I, sec. 6.1): temperature 0.8, top-p 0.9,
+        """The sampling of PPO paper §6.1 (Secrets of RLHF Part I): temperature 0.8, top-p 0.9,
         repetition penalty 1.1 (`rlhf.config.PAPER_SAMPLING`, which `rollout.sampling: paper` reads)."""
         return cls(max_new_tokens=max_new_tokens, **PAPER_SAMPLING)
 

@@ -5,7 +5,7 @@ The LM head is kept: the reward model's loss has an LM term on the chosen respon
 LoRA-injected one) with position ids from the attention mask.
 
 - reward: the scalar at the last real token (the EOS) of prompt + response, found from the
-  attention mask, so left and right padding give the same reward (docs/algorithms.md, sec. 25, point 7);
+  attention mask, so left and right padding give the same reward (docs/algorithms.md §25, point 7);
 - critic: V(s_t) for response token t is read at column P - 1 + t (the state before token t).
 
 On disk a scalar-head model is an ordinary Hugging Face directory (the causal LM, loadable by
@@ -241,7 +241,7 @@ def init_critic(
     """The critic, as a model independent of `source`:
 
     - from a reward model (a `ScalarHeadModel`, or a directory holding `scalar_head.safetensors`):
-      a copy of it, head included (PPO paper sec. 5.4: initialize the critic from the reward model);
+      a copy of it, head included (PPO paper §5.4: initialize the critic from the reward model);
     - from a causal LM (the SFT model, or its directory): that LM with a fresh head
       (`head_init_std`, default 0: V = 0 everywhere at the start).
     """

@@ -1,5 +1,5 @@
 """What to do with a response that hit the length limit without EOS (docs/algorithms.md#5-truncated-responses):
-unhandled, it is scored as if complete (docs/algorithms.md, sec. 25, point 8)."""
+unhandled, it is scored as if complete (docs/algorithms.md §25, point 8)."""
 
 from __future__ import annotations
 

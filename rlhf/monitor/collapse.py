@@ -1,4 +1,4 @@
-"""Pattern-collapse detector (PPO paper sec. 5.2, "pattern collapse"; docs/algorithms.md#22-collapse-monitors).
+"""Pattern-collapse detector (PPO paper §5.2, "pattern collapse"; docs/algorithms.md#22-collapse-monitors).
 
 The paper's finding: reward and loss curves look healthy while the policy collapses into a few
 patterns that cheat the reward model; what reveals it is that, *together*,
@@ -234,7 +234,7 @@ class CollapseDetector:
                     f"({100 * e['effect']:+.0f}%, threshold ±{100 * signal.threshold:.0f}%)"
                 )
         return (
-            f"pattern collapse suspected at step {step} (PPO paper sec. 5.2): "
+            f"pattern collapse suspected at step {step} (PPO paper §5.2): "
             + "; ".join(parts)
             + f" — held for {self._streak} updates since step {self._streak_start}"
             + f" (baseline: median of steps {self._baseline_first_step}-{self._baseline_last_step}, "

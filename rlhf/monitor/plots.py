@@ -206,7 +206,7 @@ def reward_distribution_figure(
     """Per algorithm, a box per bucket of training iterations (whiskers 5-95%, outliers as dots).
 
     A tail of outliers growing on one side is the long-tailed reward of reward hacking (PPO paper
-    sec. 5.2 and its appendix A).
+    §5.2 and its appendix A).
     """
     count = max(len(buckets), 1)
     columns = min(count, 2)

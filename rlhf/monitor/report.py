@@ -357,7 +357,7 @@ def _warnings(runs) -> str:
             "No collapse warnings: the detector never saw KL rise, perplexity fall and length drift together."
         )
     intro = _note(
-        "Dashed vertical lines on the curves mark these iterations (PPO paper sec. 5.2, pattern collapse)."
+        "Dashed vertical lines on the curves mark these iterations (PPO paper §5.2, pattern collapse)."
     )
     return intro + _table(("algorithm", "seed", "iteration", "warning"), rows, text_columns=(3,))
 
@@ -410,7 +410,7 @@ def write_report(
         figure = plots.curves_figure(monitor_bands, titles, colors, markers)
         sections["Training monitors"] = _note(
             "Per-iteration training records, mean over seeds: KL rising, perplexity falling and length drifting together "
-            "signal pattern collapse (PPO paper sec. 5.2)."
+            "signal pattern collapse (PPO paper §5.2)."
         ) + _img(plots.figure_png(figure), "training monitors")
     else:
         sections["Training monitors"] = _note("No per-iteration training metrics recorded.")
@@ -448,7 +448,7 @@ def write_report(
     if buckets:
         figure = plots.reward_distribution_figure(buckets, colors)
         sections["Reward distribution over training"] = _note(
-            "Proxy reward of the sampled responses, seeds pooled; a growing one-sided tail is the long-tailed reward of hacking (PPO paper sec. 5.2)."
+            "Proxy reward of the sampled responses, seeds pooled; a growing one-sided tail is the long-tailed reward of hacking (PPO paper §5.2)."
         ) + _img(plots.figure_png(figure), "reward distribution")
     else:
         sections["Reward distribution over training"] = _note("No reward samples recorded.")

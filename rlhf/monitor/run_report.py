@@ -229,7 +229,7 @@ def _distribution(run: RunFiles) -> str:
             "reward/raw_scores",
             "Reward distribution over training",
             "Reward-model scores of the sampled responses per iteration bucket; a growing one-sided tail "
-            "is the long-tailed reward of hacking (PPO paper sec. 5.2).",
+            "is the long-tailed reward of hacking (PPO paper §5.2).",
         ),
         "rm": (
             "eval/margins",

@@ -100,7 +100,7 @@ class Experience:
         """Micro-batches of `size` rows, each trimmed of its all-padding columns (`select`). With
         `by_length`, the rows are taken longest first (real prompt + valid response tokens), so
         rows of similar length share a micro-batch; the token-weighted sum over micro-batches
-        (docs/algorithms.md, sec. 18) is the same whatever the grouping, up to float summation order."""
+        (docs/algorithms.md §18) is the same whatever the grouping, up to float summation order."""
         lengths = self.attention_mask[:, : self.prompt_length].sum(1) + self.response_mask.sum(1)
         for group in micro_batch_groups(lengths.tolist(), size, by_length):
             yield self.select(torch.tensor(group, dtype=torch.long))

@@ -26,7 +26,7 @@ def rollout_metrics(
     *,
     with_values: bool = True,
 ) -> dict:
-    """The monitors of one rollout (PPO paper sec. 5.2): reward before and after processing, KL to
+    """The monitors of one rollout (PPO paper §5.2): reward before and after processing, KL to
     the reference per response (the configured estimator and k3), perplexities, length, EOS rate,
     distinct-2, advantage/return/value statistics (value: `with_values`, a critic's run). KL means are
     over the responses kept for training."""

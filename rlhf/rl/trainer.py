@@ -96,12 +96,12 @@ class RLTrainer:
             if ptx_batches is None and c.policy.ptx_coef > 0
             else None
         )
-        # score reparameterization: scaling / normalization / clipping, each its own switch (sec. 5.3.1)
+        # score reparameterization: scaling / normalization / clipping, each its own switch (PPO paper §5.3.1)
         r = c.reward
         self.score_processor = ScoreProcessor(
             scale=r.scale, normalize=r.normalize, clip=r.clip, discounted=r.discounted, gamma=r.discount_gamma
         )
-        # token-level KL penalty with a fixed or adaptive coefficient (sec. 5.3.2; Ziegler et al. 2019)
+        # token-level KL penalty with a fixed or adaptive coefficient (PPO paper §5.3.2; Ziegler et al. 2019)
         self.kl_controller = (
             AdaptiveKLController(c.kl.beta, c.kl.target, c.kl.horizon)
             if c.kl.adaptive
@@ -149,7 +149,8 @@ class RLTrainer:
             self.logger.warn(self.ptx_note, step=0)
         last: dict = {}
         try:
-            while not self.pretrain_done:  # critic pre-training: value loss only, policy frozen (sec. 5.3.3)
+            # critic pre-training: value loss only, policy frozen (PPO paper §5.3.3)
+            while not self.pretrain_done:
                 self.pretrain_step()
             while self.iteration < c.train.iterations:
                 last = self.step()
@@ -171,7 +172,8 @@ class RLTrainer:
         c = self.config
         started = time.perf_counter()
         experience, metrics = self.make_experience()
-        self.buffer = (self.buffer + [experience])[-c.train.buffer_size :]  # experience buffer (sec. 5.3.2)
+        # experience buffer (PPO paper §5.3.2)
+        self.buffer = (self.buffer + [experience])[-c.train.buffer_size :]
         t0 = time.perf_counter()
         metrics.update(self.update(concat_experiences(self.buffer)))
         metrics["time/update"] = time.perf_counter() - t0
@@ -181,7 +183,7 @@ class RLTrainer:
         self.kl_controller.update(metrics["kl/ref"], experience.batch_size)
         if self.evaluator and c.log.eval_every and (self.iteration % c.log.eval_every == 0):
             metrics.update({f"eval/{k}": v for k, v in self.evaluator(self, self.iteration).items()})
-        warnings = self.detector.update(self.iteration, metrics)  # the collapse signature (sec. 5.2)
+        warnings = self.detector.update(self.iteration, metrics)  # the collapse signature (PPO paper §5.2)
         metrics["collapse"] = bool(warnings) or bool(self.detector.fired)
         for message in warnings:
             self.logger.warn(message, step=self.iteration)
@@ -226,7 +228,7 @@ class RLTrainer:
         """Sample, score, run the no-grad forwards, and turn scores into advantages."""
         c, r, run = self.config, self.roles, self.runtime
         t0 = time.perf_counter()
-        # each prompt sampled samples_per_prompt times, its rows one group (docs/algorithms.md, sec. 27)
+        # each prompt sampled samples_per_prompt times, its rows one group (docs/algorithms.md §27)
         prompts, group = sample_groups(
             self.prompts.next_batch(c.rollout.batch_size), c.rollout.samples_per_prompt
         )
@@ -238,13 +240,13 @@ class RLTrainer:
         t2 = time.perf_counter()
         old_logp, ref_logp, values = self.forwards(rollout, mask)
         t3 = time.perf_counter()
-        # score reparameterization (sec. 5.3.1): running moments updated with this batch first
+        # score reparameterization (PPO paper §5.3.1): running moments updated with this batch first
         processed = self.score_processor(scores[keep]) if bool(keep.any()) else scores[keep]
-        # token-level KL penalty in the reward (sec. 5.3.2): -beta * kl on every token, score at EOS
+        # token-level KL penalty in the reward (PPO paper §5.3.2): -beta * kl on every token, score at EOS
         kl = kl_estimate(old_logp, ref_logp, kind=c.kl.estimator, mask=mask)
         final_scores = torch.zeros_like(scores).index_put_((keep,), processed)  # dropped rows: 0
         rewards = token_rewards(final_scores, kl, mask, self.kl_controller.value)
-        # GAE over the critic's values (sec. 3.2.2), or a critic-free estimator over groups (sec. 27-30)
+        # GAE over the critic's values (PPO paper §3.2.2), or a critic-free estimator (docs/algorithms.md §27-30)
         a, group = c.advantage, group.to(mask.device)
         advantages, returns = estimate_advantages(
             a.estimator, rewards, mask, values=values, group=group, **estimator_params(a.estimator, a)
@@ -297,7 +299,8 @@ class RLTrainer:
                 fix="the reward model is broken (diverged training or damaged weights): retrain it with "
                 "`rlhf rm` (check its metrics.jsonl for a NaN loss) and start a new run.",
             )
-        if self.reward_functions:  # Python reward functions, weighted, added to the RM's score (sec. 31)
+        # Python reward functions, weighted, added to the RM's score (docs/algorithms.md §31)
+        if self.reward_functions:
             raw_scores = self.function_rewards(rollout, raw_scores)
         assert raw_scores is not None
         # responses that hit max_new_tokens: keep, penalize or drop (docs/algorithms.md#5-truncated-responses)
@@ -337,7 +340,7 @@ class RLTrainer:
             for minibatch in experience.minibatches(
                 c.train.minibatches, self.shuffle_generator, whole_groups=whole_groups
             ):
-                # advantage normalization and clipping, per minibatch (sec. 5.3.1)
+                # advantage normalization and clipping, per minibatch (PPO paper §5.3.1)
                 if c.advantage.whiten:
                     minibatch.advantages = whiten_advantages(
                         minibatch.advantages, minibatch.response_mask, clip=c.advantage.clip
@@ -411,7 +414,7 @@ def roles_state_of_v1(state: dict) -> dict:
 
 
 def collapse_detector(config: RLConfig) -> CollapseDetector:
-    """The PPO paper's collapse signature (sec. 5.2) over the rollout monitors."""
+    """The collapse signature of PPO paper §5.2 over the rollout monitors."""
     col = config.log.collapse
     return CollapseDetector(
         window=col.window,

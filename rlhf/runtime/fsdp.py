@@ -8,7 +8,7 @@ optimizer step FSDP's own per-backward reduce-scatter is off, because ranks hold
 of micro-batches (uneven rows and tokens: "global batch, local rows") and a collective inside a
 backward would wait for a rank that has none left. Instead `step` sums the whole gradients over
 the ranks once (the ddp sum), keeps this rank's shard of the sum, frees the gathered parameters,
-clips by the global norm (the norm of all shards: PPO paper sec. 5.4) and steps AdamW on the shard.
+clips by the global norm (the norm of all shards: PPO paper §5.4) and steps AdamW on the shard.
 So the numbers are the one-process step's; the memory saved is the optimizer state and, outside
 the rollout and the step, the parameters.
 """

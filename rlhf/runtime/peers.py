@@ -4,7 +4,7 @@ step statistics, and the rows they computed.
 Every rank holds the whole model and a share of each minibatch's rows; each micro-batch's loss is
 weighted by its tokens over the whole minibatch's tokens (rlhf/rl/roles/learner.py), so the sum of
 the ranks' gradients is the gradient of the one-process token mean, and clipping the summed gradient
-clips by the global norm (PPO paper sec. 5.4). The sums run on flat buckets, once per optimizer step
+clips by the global norm (PPO paper §5.4). The sums run on flat buckets, once per optimizer step
 (DDP's bucketed all-reduce without its hooks: ranks may hold different numbers of micro-batches).
 """
 

@@ -49,14 +49,14 @@ def run_eval(args) -> dict:
         top_p=args.top_p,
         do_sample=not greedy,
     )
-    if getattr(args, "sampling", "custom") == "paper":  # PPO paper sec. 6.1
+    if getattr(args, "sampling", "custom") == "paper":  # PPO paper §6.1
         sampling = SamplingConfig.ppo_paper(max_new_tokens=args.max_new_tokens)
     judge = None
     if args.judge:
         with announce(f"loading the judge {args.judge}"):
             judge = _load_judge(args.judge, tokenizer, args.prompts, args.n, skip, precision)
     reward_fns = getattr(args, "reward_fn", None) or []
-    if reward_fns:  # Python reward functions added to the judge's score (docs/algorithms.md, sec. 31)
+    if reward_fns:  # Python reward functions added to the judge's score (docs/algorithms.md §31)
         from rlhf.rl.reward_functions import judge_with_functions, load_reward_functions
 
         functions = load_reward_functions(reward_fns, key="--reward-fn")

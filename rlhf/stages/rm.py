@@ -1,6 +1,6 @@
 """Reward-model training (`rlhf rm`): pairwise ranking loss + beta_rm * LM loss on the chosen response.
 
-    L_rank = -mean log sigmoid(r(x, y_w) - r(x, y_l))          (PPO paper sec. 4)
+    L_rank = -mean log sigmoid(r(x, y_w) - r(x, y_l))          (PPO paper §4)
     L_RM   = L_rank + lm_coef * L_LM(chosen)                    (token-mean next-token CE)
 
 The reward is read at the last real token (the EOS) from the attention mask. Pairs are batched by

@@ -28,7 +28,7 @@ def build_optimizer(params, config: OptimConfig, total_steps: int):
 
 def lr_multiplier(config: OptimConfig, total_steps: int):
     """Multiplier of the peak lr at optimizer step `step` (0-based)."""
-    # the longer of a fixed count and a fraction of the run (PPO paper sec. 5.1: the first 10% of steps)
+    # the longer of a fixed count and a fraction of the run (PPO paper §5.1: the first 10% of steps)
     warmup = max(0, config.warmup_steps, math.ceil(config.warmup_fraction * total_steps))
     floor = config.min_lr_ratio
 

@@ -65,7 +65,7 @@ class WorldConfig:
     gold_missing_eos: float = 4.0  # penalty for a response that never ended (no EOS)
     # --- the proxy reward model as RL sees it (reward_distortion.py; the gold reward never changes).
     # Off by default. They make the raw scores badly scaled and heavy-tailed, the situation the PPO
-    # paper's score reparameterization (sec. 5.3.1) is for.
+    # paper's score reparameterization (PPO paper §5.3.1) is for.
     rm_scale: float = 1.0  # the reward model's scores are multiplied by this at RL iteration 0
     rm_scale_drift: float = 0.0  # ... and by (1 + rm_scale_drift * iteration) after: a drifting scale
     rm_outlier_rate: float = 0.0  # probability that a response's score gets a heavy-tailed error

@@ -3,7 +3,7 @@ drifts over the run and heavy-tailed errors. The gold reward is untouched, so a 
 distorted scores shows it in gold.
 
 Why: on the default world the scores are well scaled, so the PPO paper's reward normalization and
-clipping (sec. 5.3.1) have nothing to correct. A drifting scale changes the effective step size of
+clipping (PPO paper §5.3.1) have nothing to correct. A drifting scale changes the effective step size of
 an unnormalized run as it goes; Cauchy outliers give single responses huge advantages unless the
 scores are clipped.
 

@@ -1,5 +1,5 @@
 """The advantage estimators of `estimate_advantages` against plain Python loops over hand-built
-groups (docs/algorithms.md, sec. 27-30): groups of one, equal rewards, masked and truncated rows,
+groups (docs/algorithms.md §27-30): groups of one, equal rewards, masked and truncated rows,
 uneven response lengths; and what none of them may read (values at masked positions)."""
 
 from __future__ import annotations

@@ -602,7 +602,7 @@ def test_without_stop_at_eos_the_check_changes_nothing(lm):
 
 
 def reference_paper_sample(model, prompts, seed: int, max_new: int) -> list[list[int]]:
-    """The PPO paper's sampling (sec. 6.1) as a plain loop over a batch: a full forward per step
+    """The sampling of PPO paper §6.1 as a plain loop over a batch: a full forward per step
     (no cache), the CTRL repetition penalty 1.1 on the tokens of the prompt and the response so far,
     temperature 0.8, the nucleus of mass 0.9 (the token that crosses it kept), renormalized, and
     one uniform per row per step inverted through the nucleus' cumulative probabilities in

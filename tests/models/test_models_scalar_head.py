@@ -55,7 +55,7 @@ def test_values_at_every_position_and_score_at_the_last_real_token(reward_model)
 
 
 def test_left_and_right_padding_give_the_same_reward(reward_model):
-    """docs/algorithms.md, sec. 25, point 7: the reward is read from the attention mask, not a padding side."""
+    """docs/algorithms.md §25, point 7: the reward is read from the attention mask, not a padding side."""
     left_ids, left_mask = left_pad(SEQUENCES, pad_id=0)
     right_ids, right_mask = right_pad(SEQUENCES, pad_id=0)
     left = reward_model.score(left_ids, left_mask)

@@ -1,4 +1,4 @@
-"""CollapseDetector on synthetic metric streams (PPO paper sec. 5.2: KL up, perplexity down, length drifting)."""
+"""CollapseDetector on synthetic metric streams (PPO paper §5.2: KL up, perplexity down, length drifting)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_ramped_noisy_collapse_fires_within_a_few_steps_of_onset():
 def test_warning_carries_the_evidence():
     detector = CollapseDetector()
     ((_, message),) = run(detector, stream(onset=60, ramp=1))
-    assert "pattern collapse" in message and "sec. 5.2" in message
+    assert "pattern collapse" in message and "PPO paper §5.2" in message
     assert "KL to reference 0.05 -> 0.25 (x5.0, threshold x3)" in message
     assert "policy perplexity 3 -> 1.8 (-40%, threshold -25%)" in message
     assert "response length 24 -> 38.4 (+60%, threshold ±30%)" in message

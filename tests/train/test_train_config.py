@@ -87,13 +87,13 @@ def test_presets_differ_as_the_papers_say():
     vanilla, ppo_max = load_config(RLConfig, preset="vanilla_ppo"), load_config(RLConfig, preset="ppo_max")
     apa, awr = load_config(RLConfig, preset="apa"), load_config(RLConfig, preset="awr")
     assert (vanilla.kl.beta, vanilla.reward.normalize, vanilla.critic.value_clip) == (0.0, False, None)
-    # PPO paper sec. 5.1: every run's critic starts from the reward model, pre-training is PPO-max's
+    # PPO paper §5.1: every run's critic starts from the reward model, pre-training is PPO-max's
     assert vanilla.policy_optim.max_grad_norm is None and vanilla.model.critic_init == "reward_model"
     assert vanilla.critic.pretrain_iterations == 0
     assert ppo_max.reward.normalize and ppo_max.reward.clip == 10.0 and ppo_max.kl.beta > 0
     assert ppo_max.critic.pretrain_iterations > 0 and ppo_max.model.critic_init == "reward_model"
     assert ppo_max.policy_optim.max_grad_norm == 1.0 and ppo_max.critic.value_clip == 0.2
-    assert not ppo_max.advantage.whiten and ppo_max.train.minibatches == 4  # sec. 5.4; 128 / 32 (sec. 5.1)
+    assert not ppo_max.advantage.whiten and ppo_max.train.minibatches == 4  # PPO paper §5.4; 128 / 32 (§5.1)
     assert (apa.policy.loss, awr.policy.loss) == ("apa", "awr")
     # APA and AWR as the APA authors' code: no KL penalty in the reward, whitened advantages
     for other in (apa, awr):
@@ -202,7 +202,7 @@ def test_out_of_range_values_stop_at_load_time(overrides, key):
 
 
 def test_rollout_sampling_paper_samples_with_the_papers_three_values():
-    """PPO paper sec. 6.1: temperature 0.8, top-p 0.9, repetition penalty 1.1, for rollouts too."""
+    """PPO paper §6.1: temperature 0.8, top-p 0.9, repetition penalty 1.1, for rollouts too."""
     from rlhf.config import ConfigError, rollout_sampling
     from rlhf.models.sampling import SamplingConfig
 

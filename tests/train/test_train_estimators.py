@@ -1,4 +1,4 @@
-"""Groups and critic-free runs (docs/algorithms.md, sec. 27-30): samples_per_prompt against prompts
+"""Groups and critic-free runs (docs/algorithms.md §27-30): samples_per_prompt against prompts
 duplicated by hand, minibatches of whole groups, no critic built/trained/saved for grpo and resume
 of such a run, the KL term in the loss and Dr. GRPO's fixed-length loss aggregation."""
 

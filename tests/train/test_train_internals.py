@@ -213,7 +213,7 @@ def test_lr_multiplier_by_hand(schedule):
 def test_warmup_fraction_warms_up_over_that_share_of_the_steps(
     warmup_steps, fraction, total, expected_warmup
 ):
-    """PPO paper sec. 5.1: warmup over the first 10% of the steps; a fixed count, when longer, wins."""
+    """PPO paper §5.1: warmup over the first 10% of the steps; a fixed count, when longer, wins."""
     f = lr_multiplier(OptimConfig(warmup_steps=warmup_steps, warmup_fraction=fraction), total_steps=total)
     ramp = [(s + 1) / expected_warmup for s in range(expected_warmup)]
     assert [f(s) for s in range(expected_warmup + 3)] == pytest.approx(ramp + [1.0, 1.0, 1.0])

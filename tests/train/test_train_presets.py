@@ -11,7 +11,7 @@ from rlhf.config import PRESETS, RLConfig, load_config
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.scalar_head import ScalarHeadModel
 
-# Monitors of docs/algorithms.md, sec. 22 that every algorithm logs each iteration.
+# Monitors of docs/algorithms.md §22 that every algorithm logs each iteration.
 COMMON = (
     "reward/raw_mean",
     "reward/raw_std",

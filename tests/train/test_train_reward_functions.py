@@ -1,4 +1,4 @@
-"""Python reward functions (docs/algorithms.md, sec. 31): the weighted sum with a reward model equals
+"""Python reward functions (docs/algorithms.md §31): the weighted sum with a reward model equals
 the sum of its parts, each part is logged, the prompt file's rows reach the function, a run needs no
 reward model, each failure mode stops with a message naming the function (and the row), and nothing
 is imported unless named."""

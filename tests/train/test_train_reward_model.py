@@ -139,7 +139,7 @@ def test_token_batching_packs_pairs_by_length(tok, tmp_path):
 
 
 def test_token_batches_hold_between_min_batch_and_max_batch_pairs(tok, tmp_path):
-    # PPO paper sec. 4.2: the batch size follows the token count, between 4 and 128 pairs; here a
+    # PPO paper §4.2: the batch size follows the token count, between 4 and 128 pairs; here a
     # budget of 40 tokens fits only 2 of the longest pairs (17 tokens), and the minimum of 4 wins
     config = rm_config(tmp_path, max_steps=None, batching="tokens", max_tokens=40, max_batch=6)
     rows = [EncodedPair([5] * (1 + i % 4), [6, 7, 3], [8] * (1 + i % 5) + [3]) for i in range(24)]

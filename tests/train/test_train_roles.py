@@ -202,7 +202,7 @@ def test_update_stats_are_the_mean_of_the_steps(make_trainer):
 
 
 def test_rollout_sampling_paper_reaches_the_sampler_and_the_reference(make_trainer):
-    """`rollout.sampling: paper`: the policy samples with the PPO paper's sec. 6.1 settings and the
+    """`rollout.sampling: paper`: the policy samples with the PPO paper's §6.1 settings and the
     reference scores at the same temperature (the first PPO ratio stays 1)."""
     trainer = make_trainer(rl_config("ppo_max", rollout={"sampling": "paper"}))
     sampling = trainer.roles.policy.sampling

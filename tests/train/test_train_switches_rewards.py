@@ -1,4 +1,4 @@
-"""The reward-side switches of docs/algorithms.md (sec. 5-11) each change the experience as their formula says.
+"""The reward-side switches of docs/algorithms.md §5-11 each change the experience as their formula says.
 
 With gamma = lam = 1 the return at the first response token is the sum of the token rewards,
 `processed_score - beta * sum_t kl_t`, so the processed scores and the KL term can be read back from
@@ -94,7 +94,7 @@ def test_reward_discounted_scaling_uses_the_std_of_discounted_sums(make_trainer)
 
 
 def kl_by_hand(exp, kind: str) -> torch.Tensor:
-    """Per-token KL estimate (docs/algorithms.md, sec. 7) from the experience's log-probs, 0 at padding."""
+    """Per-token KL estimate (docs/algorithms.md §7) from the experience's log-probs, 0 at padding."""
     d = exp.old_logp - exp.ref_logp
     per_token = {"k1": d, "k2": d**2 / 2, "k3": torch.exp(-d) - 1 + d}[kind]
     return per_token * exp.response_mask

@@ -1,4 +1,4 @@
-"""The update-side switches of docs/algorithms.md (sec. 12-21) and the trainer's structure switches each
+"""The update-side switches of docs/algorithms.md §12-21 and the trainer's structure switches each
 change what the update does, checked against hand computations on one experience."""
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def test_critic_init(init, make_trainer):
         trainer.roles.policy.model,
     )
     exp, metrics = trainer.make_experience()
-    if init == "reward_model":  # a copy of the reward model, head included (PPO paper sec. 5.3.3)
+    if init == "reward_model":  # a copy of the reward model, head included (PPO paper §5.3.3)
         assert critic is not rm
         assert all(p.equal(q) for p, q in zip(critic.parameters(), rm.parameters(), strict=True))
         with torch.no_grad():

@@ -81,7 +81,7 @@ def raw_scores(trainer, exp) -> torch.Tensor:
 
 
 def loop_gae(rewards, values, mask, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE by plain Python loops over each row's valid tokens (docs/algorithms.md, sec. 10)."""
+    """GAE by plain Python loops over each row's valid tokens (docs/algorithms.md §10)."""
     adv = torch.zeros_like(rewards)
     for b in range(rewards.shape[0]):
         n = int(mask[b].sum())

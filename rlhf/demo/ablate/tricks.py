@@ -1,4 +1,4 @@
-"""The PPO paper's tricks (sec. 5.3, 5.4) as config switches, and the variants of an ablation.
+"""The tricks of PPO paper §5.3 and §5.4 as config switches, and the variants of an ablation.
 
 A variant differs from the full preset in the fields of exactly one trick: a trick the preset
 uses is switched off; one it leaves off (PPO-max's advantage whitening, say) is switched on.
@@ -26,37 +26,44 @@ class Trick:
 TRICKS: tuple[Trick, ...] = (
     Trick(
         "reward_normalization",
-        "sec. 5.3.1",
+        "PPO paper §5.3.1",
         {"reward": {"normalize": False}},
         {"reward": {"normalize": True}},
     ),
-    Trick("reward_clipping", "sec. 5.3.1", {"reward": {"clip": None}}, {"reward": {"clip": 10.0}}),
-    Trick("kl_penalty", "sec. 5.3.2", {"kl": {"beta": 0.0}}, {"kl": {"beta": 0.05}}),
+    Trick("reward_clipping", "PPO paper §5.3.1", {"reward": {"clip": None}}, {"reward": {"clip": 10.0}}),
+    Trick("kl_penalty", "PPO paper §5.3.2", {"kl": {"beta": 0.0}}, {"kl": {"beta": 0.05}}),
     Trick(
         "critic_from_reward_model",
-        "sec. 5.3.3",
+        "PPO paper §5.3.3",
         {"model": {"critic_init": "policy"}},
         {"model": {"critic_init": "reward_model"}},
     ),
     Trick(
         "critic_pretraining",
-        "sec. 5.3.3",
+        "PPO paper §5.3.3",
         {"critic": {"pretrain_iterations": 0}},
         {"critic": {"pretrain_iterations": 10}},
     ),
     Trick(
         "gradient_clipping",
-        "sec. 5.4, appendix C.2",
+        "PPO paper §5.4, appendix C.2",
         {"policy_optim": {"max_grad_norm": None}, "critic_optim": {"max_grad_norm": None}},
         {"policy_optim": {"max_grad_norm": 1.0}, "critic_optim": {"max_grad_norm": 1.0}},
     ),
-    Trick("value_clipping", "sec. 5.4", {"critic": {"value_clip": None}}, {"critic": {"value_clip": 0.2}}),
     Trick(
-        "advantage_whitening", "sec. 5.3.1", {"advantage": {"whiten": False}}, {"advantage": {"whiten": True}}
+        "value_clipping", "PPO paper §5.4", {"critic": {"value_clip": None}}, {"critic": {"value_clip": 0.2}}
+    ),
+    Trick(
+        "advantage_whitening",
+        "PPO paper §5.3.1",
+        {"advantage": {"whiten": False}},
+        {"advantage": {"whiten": True}},
     ),
     # off: a buffer of 4 rollout batches reused each iteration instead of the newest one only
-    Trick("small_buffer", "sec. 5.3.2, 5.4", {"train": {"buffer_size": 4}}, {"train": {"buffer_size": 1}}),
-    Trick("ptx", "sec. 5.4", {"policy": {"ptx_coef": 0.0}}, None, needs_ptx_data=True),
+    Trick(
+        "small_buffer", "PPO paper §5.3.2, §5.4", {"train": {"buffer_size": 4}}, {"train": {"buffer_size": 1}}
+    ),
+    Trick("ptx", "PPO paper §5.4", {"policy": {"ptx_coef": 0.0}}, None, needs_ptx_data=True),
 )
 
 

@@ -118,7 +118,7 @@ def assemble_roles(
                 "(--preset grpo or rloo)."
             )
         if c.model.critic_init == "reward_model":
-            critic_model = init_critic(reward_model)  # a copy of the reward model (PPO paper sec. 5.3.3)
+            critic_model = init_critic(reward_model)  # a copy of the reward model (PPO paper §5.3.3)
         else:
             critic_model = init_critic(policy)  # a copy of the SFT trunk with a zero head
     if c.model.lora.enabled:

@@ -1,7 +1,7 @@
 """The critic role: V(s_t) for every response token, trained on the (clipped) value loss.
 
 Two variants behind one interface (`values`, `train_step`):
-- `Critic`: a separate network (PPO paper sec. 5.3.3: initialized from the reward model, or the
+- `Critic`: a separate network (PPO paper §5.3.3: initialized from the reward model, or the
   SFT trunk with a zero head), with its own optimizer;
 - `SharedCritic`: a value head on the policy's own trunk (`model.critic_mode shared`); its loss
   joins the policy's optimizer step, so it trains on its own only in critic pre-training, where
@@ -71,7 +71,7 @@ class Critic(RoleLearner):
         stats = StepStats()
         for micro, weight in self.micro_batches(minibatch, total_tokens):
             (weight * value_micro_loss(self.forward, micro, self.value_clip, stats, weight)).backward()
-        grad_norm = self.optimizer_step()  # global gradient clipping (sec. 5.4, appendix C.2)
+        grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
         return {**stats.result(self.peers), "value/grad_norm": grad_norm}
 
 
@@ -98,7 +98,7 @@ class SharedCritic:
         return minibatch.num_tokens  # the value loss is a token mean
 
     def train_step(self, minibatch: Experience, total_tokens: float) -> dict[str, float]:
-        """Critic pre-training (sec. 5.3.3): the value loss alone; the trunk stays as it is, only the
+        """Critic pre-training (PPO paper §5.3.3): the value loss alone; the trunk stays as it is, only the
         value head's gradients are kept."""
         stats = StepStats()
         for micro, weight in self.policy.micro_batches(minibatch, total_tokens):

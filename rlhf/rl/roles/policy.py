@@ -134,14 +134,14 @@ class Policy(RoleLearner):
                 v = self.joint_value
                 (weight * v.coef * value_micro_loss(v.forward, micro, v.value_clip, stats, weight)).backward()
         self.ptx_backward(stats)
-        grad_norm = self.optimizer_step()  # global gradient clipping (sec. 5.4, appendix C.2)
+        grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
         return {**stats.result(self.peers), "policy/grad_norm": grad_norm}
 
     def micro_loss(
         self, micro: Experience, stats: StepStats, weight: float, entropy_gate: float | None = None
     ) -> torch.Tensor:
         """This micro-batch's policy loss plus the entropy term, its stats recorded: the bonus
-        -entropy_coef * H (sec. 5.3.2), or entropy_coef * gate * H, whose gradient summed over the
+        -entropy_coef * H (PPO paper §5.3.2), or entropy_coef * gate * H, whose gradient summed over the
         micro-batches is that of entropy_coef * max(|H - target| - clip, 0) (appendix B.3)."""
         p = self.loss
         entropy_weight = -p.entropy_coef if entropy_gate is None else p.entropy_coef * entropy_gate
@@ -163,7 +163,7 @@ class Policy(RoleLearner):
         mean_entropy = masked_mean(entropy, micro.response_mask)
         stats.add({**pg_stats, "loss": pg_loss.detach(), "entropy": mean_entropy.detach()}, weight, "policy")
         loss = pg_loss + entropy_weight * mean_entropy
-        if p.kl_loss_coef > 0:  # KL to the reference in the loss, GRPO eq. 3 (docs/algorithms.md, sec. 28)
+        if p.kl_loss_coef > 0:  # KL to the reference in the loss, GRPO eq. 3 (docs/algorithms.md §28)
             kl = masked_mean(
                 kl_estimate(logp, micro.ref_logp, p.kl_loss_estimator, micro.response_mask),
                 micro.response_mask,
@@ -191,7 +191,7 @@ class Policy(RoleLearner):
 
     def loss_denominator(self, minibatch: Experience) -> float:
         """What the minibatch's summed token losses are divided by: its valid tokens (token mean), or
-        rows x max_new_tokens under `policy.loss_aggregation: fixed_length` (Dr. GRPO, sec. 28)."""
+        rows x max_new_tokens under `policy.loss_aggregation: fixed_length` (Dr. GRPO, docs/algorithms.md §28)."""
         if self.loss.loss_aggregation == "fixed_length":
             return float(minibatch.batch_size * self.sampling.max_new_tokens)
         return super().loss_denominator(minibatch)

@@ -1,3 +1,4 @@
-"""rlhf: the whole RLHF pipeline of "Secrets of RLHF, Part I: PPO" (PPO-max) and APA."""
+"""rlhf: the whole RLHF pipeline: SFT, reward model, and in one loop PPO and PPO-max ("Secrets of RLHF,
+Part I: PPO"), APA and AWR, GRPO, Dr. GRPO, RLOO and REINFORCE++; evaluation."""
 
 __version__ = "0.1.0"

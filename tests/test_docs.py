@@ -6,6 +6,8 @@
 - No citation says "sec. N": a section is "docs/algorithms.md §N" or "<paper> §N" (PPO paper §5.3.1),
   so the reader knows which document it means.
 - The preset table of the doc says what the preset YAML files and the config defaults say.
+- Every relative link of README.md and the docs/, bench/ and examples/ pages resolves, heading included;
+  README.md stays a front door: at most 10 KB, opening with `make demo` and `make test`.
 """
 
 from __future__ import annotations
@@ -275,6 +277,42 @@ def test_preset_table_lists_every_field_the_presets_set(doc):
     assert set_by_presets <= set(table), (
         f"fields missing from the table: {sorted(set_by_presets - set(table))}"
     )
+
+
+LINKED_PAGES = ("README.md", "docs", "bench", "examples")
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_of_the_pages_resolves():
+    """README.md and the docs/, bench/ and examples/ pages link to files that exist, at headings that exist."""
+    pages = [ROOT / "README.md"] + [
+        page for name in LINKED_PAGES[1:] for page in sorted((ROOT / name).rglob("*.md"))
+    ]
+    broken, checked = [], 0
+    for page in pages:
+        for m in MARKDOWN_LINK.finditer(page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", m[1]):
+                continue
+            path, _, fragment = m[1].partition("#")
+            target = (page.parent / path) if path else page
+            checked += 1
+            if not target.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {m[1]} (no such file)")
+            elif fragment and target.suffix == ".md":
+                if fragment not in {github_anchor(h) for h in headings(target.read_text(encoding="utf-8"))}:
+                    broken.append(f"{page.relative_to(ROOT)}: {m[1]} (no such heading)")
+    assert checked >= 20, "expected the pages to link to each other; is the pattern right?"
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_readme_is_a_front_door():
+    """At most 10 KB, and its first lines are the two commands (reference material lives in docs/)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.encode("utf-8")) <= 10_000, (
+        f"README.md is {len(readme.encode())} bytes: move reference material to docs/"
+    )
+    lines = readme.splitlines()
+    assert lines[2].split("#")[0].strip() == "make demo" and lines[3].split("#")[0].strip() == "make test"
 
 
 def test_readme_points_to_the_doc_from_presets_and_switches():

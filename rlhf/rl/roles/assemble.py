@@ -66,7 +66,7 @@ class Roles:
             self.separate_critic.load_state_dict(state["critic"])
 
     def save_weights(self, directory: Path) -> None:
-        """The trained parameters of policy and critic (a LoRA policy: its adapters; role_weights.py);
+        """The trained parameters of policy and critic (a LoRA policy: its adapters; rlhf/rundir/weights.py);
         a critic-free run has no critic."""
         save_trained(self.policy.model, directory, "policy")
         if self.critic is not None:

@@ -59,8 +59,8 @@ def _add_device_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlhf",
-        description="RLHF end to end: SFT, reward model, PPO / PPO-max / APA / AWR / GRPO / Dr. GRPO / RLOO / "
-        "REINFORCE++, evaluation.",
+        description="RLHF end to end: SFT, reward model, PPO / PPO-max / APA / AWR / GRPO / Dr. GRPO / "
+        "RLOO / REINFORCE++, evaluation.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -33,8 +33,8 @@ OUTSIDE_PATTERN = re.compile("|".join(re.escape(name) for name in OUTSIDE_DOCS))
 ALLOWED_OUTSIDE_CITATIONS: set[str] = set()
 
 ANCHOR_CITATION = re.compile(r"docs/(algorithms|internals)\.md#([A-Za-z0-9_-]+)")
-# "docs/algorithms.md §27", "§27-30", "§7 and §9", "§6, §8, §11", "§25, point 7" (and the old "docs/algorithms.md,
-# sec. N" form, which UNLABELLED_SECTION below refuses, so that a citation in it is still checked).
+# "docs/algorithms.md §27", "§27-30", "§7 and §9", "§6, §8, §11", "§25, point 7" (and the old
+# "docs/algorithms.md, sec. N" form, which UNLABELLED_SECTION below refuses, so that it is still checked).
 SECTION_CITATION = re.compile(
     r"algorithms\.md,? (?:sec\. |§)(\d+(?:(?:\s*-\s*|, §| and §)\d+)*)(?:, points? (\d+)(?: and (\d+))?)?"
 )
@@ -284,7 +284,7 @@ MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def test_every_relative_link_of_the_pages_resolves():
-    """README.md and the docs/, bench/ and examples/ pages link to files that exist, at headings that exist."""
+    """README.md and the docs/, bench/ and examples/ pages link to files that exist, at their headings."""
     pages = [ROOT / "README.md"] + [
         page for name in LINKED_PAGES[1:] for page in sorted((ROOT / name).rglob("*.md"))
     ]

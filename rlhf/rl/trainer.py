@@ -246,7 +246,7 @@ class RLTrainer:
         kl = kl_estimate(old_logp, ref_logp, kind=c.kl.estimator, mask=mask)
         final_scores = torch.zeros_like(scores).index_put_((keep,), processed)  # dropped rows: 0
         rewards = token_rewards(final_scores, kl, mask, self.kl_controller.value)
-        # GAE over the critic's values (PPO paper §3.2.2), or a critic-free estimator (docs/algorithms.md §27-30)
+        # GAE over the critic's values (PPO paper §3.2.2), or critic-free (docs/algorithms.md §27-30)
         a, group = c.advantage, group.to(mask.device)
         advantages, returns = estimate_advantages(
             a.estimator, rewards, mask, values=values, group=group, **estimator_params(a.estimator, a)

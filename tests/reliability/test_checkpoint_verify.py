@@ -16,7 +16,7 @@ from rlhf.rundir import checkpoint as ckpt
 
 
 def make_checkpoint(run, iteration: int, *, old_style: bool = False):
-    """A checkpoint directory written as rlhf/rl/trainer.py writes one (state + DONE inside atomic_directory)."""
+    """A checkpoint directory written as rlhf/rl/trainer.py writes one (state + DONE in atomic_directory)."""
     target = run / "checkpoints" / f"iter_{iteration:06d}"
     with ckpt.atomic_directory(target) as tmp:
         ckpt.save_state({"iteration": iteration, "w": torch.arange(4.0) * iteration}, tmp, "trainer")

@@ -126,7 +126,8 @@ class Policy(RoleLearner):
         """One optimizer step on `minibatch` (`total_tokens`: its valid tokens over every worker)."""
         self.model.train(False)  # dropout stays off: the first ratio is exactly 1
         stats = StepStats()
-        gate = self.entropy_gate(minibatch, total_tokens, stats)  # appendix B.3; None: the plain bonus
+        # the clip region around a target entropy, PPO paper appendix B.3; None: the plain bonus
+        gate = self.entropy_gate(minibatch, total_tokens, stats)
         for micro, weight in self.micro_batches(minibatch, total_tokens):
             # backward per loss: the policy's graph is freed before the value forward
             (weight * self.micro_loss(micro, stats, weight, gate)).backward()
@@ -142,7 +143,7 @@ class Policy(RoleLearner):
     ) -> torch.Tensor:
         """This micro-batch's policy loss plus the entropy term, its stats recorded: the bonus
         -entropy_coef * H (PPO paper §5.3.2), or entropy_coef * gate * H, whose gradient summed over the
-        micro-batches is that of entropy_coef * max(|H - target| - clip, 0) (appendix B.3)."""
+        micro-batches is that of entropy_coef * max(|H - target| - clip, 0) (PPO paper appendix B.3)."""
         p = self.loss
         entropy_weight = -p.entropy_coef if entropy_gate is None else p.entropy_coef * entropy_gate
         logp, entropy = self.forward(
@@ -191,7 +192,8 @@ class Policy(RoleLearner):
 
     def loss_denominator(self, minibatch: Experience) -> float:
         """What the minibatch's summed token losses are divided by: its valid tokens (token mean), or
-        rows x max_new_tokens under `policy.loss_aggregation: fixed_length` (Dr. GRPO, docs/algorithms.md §28)."""
+        rows x max_new_tokens under `policy.loss_aggregation: fixed_length` (Dr. GRPO,
+        docs/algorithms.md §28)."""
         if self.loss.loss_aggregation == "fixed_length":
             return float(minibatch.batch_size * self.sampling.max_new_tokens)
         return super().loss_denominator(minibatch)

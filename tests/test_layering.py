@@ -1,5 +1,5 @@
-"""The package's layers: a module never imports one of a higher layer (../shared/DESIGN.md,
-docs/internals.md). Lazy imports inside functions count too: they are still a dependency."""
+"""The package's layers: a module never imports one of a higher layer (docs/internals.md#package-layout).
+Lazy imports inside functions count too: they are still a dependency."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The GPU section of `make bench`: our PPO iteration and our sampler on a device, in a dtype.
 
-Every function takes the device ("cuda", "cuda:N" or "cpu") and the precision policy (`model.dtype`:
+Every function takes the device ("cuda", "cuda:N" or "cpu") and the precision policy (`dtype`:
 "float32" | "bfloat16" | "bfloat16-pure"), so the same code runs on the CPU in the tests and on a
 GPU in `make bench`. Timed regions wait for the device at both ends, and so does each of the
 trainer's phase boundaries (bench/timing.py); the first `warmup` iterations are not counted.
@@ -79,7 +79,7 @@ def build_trainer(workload: Workload, device: str, dtype: str, seed: int, run_di
     from `model_dir` (the reward model and critic start from copies of it)."""
     from bench import ours
 
-    extra = {"train": {"device": device}, "model": {"dtype": dtype}}
+    extra = {"train": {"device": device}, "dtype": dtype}
     if workload.size != "smollm2":
         return ours.build_trainer(workload, seed, run_dir, extra)
     if model_dir is None:

@@ -50,7 +50,7 @@ MODELS=$(mktemp -d)
 timeout 60 python3 -m bench.gpu_models --workload m84 --out "$MODELS"
 timeout 150 torchrun --nproc-per-node 1 -m rlhf train --dist.strategy fsdp2 --preset ppo_max \
     --policy "$MODELS/policy" --reward-model "$MODELS/rm" --prompts "$MODELS/prompts.jsonl" \
-    --out "$MODELS/ppo" --train.device cuda --model.dtype bfloat16 --train.iterations 2 \
+    --out "$MODELS/ppo" --train.device cuda --dtype bfloat16 --train.iterations 2 \
     --rollout.batch_size 8 --rollout.max_new_tokens 8 --train.minibatches 2 \
     --critic.pretrain_iterations 1 >"$OUT/torchrun.log" 2>&1
 echo "torchrun exit $?"

@@ -121,7 +121,7 @@ def run(name: str, dtype: str, device: str, iters: int, seed: int = 0) -> dict:
         overrides = {
             "out": run_dir,
             "seed": seed,
-            "model": {"dtype": dtype},
+            "dtype": dtype,
             "rollout": {"batch_size": batch, "max_new_tokens": tokens, "stop_at_eos": False},
             "train": {"device": device, "iterations": iters, "minibatches": 2, "micro_batch_size": 4},
             "critic": {"pretrain_iterations": 0},

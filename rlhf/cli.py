@@ -8,7 +8,8 @@
     rlhf rm-eval --reward-model runs/rm --data test_pairs.jsonl
 
 Every stage also takes `--config FILE.yaml` and dotted overrides of any config field
-(`--train.iterations 20`, `--kl.beta 0.05`, `--seed 1`).
+(`--train.iterations 20`, `--kl.beta 0.05`, `--seed 1`); a named flag (`--policy`, `--n`) sets the
+config key it names (rlhf/config/).
 
 Model directories are data: their Python code never runs and their pickle weights are never read
 unless `--trust-remote-code` / `--allow-pickle` say so (rlhf/models/trust.py).
@@ -44,16 +45,57 @@ EPILOG = """examples:
 Any config field can be overridden: --train.iterations 20 --kl.beta 0.05 --seed 1"""
 
 
+def _scalar(raw: str):
+    """A named flag's value read as a dotted override's is (YAML scalar: 4, 0.5, true, null)."""
+    from rlhf.config import parse_overrides
+
+    return parse_overrides(["--value", raw])["value"]
+
+
 def _add_device_flags(parser: argparse.ArgumentParser) -> None:
-    """--device and --dtype of the commands that only load models (sft/rm/train use config fields)."""
-    parser.add_argument(
-        "--device", default="auto", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N"
-    )
+    """--device and --dtype of eval and rm-eval (the `device` and `dtype` keys of their configs)."""
+    parser.add_argument("--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N")
     parser.add_argument(
         "--dtype",
-        default="auto",
+        type=_scalar,
         help="auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 (autocast) | bfloat16-pure",
     )
+
+
+# Named flags of eval and rm-eval -> the config keys they set (argparse dest -> dotted key); every
+# other key of EvalConfig / RMEvalConfig is a dotted override (`--rollout.top_p 0.9`).
+EVAL_FLAGS = {
+    "policy": "policy",
+    "baseline": "baseline",
+    "judge": "judge",
+    "reward_fn": "reward_functions",
+    "prompts": "data.prompts",
+    "out": "out",
+    "n": "data.n",
+    "max_new_tokens": "rollout.max_new_tokens",
+    "max_prompt_tokens": "data.max_prompt_tokens",
+    "temperature": "rollout.temperature",
+    "top_p": "rollout.top_p",
+    "sampling": "rollout.sampling",
+    "seed": "seed",
+    "device": "device",
+    "dtype": "dtype",
+    "chat_template": "data.chat_template",
+    "skip_invalid": "data.skip_invalid",
+}
+RM_EVAL_FLAGS = {
+    "reward_model": "reward_model",
+    "data": "data.path",
+    "out": "out",
+    "n": "n",
+    "batch_size": "batch_size",
+    "worst": "worst",
+    "calibration_bins": "calibration_bins",
+    "histogram_bins": "histogram_bins",
+    "device": "device",
+    "dtype": "dtype",
+    "skip_invalid": "data.skip_invalid",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,61 +155,72 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint"
     )
 
-    ev = sub.add_parser("eval", help=STAGES["eval"], description=STAGES["eval"])
-    ev.add_argument("--policy", required=True, help="policy directory to evaluate")
-    ev.add_argument("--baseline", required=True, help="policy directory to compare against")
+    ev = sub.add_parser(
+        "eval",
+        help=STAGES["eval"],
+        description=STAGES["eval"] + ". Each flag sets the EvalConfig key it names; any key is also a "
+        "dotted override (--rollout.top_p 0.9) or a --config FILE.yaml setting.",
+    )
+    ev.add_argument("--policy", help="policy directory to evaluate (policy)")
+    ev.add_argument("--baseline", help="policy directory to compare against (baseline)")
     ev.add_argument(
         "--judge",
-        help="reward-model directory (or 'world:DIR' for a built-in world's gold reward)",
+        help="reward-model directory (or 'world:DIR' for a built-in world's gold reward) (judge)",
     )
     ev.add_argument(
         "--reward-fn",
         action="append",
         metavar="MODULE:FUNCTION",
-        help="a Python reward function, added to the judge's score (repeatable)",
+        help="a Python reward function, added to the judge's score (repeatable) (reward_functions)",
     )
-    ev.add_argument("--prompts", required=True, help="held-out prompts file")
-    ev.add_argument("--out", help="write eval.json here (default: beside the policy)")
-    ev.add_argument("--n", type=int, default=256, help="prompts to evaluate (the first N)")
-    ev.add_argument("--max-new-tokens", type=int, default=64)
+    ev.add_argument("--prompts", help="held-out prompts file (data.prompts)")
+    ev.add_argument("--out", help="write eval.json here (default: beside the policy) (out)")
+    ev.add_argument("--n", type=_scalar, help="prompts to evaluate, the first N; 256 (data.n)")
+    ev.add_argument("--max-new-tokens", type=_scalar, help="response budget; 64 (rollout.max_new_tokens)")
     ev.add_argument(
         "--max-prompt-tokens",
-        type=int,
-        default=None,
+        type=_scalar,
         help="prompt budget in tokens, oldest dialogue turns dropped first (default: the --policy run's "
-        "data.max_prompt_tokens from its config.yaml, else 512)",
+        "data.max_prompt_tokens from its config.yaml, else 512) (data.max_prompt_tokens)",
     )
-    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0: greedy")
-    ev.add_argument("--top-p", type=float, default=1.0)
+    ev.add_argument(
+        "--temperature", type=_scalar, help="sampling temperature; 0: greedy; 1.0 (rollout.temperature)"
+    )
+    ev.add_argument("--top-p", type=_scalar, help="nucleus sampling; 1.0 (rollout.top_p)")
     ev.add_argument(
         "--sampling",
-        choices=("custom", "paper"),
-        default="custom",
-        help="paper: the PPO paper's §6.1 sampling (temperature 0.8, top-p 0.9, repetition penalty 1.1) "
-        "instead of --temperature/--top-p",
+        type=_scalar,
+        help="custom | paper: the PPO paper §6.1 sampling (temperature 0.8, top-p 0.9, repetition penalty "
+        "1.1) instead of --temperature/--top-p (rollout.sampling)",
     )
-    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--seed", type=_scalar, help="sampling seed; 0 (seed)")
     _add_device_flags(ev)
     ev.add_argument(
         "--chat-template",
-        choices=("auto", "true", "false"),
-        default="auto",
-        help="render HH dialogues and messages with the policy tokenizer's chat template and stop at its "
-        "end-of-turn token (auto: when it has one)",
+        type=_scalar,
+        help="auto | true | false: render HH dialogues and messages with the policy tokenizer's chat "
+        "template and stop at its end-of-turn token (auto: when it has one) (data.chat_template)",
     )
+    ev.add_argument("--config", help="YAML file of EvalConfig settings")
 
-    rm_eval = sub.add_parser("rm-eval", help=STAGES["rm-eval"], description=STAGES["rm-eval"])
-    rm_eval.add_argument("--reward-model", required=True, help="reward-model directory (`rlhf rm --out`)")
+    rm_eval = sub.add_parser(
+        "rm-eval",
+        help=STAGES["rm-eval"],
+        description=STAGES["rm-eval"] + ". Each flag sets the RMEvalConfig key it names; any key is also a "
+        "dotted override (--data.max_prompt_tokens 512) or a --config FILE.yaml setting.",
+    )
+    rm_eval.add_argument("--reward-model", help="reward-model directory, `rlhf rm --out` (reward_model)")
     rm_eval.add_argument(
-        "--data", required=True, help="preference pairs (prompt/chosen/rejected, HH-RLHF, chat)"
+        "--data", help="preference pairs (prompt/chosen/rejected, HH-RLHF, chat) (data.path)"
     )
     rm_eval.add_argument("--out", help="write rm_eval.json here (default: in the reward-model directory)")
-    rm_eval.add_argument("--n", type=int, default=None, help="score only the first N valid pairs")
-    rm_eval.add_argument("--batch-size", type=int, default=8, help="pairs per forward")
-    rm_eval.add_argument("--worst", type=int, default=10, help="worst pairs (most negative margin) to keep")
-    rm_eval.add_argument("--calibration-bins", type=int, default=10, help="bins of sigmoid(|margin|)")
-    rm_eval.add_argument("--histogram-bins", type=int, default=10, help="margin histogram bins (even)")
+    rm_eval.add_argument("--n", type=_scalar, help="score only the first N valid pairs (n)")
+    rm_eval.add_argument("--batch-size", type=_scalar, help="pairs per forward; 8 (batch_size)")
+    rm_eval.add_argument("--worst", type=_scalar, help="worst pairs (most negative margin) to keep; 10")
+    rm_eval.add_argument("--calibration-bins", type=_scalar, help="bins of sigmoid(|margin|); 10")
+    rm_eval.add_argument("--histogram-bins", type=_scalar, help="margin histogram bins (even); 10")
     _add_device_flags(rm_eval)
+    rm_eval.add_argument("--config", help="YAML file of RMEvalConfig settings")
 
     for stage in (sft, rm, train, ev, rm_eval):
         _add_safety_flags(stage)
@@ -176,8 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--skip-invalid",
             action="store_true",
             default=None,
-            help="skip malformed data records (counted and reported) instead of stopping at the first"
-            + ("" if stage is ev else " (same as --data.skip_invalid true)"),
+            help="skip malformed data records (counted and reported) instead of stopping at the first "
+            "(same as --data.skip_invalid true)",
         )
 
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
@@ -335,19 +388,33 @@ def _prepare_resume(run_dir) -> None:
         )
 
 
+def eval_config(args, rest: list[str]):
+    """The validated EvalConfig of `rlhf eval ARGS`: --config < named flags < dotted overrides."""
+    from rlhf.config import EvalConfig, load_config
+
+    named = {key: getattr(args, dest) for dest, key in EVAL_FLAGS.items()}
+    return load_config(EvalConfig, file=args.config, overrides=_overrides(rest, named))
+
+
+def rm_eval_config(args, rest: list[str]):
+    """The validated RMEvalConfig of `rlhf rm-eval ARGS` (the reward model's budgets under them)."""
+    from rlhf.stages.rm_eval import rm_eval_config as build
+
+    named = {key: getattr(args, dest) for dest, key in RM_EVAL_FLAGS.items()}
+    return build(file=args.config, overrides=_overrides(rest, named))
+
+
 def run_eval_command(args, rest, ctx) -> int:
     from rlhf.stages.eval import run_eval
 
-    if rest:
-        raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf eval --help`.")
-    run_eval(args)
+    run_eval(eval_config(args, rest))
     return 0
 
 
 def run_rm_eval_command(args, rest, ctx) -> int:
     from rlhf.stages.rm_eval import run_rm_eval
 
-    run_rm_eval(args, rest)
+    run_rm_eval(rm_eval_config(args, rest))
     return 0
 
 

@@ -157,7 +157,8 @@ def test_eval_with_the_papers_sampling_records_it_and_refuses_a_second_temperatu
     assert (
         main([*base, "--sampling", "paper", "--temperature", "0.5", "--out", str(tmp_path / "x.json")]) == 2
     )
-    assert "--sampling paper sets temperature 0.8" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "rollout.sampling paper sets temperature 0.8" in err and "rollout.temperature is 0.5" in err
     assert not (tmp_path / "x.json").exists()
 
 
@@ -184,21 +185,25 @@ def test_eval_encodes_prompts_with_the_budget_the_policy_was_trained_with(
     assert main([*base, "--max-prompt-tokens", "3", "--out", str(tmp_path / "b.json")]) == 0
     assert budgets == [3, 3] and json.loads((tmp_path / "b.json").read_text())["max_prompt_tokens"] == 3
     assert main([*base, "--max-prompt-tokens", "0", "--out", str(tmp_path / "c.json")]) == 2
-    assert "--max-prompt-tokens must be >= 1" in capsys.readouterr().err
+    assert "data.max_prompt_tokens must be >= 1" in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
 
 
 def test_eval_prompt_budget_of_a_model_without_a_run_config_is_512(tmp_path):
-    from argparse import Namespace
-
+    from rlhf.config import EvalConfig, EvalDataConfig
     from rlhf.stages.eval import eval_prompt_budget
 
-    assert eval_prompt_budget(Namespace(policy=str(tmp_path), max_prompt_tokens=None)) == 512
+    def budget(given):
+        return eval_prompt_budget(
+            EvalConfig(policy=str(tmp_path), data=EvalDataConfig(max_prompt_tokens=given))
+        )
+
+    assert budget(None) == 512
     (tmp_path / "config.yaml").write_text("data: [not, a, mapping]\n")
-    assert eval_prompt_budget(Namespace(policy=str(tmp_path), max_prompt_tokens=None)) == 512
+    assert budget(None) == 512
     (tmp_path / "config.yaml").write_text("data: {max_prompt_tokens: 40}\n")
-    assert eval_prompt_budget(Namespace(policy=str(tmp_path), max_prompt_tokens=None)) == 40
-    assert eval_prompt_budget(Namespace(policy=str(tmp_path), max_prompt_tokens=7)) == 7
+    assert budget(None) == 40
+    assert budget(7) == 7
 
 
 @pytest.mark.parametrize(

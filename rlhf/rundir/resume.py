@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlhf.config import ConfigError, RLConfig, config_from_yaml, deep_merge, from_dict, preset_dict, to_dict
+from rlhf.config import (
+    ConfigError,
+    RLConfig,
+    config_from_yaml,
+    deep_merge,
+    from_dict,
+    migrate_renamed_keys,
+    preset_dict,
+    read_yaml,
+    to_dict,
+)
 
 # Keys a resumed run may change: how long it runs, how often it saves, what it logs where, and how
 # its work is scheduled (the runtime group changes no result beyond float rounding).
@@ -54,18 +64,20 @@ def resume_config(
             f"rlhf train --resume: {run_dir}/config.yaml not found: {run_dir} is not an RL run directory. "
             "Fix: pass the --out directory of an earlier `rlhf train`."
         )
+    # every layer under the keys' current names: a key recorded or requested under an old name
+    # (RENAMED_KEYS) is the same setting, so it is no change
     recorded = to_dict(config_from_yaml(RLConfig, run_dir / "config.yaml"))
     recorded["out"] = str(run_dir)  # the run directory given, wherever the run was first written
     requested = recorded
     if preset:
-        requested = deep_merge(requested, {**preset_dict(preset), "preset": preset})
+        preset_data = migrate_renamed_keys(RLConfig, preset_dict(preset), origin=f"preset {preset}")
+        requested = deep_merge(requested, {**preset_data, "preset": preset})
     if file:
-        from rlhf.config import _read_yaml  # the YAML reader that names the file on errors
-
-        file_data = _read_yaml(Path(file))
+        file_data = migrate_renamed_keys(RLConfig, read_yaml(file), origin=str(file))
         from_dict(RLConfig, deep_merge(recorded, file_data), origin=str(file))
         requested = deep_merge(requested, file_data)
     if overrides:
+        overrides = migrate_renamed_keys(RLConfig, overrides, origin="command line")
         from_dict(RLConfig, deep_merge(recorded, overrides), origin="command line")
         requested = deep_merge(requested, overrides)
     config = from_dict(RLConfig, requested, origin="command line")
@@ -81,4 +93,5 @@ def resume_config(
             f"were changed: {', '.join(refused)}. Fix: drop those options to resume as recorded, or start a "
             f"new run (another --out) with them. A resume may change only: {', '.join(RESUMABLE_KEYS)}."
         )
+    config.validate()  # the changes a resume may make are checked as a fresh run's are
     return config

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlhf.config import EvalConfig
 from rlhf.data.chat import stop_token_ids
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt
@@ -29,48 +30,48 @@ from rlhf.stages.prompt_files import prompt_rows
 from rlhf.train.context_check import check_prompts_fit, model_context
 
 
-def run_eval(args) -> dict:
+def run_eval(config: EvalConfig) -> dict:
     """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison.
-    Every model runs on `--device` under the `--dtype` policy."""
-    _check_eval_args(args)
-    device = resolve_device(getattr(args, "device", "auto"), key="--device")
-    precision = Precision.resolve(getattr(args, "dtype", "auto"), device, key="--dtype")
-    tokenizer = prepare_tokenizer(load_tokenizer(args.policy))
-    skip = bool(getattr(args, "skip_invalid", False))
-    chat = {"true": True, "false": False}.get(getattr(args, "chat_template", "auto"), "auto")
-    examples = load_examples(args.prompts, kind="prompt", skip_invalid=skip).examples[: args.n]
-    budget = eval_prompt_budget(args)
+    Every model runs on `device` under the `dtype` policy. `config` is validated (load_config)."""
+    data, rollout = config.data, config.rollout
+    device = resolve_device(config.device, key="device")
+    precision = Precision.resolve(config.dtype, device, key="dtype")
+    tokenizer = prepare_tokenizer(load_tokenizer(config.policy))
+    skip = data.skip_invalid
+    chat = data.chat_template
+    examples = load_examples(data.prompts, kind="prompt", skip_invalid=skip).examples[: data.n]
+    budget = eval_prompt_budget(config)
     prompts = [encode_prompt(tokenizer, ex.prompt, budget, chat_template=chat) for ex in examples]
     sources = [ex.source for ex in examples]
-    greedy = args.temperature == 0  # --temperature 0: the most likely answer, as other tools read it
+    greedy = rollout.temperature == 0  # temperature 0: the most likely answer, as other tools read it
     sampling = SamplingConfig(
-        max_new_tokens=args.max_new_tokens,
-        temperature=1.0 if greedy else args.temperature,
-        top_p=args.top_p,
+        max_new_tokens=rollout.max_new_tokens,
+        temperature=1.0 if greedy else rollout.temperature,
+        top_p=rollout.top_p,
         do_sample=not greedy,
     )
-    if getattr(args, "sampling", "custom") == "paper":  # PPO paper §6.1
-        sampling = SamplingConfig.ppo_paper(max_new_tokens=args.max_new_tokens)
+    if rollout.sampling == "paper":  # PPO paper §6.1
+        sampling = SamplingConfig.ppo_paper(max_new_tokens=rollout.max_new_tokens)
     judge = None
-    if args.judge:
-        with announce(f"loading the judge {args.judge}"):
-            judge = _load_judge(args.judge, tokenizer, args.prompts, args.n, skip, precision)
-    reward_fns = getattr(args, "reward_fn", None) or []
+    if config.judge:
+        with announce(f"loading the judge {config.judge}"):
+            judge = _load_judge(config.judge, tokenizer, data.prompts, data.n, skip, precision)
+    reward_fns = config.reward_functions
     if reward_fns:  # Python reward functions added to the judge's score (docs/algorithms.md §31)
         from rlhf.rl.reward_functions import judge_with_functions, load_reward_functions
 
         functions = load_reward_functions(reward_fns, key="--reward-fn")
-        judge = judge_with_functions(judge, functions, tokenizer, prompt_rows(args.prompts, sources))
-    judge_name = " + ".join([*([str(args.judge)] if args.judge else []), *reward_fns])
+        judge = judge_with_functions(judge, functions, tokenizer, prompt_rows(data.prompts, sources))
+    judge_name = " + ".join([*([str(config.judge)] if config.judge else []), *map(str, reward_fns)])
     results, scores, texts = {}, {}, {}
-    for name, path in (("policy", args.policy), ("baseline", args.baseline)):
+    for name, path in (("policy", config.policy), ("baseline", config.baseline)):
         with announce(f"loading --{name} {path}"):
             model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))
         check_prompts_fit(
             prompts,
             sources,
             context=model_context(model),
-            max_new_tokens=args.max_new_tokens,
+            max_new_tokens=rollout.max_new_tokens,
             model_name=f"--{name} {path}",
             fix="shorten that prompt (at most {budget} tokens) or remove it, or lower --max-new-tokens",
         )
@@ -80,7 +81,7 @@ def run_eval(args) -> dict:
                 tokenizer,
                 prompts,
                 sampling,
-                seed=args.seed,
+                seed=config.seed,
                 precision=precision,
                 on_batch=progress.advance,
                 stop_ids=stop_token_ids(tokenizer, chat),
@@ -97,12 +98,12 @@ def run_eval(args) -> dict:
     }
     results["max_prompt_tokens"] = budget
     results["samples"] = paired_samples([ex.prompt for ex in examples], sources, texts, scores)
-    out = Path(args.out) if args.out else Path(args.policy) / "eval.json"
+    out = Path(config.out) if config.out else Path(config.policy) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, ensure_ascii=False))
     cmp = results["comparison"]
     print_summary(
-        f"eval: {args.policy} vs {args.baseline} (judge {judge_name}, n={cmp['n']})",
+        f"eval: {config.policy} vs {config.baseline} (judge {judge_name}, n={cmp['n']})",
         {
             "policy reward": f"{results['policy']['mean']:.4f} ± {results['policy']['mean'] - results['policy']['ci95'][0]:.4f}",
             "baseline reward": f"{results['baseline']['mean']:.4f} ± {results['baseline']['mean'] - results['baseline']['ci95'][0]:.4f}",
@@ -117,46 +118,16 @@ def run_eval(args) -> dict:
 DEFAULT_EVAL_PROMPT_TOKENS = 512  # for a --policy that records no budget (a model from elsewhere)
 
 
-def eval_prompt_budget(args) -> int:
-    """`rlhf eval`'s prompt budget: --max-prompt-tokens, else the budget the --policy run was trained
-    with (its config.yaml), so that both policies and the judge see the prompts they were trained on."""
-    if getattr(args, "max_prompt_tokens", None) is not None:
-        return args.max_prompt_tokens
-    recorded = recorded_data_settings(args.policy).get("max_prompt_tokens")
+def eval_prompt_budget(config: EvalConfig) -> int:
+    """`rlhf eval`'s prompt budget: data.max_prompt_tokens, else the budget the --policy run was
+    trained with (its config.yaml), so that both policies and the judge see the prompts they were
+    trained on."""
+    if config.data.max_prompt_tokens is not None:
+        return config.data.max_prompt_tokens
+    recorded = recorded_data_settings(config.policy).get("max_prompt_tokens")
     if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
         return recorded
     return DEFAULT_EVAL_PROMPT_TOKENS
-
-
-def _check_eval_args(args) -> None:
-    from rlhf.config import ConfigError
-
-    for flag, ok, rule, fix in (
-        ("--n", args.n >= 1, "must be >= 1", "--n 256"),
-        ("--max-new-tokens", args.max_new_tokens >= 1, "must be >= 1", "--max-new-tokens 64"),
-        (
-            "--max-prompt-tokens",
-            getattr(args, "max_prompt_tokens", None) is None or args.max_prompt_tokens >= 1,
-            "must be >= 1",
-            "--max-prompt-tokens 256",
-        ),
-        ("--temperature", args.temperature >= 0, "must be >= 0 (0: greedy)", "--temperature 1.0"),
-        ("--top-p", 0 < args.top_p <= 1, "must be in (0, 1]", "--top-p 1.0"),
-        (
-            "--sampling paper",
-            getattr(args, "sampling", "custom") != "paper" or (args.temperature, args.top_p) == (1.0, 1.0),
-            "sets temperature 0.8, top-p 0.9 and repetition penalty 1.1 and takes no --temperature or --top-p",
-            "drop --temperature/--top-p, or drop --sampling paper",
-        ),
-        (
-            "--judge",
-            bool(args.judge or getattr(args, "reward_fn", None)),
-            "is missing (and no --reward-fn is given): nothing would score the responses",
-            "--judge RM_DIR (or world:DIR), and/or --reward-fn module:function",
-        ),
-    ):
-        if not ok:
-            raise ConfigError(f"{flag} {rule}. Fix: {fix}.")
 
 
 def _load_judge(

@@ -2,6 +2,9 @@
 
     rlhf rm-eval --reward-model runs/rm --data pairs.jsonl [--out rm_eval.json] [--skip-invalid]
 
+Its settings are an `RMEvalConfig` (rlhf/config/rm_eval.py): the named flags, dotted overrides and
+`--config FILE.yaml`, as every command.
+
 Pairs are read and encoded as `rlhf rm` does (`encode_pairs`, the prompt and response budgets of the
 reward model's own config.yaml unless `--data.max_prompt_tokens` / `--data.max_response_tokens`
 say otherwise) and scored in the training layout (chosen and rejected rows of one batch, reward
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf.config import ConfigError, RewardConfig, RewardDataConfig, from_dict, parse_overrides
+from rlhf.config import ConfigError, RewardConfig, RewardDataConfig, RMEvalConfig, from_dict, load_config
 from rlhf.data.collate import collate_pairs
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats
@@ -38,26 +41,15 @@ RESULT_NAME = "rm_eval.json"
 BUDGET_KEYS = ("format", "max_prompt_tokens", "max_response_tokens")  # taken from the RM's config.yaml
 
 
-def data_settings(reward_model: str, data_path: str, skip_invalid: bool | None, rest: list[str]):
-    """The `RewardDataConfig` to read and encode the pairs with: the reward model's training settings
-    (`BUDGET_KEYS` of its config.yaml, when it has one) < `--data.*` overrides < `--data`/`--skip-invalid`."""
-    overrides = parse_overrides(rest)
-    other = sorted(set(overrides) - {"data"})
-    if other:
-        raise ConfigError(
-            f"rlhf rm-eval takes only data.* settings on the command line, got --{other[0]}. Fix: remove it "
-            "(see `rlhf rm-eval --help`)."
-        )
-    merged = {k: v for k, v in recorded_data_settings(reward_model).items() if k in BUDGET_KEYS}
-    merged.update(overrides.get("data", {}))
-    merged["path"] = data_path
-    if skip_invalid is not None:
-        merged["skip_invalid"] = skip_invalid
-    data = from_dict(RewardDataConfig, merged, origin="command line", prefix="data.")
-    for key in ("max_prompt_tokens", "max_response_tokens"):
-        if getattr(data, key) < 1:
-            raise ConfigError(f"data.{key} must be >= 1, got {getattr(data, key)}. Fix: --data.{key} 256.")
-    return data
+def rm_eval_config(*, file: str | None = None, overrides: dict | None = None) -> RMEvalConfig:
+    """The validated `rlhf rm-eval` config: stage defaults < the reward model's training budgets
+    (`BUDGET_KEYS` of its config.yaml, when it has one) < `--config FILE` < flags."""
+    config = load_config(RMEvalConfig, file=file, overrides=overrides)
+    recorded = {k: v for k, v in recorded_data_settings(config.reward_model).items() if k in BUDGET_KEYS}
+    if not recorded:
+        return config
+    from_dict(RMEvalConfig, {"data": recorded}, origin=f"{Path(config.reward_model) / 'config.yaml'}")
+    return load_config(RMEvalConfig, file=file, overrides=overrides, defaults={"data": recorded})
 
 
 @torch.inference_mode()
@@ -95,73 +87,53 @@ def score_pairs(
     return chosen, rejected
 
 
-def run_rm_eval(
-    args, rest: list[str] | None = None, *, model: ScalarHeadModel | None = None, tokenizer=None
-) -> dict:
+def run_rm_eval(config: RMEvalConfig, *, model: ScalarHeadModel | None = None, tokenizer=None) -> dict:
     """Load, score, summarize, write `rm_eval.json` and print the one-screen summary; returns the result.
 
-    `args` are the parsed `rlhf rm-eval` arguments, `rest` its `--data.*` overrides; a given `model` /
-    `tokenizer` is used instead of loading `args.reward_model` (which still names it)."""
-    _check_args(args)
-    device = resolve_device(args.device, key="--device")
-    precision = Precision.resolve(args.dtype, device, key="--dtype")
-    data = data_settings(args.reward_model, args.data, args.skip_invalid, rest or [])
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args.reward_model)
+    `config` is validated (`rm_eval_config`); a given `model` / `tokenizer` is used instead of
+    loading `config.reward_model` (which still names it)."""
+    device = resolve_device(config.device, key="device")
+    precision = Precision.resolve(config.dtype, device, key="dtype")
+    data = config.data
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.reward_model)
     loaded = load_examples(data.path, kind="preference", format=data.format, skip_invalid=data.skip_invalid)
-    examples = loaded.examples[: args.n] if args.n else loaded.examples
+    examples = loaded.examples[: config.n] if config.n else loaded.examples
     stats = TruncationStats()
     rows = encode_pairs(tokenizer, examples, RewardConfig(data=data), stats)
     if model is None:
-        with announce(f"loading the reward model {args.reward_model}"):
-            model = ScalarHeadModel.from_pretrained(args.reward_model, dtype=precision.param_dtype)
+        with announce(f"loading the reward model {config.reward_model}"):
+            model = ScalarHeadModel.from_pretrained(config.reward_model, dtype=precision.param_dtype)
     precision.prepare(model)
     _check_pairs_fit(rows, examples, model, data)
     with WorkProgress("rm-eval: scoring", len(rows), "pair") as progress:
         chosen, rejected = score_pairs(
-            model, rows, tokenizer.pad_token_id, args.batch_size, precision=precision, progress=progress
+            model, rows, tokenizer.pad_token_id, config.batch_size, precision=precision, progress=progress
         )
     margins = chosen - rejected
-    _check_finite(margins, examples, args.reward_model)
+    _check_finite(margins, examples, config.reward_model)
     result = {
-        "reward_model": str(args.reward_model),
+        "reward_model": str(config.reward_model),
         "data": str(data.path),
         "pairs_read": len(loaded.examples),
         "skipped_invalid": loaded.skipped,
         "skipped_reasons": [str(error) for error in loaded.errors[:20]],
         "truncation": stats.as_dict(),
         **summarize_margins(
-            margins, histogram_bins=args.histogram_bins, calibration_bins=args.calibration_bins
+            margins, histogram_bins=config.histogram_bins, calibration_bins=config.calibration_bins
         ),
         "worst_pairs": [
             _pair_record(examples[i], float(chosen[i]), float(rejected[i]))
-            for i in worst_indices(margins, args.worst)
+            for i in worst_indices(margins, config.worst)
         ],
         "pairs": [
             {"source": _source(ex), "chosen_score": float(c), "rejected_score": float(r)}
             for ex, c, r in zip(examples, chosen, rejected)
         ],
     }
-    out = Path(args.out) if args.out else Path(args.reward_model) / RESULT_NAME
+    out = Path(config.out) if config.out else Path(config.reward_model) / RESULT_NAME
     _write_json(out, result)
     print_rm_eval_summary(result, out)
     return result
-
-
-def _check_args(args) -> None:
-    for flag, value, low in (
-        ("--batch-size", args.batch_size, 1),
-        ("--worst", args.worst, 0),
-        ("--n", args.n or 0, 0),
-        ("--calibration-bins", args.calibration_bins, 1),
-        ("--histogram-bins", args.histogram_bins, 2),
-    ):
-        if value < low:
-            raise ConfigError(f"{flag} must be >= {low}, got {value}. Fix: {flag} {max(low, 1) * 10}.")
-    if args.histogram_bins % 2:
-        raise ConfigError(
-            f"--histogram-bins must be even (0 is the middle edge), got {args.histogram_bins}. "
-            f"Fix: --histogram-bins {args.histogram_bins + 1}."
-        )
 
 
 def _check_pairs_fit(rows: list[EncodedPair], examples, model, data: RewardDataConfig) -> None:

@@ -63,7 +63,7 @@ def records(run_dir) -> list[dict]:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_three_iterations_of_each_preset_on_cuda(preset, dtype, tmp_path):
-    trainer = trainer_for(preset, tmp_path / "run", model={"dtype": dtype})
+    trainer = trainer_for(preset, tmp_path / "run", dtype=dtype)
     assert next(trainer.roles.policy.model.parameters()).device.type == "cuda"
     assert trainer.sample_generator.device.type == "cuda"
     trainer.train()

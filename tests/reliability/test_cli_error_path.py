@@ -52,8 +52,14 @@ def test_a_full_disk_is_a_message_with_the_way_on(files, tmp_path, capsys, monke
 
 
 def test_a_message_exit_is_exit_2(capsys):
+    assert main(["report", "some_run", "--bogus", "1"]) == 2
+    assert "unexpected arguments" in capsys.readouterr().err
+
+
+def test_an_unknown_flag_of_eval_names_the_key_and_the_fix(capsys):
     assert (
         main(["eval", "--policy", "p", "--baseline", "b", "--judge", "j", "--prompts", "x", "--bogus", "1"])
         == 2
     )
-    assert "unexpected arguments" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown key 'bogus'" in err and "Fix: drop --bogus" in err and "Traceback" not in err

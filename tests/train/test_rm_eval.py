@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from train_testing import WORDS, write_jsonl
 
-from rlhf.cli import build_parser, main
+from rlhf.cli import build_parser, main, rm_eval_config
 from rlhf.evaluation import pair_stats
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
@@ -91,10 +91,12 @@ class MarkerRewardModel(ScalarHeadModel):
         return hidden
 
 
-def rm_args(tmp_path, data, *extra):
-    return build_parser().parse_known_args(
+def rm_config(tmp_path, data, *extra):
+    """The RMEvalConfig of `rlhf rm-eval --reward-model TMP/rm --data DATA EXTRA`."""
+    args, rest = build_parser().parse_known_args(
         ["rm-eval", "--reward-model", str(tmp_path / "rm"), "--data", str(data), *map(str, extra)]
     )
+    return rm_eval_config(args, rest)
 
 
 def marker_pairs():
@@ -121,8 +123,8 @@ def test_rm_eval_with_known_scores(tok, tmp_path, capsys):
     data = tmp_path / "pairs.jsonl"
     data.write_text("\n".join(lines) + "\n")
     (tmp_path / "rm").mkdir()
-    args, rest = rm_args(tmp_path, data, "--skip-invalid", "--worst", 2, "--batch-size", 4)
-    result = run_rm_eval(args, rest, model=MarkerRewardModel(tok), tokenizer=tok)
+    config = rm_config(tmp_path, data, "--skip-invalid", "--worst", 2, "--batch-size", 4)
+    result = run_rm_eval(config, model=MarkerRewardModel(tok), tokenizer=tok)
 
     assert result["skipped_invalid"] == 1 and result["n"] == 6
     assert [p["chosen_score"] - p["rejected_score"] for p in result["pairs"]] == margins
@@ -191,7 +193,7 @@ def test_rm_eval_command_refuses_bad_input_with_the_fix(tmp_path, rm_dir, capsys
         (["--histogram-bins", "3"], "--histogram-bins 4"),
         (["--train.epochs", "2"], "--train"),
         (["--data.max_prompt_tokens", "0", "--skip-invalid"], "data.max_prompt_tokens"),
-        (["--device", "tpu", "--skip-invalid"], "--device"),
+        (["--device", "tpu", "--skip-invalid"], "device must be one of"),
     ):
         assert main(base + extra) == 2, extra
         err = capsys.readouterr().err

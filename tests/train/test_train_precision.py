@@ -157,10 +157,10 @@ def test_dtype_choices_are_checked_when_the_config_is_read():
         load_config(SFTConfig, overrides={"dtype": "float16"})
     from rlhf.config import RLConfig
 
-    with pytest.raises(ConfigError, match=r"model\.dtype must be one of"):
-        load_config(RLConfig, overrides={"model": {"dtype": "half"}})
-    rl = load_config(RLConfig, overrides={"model": {"dtype": "bfloat16", "gradient_checkpointing": True}})
-    assert (rl.model.dtype, rl.model.gradient_checkpointing, rl.train.device) == ("bfloat16", True, "auto")
+    with pytest.raises(ConfigError, match=r"command line: dtype must be one of .*, got 'half'"):
+        load_config(RLConfig, overrides={"dtype": "half"})
+    rl = load_config(RLConfig, overrides={"dtype": "bfloat16", "model": {"gradient_checkpointing": True}})
+    assert (rl.dtype, rl.model.gradient_checkpointing, rl.train.device) == ("bfloat16", True, "auto")
 
 
 def test_a_missing_cuda_device_stops_sft_before_the_run_directory_is_made(tok, tmp_path, monkeypatch):
@@ -232,9 +232,11 @@ def test_cli_eval_takes_device_and_dtype(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = ["eval", "--policy", "p", "--baseline", "b", "--judge", "j", "--prompts", "x.jsonl"]
     assert main([*args, "--device", "cuda"]) == 2
-    assert "--device is 'cuda'" in capsys.readouterr().err
+    assert "device is 'cuda'" in capsys.readouterr().err
     assert main([*args, "--device", "cpu", "--dtype", "fp8"]) == 2
-    assert "--dtype must be one of auto, float32, bfloat16, bfloat16-pure" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "dtype must be one of 'auto', 'float32', 'bfloat16', 'bfloat16-pure', got 'fp8'" in err
+    assert "Fix: --dtype auto" in err
 
 
 def test_cli_eval_in_bfloat16_writes_its_results(tok, tmp_path, capsys):

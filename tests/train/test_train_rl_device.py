@@ -1,4 +1,4 @@
-"""RL on a device and in a precision (issue: train.device, model.dtype, model.gradient_checkpointing),
+"""RL on a device and in a precision (issue: train.device, dtype, model.gradient_checkpointing),
 checked on the CPU: bf16 runs on a CPU too, slowly. The CUDA runs are in tests/gpu/test_gpu_rl.py."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rlhf.models.logprobs import response_logprobs
 @pytest.mark.parametrize("dtype", ["bfloat16", "bfloat16-pure"])
 def test_bf16_runs_train_and_export_float32(make_trainer, tmp_path, dtype):
     run = tmp_path / dtype
-    trainer = make_trainer(rl_config("ppo_max", model={"dtype": dtype}), run_dir=run)
+    trainer = make_trainer(rl_config("ppo_max", dtype=dtype), run_dir=run)
     policy = trainer.roles.policy.model
     stored = torch.bfloat16 if dtype == "bfloat16-pure" else torch.float32
     assert {p.dtype for p in policy.parameters()} == {stored}
@@ -37,7 +37,7 @@ def test_bf16_runs_train_and_export_float32(make_trainer, tmp_path, dtype):
 
 
 def test_bf16_autocast_experience_is_float32(make_trainer):
-    trainer = make_trainer(rl_config("ppo_max", model={"dtype": "bfloat16"}))
+    trainer = make_trainer(rl_config("ppo_max", dtype="bfloat16"))
     experience, _ = trainer.make_experience()
     for name in ("old_logp", "ref_logp", "old_values", "advantages", "returns"):
         assert getattr(experience, name).dtype == torch.float32, name

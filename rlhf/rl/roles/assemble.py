@@ -100,10 +100,10 @@ def assemble_roles(
     reward_model: ScalarHeadModel | None,
 ) -> Roles:
     """Build the four roles around an SFT policy and a reward model (both already loaded; no reward
-    model when `reward.functions` give the reward), on `train.device` in the `model.dtype` precision."""
+    model when `reward.functions` give the reward), on `train.device` in the `dtype` precision."""
     c = config
     device = resolve_device(c.train.device, key="train.device")
-    precision = Precision.resolve(c.model.dtype, device, key="model.dtype")
+    precision = Precision.resolve(c.dtype, device, key="dtype")
     tokenizer = prepare_tokenizer(tokenizer)
     precision.prepare(policy)
     if reward_model is not None:

@@ -1,0 +1,66 @@
+"""The helpers every config group's `validate(prefix)` uses.
+
+A group checks its own fields in `validate(self, prefix)`, where `prefix` is the group's dotted place
+in the stage config ("policy_optim." for RLConfig's policy optimizer), so each message names the
+full key, the value given and a fix that works on the command line. A stage config's `validate`
+calls its groups' (`validate_groups`) and then checks what ties several groups together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from rlhf.config.errors import ConfigError
+
+logger = logging.getLogger("rlhf.config")  # warnings for legal values that are almost surely mistakes
+
+
+def require(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:
+    """Raise "KEY RULE, got VALUE. Fix: FIX." unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{key} {rule}, got {value!r}. Fix: {fix}.")
+
+
+def required(value: Any, key: str, fix: str) -> None:
+    """A setting without a default (a model directory, a data file) is given."""
+    if not value:
+        raise ConfigError(f"{key} is missing. Fix: {fix}.")
+
+
+def at_least(value: Any, low: Any, key: str, why: str = "") -> None:
+    """`value` >= `low` (`why`: what the key counts, or what its lowest value means)."""
+    require(value >= low, key, value, f"must be >= {low}{why}", f"--{key} {low} or more")
+
+
+def positive(value: Any, key: str, fix: Any, why: str = "") -> None:
+    require(value > 0, key, value, f"must be > 0{why}", f"--{key} {fix}")
+
+
+def positive_or_off(value: Any, key: str, fix: Any) -> None:
+    """An optional threshold: null (off) or > 0."""
+    require(value is None or value > 0, key, value, "must be > 0, or null to turn it off", f"--{key} {fix}")
+
+
+def fraction(value: Any, key: str, fix: Any, *, closed: bool = False) -> None:
+    """`value` in [0, 1) (or [0, 1] with `closed`)."""
+    ok = 0 <= value <= 1 if closed else 0 <= value < 1
+    require(ok, key, value, f"must be in [0, 1{']' if closed else ')'}", f"--{key} {fix}")
+
+
+def refuse(message: str) -> None:
+    """A rule over several keys: `message` names each of them and the fix."""
+    raise ConfigError(message)
+
+
+def warn(message: str, *args: Any) -> None:
+    logger.warning(message, *args)
+
+
+def validate_groups(config: Any, prefix: str) -> None:
+    """`validate(prefix + name + ".")` of every field of `config` that is a group with rules."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value) and hasattr(value, "validate"):
+            value.validate(f"{prefix}{f.name}.")

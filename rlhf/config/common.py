@@ -1,0 +1,76 @@
+"""The groups several stages share: the optimizer, LoRA adapters and data parallelism."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rlhf.config.checks import at_least, fraction, positive, require
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False  # train LoRA adapters instead of all weights (PEFT)
+    r: int = 8  # adapter rank
+    alpha: int = 16  # adapter scaling numerator
+    dropout: float = 0.0  # adapter dropout (keep 0 for an exact first PPO ratio)
+    target_modules: list[str] | None = (
+        None  # None: PEFT's default for the architecture (Llama: q_proj, v_proj)
+    )
+
+    def validate(self, prefix: str) -> None:
+        if not self.enabled:  # the adapter settings of a run without LoRA are never read
+            return
+        at_least(self.r, 1, f"{prefix}r")
+        positive(self.alpha, f"{prefix}alpha", 16)
+        fraction(self.dropout, f"{prefix}dropout", 0.0)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5  # peak learning rate (AdamW)
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas (PPO paper, OpenRLHF)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    warmup_steps: int = 0  # linear warmup steps from 0 to lr
+    # warmup over this fraction of the optimizer steps (PPO paper §5.1: 0.1); the longer of the two wins
+    warmup_fraction: float = 0.0
+    schedule: Literal["constant", "cosine", "linear"] = "constant"  # decay after the warmup
+    min_lr_ratio: float = 0.0  # floor of the cosine/linear decay, as a fraction of lr
+    # global gradient-norm clipping (PPO paper §5.4 and appendix C.2); None: off
+    max_grad_norm: float | None = 1.0
+
+    def validate(self, prefix: str) -> None:
+        positive(self.lr, f"{prefix}lr", "1e-5", " (0 trains nothing)")
+        require(
+            all(0 <= b < 1 for b in self.betas),
+            f"{prefix}betas",
+            list(self.betas),
+            "must both be in [0, 1)",
+            f"--{prefix}betas [0.9,0.95]",
+        )
+        at_least(self.weight_decay, 0, f"{prefix}weight_decay")
+        at_least(self.warmup_steps, 0, f"{prefix}warmup_steps")
+        fraction(self.warmup_fraction, f"{prefix}warmup_fraction", 0.1)
+        fraction(self.min_lr_ratio, f"{prefix}min_lr_ratio", 0.0, closed=True)
+        require(
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            f"{prefix}max_grad_norm",
+            self.max_grad_norm,
+            "must be > 0, or null to turn clipping off",
+            f"--{prefix}max_grad_norm 1.0",
+        )
+
+
+@dataclass
+class DistConfig:
+    """Data parallelism over the processes torchrun starts (docs/distributed.md). Batch sizes stay
+    global: the same config gives the same numbers on 1 or N processes."""
+
+    # none: one process | ddp: every rank holds the whole model and its share of each batch's rows;
+    # the gradients are summed over the ranks before each optimizer step | fsdp2: as ddp, the trained
+    # models' parameters and optimizer state sharded over the ranks between uses (docs/distributed.md)
+    strategy: Literal["none", "ddp", "fsdp2"] = "none"
+    timeout: float = 600.0  # seconds a collective waits for the other ranks before the job ends
+
+    def validate(self, prefix: str) -> None:
+        positive(self.timeout, f"{prefix}timeout", 600, " seconds")

@@ -1,0 +1,93 @@
+"""`rlhf eval`: two policies answer the same held-out prompts and a judge scores both.
+
+Its groups use `rlhf train`'s names where they mean the same (`data.prompts`,
+`data.max_prompt_tokens`, `rollout.max_new_tokens`, `rollout.sampling`, ...); the command's named
+flags (`--prompts`, `--n`, `--max-new-tokens`, `--temperature`, ...) set them (rlhf/cli.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlhf.config.checks import at_least, refuse, require, required, validate_groups
+from rlhf.config.fields import ChatTemplate, Dtype, Sampling
+from rlhf.config.rollout import PAPER_SAMPLING
+
+
+@dataclass
+class EvalDataConfig:
+    prompts: str = ""  # held-out prompts file (--prompts)
+    n: int = 256  # prompts to evaluate: the first N (--n)
+    # prompt budget in tokens, oldest dialogue turns dropped first (--max-prompt-tokens); None: the
+    # --policy run's data.max_prompt_tokens from its config.yaml, else 512
+    max_prompt_tokens: int | None = None
+    skip_invalid: bool = False  # skip malformed prompt lines (counted) instead of stopping (--skip-invalid)
+    # render HH dialogues and messages with the policy tokenizer's chat template and stop at its
+    # end-of-turn token (--chat-template; fields.ChatTemplate)
+    chat_template: ChatTemplate = "auto"
+
+    def validate(self, prefix: str) -> None:
+        at_least(self.n, 1, f"{prefix}n", " (prompts to evaluate)")
+        require(
+            self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
+            f"{prefix}max_prompt_tokens",
+            self.max_prompt_tokens,
+            "must be >= 1 (or null for the --policy run's budget)",
+            f"--{prefix}max_prompt_tokens 256",
+        )
+
+
+@dataclass
+class EvalRolloutConfig:
+    max_new_tokens: int = 64  # response budget (--max-new-tokens)
+    temperature: float = 1.0  # sampling temperature; 0: greedy, the most likely answer (--temperature)
+    top_p: float = 1.0  # nucleus sampling (--top-p)
+    # "custom": the two fields above | "paper": the PPO paper §6.1 sampling, temperature 0.8, top-p 0.9,
+    # repetition penalty 1.1 (--sampling)
+    sampling: Sampling = "custom"
+
+    def validate(self, prefix: str) -> None:
+        at_least(self.max_new_tokens, 1, f"{prefix}max_new_tokens")
+        at_least(self.temperature, 0, f"{prefix}temperature", " (0: greedy)")
+        require(
+            0 < self.top_p <= 1, f"{prefix}top_p", self.top_p, "must be in (0, 1]", f"--{prefix}top_p 1.0"
+        )
+        if self.sampling == "paper" and (self.temperature, self.top_p) != (1.0, 1.0):
+            refuse(
+                f"{prefix}sampling paper sets temperature {PAPER_SAMPLING['temperature']}, top-p "
+                f"{PAPER_SAMPLING['top_p']} and repetition penalty {PAPER_SAMPLING['repetition_penalty']}, but "
+                f"{prefix}temperature is {self.temperature!r} and {prefix}top_p {self.top_p!r}. Fix: drop "
+                f"--{prefix}temperature/--{prefix}top_p, or drop --{prefix}sampling paper."
+            )
+
+
+@dataclass
+class EvalConfig:
+    policy: str = ""  # policy directory to evaluate (--policy)
+    baseline: str = ""  # policy directory to compare against (--baseline)
+    judge: str = ""  # reward-model directory, or "world:DIR" for a built-in world's gold reward (--judge)
+    # Python reward functions, "module:function" or {name, weight}, added to the judge's score
+    # (--reward-fn, repeatable; docs/algorithms.md §31)
+    reward_functions: list[Any] = field(default_factory=list)
+    out: str = ""  # where eval.json is written; "": in the --policy directory (--out)
+    seed: int = 0  # sampling seed (--seed)
+    device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N" (--device)
+    dtype: Dtype = "auto"  # precision of every model (fields.Dtype; --dtype)
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)
+    rollout: EvalRolloutConfig = field(default_factory=EvalRolloutConfig)
+
+    def validate(self, prefix: str = "") -> None:
+        required(self.policy, f"{prefix}policy", "--policy DIR (or policy: in --config)")
+        required(self.baseline, f"{prefix}baseline", "--baseline DIR (or baseline: in --config)")
+        required(
+            self.data.prompts,
+            f"{prefix}data.prompts",
+            "--prompts FILE (or data: {prompts: FILE} in --config)",
+        )
+        validate_groups(self, prefix)
+        if not (self.judge or self.reward_functions):
+            refuse(
+                "--judge is missing (and no --reward-fn is given): nothing would score the responses. "
+                "Fix: --judge RM_DIR (or world:DIR), and/or --reward-fn module:function."
+            )

@@ -1,0 +1,244 @@
+"""Reading configs: YAML presets and files, dotted command-line overrides, renamed keys, and
+building a validated stage config from them.
+
+Layering (later wins): stage defaults < preset YAML < user YAML (`--config`) < `--a.b value` flags.
+Each layer changes only the keys it names, at any depth; every other field keeps its stage default,
+which for a nested group is the parent field's `default_factory` result (SFT's optimizer defaults
+are not RL's), not the group class's own defaults.
+Unknown keys are errors that name the key, where it came from and the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf.config import presets
+from rlhf.config.errors import ConfigError
+from rlhf.config.fields import coerce, is_group, type_hints
+from rlhf.config.rl import RLConfig
+
+
+@dataclass(frozen=True)
+class Renamed:
+    new: str  # the key's dotted name now
+    # True: the old name still works everywhere (an alias); False: it still loads from a recorded
+    # config.yaml (a run's, on resume), and a flag or file that uses it is told the new name
+    alias: bool = False
+
+
+# Keys renamed since runs were first recorded, per stage: an old run directory's config.yaml still
+# loads and resumes (the old spelling is read as the new one, so it is no change on resume).
+RENAMED_KEYS: dict[type, dict[str, Renamed]] = {
+    RLConfig: {
+        "train.overlap_critic": Renamed("runtime.overlap_critic"),
+        "train.keep_freed_memory": Renamed("runtime.keep_freed_memory"),
+        "rollout.split_forwards": Renamed("runtime.split_forwards"),
+        "rollout.pack_weights": Renamed("runtime.pack_weights"),
+        "model.dtype": Renamed("dtype", alias=True),  # one precision key, `dtype`, in every stage
+    },
+}
+
+
+def parse_overrides(args: list[str]) -> dict:
+    """`["--kl.beta", "0.05", "--train.iterations=20"]` -> nested dict; values parsed as YAML scalars."""
+    out: dict = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}. Fix: overrides look like --group.key value.")
+        key = arg[2:]
+        if "=" in key:
+            key, raw = key.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"--{key} needs a value. Fix: --{key} VALUE.")
+            raw = args[i + 1]
+            i += 2
+        key = key.replace("-", "_")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str):
+            try:
+                value = float(value)  # YAML 1.1 reads "1e-3" (no dot) as a string
+            except ValueError:
+                pass
+        if isinstance(value, str) and raw.strip() == "":
+            value = ""
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--{key}: {part} is set both as a value and as a group. Fix: give one.")
+        node[parts[-1]] = value
+    return out
+
+
+def deep_merge(base: dict, top: dict) -> dict:
+    """`base` with `top`'s keys replaced, at every depth (neither input changes)."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def migrate_renamed_keys(cls: type, data: dict, *, recorded: bool = False, origin: str = "config") -> dict:
+    """`data` (nested, as read) with each renamed key of `cls` under its new name: aliases always,
+    the other renamed keys only from a `recorded` config.yaml. Giving a key under both names with
+    two values is an error, except in a recorded file (where the new name wins)."""
+    out = copy.deepcopy(data)
+    for old, renamed in RENAMED_KEYS.get(cls, {}).items():
+        if not (renamed.alias or recorded):
+            continue
+        *groups, last = old.split(".")
+        node = out
+        for group in groups:
+            node = node.get(group) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        value = node.pop(last)
+        *new_groups, new_last = renamed.new.split(".")
+        target = out
+        for group in new_groups:
+            target = target.setdefault(group, {})
+            if not isinstance(target, dict):
+                break
+        else:
+            if new_last in target and target[new_last] != value and not recorded:
+                raise ConfigError(
+                    f"{origin}: {old} ({value!r}) and {renamed.new} ({target[new_last]!r}) are one setting "
+                    f"({old} is its old name). Fix: give only {renamed.new}."
+                )
+            target.setdefault(new_last, value)
+    return out
+
+
+def from_dict(
+    cls: type, data: dict, *, origin: str = "config", prefix: str = "", base: Any = None, _root=None
+):
+    """`base` (default: `cls()`, the stage defaults) with the keys `data` names replaced, keys and
+    types checked. A nested group named in `data` is rebuilt over `base`'s own value of that group
+    (e.g. RLConfig's `policy_optim` with lr 1e-6), so only the keys named at any depth change.
+    Aliases of renamed keys (RENAMED_KEYS) are read under their new names."""
+    if not isinstance(data, dict):
+        where = prefix.rstrip(".") or "the config"
+        raise ConfigError(
+            f"{origin}: {where} must be a mapping, got {data!r}. Fix: write {where}: {{key: value}}."
+        )
+    if _root is None:
+        _root = cls
+        data = migrate_renamed_keys(cls, data, origin=origin)
+    base = cls() if base is None else copy.deepcopy(base)  # never share lists with the caller's base
+    hints = type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    changes = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(_unknown_key_message(_root, cls, key, dotted, origin, prefix))
+        if is_group(hints[key]):
+            changes[key] = from_dict(
+                hints[key], value, origin=origin, prefix=f"{dotted}.", base=getattr(base, key), _root=_root
+            )
+        else:
+            changes[key] = coerce(hints[key], value, dotted, origin, getattr(base, key))
+    return dataclasses.replace(base, **changes)
+
+
+def _unknown_key_message(root: type, cls: type, key: str, dotted: str, origin: str, prefix: str) -> str:
+    renamed = RENAMED_KEYS.get(root, {}).get(dotted)
+    if renamed is not None:
+        return f"{origin}: {dotted!r} is now {renamed.new!r}. Fix: --{renamed.new} (or that key in YAML)."
+    valid = [f"{prefix}{f.name}" for f in dataclasses.fields(cls)]
+    everywhere = all_keys(cls, prefix)
+    close = difflib.get_close_matches(dotted, everywhere, n=1, cutoff=0.5) or difflib.get_close_matches(
+        key, [k.rsplit(".", 1)[-1] for k in everywhere], n=1, cutoff=0.5
+    )
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    drop = f"drop --{dotted}, or use" if origin == "command line" else "use"
+    return f"{origin}: unknown key {dotted!r}.{hint} Fix: {drop} a valid key; here: {', '.join(valid)}."
+
+
+def all_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key of `cls`, groups and their fields, at every depth."""
+    keys = []
+    hints = type_hints(cls)
+    for f in dataclasses.fields(cls):
+        keys.append(prefix + f.name)
+        if is_group(hints[f.name]):
+            keys.extend(all_keys(hints[f.name], f"{prefix}{f.name}."))
+    return keys
+
+
+def to_dict(config) -> dict:
+    """A config as plain nested dicts and lists (tuples as lists), as YAML writes it."""
+
+    def plain(v):
+        if isinstance(v, tuple):
+            return list(v)
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(dataclasses.asdict(config))
+
+
+def load_config(
+    cls: type,
+    *,
+    preset: str | None = None,
+    file: str | None = None,
+    overrides: dict | None = None,
+    defaults: dict | None = None,
+):
+    """Stage defaults < `defaults` < preset < file < overrides, validated into `cls`.
+
+    The layers are plain nested dicts, deep-merged so a later layer replaces only the keys it names;
+    `from_dict` then applies the merged keys over `cls()`, whose nested groups come from each field's
+    default_factory. A key no layer names keeps that stage default. `defaults` replaces stage
+    defaults for one command (e.g. the budgets `rlhf rm-eval` takes from the reward model's run).
+    """
+    merged: dict = migrate_renamed_keys(cls, defaults or {}, origin="defaults")
+    if preset:
+        merged = deep_merge(
+            merged, migrate_renamed_keys(cls, presets.preset_dict(preset), origin=f"preset {preset}")
+        )
+        merged["preset"] = preset
+    if file:
+        file_data = migrate_renamed_keys(cls, presets.read_yaml(file), origin=str(file))
+        from_dict(cls, file_data, origin=str(file))  # checked alone first, so errors name the file
+        merged = deep_merge(merged, file_data)
+    if overrides:
+        overrides = migrate_renamed_keys(cls, overrides, origin="command line")
+        from_dict(cls, overrides, origin="command line")
+        merged = deep_merge(merged, overrides)
+    config = from_dict(cls, merged, origin=f"preset {preset}" if preset else "config")
+    config.validate()
+    return config
+
+
+def save_config(config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def config_from_yaml(cls: type, path: str | Path):
+    """A config written by `save_config` (every key named), e.g. on resume; keys renamed since it
+    was written are read under their new names."""
+    data = migrate_renamed_keys(cls, presets.read_yaml(path), recorded=True, origin=str(path))
+    return from_dict(cls, data, origin=str(path))

@@ -1,0 +1,143 @@
+"""The groups of `rlhf train` that make the algorithm: score processing, the KL penalty, the
+advantage estimator, the policy loss and the critic. Every trick of the PPO paper (§5.3, §5.4) is
+its own field here, independent of the others (docs/algorithms.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rlhf.config.checks import at_least, fraction, positive, positive_or_off, refuse, require, warn
+from rlhf.config.fields import AdvantageEstimator, KLEstimator, PolicyLossName
+
+
+@dataclass
+class RewardProcessingConfig:
+    scale: bool = False  # reward scaling: divide by the running std (PPO paper §5.3.1)
+    normalize: bool = False  # reward normalization: subtract running mean, divide by running std
+    clip: float | None = None  # reward clipping to [-clip, clip] after scaling/normalization
+    discounted: bool = False  # scaling uses the std of discounted returns (Engstrom et al.); needs scale
+    discount_gamma: float = 0.99  # discount of the running return when discounted is on (< 1)
+    # Python reward functions, "module:function" or {name: "module:function", weight: 1.0}, added to the
+    # reward model's score (docs/algorithms.md §31); none imported unless named here
+    functions: list[Any] = field(default_factory=list)
+    model_weight: float = 1.0  # weight of the reward model's score in the sum (with reward functions)
+
+    def validate(self, prefix: str) -> None:
+        if self.discounted and not (self.scale and not self.normalize):
+            refuse(
+                f"{prefix}discounted is a variant of reward scaling, but {prefix}scale is {self.scale} and "
+                f"{prefix}normalize is {self.normalize}. Fix: --{prefix}scale true --{prefix}normalize false "
+                f"(or --{prefix}discounted false)."
+            )
+        fraction(self.discount_gamma, f"{prefix}discount_gamma", 0.99)
+        positive_or_off(self.clip, f"{prefix}clip", 10.0)
+
+
+@dataclass
+class KLConfig:
+    beta: float = 0.05  # token-level KL penalty coefficient in the reward (PPO paper 0.05); 0: off
+    estimator: KLEstimator = "k1"  # docs/algorithms.md §7
+    adaptive: bool = False  # Ziegler et al. adaptive controller instead of a fixed beta
+    target: float = 6.0  # adaptive target of the summed per-response KL
+    horizon: int = 10000  # adaptive controller horizon, in samples
+
+    def validate(self, prefix: str) -> None:
+        at_least(self.beta, 0, f"{prefix}beta", " (0 turns the KL penalty off)")
+        if self.adaptive and self.beta <= 0:
+            refuse(
+                f"{prefix}adaptive needs {prefix}beta > 0 as its initial value, got {prefix}beta {self.beta!r}. "
+                f"Fix: --{prefix}beta 0.05, or --{prefix}adaptive false."
+            )
+        positive(self.target, f"{prefix}target", 6.0)
+        at_least(self.horizon, 1, f"{prefix}horizon")
+
+
+@dataclass
+class AdvantageConfig:
+    # "gae" (critic) | "grpo" | "dr_grpo" | "rloo" (groups, no critic) | "reinforce_pp" (no critic);
+    # any estimator registered in rlhf.core.advantages (docs/algorithms.md §27)
+    estimator: AdvantageEstimator = "gae"
+    gamma: float = 1.0  # discount
+    lam: float = 0.95  # GAE lambda
+    whiten: bool = True  # advantage normalization per minibatch (PPO paper §5.3.1)
+    clip: float | None = (
+        None  # clip whitened advantages to [-clip, clip] (the PPO paper tries 0.12, 0.5, 0.8)
+    )
+    group_eps: float = 1e-6  # grpo: added to the group std before dividing
+    std_normalize: bool = True  # grpo: divide by the group std (false: the mean-centred reward only)
+
+    def validate(self, prefix: str) -> None:
+        fraction(self.gamma, f"{prefix}gamma", 1.0, closed=True)
+        fraction(self.lam, f"{prefix}lam", 0.95, closed=True)
+        positive_or_off(self.clip, f"{prefix}clip", 0.5)
+        at_least(self.group_eps, 0, f"{prefix}group_eps")
+
+
+@dataclass
+class PolicyLossConfig:
+    loss: PolicyLossName = "ppo"  # "ppo" | "apa" | "awr" | any loss registered in rlhf.core.losses
+    clip_eps: float = 0.2  # PPO ratio clip
+    dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None: off
+    # importance-sampling denominator: "old" (behaviour policy) | "ref" (PPO paper §5.3.2)
+    ratio_against: Literal["old", "ref"] = "old"
+    apa_lam: float = 0.1  # APA lambda (= 1/c_sq of the APA code, which uses c_sq = 10)
+    awr_lam: float = 2.0  # AWR temperature (the APA code's c_log = 1/lam = 0.5)
+    awr_max_weight: float | None = 20.0  # AWR weight clip; None: off
+    entropy_coef: float = 0.0  # entropy bonus (PPO paper §5.3.2: sensitive, off by default)
+    # with a target: the term is entropy_coef * max(|H - target| - entropy_clip, 0) instead of
+    # -entropy_coef * H, pulling the token-mean entropy H (nats) into a region around the target
+    # (PPO paper appendix B.3); None: the plain bonus
+    entropy_target: float | None = None
+    entropy_clip: float = 0.0  # half-width of that region (0: the authors' code's |H - target|)
+    ptx_coef: float = 0.0  # PPO-ptx: weight of the SFT loss on data.ptx (needs data.ptx)
+    kl_loss_coef: float = 0.0  # KL(pi || pi_ref) added to the loss per token (GRPO eq. 3: 0.04); 0: off
+    kl_loss_estimator: KLEstimator = "k3"  # estimator of the KL in the loss (GRPO: k3)
+    # "token_mean": loss / valid tokens | "fixed_length": loss / (rows * rollout.max_new_tokens) (Dr. GRPO)
+    loss_aggregation: Literal["token_mean", "fixed_length"] = "token_mean"
+
+    def validate(self, prefix: str) -> None:
+        positive(self.clip_eps, f"{prefix}clip_eps", 0.2)
+        require(
+            self.dual_clip is None or self.dual_clip > 1,
+            f"{prefix}dual_clip",
+            self.dual_clip,
+            "must be > 1 (or null to turn it off)",
+            f"--{prefix}dual_clip 3.0",
+        )
+        positive(self.apa_lam, f"{prefix}apa_lam", 0.1)
+        positive(self.awr_lam, f"{prefix}awr_lam", 2.0)
+        positive_or_off(self.awr_max_weight, f"{prefix}awr_max_weight", 20.0)
+        at_least(self.entropy_coef, 0, f"{prefix}entropy_coef")
+        at_least(self.entropy_clip, 0, f"{prefix}entropy_clip", " (0: no flat region around the target)")
+        require(
+            self.entropy_target is None or self.entropy_target >= 0,
+            f"{prefix}entropy_target",
+            self.entropy_target,
+            "must be >= 0 (an entropy in nats), or null for the plain bonus",
+            f"--{prefix}entropy_target 2.0",
+        )
+        if self.entropy_target is not None and self.entropy_coef == 0:
+            warn(
+                "%sentropy_target is set but %sentropy_coef is 0: the entropy term is off. "
+                "Fix: --%sentropy_coef 0.01 (PPO paper appendix B.3).",
+                prefix,
+                prefix,
+                prefix,
+            )
+        at_least(self.ptx_coef, 0, f"{prefix}ptx_coef")
+        at_least(self.kl_loss_coef, 0, f"{prefix}kl_loss_coef", " (0: no KL term in the loss)")
+
+
+@dataclass
+class CriticConfig:
+    value_clip: float | None = 0.2  # clipped value loss (docs/algorithms.md §15); None: unclipped
+    pretrain_iterations: int = 0  # value-only iterations before policy updates (PPO paper §5.3.3)
+    pretrain_patience: int = 3  # stop pre-training after this many iterations without improvement
+    pretrain_min_delta: float = 0.01  # relative value-loss improvement that counts
+
+    def validate(self, prefix: str) -> None:
+        positive_or_off(self.value_clip, f"{prefix}value_clip", 0.2)
+        at_least(self.pretrain_iterations, 0, f"{prefix}pretrain_iterations")
+        at_least(self.pretrain_patience, 1, f"{prefix}pretrain_patience")
+        at_least(self.pretrain_min_delta, 0, f"{prefix}pretrain_min_delta")

@@ -45,7 +45,7 @@ class OptimConfig:
             all(0 <= b < 1 for b in self.betas),
             f"{prefix}betas",
             list(self.betas),
-            "must both be in [0, 1)",
+            "must be two numbers in [0, 1)",
             f"--{prefix}betas [0.9,0.95]",
         )
         at_least(self.weight_decay, 0, f"{prefix}weight_decay")

@@ -3,7 +3,6 @@ train stops before anything is written, with one message naming THAT key and a f
 
 from __future__ import annotations
 
-import pytest
 from reliability_testing import assert_ok, assert_user_error, iterations, rlhf, train_args
 
 from rlhf.cli import main
@@ -33,39 +32,39 @@ RL_BAD = [
 ]
 
 
-def _run_in_process(capsys, args) -> str:
-    assert main([str(a) for a in args]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
+def refusals(capsys, tmp_path, bad: list[tuple[str, str]], command) -> list[str]:
+    """Each (key, value) of `bad` run through `command(out, flag, value)` in-process: the keys whose
+    run was not refused with exit 2, one message starting with "KEY must be" and naming the value and
+    a fix, and nothing written."""
+    failed = []
+    for key, value in bad:
+        out = tmp_path / key
+        code = main([str(a) for a in command(out, f"--{key}", value)])
+        err = capsys.readouterr().err
+        message = err.split(": ", 1)[-1]
+        ok = code == 2 and "Traceback" not in err and message.startswith(f"{key} must be")
+        ok = ok and f"got {value}" in message and "Fix: --" in message and not out.exists()
+        if not ok:
+            failed.append(f"{key} {value}: exit {code}: {err.strip()}")
+    return failed
 
 
-@pytest.mark.parametrize(("key", "value"), SFT_BAD)
-def test_sft_ranges(files, tmp_path, capsys, key, value):
-    out = tmp_path / "out"
-    err = _run_in_process(
-        capsys, ["sft", "--model", files["policy"], "--data", files["sft"], "--out", out, f"--{key}", value]
-    )
-    assert f"{key} must be" in err and "Fix" not in err.split(key)[0]
-    assert not out.exists()  # refused before anything was written
+def test_sft_ranges(files, tmp_path, capsys):
+    def sft(out, *flag):
+        return ["sft", "--model", files["policy"], "--data", files["sft"], "--out", out, *flag]
+
+    assert refusals(capsys, tmp_path, SFT_BAD, sft) == []
 
 
-@pytest.mark.parametrize(("key", "value"), RM_BAD)
-def test_rm_ranges(files, tmp_path, capsys, key, value):
-    out = tmp_path / "out"
-    err = _run_in_process(
-        capsys, ["rm", "--model", files["policy"], "--data", files["pairs"], "--out", out, f"--{key}", value]
-    )
-    assert f"{key} must be" in err
-    assert not out.exists()
+def test_rm_ranges(files, tmp_path, capsys):
+    def rm(out, *flag):
+        return ["rm", "--model", files["policy"], "--data", files["pairs"], "--out", out, *flag]
+
+    assert refusals(capsys, tmp_path, RM_BAD, rm) == []
 
 
-@pytest.mark.parametrize(("key", "value"), RL_BAD)
-def test_rl_ranges(files, tmp_path, capsys, key, value):
-    out = tmp_path / "out"
-    err = _run_in_process(capsys, train_args(files, out, f"--{key}", value))
-    assert f"{key} must be" in err
-    assert not out.exists()
+def test_rl_ranges(files, tmp_path, capsys):
+    assert refusals(capsys, tmp_path, RL_BAD, lambda out, *flag: train_args(files, out, *flag)) == []
 
 
 def test_near_zero_temperature_warns(files, tmp_path, caplog):

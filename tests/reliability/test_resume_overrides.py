@@ -95,4 +95,6 @@ def test_a_run_written_in_the_old_spelling_resumes(run, tmp_path, capsys):
     assert_ok(InProcess(capsys, "train", "--resume", old, "--train.iterations", str(len(done) + 1)))
     assert iterations(old) == [*done, len(done)]
     now = yaml.safe_load((old / "config.yaml").read_text())
-    assert now["dtype"] == config.dtype and "dtype" not in now["model"] and "overlap_critic" not in now["train"]
+    assert (
+        now["dtype"] == config.dtype and "dtype" not in now["model"] and "overlap_critic" not in now["train"]
+    )

@@ -168,17 +168,19 @@ def test_every_rule_names_the_key_the_value_and_a_fix():
         except ConfigError as err:
             message = str(err)
         shown = repr(list(value) if isinstance(value, tuple) else value)
-        if not (message.startswith(f"{key} must be") and f"got {shown}" in message and "Fix: --" in message):
+        named = message.startswith(f"command line: {key} must be")  # where it was set, then the key
+        if not (named and f"got {shown}" in message and "Fix: --" in message):
             failed.append(f"{cls.__name__} {key} {raw}: {message}")
     assert failed == []
 
 
 def test_a_rule_of_a_group_names_the_group_where_it_is_used():
     with pytest.raises(
-        ConfigError, match=r"^critic_optim\.warmup_steps must be >= 0, got -1\. Fix: --critic_optim"
+        ConfigError,
+        match=r"^command line: critic_optim\.warmup_steps must be >= 0, got -1\. Fix: --critic_optim",
     ):
         load_config(RLConfig, overrides={"critic_optim": {"warmup_steps": -1}})
-    with pytest.raises(ConfigError, match=r"^model\.critic_lora\.r must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"^command line: model\.critic_lora\.r must be >= 1, got 0"):
         load_config(RLConfig, overrides={"model": {"critic_lora": {"enabled": True, "r": 0}}})
 
 

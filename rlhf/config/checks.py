@@ -20,13 +20,13 @@ logger = logging.getLogger("rlhf.config")  # warnings for legal values that are 
 def require(ok: bool, key: str, value: Any, rule: str, fix: str) -> None:
     """Raise "KEY RULE, got VALUE. Fix: FIX." unless `ok`."""
     if not ok:
-        raise ConfigError(f"{key} {rule}, got {value!r}. Fix: {fix}.")
+        raise ConfigError(f"{key} {rule}, got {value!r}. Fix: {fix}.", key)
 
 
 def required(value: Any, key: str, fix: str) -> None:
     """A setting without a default (a model directory, a data file) is given."""
     if not value:
-        raise ConfigError(f"{key} is missing. Fix: {fix}.")
+        raise ConfigError(f"{key} is missing. Fix: {fix}.", key)
 
 
 def at_least(value: Any, low: Any, key: str, why: str = "") -> None:
@@ -49,9 +49,9 @@ def fraction(value: Any, key: str, fix: Any, *, closed: bool = False) -> None:
     require(ok, key, value, f"must be in [0, 1{']' if closed else ')'}", f"--{key} {fix}")
 
 
-def refuse(message: str) -> None:
-    """A rule over several keys: `message` names each of them and the fix."""
-    raise ConfigError(message)
+def refuse(message: str, key: str) -> None:
+    """A rule over several keys: `message` names each of them and the fix; `key` is the one refused."""
+    raise ConfigError(message, key)
 
 
 def warn(message: str, *args: Any) -> None:

@@ -58,7 +58,8 @@ class EvalRolloutConfig:
                 f"{prefix}sampling paper sets temperature {PAPER_SAMPLING['temperature']}, top-p "
                 f"{PAPER_SAMPLING['top_p']} and repetition penalty {PAPER_SAMPLING['repetition_penalty']}, but "
                 f"{prefix}temperature is {self.temperature!r} and {prefix}top_p {self.top_p!r}. Fix: drop "
-                f"--{prefix}temperature/--{prefix}top_p, or drop --{prefix}sampling paper."
+                f"--{prefix}temperature/--{prefix}top_p, or drop --{prefix}sampling paper.",
+                f"{prefix}sampling",
             )
 
 
@@ -89,5 +90,6 @@ class EvalConfig:
         if not (self.judge or self.reward_functions):
             refuse(
                 "--judge is missing (and no --reward-fn is given): nothing would score the responses. "
-                "Fix: --judge RM_DIR (or world:DIR), and/or --reward-fn module:function."
+                "Fix: --judge RM_DIR (or world:DIR), and/or --reward-fn module:function.",
+                "judge",
             )

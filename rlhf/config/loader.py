@@ -215,6 +215,7 @@ def load_config(
     defaults for one command (e.g. the budgets `rlhf rm-eval` takes from the reward model's run).
     """
     merged: dict = migrate_renamed_keys(cls, defaults or {}, origin="defaults")
+    file_data: dict = {}
     if preset:
         merged = deep_merge(
             merged, migrate_renamed_keys(cls, presets.preset_dict(preset), origin=f"preset {preset}")
@@ -229,8 +230,29 @@ def load_config(
         from_dict(cls, overrides, origin="command line")
         merged = deep_merge(merged, overrides)
     config = from_dict(cls, merged, origin=f"preset {preset}" if preset else "config")
-    config.validate()
+    try:
+        config.validate()
+    except ConfigError as err:  # a rule refused a key: name the file or flags that set it
+        origin = _origin_of(err.key, [(str(file), file_data), ("command line", overrides or {})])
+        if origin is None:
+            raise
+        raise ConfigError(f"{origin}: {err}", err.key) from None
     return config
+
+
+def _origin_of(key: str | None, layers: list[tuple[str, dict]]) -> str | None:
+    """The origin of the last layer that names the dotted `key` (None: no layer names it)."""
+    found = None
+    for origin, data in layers:
+        node: Any = data
+        for part in (key or "").split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if key and node is not _MISSING:
+            found = origin
+    return found
+
+
+_MISSING = object()
 
 
 def save_config(config, path: str | Path) -> None:

@@ -189,19 +189,22 @@ class RLConfig:
             refuse(
                 f"{prefix}train.iterations must be >= 1, got {train.iterations!r} (0 only with "
                 f"{prefix}critic.pretrain_iterations > 0, for a critic-only run). "
-                f"Fix: --{prefix}train.iterations 1 or more."
+                f"Fix: --{prefix}train.iterations 1 or more.",
+                f"{prefix}train.iterations",
             )
         if train.minibatches > rollout.batch_size:
             refuse(
                 f"{prefix}train.minibatches must not exceed {prefix}rollout.batch_size ({rollout.batch_size}), "
-                f"got {train.minibatches}. Fix: --{prefix}train.minibatches {rollout.batch_size} or fewer."
+                f"got {train.minibatches}. Fix: --{prefix}train.minibatches {rollout.batch_size} or fewer.",
+                f"{prefix}train.minibatches",
             )
         responses = rollout.batch_size * rollout.samples_per_prompt
         if self.kl.adaptive and self.kl.horizon < responses:
             refuse(
                 f"{prefix}kl.horizon must be >= the responses per rollout ({responses}: {prefix}rollout.batch_size "
                 f"x {prefix}rollout.samples_per_prompt) with {prefix}kl.adaptive, or the coefficient can turn "
-                f"negative; got {self.kl.horizon}. Fix: --{prefix}kl.horizon 10000."
+                f"negative; got {self.kl.horizon}. Fix: --{prefix}kl.horizon 10000.",
+                f"{prefix}kl.horizon",
             )
         self._validate_estimator(prefix)
         self._validate_critic_keys(prefix)
@@ -214,20 +217,23 @@ class RLConfig:
             refuse(
                 f"{prefix}advantage.estimator {a.estimator} compares the responses to one prompt, but "
                 f"{prefix}rollout.samples_per_prompt is {n}: every group would have one member and no signal. "
-                f"Fix: --{prefix}rollout.samples_per_prompt 4 (or more)."
+                f"Fix: --{prefix}rollout.samples_per_prompt 4 (or more).",
+                f"{prefix}rollout.samples_per_prompt",
             )
         if not spec.needs_values and self.critic.pretrain_iterations != 0:
             refuse(
                 f"{prefix}critic.pretrain_iterations is {self.critic.pretrain_iterations}, but "
                 f"{prefix}advantage.estimator {a.estimator} uses no critic. "
-                f"Fix: --{prefix}critic.pretrain_iterations 0, or --{prefix}advantage.estimator gae."
+                f"Fix: --{prefix}critic.pretrain_iterations 0, or --{prefix}advantage.estimator gae.",
+                f"{prefix}critic.pretrain_iterations",
             )
         aggregation = self.policy.loss_aggregation
         if aggregation != "token_mean" and self.uses_critic and self.model.critic_mode == "shared":
             refuse(
                 f"{prefix}policy.loss_aggregation {aggregation} with {prefix}model.critic_mode shared would "
                 "also rescale the value loss, which shares the policy's step. "
-                f"Fix: --{prefix}model.critic_mode separate, or a critic-free estimator."
+                f"Fix: --{prefix}model.critic_mode separate, or a critic-free estimator.",
+                f"{prefix}policy.loss_aggregation",
             )
         if a.estimator == "dr_grpo" and aggregation != "fixed_length":
             warn(
@@ -254,7 +260,8 @@ class RLConfig:
                 refuse(
                     f"{prefix}{key} is {value!r}, but {prefix}advantage.estimator {self.advantage.estimator!r} "
                     "uses no critic (none is built, trained or saved), so the setting would do nothing. "
-                    f"Fix: remove {prefix}{key}, or use --{prefix}advantage.estimator gae for a PPO critic."
+                    f"Fix: remove {prefix}{key}, or use --{prefix}advantage.estimator gae for a PPO critic.",
+                    f"{prefix}{key}",
                 )
 
 

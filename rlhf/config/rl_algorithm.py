@@ -28,7 +28,8 @@ class RewardProcessingConfig:
             refuse(
                 f"{prefix}discounted is a variant of reward scaling, but {prefix}scale is {self.scale} and "
                 f"{prefix}normalize is {self.normalize}. Fix: --{prefix}scale true --{prefix}normalize false "
-                f"(or --{prefix}discounted false)."
+                f"(or --{prefix}discounted false).",
+                f"{prefix}discounted",
             )
         fraction(self.discount_gamma, f"{prefix}discount_gamma", 0.99)
         positive_or_off(self.clip, f"{prefix}clip", 10.0)
@@ -47,7 +48,8 @@ class KLConfig:
         if self.adaptive and self.beta <= 0:
             refuse(
                 f"{prefix}adaptive needs {prefix}beta > 0 as its initial value, got {prefix}beta {self.beta!r}. "
-                f"Fix: --{prefix}beta 0.05, or --{prefix}adaptive false."
+                f"Fix: --{prefix}beta 0.05, or --{prefix}adaptive false.",
+                f"{prefix}adaptive",
             )
         positive(self.target, f"{prefix}target", 6.0)
         at_least(self.horizon, 1, f"{prefix}horizon")

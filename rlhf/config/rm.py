@@ -39,7 +39,8 @@ class RewardTrainConfig(SupervisedTrainConfig):
         if self.max_batch < self.min_batch:
             refuse(
                 f"{prefix}max_batch ({self.max_batch!r}) must be >= {prefix}min_batch ({self.min_batch!r}). "
-                f"Fix: --{prefix}max_batch 128 --{prefix}min_batch 4."
+                f"Fix: --{prefix}max_batch 128 --{prefix}min_batch 4.",
+                f"{prefix}max_batch",
             )
         at_least(self.lm_coef, 0, f"{prefix}lm_coef")
 

@@ -39,5 +39,6 @@ class RMEvalConfig:
         if self.histogram_bins % 2:
             refuse(
                 f"{prefix}histogram_bins must be even (0 is the middle edge), got {self.histogram_bins}. "
-                f"Fix: --histogram-bins {self.histogram_bins + 1}."
+                f"Fix: --histogram-bins {self.histogram_bins + 1}.",
+                f"{prefix}histogram_bins",
             )

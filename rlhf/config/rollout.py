@@ -61,13 +61,15 @@ class RolloutConfig:
                 if mine not in (1.0, value):
                     refuse(
                         f"{prefix}sampling paper samples with {key} {value}, but {prefix}{key} is set to "
-                        f"{mine!r}. Fix: drop --{prefix}{key}, or set --{prefix}sampling custom."
+                        f"{mine!r}. Fix: drop --{prefix}{key}, or set --{prefix}sampling custom.",
+                        f"{prefix}{key}",
                     )
         if not self.stop_at_eos and self.truncated == "drop":
             refuse(
                 f"{prefix}stop_at_eos false makes every response run to {prefix}max_new_tokens, so every "
                 f"response is truncated, and {prefix}truncated drop drops them all: nothing is left to train "
-                f"on. Fix: --{prefix}stop_at_eos true, or --{prefix}truncated keep (or penalize)."
+                f"on. Fix: --{prefix}stop_at_eos true, or --{prefix}truncated keep (or penalize).",
+                f"{prefix}truncated",
             )
 
 

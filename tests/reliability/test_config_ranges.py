@@ -34,7 +34,7 @@ RL_BAD = [
 
 def refusals(capsys, tmp_path, bad: list[tuple[str, str]], command) -> list[str]:
     """Each (key, value) of `bad` run through `command(out, flag, value)` in-process: the keys whose
-    run was not refused with exit 2, one message starting with "KEY must be" and naming the value and
+    run was not refused with exit 2, one message "command line: KEY must be ..." naming the value and
     a fix, and nothing written."""
     failed = []
     for key, value in bad:
@@ -42,7 +42,7 @@ def refusals(capsys, tmp_path, bad: list[tuple[str, str]], command) -> list[str]
         code = main([str(a) for a in command(out, f"--{key}", value)])
         err = capsys.readouterr().err
         message = err.split(": ", 1)[-1]
-        ok = code == 2 and "Traceback" not in err and message.startswith(f"{key} must be")
+        ok = code == 2 and "Traceback" not in err and message.startswith(f"command line: {key} must be")
         ok = ok and f"got {value}" in message and "Fix: --" in message and not out.exists()
         if not ok:
             failed.append(f"{key} {value}: exit {code}: {err.strip()}")

@@ -135,10 +135,10 @@ def test_a_critic_free_run_resumes_to_identical_metrics(make_trainer, tmp_path):
     [
         (
             {"model": {"critic_init": "policy"}},
-            "model.critic_init is set, but advantage.estimator 'grpo' uses no critic",
+            "command line: model.critic_init is 'policy', but advantage.estimator 'grpo' uses no critic",
         ),
-        ({"critic_optim": {"lr": 0.1}}, "critic_optim.lr is set"),
-        ({"critic": {"value_clip": 0.5}}, "critic.value_clip is set"),
+        ({"critic_optim": {"lr": 0.1}}, "critic_optim.lr is 0.1, but"),
+        ({"critic": {"value_clip": 0.5}}, "critic.value_clip is 0.5, but"),
     ],
 )
 def test_critic_settings_with_a_critic_free_estimator_are_rejected(overrides, message):
@@ -150,7 +150,7 @@ def test_critic_settings_with_a_critic_free_estimator_are_rejected(overrides, me
 def test_critic_settings_in_a_file_name_the_file(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("model: {critic_mode: shared}\n")
-    with pytest.raises(ConfigError, match=rf"{path}: model.critic_mode is set"):
+    with pytest.raises(ConfigError, match=rf"{path}: model.critic_mode is 'shared', but"):
         load_config(
             RLConfig,
             file=str(path),

@@ -2,6 +2,8 @@
 
     rlhf sft   --model MODEL_DIR --data sft.jsonl --out runs/sft
     rlhf rm    --model runs/sft --data pairs.jsonl --out runs/rm
+  rlhf dpo   --model runs/sft --data pairs.jsonl --out runs/dpo
+    rlhf dpo   --model runs/sft --data pairs.jsonl --out runs/dpo
     rlhf train --preset ppo_max --policy runs/sft --reward-model runs/rm --prompts prompts.jsonl --out runs/ppo
     rlhf train --resume runs/ppo
     rlhf eval  --policy runs/ppo --baseline runs/sft --judge runs/rm --prompts test.jsonl
@@ -27,12 +29,13 @@ STAGES = {
     "ablate": "a preset with each PPO trick switched alone, over seeds, on the built-in world",
     "sft": "supervised fine-tuning of a causal LM on prompt/response data",
     "rm": "train a reward model on preference pairs (ranking + LM loss)",
+    "dpo": "train the SFT model directly on preference pairs: DPO, IPO or robust DPO (no reward model)",
     "train": "policy optimization against a reward model and/or reward functions: PPO, PPO-max, APA, AWR, "
     "GRPO, RLOO, REINFORCE++",
     "eval": "mean reward and win rate of one policy against another on held-out prompts",
     "rm-eval": "judge a reward model on preference pairs: accuracy, margins, calibration, worst pairs",
     "data": "inspect and validate datasets: `rlhf data check FILE`",
-    "report": "render report.html of a training run (sft, rm, train) or a demo output directory",
+    "report": "render report.html of a training run (sft, rm, dpo, train) or a demo output directory",
 }
 
 EPILOG = """examples:
@@ -138,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--out", help="run directory")
     rm.add_argument("--config", help="YAML config file")
 
+    dpo = sub.add_parser("dpo", help=STAGES["dpo"], description=STAGES["dpo"])
+    dpo.add_argument("--model", help="the SFT model: trained, and frozen as the reference")
+    dpo.add_argument("--data", help="preference pairs (prompt/chosen/rejected, HH-RLHF, chat messages)")
+    dpo.add_argument("--out", help="run directory")
+    dpo.add_argument("--config", help="YAML config file")
+
     train = sub.add_parser("train", help=STAGES["train"], description=STAGES["train"])
     train.add_argument("--preset", help="vanilla_ppo | ppo_max | apa | awr | grpo | rloo | reinforce_pp")
     train.add_argument("--policy", help="SFT model directory (also the frozen reference)")
@@ -222,9 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_flags(rm_eval)
     rm_eval.add_argument("--config", help="YAML file of RMEvalConfig settings")
 
-    for stage in (sft, rm, train, ev, rm_eval):
+    for stage in (sft, rm, dpo, train, ev, rm_eval):
         _add_safety_flags(stage)
-    for stage in (sft, rm, train, ev, rm_eval):
+    for stage in (sft, rm, dpo, train, ev, rm_eval):
         stage.add_argument(
             "--skip-invalid",
             action="store_true",
@@ -281,7 +290,7 @@ def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
 
 
 def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
-    """`rlhf sft` and `rlhf rm`: --model, --data and --out over --config and dotted overrides."""
+    """`rlhf sft`, `rlhf rm` and `rlhf dpo`: --model, --data and --out over --config and dotted overrides."""
     from rlhf.config import load_config
     from rlhf.rundir.lock import writer_lock
     from rlhf.runtime.process_group import data_parallel
@@ -318,6 +327,13 @@ def run_rm_command(args, rest, ctx) -> int:
     from rlhf.stages.rm import run_reward_training
 
     return _run_supervised_stage(args, rest, RewardConfig, run_reward_training, ctx)
+
+
+def run_dpo_command(args, rest, ctx) -> int:
+    from rlhf.config import DPOConfig
+    from rlhf.stages.dpo import run_dpo
+
+    return _run_supervised_stage(args, rest, DPOConfig, run_dpo, ctx)
 
 
 def run_train_command(args, rest, ctx) -> int:
@@ -525,6 +541,7 @@ def _dispatch(parser, args, rest, ctx) -> int:
         return run_check(args)
     handler = {
         "sft": run_sft_command,
+        "dpo": run_dpo_command,
         "rm": run_rm_command,
         "train": run_train_command,
         "eval": run_eval_command,
@@ -541,7 +558,7 @@ def _refuse_data_parallel_launch(stage: str) -> None:
     stages would each run whole and write the same files."""
     from rlhf.runtime.process_group import launch_world_size
 
-    if stage not in ("sft", "rm", "train") and launch_world_size() > 1:
+    if stage not in ("sft", "rm", "dpo", "train") and launch_world_size() > 1:
         from rlhf.config import ConfigError
 
         raise ConfigError(

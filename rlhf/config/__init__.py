@@ -18,6 +18,7 @@ Every field has a default and a one-line comment; a group checks itself in `vali
 from __future__ import annotations
 
 from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
+from rlhf.config.dpo import DPOConfig, DPODataConfig, DPOLossConfig, DPOTrainConfig
 from rlhf.config.errors import ConfigError
 from rlhf.config.eval import EvalConfig, EvalDataConfig, EvalRolloutConfig
 from rlhf.config.fields import choices
@@ -60,6 +61,10 @@ from rlhf.config.sft import SFTConfig, SFTDataConfig, SFTTrainConfig
 from rlhf.config.supervised import SupervisedConfig, SupervisedDataConfig, SupervisedTrainConfig
 
 __all__ = [
+    "DPOConfig",
+    "DPODataConfig",
+    "DPOLossConfig",
+    "DPOTrainConfig",
     "CRITIC_KEYS",
     "MIN_USEFUL_TEMPERATURE",
     "PAPER_SAMPLING",

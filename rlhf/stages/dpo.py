@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhf.config import DPOConfig
 from rlhf.core import preference_loss
 from rlhf.data.collate import collate_pairs
 from rlhf.data.tokenize import TruncationStats
@@ -167,7 +168,7 @@ class DPOStage(SupervisedStage):
 
 
 def run_dpo(
-    config,
+    config: DPOConfig,
     *,
     model=None,
     tokenizer=None,

@@ -1,0 +1,67 @@
+"""`rlhf dpo`: the SFT model trained directly on preference pairs (docs/algorithms.md §32)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlhf.config.checks import fraction, positive, require
+from rlhf.config.common import OptimConfig
+from rlhf.config.supervised import SupervisedConfig, SupervisedDataConfig, SupervisedTrainConfig
+
+
+@dataclass
+class DPODataConfig(SupervisedDataConfig):
+    """Preference pairs, every format `rlhf rm` reads (the held-out part gives the evaluation)."""
+
+
+@dataclass
+class DPOTrainConfig(SupervisedTrainConfig):
+    """Steps over pairs: batch_size pairs per optimizer step, micro_batch_size per forward/backward."""
+
+
+@dataclass
+class DPOLossConfig:
+    # sigmoid: DPO (Rafailov et al. 2023) | ipo: IPO (Azar et al. 2023) | robust: robust DPO
+    # (Chowdhury et al. 2024); docs/algorithms.md §32
+    loss: Literal["sigmoid", "ipo", "robust"] = "sigmoid"
+    beta: float = 0.1  # strength of the reference anchor (DPO paper's dialogue value, TRL's default)
+    # eps: the rate of flipped labels assumed (sigmoid: cDPO's smoothing; robust: its noise rate)
+    label_smoothing: float = 0.0
+    # the reference's log-probs of every pair computed once before training (one forward of the
+    # data) instead of in every step (one more forward per step, no cache)
+    precompute_reference: bool = True
+
+    def validate(self, prefix: str) -> None:
+        positive(self.beta, f"{prefix}beta", 0.1)
+        if self.loss == "robust":
+            require(
+                0 <= self.label_smoothing < 0.5,
+                f"{prefix}label_smoothing",
+                self.label_smoothing,
+                "must be in [0, 0.5) for dpo.loss robust (it divides by 1 - 2 eps)",
+                f"--{prefix}label_smoothing 0.1",
+            )
+        else:
+            fraction(self.label_smoothing, f"{prefix}label_smoothing", 0.0, closed=True)
+        if self.loss == "ipo":
+            require(
+                self.label_smoothing == 0,
+                f"{prefix}label_smoothing",
+                self.label_smoothing,
+                "has no meaning for dpo.loss ipo",
+                f"--{prefix}label_smoothing 0, or --{prefix}loss robust",
+            )
+
+
+@dataclass
+class DPOConfig(SupervisedConfig):
+    model: str = ""  # the SFT model: trained, and (frozen) the reference
+    out: str = "runs/dpo"  # run directory
+    data: DPODataConfig = field(default_factory=DPODataConfig)
+    train: DPOTrainConfig = field(default_factory=DPOTrainConfig)
+    optim: OptimConfig = field(
+        # the DPO paper's learning rate 1e-6 with a warmup of 150 steps (its appendix B); here 10%
+        default_factory=lambda: OptimConfig(lr=1e-6, warmup_fraction=0.1, schedule="linear")
+    )
+    dpo: DPOLossConfig = field(default_factory=DPOLossConfig)

@@ -13,6 +13,7 @@ import yaml
 
 from rlhf.config import (
     ConfigError,
+    DPOConfig,
     EvalConfig,
     OptimConfig,
     RewardConfig,
@@ -33,7 +34,7 @@ from rlhf.core.losses import POLICY_LOSSES
 from rlhf.data.formats import FORMATS
 from rlhf.models.precision import PRECISIONS
 
-STAGES = (SFTConfig, RewardConfig, RLConfig, EvalConfig, RMEvalConfig)
+STAGES = (SFTConfig, RewardConfig, DPOConfig, RLConfig, EvalConfig, RMEvalConfig)
 REQUIRED = {
     EvalConfig: {"policy": "p", "baseline": "b", "judge": "j", "data": {"prompts": "x.jsonl"}},
     RMEvalConfig: {"reward_model": "rm", "data": {"path": "pairs.jsonl"}},
@@ -116,6 +117,8 @@ BAD = [
     (SFTConfig, "data.max_prompt_tokens", "0"),
     (RewardConfig, "train.min_batch", "0"),
     (RewardConfig, "data.test_fraction", "-0.5"),
+    (DPOConfig, "dpo.beta", "0"),
+    (DPOConfig, "dpo.label_smoothing", "1.5"),
     (RLConfig, "rollout.top_p", "1.5"),
     (RLConfig, "rollout.temperature", "0"),
     (RLConfig, "rollout.repetition_penalty", "0"),

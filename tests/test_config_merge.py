@@ -18,6 +18,7 @@ from rlhf.config import (
     CRITIC_KEYS,
     PRESETS,
     ConfigError,
+    DPOConfig,
     EvalConfig,
     RewardConfig,
     RLConfig,
@@ -35,7 +36,7 @@ from rlhf.config import (
 from rlhf.config.fields import is_group, type_hints
 from rlhf.demo.run import DemoConfig, demo_config
 
-STAGES = (SFTConfig, RewardConfig, RLConfig, EvalConfig, RMEvalConfig)
+STAGES = (SFTConfig, RewardConfig, DPOConfig, RLConfig, EvalConfig, RMEvalConfig)
 # The keys a stage has no default for (validation asks for them), set in every layering test.
 REQUIRED = {
     EvalConfig: {"policy": "p", "baseline": "b", "judge": "j", "data.prompts": "x.jsonl"},

@@ -135,15 +135,17 @@ def write_supervised_data(directory: Path) -> dict[str, str]:
     return {
         "sft": str(write_jsonl(Path(directory) / "sft.jsonl", sft)),
         "rm": str(write_jsonl(Path(directory) / "rm.jsonl", pairs)),
+        "dpo": str(Path(directory) / "rm.jsonl"),  # the same pairs
     }
 
 
 def supervised_run(stage: str, run_dir: str, data_path: str, strategy: str = "ddp") -> dict:
-    """A 2-step SFT or reward-model run on 5 rows per step (ranks hold 3 and 2: uneven tokens,
+    """A 2-step SFT, reward-model or DPO run on 5 rows per step (ranks hold 3 and 2: uneven tokens,
     2 and 1 micro-batches of 2), clipping on, evaluation every step; its final metrics, parameters
     and (rank 0) written metrics."""
-    from rlhf.config import RewardConfig, SFTConfig, load_config
+    from rlhf.config import DPOConfig, RewardConfig, SFTConfig, load_config
     from rlhf.runtime.peers import current_peers
+    from rlhf.stages.dpo import run_dpo
     from rlhf.stages.rm import run_reward_training
     from rlhf.stages.sft import run_sft
 
@@ -161,6 +163,9 @@ def supervised_run(stage: str, run_dir: str, data_path: str, strategy: str = "dd
     if stage == "sft":
         config, model = load_config(SFTConfig, overrides=overrides), policy
         final = run_sft(config, model=model, tokenizer=tok, quiet=True)
+    elif stage == "dpo":  # the reference a frozen copy of the policy; its log-probs cached, shares joined
+        config, model = load_config(DPOConfig, overrides=overrides), policy
+        final = run_dpo(config, model=model, tokenizer=tok, quiet=True)
     else:
         config, model = load_config(RewardConfig, overrides=overrides), reward_model
         final = run_reward_training(config, model=model, tokenizer=tok, quiet=True)

@@ -163,11 +163,18 @@ def supervised_on_two_ranks(tmp_path_factory) -> tuple[dict[str, str], dict[str,
     return data, {case: [results[i] for results in per_rank] for i, case in enumerate(SUPERVISED)}
 
 
-SUPERVISED = [("sft", "ddp"), ("rm", "ddp"), ("sft", "fsdp2"), ("rm", "fsdp2")]
+SUPERVISED = [
+    ("sft", "ddp"),
+    ("rm", "ddp"),
+    ("dpo", "ddp"),
+    ("sft", "fsdp2"),
+    ("rm", "fsdp2"),
+    ("dpo", "fsdp2"),
+]
 
 
 @pytest.mark.parametrize("stage,strategy", SUPERVISED)
-def test_two_ranks_train_sft_and_reward_models_as_one_process(
+def test_two_ranks_train_sft_reward_and_dpo_models_as_one_process(
     stage, strategy, supervised_on_two_ranks, tmp_path
 ):
     from dist_cases import supervised_run

@@ -35,6 +35,7 @@ STAGES = {
     "eval": "mean reward and win rate of one policy against another on held-out prompts",
     "rm-eval": "judge a reward model on preference pairs: accuracy, margins, calibration, worst pairs",
     "data": "inspect and validate datasets: `rlhf data check FILE`",
+    "plan": "per-rank memory of an RL run, role by role and phase by phase, and whether it fits",
     "report": "render report.html of a training run (sft, rm, dpo, train) or a demo output directory",
 }
 
@@ -241,6 +242,27 @@ def build_parser() -> argparse.ArgumentParser:
             help="skip malformed data records (counted and reported) instead of stopping at the first "
             "(same as --data.skip_invalid true)",
         )
+
+    plan = sub.add_parser("plan", help=STAGES["plan"], description=STAGES["plan"] + " (docs/scale.md)")
+    plan.add_argument("--model", required=True, help="a named shape (0.5b 1.5b 7b 13b 70b smollm2-135m m84), "
+                      "or a model directory / config.json")  # fmt: skip
+    plan.add_argument("--preset", default="ppo_max", help="its roles: a critic (separate or shared) or none")
+    plan.add_argument("--lora", action="store_true", help="train LoRA adapters (the reference: adapter off)")
+    plan.add_argument("--lora-rank", type=int, default=16)
+    plan.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | bfloat16-pure")
+    plan.add_argument(
+        "--strategy", default="fsdp2-layer", help="none | ddp | fsdp2 (today) | fsdp2-layer (per layer)"
+    )
+    plan.add_argument("--nodes", type=int, default=1)
+    plan.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) per node")
+    plan.add_argument("--gpu-memory", default="80GB", help="memory of one GPU, e.g. 80GB, 24GiB")
+    plan.add_argument("--micro-batch", type=int, default=2, help="rows per update forward/backward")
+    plan.add_argument("--rollout-batch", type=int, help="responses per rollout (default: the preset's)")
+    plan.add_argument("--prompt-tokens", type=int, default=512)
+    plan.add_argument("--response-tokens", type=int, default=512)
+    plan.add_argument("--gradient-checkpointing", action="store_true")
+    plan.add_argument("--rollout-gather", default="whole", help="fsdp2-layer sampling: whole | per-layer")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
@@ -460,6 +482,40 @@ def run_ablate_command(args, rest, ctx) -> int:
         )
 
 
+def run_plan_command(args, rest, ctx) -> int:
+    import json
+
+    from rlhf.config import ConfigError, RLConfig, load_config
+    from rlhf.runtime.memory_plan import Job, parse_bytes, plan, render, shape_of
+
+    if rest:
+        raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf plan --help`.")
+    preset = load_config(RLConfig, preset=args.preset)
+    critic = preset.model.critic_mode if preset.uses_critic else "none"
+    try:
+        job = Job(
+            shape=shape_of(args.model),
+            critic=critic,
+            lora=args.lora,
+            lora_rank=args.lora_rank,
+            dtype=args.dtype,
+            strategy=args.strategy,
+            ranks=args.nodes * args.gpus,
+            micro_batch=args.micro_batch,
+            rollout_rows=args.rollout_batch or preset.rollout.batch_size,
+            prompt_tokens=args.prompt_tokens,
+            response_tokens=args.response_tokens,
+            gradient_checkpointing=args.gradient_checkpointing,
+            rollout_gather=args.rollout_gather,
+            gpu_memory=parse_bytes(args.gpu_memory),
+        )
+        result = plan(job)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    print(json.dumps(result.as_json(), indent=2) if args.json else render(result))
+    return 0
+
+
 def run_report_command(args, rest, ctx) -> int:
     from rlhf.report_command import run_report
 
@@ -507,6 +563,9 @@ def _run_with_one_error_path(parser, args, rest) -> int:
         return _dispatch(parser, args, rest, ctx)
     except KeyboardInterrupt:
         message, code = cli_errors.interrupted_message(ctx), cli_errors.INTERRUPTED
+    except BrokenPipeError:  # the reader of our output closed it (`rlhf plan | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             raise  # argparse's own exits (--help, usage errors) keep their code
@@ -549,6 +608,7 @@ def _dispatch(parser, args, rest, ctx) -> int:
         "demo": run_demo_command,
         "ablate": run_ablate_command,
         "report": run_report_command,
+        "plan": run_plan_command,
     }[args.stage]
     return handler(args, rest, ctx)
 

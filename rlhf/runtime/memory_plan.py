@@ -1,0 +1,360 @@
+"""`rlhf plan`: what an RL run needs per rank, role by role, and whether it fits a GPU.
+
+A closed-form count of the bytes each role holds (parameters, gradients, AdamW moments) and of what
+each phase adds on top (the rollout's KV cache and logits, the update's saved activations, the
+gathered layer under per-layer sharding), for a model shape, a preset's roles, LoRA or full
+training, a precision policy, a strategy and a number of ranks. The phases of one iteration:
+
+    rollout   every role resident + the policy's KV cache and one step's logits
+    forward   every role resident + the scoring forwards' logits chunk (no activations kept)
+    update    every role resident + the gradients of the largest trained role + its saved
+              activations of one micro-batch (the policy and critic step one after the other)
+
+Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is today's sharding
+(rlhf/runtime/fsdp.py: the trained roles' parameters and AdamW state sharded at rest, gathered
+whole for every use; the frozen roles whole); `fsdp2-layer` is per-layer sharding (every role
+1/N, one gathered decoder layer at a time, the policy unsharded in the compute dtype only while
+sampling; what issue 26 builds, planned before it lands). The per-token activation count is
+calibrated on measured peaks (bench/results/gpu_h200_session10.json; docs/scale.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STRATEGIES = ("none", "ddp", "fsdp2", "fsdp2-layer")
+PRECISIONS = ("float32", "bfloat16", "bfloat16-pure")
+GIB = 2**30
+# saved activations per token and decoder layer, in elements: ~10 h (norm inputs and outputs, q k v,
+# attention output, residuals) + 4 m (gate, up, activation, product); measured: docs/scale.md
+ACTIVATION_H, ACTIVATION_M = 10, 4
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder-only transformer (Llama / Qwen layout)."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def layer_parameters(self) -> int:
+        kv = self.kv_heads * self.head_dim
+        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * kv  # q, o; k, v
+        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden  # MLP, two norms
+
+    @property
+    def parameters(self) -> int:
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * self.layer_parameters + embeddings + self.hidden  # final norm
+
+
+# Llama / Qwen shapes by size (public model configs: Qwen2.5-0.5B/1.5B, Llama-2-7B/13B/70B)
+NAMED_SHAPES = {
+    "0.5b": Shape("0.5b (Qwen2.5-0.5B)", 896, 24, 14, 2, 4864, 151936, tied_embeddings=True),
+    "1.5b": Shape("1.5b (Qwen2.5-1.5B)", 1536, 28, 12, 2, 8960, 151936, tied_embeddings=True),
+    "7b": Shape("7b (Llama-2-7B)", 4096, 32, 32, 32, 11008, 32000),
+    "13b": Shape("13b (Llama-2-13B)", 5120, 40, 40, 40, 13824, 32000),
+    "70b": Shape("70b (Llama-2-70B)", 8192, 80, 64, 8, 28672, 32000),
+    "smollm2-135m": Shape("smollm2-135m", 576, 30, 9, 3, 1536, 49152, tied_embeddings=True),
+    "m84": Shape("m84 (bench/gpu_memory.py)", 1024, 8, 16, 16, 2048, 4000),
+}
+
+
+def shape_of(model: str) -> Shape:
+    """A named shape (`7b`, ...), or a Hugging Face directory / config.json read for its shape."""
+    if model.lower() in NAMED_SHAPES:
+        return NAMED_SHAPES[model.lower()]
+    path = Path(model)
+    config_file = path / "config.json" if path.is_dir() else path
+    if not config_file.is_file():
+        raise ValueError(
+            f"--model {model!r} is neither a named shape nor a model directory with a config.json. "
+            f"Fix: one of {', '.join(NAMED_SHAPES)}, or a save_pretrained directory."
+        )
+    try:
+        c = json.loads(config_file.read_text())
+        c = c.get("text_config", c)
+        return Shape(
+            name=str(path),
+            hidden=int(c["hidden_size"]),
+            layers=int(c["num_hidden_layers"]),
+            heads=int(c["num_attention_heads"]),
+            kv_heads=int(c.get("num_key_value_heads") or c["num_attention_heads"]),
+            intermediate=int(c["intermediate_size"]),
+            vocab=int(c["vocab_size"]),
+            tied_embeddings=bool(c.get("tie_word_embeddings", False)),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"{config_file}: cannot read a decoder shape ({type(err).__name__}: {err}). Fix: a Llama/Qwen-style "
+            f"config.json (hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size), "
+            f"or a named shape: {', '.join(NAMED_SHAPES)}."
+        ) from None
+
+
+def parse_bytes(text: str) -> int:
+    """ "80GB", "80GiB", "24g" -> bytes (GB and GiB both read as 2**30, as GPU makers' 80 GB cards hold
+    about 80 GiB usable)."""
+    t = str(text).strip().lower().replace(" ", "")
+    for suffix in ("gib", "gb", "g"):
+        if t.endswith(suffix):
+            return int(float(t[: -len(suffix)]) * GIB)
+    for suffix in ("mib", "mb", "m"):
+        if t.endswith(suffix):
+            return int(float(t[: -len(suffix)]) * 2**20)
+    return int(float(t))
+
+
+@dataclass
+class Job:
+    """What runs: the roles of the preset, how they train, and the shapes of the batches."""
+
+    shape: Shape
+    critic: str = "separate"  # "separate" | "shared" | "none" (critic-free presets)
+    reward_model: bool = True
+    lora: bool = False
+    lora_rank: int = 16
+    dtype: str = "bfloat16"
+    strategy: str = "fsdp2-layer"
+    ranks: int = 8
+    micro_batch: int = 2  # rows per update forward/backward
+    rollout_rows: int = 64  # responses per rollout (the whole batch: each rank samples 1/ranks)
+    prompt_tokens: int = 512
+    response_tokens: int = 512
+    gradient_checkpointing: bool = False
+    # fsdp2-layer: the policy gathered whole for sampling ("whole", in the compute dtype, once per
+    # rollout) or a layer at a time in every decoding step ("per-layer": for a policy too big to hold)
+    rollout_gather: str = "whole"
+    gpu_memory: int = 80 * GIB
+
+    def validate(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.dtype not in PRECISIONS:
+            raise ValueError(f"--dtype must be one of {', '.join(PRECISIONS)}, got {self.dtype!r}")
+        if self.rollout_gather not in ("whole", "per-layer"):
+            raise ValueError(f"--rollout-gather must be whole or per-layer, got {self.rollout_gather!r}")
+        if self.critic not in ("separate", "shared", "none"):
+            raise ValueError(f"critic must be separate, shared or none, got {self.critic!r}")
+        for name in ("ranks", "micro_batch", "rollout_rows", "prompt_tokens", "response_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class RoleMemory:
+    role: str
+    parameters: int  # elements of the whole model
+    trained: int  # elements the optimizer steps
+    weights: int  # bytes held per rank at rest
+    gradients: int  # bytes per rank during its step
+    optimizer: int  # bytes per rank (AdamW moments)
+
+
+@dataclass
+class Plan:
+    job: dict
+    roles: list[RoleMemory]
+    phases: dict[str, int]  # bytes per rank at each phase's peak
+    extras: dict[str, int]  # what the phases add to the resident roles, bytes per rank
+    peak_phase: str
+    per_rank_peak_bytes: int
+    fits: bool
+    advice: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        out = asdict(self)
+        return {"per_rank_peak_bytes": self.per_rank_peak_bytes, "fits": self.fits, **out}
+
+
+def _lora_parameters(shape: Shape, rank: int) -> int:
+    """LoRA on q_proj and v_proj of every layer (`lora.target_modules` null: PEFT's Llama default,
+    the library's), r (in + out) elements each."""
+    kv = shape.kv_heads * shape.head_dim
+    return shape.layers * rank * ((shape.hidden + shape.hidden) + (shape.hidden + kv))
+
+
+def plan(job: Job) -> Plan:
+    job.validate()
+    s = job.shape
+    n = job.ranks
+    whole_sharded = job.strategy == "fsdp2-layer"  # every role 1/N
+    trained_sharded = job.strategy in ("fsdp2", "fsdp2-layer")
+    param_bytes = 2 if job.dtype == "bfloat16-pure" else 4  # bfloat16: float32 master weights
+    compute_bytes = 4 if job.dtype == "float32" else 2
+    p = s.parameters
+
+    def held(elements: int, sharded: bool) -> int:
+        return -(-elements // n) if sharded else elements
+
+    roles = []
+    trained_policy = _lora_parameters(s, job.lora_rank) if job.lora else p
+    policy_params = p + (trained_policy if job.lora else 0)
+    roles.append(
+        RoleMemory(
+            "policy",
+            policy_params,
+            trained_policy,
+            held(policy_params, trained_sharded) * param_bytes,
+            held(trained_policy, trained_sharded) * param_bytes,
+            held(trained_policy, trained_sharded) * 2 * param_bytes,
+        )
+    )
+    if not job.lora:  # a LoRA policy's reference is its adapter switched off: no copy
+        roles.append(RoleMemory("reference", p, 0, held(p, whole_sharded) * param_bytes, 0, 0))
+    # a critic and a reward model are a causal LM with a scalar head (rlhf.models.scalar_head): the
+    # whole LM, its output head included, and hidden + 1 head parameters
+    scalar = p + s.hidden + 1
+    if job.critic == "separate":
+        critic_trained = _lora_parameters(s, job.lora_rank) + s.hidden + 1 if job.lora else scalar
+        critic_params = scalar + (critic_trained if job.lora else 0)
+        roles.append(
+            RoleMemory(
+                "critic",
+                critic_params,
+                critic_trained,
+                held(critic_params, trained_sharded) * param_bytes,
+                held(critic_trained, trained_sharded) * param_bytes,
+                held(critic_trained, trained_sharded) * 2 * param_bytes,
+            )
+        )
+    if job.reward_model:
+        roles.append(RoleMemory("reward_model", scalar, 0, held(scalar, whole_sharded) * param_bytes, 0, 0))
+
+    resident = sum(r.weights + r.optimizer for r in roles)
+    rows_per_rank = -(-job.rollout_rows // n)
+    tokens = job.prompt_tokens + job.response_tokens
+    kv_cache = 2 * s.layers * s.kv_heads * s.head_dim * tokens * rows_per_rank * compute_bytes
+    sampler_logits = rows_per_rank * s.vocab * 4 * 2  # float32 logits and their softmax
+    layer_gathered = 2 * s.layer_parameters * compute_bytes  # this layer and the next (prefetch)
+    # the policy's whole parameters: gathered for sampling (per-layer: in the compute dtype, once per
+    # rollout; today's fsdp2: gathered whole in the parameter dtype for every use)
+    if job.strategy == "fsdp2-layer":
+        gathered_policy = policy_params * compute_bytes if job.rollout_gather == "whole" else layer_gathered
+        gathered_trained = layer_gathered
+    elif job.strategy == "fsdp2":
+        gathered_policy = policy_params * param_bytes
+        gathered_trained = max(r.parameters for r in roles if r.trained) * param_bytes
+    else:
+        gathered_policy = gathered_trained = 0
+    rollout = resident + gathered_policy + kv_cache + sampler_logits
+    chunk_logits = job.micro_batch * min(tokens, 1024) * s.vocab * 4 // 4  # a quarter of the rows' logits
+    forward = resident + gathered_trained + chunk_logits + (layer_gathered if whole_sharded else 0)
+    per_layer_tokens = job.micro_batch * tokens
+    saved_per_layer = (
+        per_layer_tokens * (ACTIVATION_H * s.hidden + ACTIVATION_M * s.intermediate) * compute_bytes
+    )
+    if job.gradient_checkpointing:  # the layers' inputs, and one layer recomputed at a time
+        activations = s.layers * per_layer_tokens * s.hidden * compute_bytes + saved_per_layer
+    else:
+        activations = s.layers * saved_per_layer
+    largest_grads = max(r.gradients for r in roles if r.trained)
+    # today's fsdp2 sums whole gradients before cutting them to the shard
+    if job.strategy == "fsdp2":
+        largest_grads = max(r.trained for r in roles if r.trained) * param_bytes
+    update = resident + largest_grads + activations + gathered_trained + chunk_logits
+    phases = {"rollout": rollout, "forward": forward, "update": update}
+    peak_phase = max(phases, key=phases.get)
+    peak = phases[peak_phase]
+    fits = peak <= job.gpu_memory
+    extras = {
+        "rollout: KV cache": kv_cache,
+        "rollout: sampler logits": sampler_logits,
+        "rollout: gathered policy": gathered_policy,
+        "forward/update: gathered layers"
+        if whole_sharded
+        else "forward/update: gathered model": gathered_trained,
+        "update: saved activations": activations,
+        "update: logits chunk": chunk_logits,
+    }
+    return Plan(
+        job={**asdict(job), "shape": asdict(s), "parameters": p},
+        roles=roles,
+        phases=phases,
+        extras=extras,
+        peak_phase=peak_phase,
+        per_rank_peak_bytes=peak,
+        fits=fits,
+        advice=[] if fits else advice(job, phases, peak_phase),
+    )
+
+
+def advice(job: Job, phases: dict[str, int], peak_phase: str) -> list[str]:
+    """What would bring the peak under the GPU's memory, most effective first (each re-planned)."""
+    tries = []
+    options = [
+        ("--strategy fsdp2-layer (shard every role per layer)", {"strategy": "fsdp2-layer"}),
+        (
+            "--rollout-gather per-layer (sample without the whole policy)",
+            {"strategy": "fsdp2-layer", "rollout_gather": "per-layer"},
+        ),
+        ("--lora (train adapters; the reference is the adapter off)", {"lora": True}),
+        ("--gradient-checkpointing", {"gradient_checkpointing": True}),
+        ("--micro-batch 1", {"micro_batch": 1}),
+        (f"--nodes 2 (ranks {job.ranks * 2})", {"ranks": job.ranks * 2}),
+        ("--dtype bfloat16-pure (bf16 weights and AdamW state)", {"dtype": "bfloat16-pure"}),
+    ]
+    for label, change in options:
+        if all(getattr(job, k) == v for k, v in change.items()):
+            continue
+        trial = plan_without_advice(Job(**{**asdict(job), "shape": job.shape, **change}))
+        tries.append((trial.per_rank_peak_bytes, label, trial.fits))
+    tries.sort()
+    return [f"{label}: {gib(peak)} per rank{' (fits)' if ok else ''}" for peak, label, ok in tries[:4]]
+
+
+def plan_without_advice(job: Job) -> Plan:
+    fits_gpu = job.gpu_memory
+    job = Job(**{**asdict(job), "shape": job.shape, "gpu_memory": 1 << 62})  # no recursion into advice
+    result = plan(job)
+    result.fits = result.per_rank_peak_bytes <= fits_gpu
+    return result
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.0f} MiB"
+
+
+def render(result: Plan) -> str:
+    """The one-screen table: bytes per rank per role, each phase's peak, the verdict."""
+    j = result.job
+    lines = [
+        f"rlhf plan: {j['shape']['name']} ({j['parameters'] / 1e9:.2f}B parameters), critic {j['critic']}, "
+        f"{'LoRA r=' + str(j['lora_rank']) if j['lora'] else 'full'}, {j['dtype']}, {j['strategy']} on "
+        f"{j['ranks']} ranks{' (rollout gathered per layer)' if j['rollout_gather'] == 'per-layer' else ''}, micro-batch {j['micro_batch']}, {j['prompt_tokens']}+{j['response_tokens']} tokens",
+        "",
+        f"{'role':<14}{'parameters':>14}{'trained':>14}{'weights':>12}{'gradients':>12}{'AdamW':>12}   (per rank)",
+    ]
+    for r in result.roles:
+        lines.append(
+            f"{r.role:<14}{r.parameters:>14,}{r.trained:>14,}{gib(r.weights):>12}{gib(r.gradients):>12}{gib(r.optimizer):>12}"
+        )
+    lines.append("")
+    for name, value in result.extras.items():
+        lines.append(f"{name:<34}{gib(value):>12}")
+    lines.append("")
+    for phase, value in result.phases.items():
+        mark = "  <- peak" if phase == result.peak_phase else ""
+        lines.append(f"{phase:<10}{gib(value):>12}{mark}")
+    gpu = j["gpu_memory"]
+    verdict = "fits" if result.fits else "does not fit"
+    lines.append("")
+    lines.append(
+        f"{verdict}: {gib(result.per_rank_peak_bytes)} per rank at its peak ({result.peak_phase}) of {gib(gpu)}"
+    )
+    for line in result.advice:
+        lines.append(f"  try {line}")
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""`rlhf plan` (rlhf/runtime/memory_plan.py): parameter counts against real models, role bytes
+against closed forms, sharding divides by the ranks, the verdict and its advice, the command's
+JSON, and the prediction against the GPU peaks measured on an H200 (within 15%)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from rlhf.cli import main
+from rlhf.models.lora import apply_lora
+from rlhf.runtime.memory_plan import GIB, NAMED_SHAPES, Job, Shape, parse_bytes, plan, shape_of
+
+TINY = Shape("tiny", hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=50)
+MEASURED = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_h200_session10.json"
+
+
+def hf_model(shape: Shape):
+    config = LlamaConfig(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        intermediate_size=shape.intermediate,
+        tie_word_embeddings=shape.tied_embeddings,
+    )
+    return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_parameter_count_equals_a_real_models(tied, tmp_path):
+    shape = Shape(**{**TINY.__dict__, "tied_embeddings": tied})
+    model = hf_model(shape)
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+    model.config.save_pretrained(tmp_path)  # read back from a directory's config.json
+    assert shape_of(str(tmp_path)).parameters == shape.parameters
+
+
+def test_lora_count_equals_pefts_trainable_parameters():
+    model = apply_lora(hf_model(TINY), r=4)  # the library's default targets (q_proj, v_proj)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    result = plan(Job(TINY, lora=True, lora_rank=4, strategy="none", ranks=1))
+    assert result.roles[0].trained == trainable
+
+
+def test_role_bytes_are_the_closed_forms_in_one_process():
+    p = TINY.parameters
+    scalar = p + TINY.hidden + 1  # a causal LM with a scalar head
+    result = plan(Job(TINY, dtype="bfloat16", strategy="none", ranks=1))  # float32 master weights
+    roles = {r.role: r for r in result.roles}
+    assert list(roles) == ["policy", "reference", "critic", "reward_model"]
+    assert (roles["policy"].weights, roles["policy"].gradients, roles["policy"].optimizer) == (
+        4 * p,
+        4 * p,
+        8 * p,
+    )
+    assert (roles["critic"].weights, roles["critic"].optimizer) == (4 * scalar, 8 * scalar)
+    assert (roles["reference"].weights, roles["reward_model"].weights) == (4 * p, 4 * scalar)
+    pure = {r.role: r for r in plan(Job(TINY, dtype="bfloat16-pure", strategy="none", ranks=1)).roles}
+    assert pure["policy"].optimizer == 4 * p and pure["reference"].weights == 2 * p
+    # critic-free and shared-critic presets hold no critic; a LoRA policy no reference copy
+    assert [r.role for r in plan(Job(TINY, critic="none", ranks=1)).roles] == [
+        "policy",
+        "reference",
+        "reward_model",
+    ]
+    assert "reference" not in [r.role for r in plan(Job(TINY, lora=True, ranks=1)).roles]
+
+
+def test_per_layer_sharding_divides_every_role_and_todays_fsdp2_only_the_trained_ones():
+    one = {r.role: r for r in plan(Job(NAMED_SHAPES["7b"], strategy="none", ranks=1)).roles}
+    layer = {r.role: r for r in plan(Job(NAMED_SHAPES["7b"], strategy="fsdp2-layer", ranks=8)).roles}
+    today = {r.role: r for r in plan(Job(NAMED_SHAPES["7b"], strategy="fsdp2", ranks=8)).roles}
+    for role, whole in one.items():
+        assert layer[role].weights == pytest.approx(whole.weights / 8, rel=1e-6)
+        assert layer[role].optimizer == pytest.approx(whole.optimizer / 8, rel=1e-6)
+        frozen = whole.trained == 0
+        assert today[role].weights == (
+            whole.weights if frozen else pytest.approx(whole.weights / 8, rel=1e-6)
+        )
+
+
+def test_the_verdict_and_its_advice():
+    too_big = plan(Job(NAMED_SHAPES["7b"], strategy="fsdp2", ranks=8, gpu_memory=80 * GIB))
+    assert not too_big.fits and too_big.per_rank_peak_bytes > 80 * GIB
+    assert any("fsdp2-layer" in line and "(fits)" in line for line in too_big.advice)
+    ok = plan(Job(NAMED_SHAPES["7b"], strategy="fsdp2-layer", ranks=8, gpu_memory=80 * GIB))
+    assert ok.fits and ok.advice == [] and ok.per_rank_peak_bytes == max(ok.phases.values())
+    assert plan(Job(NAMED_SHAPES["70b"], strategy="fsdp2-layer", ranks=8, gpu_memory=80 * GIB)).fits is False
+
+
+@pytest.mark.parametrize("workload,shape", [("m84", "m84"), ("smollm2", "smollm2-135m")])
+def test_prediction_is_within_15_percent_of_the_measured_gpu_peak(workload, shape):
+    """bench/gpu_memory.py on an H200 (torch.cuda.max_memory_allocated over a PPO-max iteration)."""
+    measured = next(
+        r
+        for r in json.loads(MEASURED.read_text())["gpu_memory"]
+        if r["workload"] == workload and r["dtype"] == "bfloat16"
+    )
+    rollout = measured["rollout"]
+    job = Job(
+        NAMED_SHAPES[shape],
+        dtype="bfloat16",
+        strategy="none",
+        ranks=1,
+        micro_batch=rollout["micro_batch"],
+        rollout_rows=rollout["prompts"],
+        prompt_tokens=16,  # bench prompts: 8 to 16 words, one token each
+        response_tokens=rollout["response_tokens"],
+    )
+    predicted = plan(job).per_rank_peak_bytes / 2**20
+    assert predicted == pytest.approx(measured["peak_allocated_mb"], rel=0.15)
+
+
+def test_parse_bytes():
+    assert parse_bytes("80GB") == parse_bytes("80GiB") == 80 * GIB
+    assert parse_bytes("512MiB") == 512 * 2**20 and parse_bytes("1024") == 1024
+
+
+def test_the_command_prints_json_and_refuses_bad_input(capsys):
+    assert (
+        main(
+            ["plan", "--model", "7b", "--preset", "ppo_max", "--gpus", "8", "--gpu-memory", "80GB", "--json"]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert isinstance(out["per_rank_peak_bytes"], int) and out["fits"] is True
+    assert main(["plan", "--model", "7b", "--strategy", "fsdp2", "--gpus", "8"]) == 0
+    assert "does not fit" in capsys.readouterr().out
+    assert main(["plan", "--model", "no-such-shape"]) == 2
+    assert "Fix:" in capsys.readouterr().err
+    assert main(["plan", "--model", "7b", "--dtype", "fp8"]) == 2

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl
 
 from rlhf.cli import STAGES, main
 from rlhf.config import RLConfig, config_from_yaml
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.scalar_head import ScalarHeadModel
+from tests.support.cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest, and far faster on a busy machine
 

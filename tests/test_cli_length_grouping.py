@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_data import save_tiny_base, write_jsonl
 
 from rlhf.cli import main
+from tests.support.cli_data import save_tiny_base, write_jsonl
 
 torch.set_num_threads(1)
 

@@ -88,10 +88,9 @@ def test_a_rerun_into_the_same_directory_starts_clean(demo_dir):
 
 
 def test_rlhf_report_rebuilds_the_demo_report_and_reports_each_run_of_it(demo_dir, capsys):
-    from report_html import ReportPage
-
     from rlhf.cli import main
     from rlhf.monitor.run_report import SECTIONS as RUN_SECTIONS
+    from tests.support.report_html import ReportPage
 
     before = ReportPage.of(demo_dir / "report.html")
     (demo_dir / "report.html").unlink()

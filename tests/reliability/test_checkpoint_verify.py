@@ -10,9 +10,16 @@ import sys
 
 import pytest
 import torch
-from reliability_testing import InProcess, assert_ok, assert_user_error, iterations, rlhf, train_args
 
 from rlhf.rundir import checkpoint as ckpt
+from tests.support.reliability_testing import (
+    InProcess,
+    assert_ok,
+    assert_user_error,
+    iterations,
+    rlhf,
+    train_args,
+)
 
 
 def make_checkpoint(run, iteration: int, *, old_style: bool = False):

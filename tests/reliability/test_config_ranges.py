@@ -4,9 +4,9 @@ train stops before anything is written, with one message naming THAT key and a f
 from __future__ import annotations
 
 import pytest
-from reliability_testing import assert_ok, assert_user_error, iterations, rlhf, train_args
 
 from rlhf.cli import main
+from tests.support.reliability_testing import assert_ok, assert_user_error, iterations, rlhf, train_args
 
 SFT_BAD = [
     ("train.micro_batch_size", "0"),

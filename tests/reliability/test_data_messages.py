@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import gzip
 
-from reliability_testing import assert_ok, assert_user_error, rlhf
-
 from rlhf.cli import main
+from tests.support.reliability_testing import assert_ok, assert_user_error, rlhf
 
 
 def with_bad_lines(source, path):

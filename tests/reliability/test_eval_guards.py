@@ -8,9 +8,9 @@ import json
 import math
 
 import torch
-from reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
 
 from rlhf.models.scalar_head import ScalarHeadModel
+from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
 
 
 def eval_args(files, judge, out, *extra):

@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 import torch
-from reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
+
+from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
 
 SFT_ONE_STEP = ["--train.max_steps", "1", "--train.batch_size", "2", "--sinks", "jsonl"]
 

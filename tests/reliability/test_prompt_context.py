@@ -3,7 +3,8 @@ silent run on untrained positions): the message names the file, the line and the
 
 from __future__ import annotations
 
-from reliability_testing import (
+from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
+from tests.support.reliability_testing import (
     WORDS,
     InProcess,
     assert_ok,
@@ -13,8 +14,6 @@ from reliability_testing import (
     train_args,
     write_jsonl,
 )
-
-from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
 
 
 def test_a_prompt_past_the_context_is_named_and_the_budget_flag_fixes_it(files, tmp_path, capsys):

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from reliability_testing import InProcess, assert_ok, assert_user_error, iterations, rlhf, train_args
+
+from tests.support.reliability_testing import (
+    InProcess,
+    assert_ok,
+    assert_user_error,
+    iterations,
+    rlhf,
+    train_args,
+)
 
 
 @pytest.fixture(scope="module")

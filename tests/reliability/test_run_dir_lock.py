@@ -7,7 +7,15 @@ from __future__ import annotations
 import signal
 import time
 
-from reliability_testing import assert_ok, assert_user_error, iterations, records, rlhf, start, train_args
+from tests.support.reliability_testing import (
+    assert_ok,
+    assert_user_error,
+    iterations,
+    records,
+    rlhf,
+    start,
+    train_args,
+)
 
 
 def wait_for(condition, timeout: float = 120.0) -> None:
@@ -55,9 +63,8 @@ def test_a_writer_killed_with_sigkill_leaves_no_lock_behind(tmp_path):
     import subprocess
     import sys
 
-    from reliability_testing import env
-
     from rlhf.rundir.lock import LOCK_FILE, RunDirInUse, run_dir_lock
+    from tests.support.reliability_testing import env
 
     run = tmp_path / "run"
     holder = subprocess.Popen(

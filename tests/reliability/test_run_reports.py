@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from reliability_testing import TINY_TRAIN, InProcess, assert_user_error
-from report_html import ReportPage
 
 from rlhf.cli import main
 from rlhf.monitor.run_report import SECTIONS
+from tests.support.reliability_testing import TINY_TRAIN, InProcess, assert_user_error
+from tests.support.report_html import ReportPage
 
 TINY_SUPERVISED = ["--train.max_steps", "4", "--train.batch_size", "4", "--train.eval_every", "2",
                    "--sinks", "[jsonl]", "--data.test_fraction", "0.25"]  # fmt: skip

@@ -14,11 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: cli_data
-
-from cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl  # noqa: E402
-
-from rlhf.cli import main  # noqa: E402
+from rlhf.cli import main
+from tests.support.cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl
 
 torch.set_num_threads(1)
 

@@ -16,12 +16,12 @@ from functools import partial
 
 import pytest
 import torch
-from train_testing import rl_config
 
 import rlhf.rl.roles.forward as forward_module
 import rlhf.runtime.local as local_module
 from rlhf.runtime.flops import handover_step
 from rlhf.runtime.threads import by_row_halves, run_side_by_side
+from tests.support.train_testing import rl_config
 
 # -- the trainer's update beside the critic's --------------------------------------------------------
 

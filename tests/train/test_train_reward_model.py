@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from train_testing import WORDS, write_jsonl
 
 from rlhf.config import RewardConfig, load_config
 from rlhf.data.collate import collate_pairs
@@ -24,6 +23,7 @@ from rlhf.stages.rm import (
     ranking_loss,
     run_reward_training,
 )
+from tests.support.train_testing import WORDS, write_jsonl
 
 MARKER = "t"
 

@@ -9,10 +9,10 @@ import random
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
-from worlds_testing import binomial_bound
 
 from rlhf.worlds import WorldConfig, WorldConfigError, build_world, load_world
 from rlhf.worlds.world import bradley_terry_label
+from tests.support.worlds_testing import binomial_bound
 
 SMALL_FILES = dict(sft_train_examples=60, sft_test_examples=20, pairs_train=50, pairs_test=30)
 

@@ -125,6 +125,7 @@ def test_atomic_export_keeps_other_files_and_leaves_no_partial_file(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "critic", "metrics.jsonl"]
 
 
+@pytest.mark.slow
 def test_resume_falls_back_from_a_truncated_newest_checkpoint(files, tmp_path, capsys):
     out = tmp_path / "run"
     assert_ok(rlhf(*train_args(files, out, "--train.iterations", "3", "--checkpoint.every", "1")))

@@ -3,6 +3,8 @@ silent run on untrained positions): the message names the file, the line and the
 
 from __future__ import annotations
 
+import pytest
+
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
 from tests.support.reliability_testing import (
     WORDS,
@@ -14,6 +16,8 @@ from tests.support.reliability_testing import (
     train_args,
     write_jsonl,
 )
+
+pytestmark = pytest.mark.slow  # every test here takes over 2 s (`make test-fast` leaves them out)
 
 
 def test_a_prompt_past_the_context_is_named_and_the_budget_flag_fixes_it(files, tmp_path, capsys):

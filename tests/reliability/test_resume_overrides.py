@@ -16,6 +16,8 @@ from tests.support.reliability_testing import (
     train_args,
 )
 
+pytestmark = pytest.mark.slow  # every test here takes over 2 s (`make test-fast` leaves them out)
+
 
 @pytest.fixture(scope="module")
 def run(files, tmp_path_factory):

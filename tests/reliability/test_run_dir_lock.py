@@ -7,6 +7,8 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
+
 from tests.support.reliability_testing import (
     assert_ok,
     assert_user_error,
@@ -25,6 +27,7 @@ def wait_for(condition, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_second_writer_is_refused_and_sigint_says_how_to_resume(files, tmp_path):
     out = tmp_path / "run"
     first = start(*train_args(files, out, "--train.iterations", "100000", "--checkpoint.every", "1"))
@@ -59,6 +62,7 @@ def test_second_writer_is_refused_and_sigint_says_how_to_resume(files, tmp_path)
     assert all(isinstance(r, dict) for r in records(out))
 
 
+@pytest.mark.slow
 def test_a_writer_killed_with_sigkill_leaves_no_lock_behind(tmp_path):
     import subprocess
     import sys

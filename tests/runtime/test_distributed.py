@@ -85,6 +85,7 @@ def ppo_on_two_ranks(tmp_path_factory) -> tuple[str, dict[str, list[dict]]]:
 
 
 @pytest.mark.parametrize("case", PPO_CASES)
+@pytest.mark.slow
 def test_two_ranks_train_as_one_process(case, ppo_on_two_ranks, tmp_path):
     ptx, two = ppo_on_two_ranks
     preset, layers = PPO_CASES[case]
@@ -138,6 +139,7 @@ def test_row_shares_cover_the_batch_once_and_differ_by_at_most_one():
             assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
 
 
+@pytest.mark.slow
 def test_ranks_share_the_cores_and_a_collective_fails_after_the_timeout_instead_of_hanging():
     from rlhf.runtime.threads import available_cores
     from tests.support.dist_cases import threads_then_silent_peer
@@ -167,6 +169,7 @@ SUPERVISED = [("sft", "ddp"), ("rm", "ddp"), ("sft", "fsdp2"), ("rm", "fsdp2")]
 
 
 @pytest.mark.parametrize("stage,strategy", SUPERVISED)
+@pytest.mark.slow
 def test_two_ranks_train_sft_and_reward_models_as_one_process(
     stage, strategy, supervised_on_two_ranks, tmp_path
 ):
@@ -188,6 +191,7 @@ def test_two_ranks_train_sft_and_reward_models_as_one_process(
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.slow
 def test_a_two_rank_run_resumes_at_two_ranks_and_in_one_process(strategy, tmp_path):
     """fsdp2: every rank writes its shards of the weights and optimizer moments (DCP); they load at
     2 ranks and into one process."""
@@ -238,6 +242,7 @@ def sampled_on_two_ranks() -> dict[str, list[list[dict]]]:
 
 
 @pytest.mark.parametrize("case", ["plain", "paper", "keep-finished-rows"])
+@pytest.mark.slow
 def test_two_ranks_sampling_their_shares_draw_the_one_process_tokens(case, sampled_on_two_ranks):
     from tests.support.dist_cases import sample_batches
 

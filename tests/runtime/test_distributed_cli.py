@@ -17,6 +17,8 @@ import torch
 from rlhf.cli import main
 from tests.support.cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl
 
+pytestmark = pytest.mark.slow  # every test here takes over 2 s (`make test-fast` leaves them out)
+
 torch.set_num_threads(1)
 
 WORDS = "a b c d e f g h i j k l m n o p q r s t".split()

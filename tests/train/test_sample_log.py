@@ -15,6 +15,8 @@ from rlhf.models.tiny import tiny_causal_lm
 from rlhf.worlds import WorldConfig, build_world, load_world
 from tests.support.report_html import ReportPage
 
+pytestmark = pytest.mark.slow  # every test here takes over 2 s (`make test-fast` leaves them out)
+
 torch.set_num_threads(1)
 
 BATCH = 4

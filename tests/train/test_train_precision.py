@@ -131,6 +131,7 @@ def test_reward_model_in_bfloat16_lowers_the_loss_with_a_float32_head_and_export
     assert final["best_step"] >= 0 and isinstance(final["train/loss"], float)
 
 
+@pytest.mark.slow
 def test_reward_model_with_gradient_checkpointing_logs_the_same_numbers(tok, tmp_path):
     logged = {}
     for on in (False, True):

@@ -148,6 +148,7 @@ def test_a_failing_function_stops_the_run_before_any_update(make_trainer):
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.roles.policy.model.parameters()))
 
 
+@pytest.mark.slow
 def test_nothing_is_imported_unless_named(make_trainer):
     trainer = make_trainer(
         rl_config("vanilla_ppo", reward={"functions": ["tests.support.reward_fns_testing:constant"]})

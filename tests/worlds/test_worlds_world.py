@@ -57,6 +57,7 @@ def test_default_sizes(world):
     assert len(world.train_prompts) + len(world.test_prompts) == cfg.n_topics * cfg.n_templates
 
 
+@pytest.mark.slow
 def test_every_word_is_one_token_and_round_trips(world, tmp_path):
     tok = world.tokenizer
     world.write(tmp_path)

@@ -88,9 +88,8 @@ def test_the_kv_cache_keyword_follows_the_decoders_signature():
         def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
             return input_ids
 
-    renamed = (
-        "cache" in inspect.signature(LlamaModel.forward).parameters
-    )  # 5.24 here; 5.17 on the GPU machine?
+    # renamed in 5.24 (here); 5.17 (the GPU machine) takes `past_key_values`, and **kwargs
+    renamed = "cache" in inspect.signature(LlamaModel.forward).parameters
     assert cache_keyword(LlamaModel) == ("cache" if renamed else "past_key_values")
     assert cache_keyword(Older) == "past_key_values"
 

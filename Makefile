@@ -4,7 +4,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test demo lint bench bench-demo bench-memory mutate clean
+# `make test` runs every test (CI runs it); `make test-fast` leaves out those marked `slow` (over ~2 s each:
+# end-to-end CLI runs, spawned ranks, the demo), the inner loop: under 2 minutes on 2 cores.
+.PHONY: setup test test-fast demo lint bench bench-demo bench-memory mutate clean
 
 setup: $(STAMP)
 
@@ -17,6 +19,9 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
 
 demo: setup
 	$(VENV)/bin/rlhf demo

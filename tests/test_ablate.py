@@ -84,6 +84,7 @@ def ablated(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_ablation_json_has_every_variant_with_its_numbers(ablated):
     ablation = json.loads((ablated / "ablation.json").read_text())
     rows = {r["variant"]: r for r in ablation["variants"]}
@@ -105,6 +106,7 @@ def test_ablation_json_has_every_variant_with_its_numbers(ablated):
     assert "forest plot" in report and "no_kl_penalty" in report and "skipped" in report
 
 
+@pytest.mark.slow
 def test_a_resumed_ablation_runs_only_what_did_not_finish(ablated, monkeypatch):
     before = json.loads((ablated / "ablation.json").read_text())
     (ablated / "runs" / "no_kl_penalty-seed0" / "result.json").unlink()  # as if interrupted there
@@ -121,6 +123,7 @@ def test_a_resumed_ablation_runs_only_what_did_not_finish(ablated, monkeypatch):
         assert a["runs"][0]["gold_gain_end"] == pytest.approx(b["runs"][0]["gold_gain_end"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_other_run_settings_rerun_every_run_over_the_same_stage(tmp_path, monkeypatch):
     out = tmp_path / "a"
     tiny = [*TINY, "--world.pairs_train", "16"]
@@ -143,6 +146,7 @@ def test_other_run_settings_rerun_every_run_over_the_same_stage(tmp_path, monkey
     assert result["iterations"] == 1 and result["run_key"]["iterations"] == 1
 
 
+@pytest.mark.slow
 def test_resuming_with_other_settings_is_refused(ablated, capsys):
     code = main(["ablate", "--out", str(ablated), "--seeds", "1", *TINY[:-2], "--rl.critic.pretrain_iterations", "1",
                  "--world.seed", "3"])  # fmt: skip

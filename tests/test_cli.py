@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl
 
 from rlhf.cli import STAGES, main
 from rlhf.config import RLConfig, config_from_yaml
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.scalar_head import ScalarHeadModel
+from tests.support.cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest, and far faster on a busy machine
 
@@ -91,6 +91,7 @@ def test_help_lists_every_stage(capsys):
     assert "STAGE" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_each_stage_writes_its_run_directory(runs):
     for name, key in (("sft", "step"), ("rm", "step"), ("ppo", "iteration")):
         run = runs[name]
@@ -110,6 +111,7 @@ def test_each_stage_writes_its_run_directory(runs):
     )
 
 
+@pytest.mark.slow
 def test_resume_extends_a_run_to_the_metrics_of_an_uninterrupted_one(files, runs, tmp_path):
     # a warmup over a fraction of the run (PPO-max's 10%) depends on the run's length, as a cosine
     # decay would: extending the run changes it, so this check holds the warmup fixed
@@ -123,6 +125,7 @@ def test_resume_extends_a_run_to_the_metrics_of_an_uninterrupted_one(files, runs
     assert config_from_yaml(RLConfig, split / "config.yaml").train.iterations == 4
 
 
+@pytest.mark.slow
 def test_resume_a_moved_run_directory(files, runs, tmp_path):
     original, moved = tmp_path / "original", tmp_path / "moved"
     assert main(train_args(files, runs, original)) == 0
@@ -132,6 +135,7 @@ def test_resume_a_moved_run_directory(files, runs, tmp_path):
     assert [r["iteration"] for r in metric_rows(moved) if "iteration" in r] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_eval_writes_win_tie_loss(files, runs, capsys):
     assert main(["eval", "--policy", str(runs["ppo"]), "--baseline", str(runs["sft"]), "--judge", str(runs["rm"]),
                  "--prompts", files["test"], "--n", "4", "--max-new-tokens", "4"]) == 0  # fmt: skip
@@ -146,6 +150,7 @@ def test_eval_writes_win_tie_loss(files, runs, capsys):
     assert "win / tie / loss" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_eval_with_the_papers_sampling_records_it_and_refuses_a_second_temperature(
     files, runs, capsys, tmp_path
 ):
@@ -162,6 +167,7 @@ def test_eval_with_the_papers_sampling_records_it_and_refuses_a_second_temperatu
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.slow
 def test_eval_encodes_prompts_with_the_budget_the_policy_was_trained_with(
     files, runs, tmp_path, monkeypatch, capsys
 ):
@@ -229,6 +235,7 @@ def test_sft_config_error_suggests_the_key(files, capsys):
     assert "unknown key 'train.epoch'. Did you mean 'train.epochs'?" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_train_into_a_used_run_directory_exits_2_with_the_fix(files, runs, capsys):
     before = (runs["ppo"] / "metrics.jsonl").read_text()
     assert main(train_args(files, runs, runs["ppo"])) == 2

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_data import save_tiny_base, write_jsonl
 
 from rlhf.cli import main
+from tests.support.cli_data import save_tiny_base, write_jsonl
 
 torch.set_num_threads(1)
 
@@ -74,6 +74,7 @@ STEPS = ["--train.max_steps", "4", "--train.batch_size", "8", "--train.micro_bat
 
 
 @pytest.mark.parametrize("stage", ["sft", "rm"])
+@pytest.mark.slow
 def test_grouping_within_steps_logs_the_losses_of_no_grouping(stage, files, tmp_path):
     data = files["sft" if stage == "sft" else "pairs"]
     runs = {}
@@ -94,6 +95,7 @@ def test_unknown_grouping_exits_2_naming_the_key(files, tmp_path, capsys):
     assert "train.group_by_length" in err and "within_step" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_ppo_with_sorted_micro_batches_logs_the_metrics_of_unsorted_ones(files, tmp_path):
     out = Path(files["root"]) / "runs"
     assert (

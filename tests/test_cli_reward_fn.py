@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import files, write_jsonl  # noqa: F401 (the module's fixture of tiny files)
 
 from rlhf.cli import main
+from tests.test_cli import files, write_jsonl  # noqa: F401 (the module's fixture of tiny files)
 
 TINY_GRPO = [
     "--preset", "grpo", "--train.iterations", "1", "--rollout.batch_size", "3",
@@ -39,25 +39,25 @@ def bonus_prompts(files):  # noqa: F811
 def test_train_against_a_reward_function_alone(sft, bonus_prompts, tmp_path):
     out = tmp_path / "run"
     args = ["train", "--policy", sft, "--prompts", bonus_prompts, "--out", str(out)]
-    assert main([*args, "--reward-fn", "reward_fns_testing:bonus", *TINY_GRPO]) == 0
+    assert main([*args, "--reward-fn", "tests.support.reward_fns_testing:bonus", *TINY_GRPO]) == 0
     (record,) = [
         json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"iteration"' in line
     ]
     scores = record["reward/raw_scores"]
     assert len(scores) == 6 and all(s >= 10 for s in scores)
     assert scores[0::2] == scores[1::2]  # both responses to a prompt read its line's bonus
-    assert record["reward/part/reward_fns_testing:bonus"] == pytest.approx(sum(scores) / 6)
-    assert "reward_fns_testing:bonus" in (out / "config.yaml").read_text()
+    assert record["reward/part/tests.support.reward_fns_testing:bonus"] == pytest.approx(sum(scores) / 6)
+    assert "tests.support.reward_fns_testing:bonus" in (out / "config.yaml").read_text()
     assert not (out / "critic").exists()
 
 
 def test_a_failing_reward_function_exits_2_naming_it_and_the_row(sft, files, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "run"
     args = ["train", "--policy", sft, "--prompts", files["prompts"], "--out", str(out)]
-    assert main([*args, "--reward-fn", "reward_fns_testing:nan_at_row_two", *TINY_GRPO]) == 2
+    assert main([*args, "--reward-fn", "tests.support.reward_fns_testing:nan_at_row_two", *TINY_GRPO]) == 2
     err = capsys.readouterr().err
     assert err.startswith(
-        "rlhf train: reward function reward_fns_testing:nan_at_row_two returned nan for row 2"
+        "rlhf train: reward function tests.support.reward_fns_testing:nan_at_row_two returned nan for row 2"
     )
     assert "Traceback" not in err
 
@@ -71,10 +71,10 @@ def test_train_needs_a_reward_model_or_a_function(sft, files, tmp_path, capsys):
 def test_eval_judged_by_a_reward_function(sft, files, tmp_path):  # noqa: F811
     out = tmp_path / "eval.json"
     args = ["eval", "--policy", sft, "--baseline", sft, "--prompts", files["test"], "--n", "4",
-            "--max-new-tokens", "4", "--out", str(out), "--reward-fn", "reward_fns_testing:constant"]  # fmt: skip
+            "--max-new-tokens", "4", "--out", str(out), "--reward-fn", "tests.support.reward_fns_testing:constant"]  # fmt: skip
     assert main(args) == 0
     result = json.loads(out.read_text())
-    assert result["judge"] == "reward_fns_testing:constant"
+    assert result["judge"] == "tests.support.reward_fns_testing:constant"
     assert result["policy"]["mean"] == pytest.approx(0.25) and result["baseline"]["mean"] == pytest.approx(
         0.25
     )

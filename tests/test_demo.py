@@ -32,6 +32,7 @@ def demo_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_summary_follows_the_documented_schema(demo_dir):
     summary = json.loads((demo_dir / "summary.json").read_text())
     assert {"gold_mean", "gold_std", "proxy_mean"} <= set(summary["sft"])
@@ -58,6 +59,7 @@ def test_summary_follows_the_documented_schema(demo_dir):
     assert len(claims) == 5 and all(isinstance(f["holds"], bool) for f in summary["findings"])
 
 
+@pytest.mark.slow
 def test_report_has_every_section_and_embeds_its_figures(demo_dir):
     html = (demo_dir / "report.html").read_text()
     for section in SECTIONS:
@@ -67,6 +69,7 @@ def test_report_has_every_section_and_embeds_its_figures(demo_dir):
     assert (demo_dir / "report_overview.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_every_stage_leaves_its_artifacts(demo_dir):
     for name in ("sft_train.jsonl", "pairs_train.jsonl", "prompts_test.jsonl", "world.json"):
         assert (demo_dir / "world" / name).exists()
@@ -79,6 +82,7 @@ def test_every_stage_leaves_its_artifacts(demo_dir):
         assert (run / "config.yaml").exists()
 
 
+@pytest.mark.slow
 def test_a_rerun_into_the_same_directory_starts_clean(demo_dir):
     short = TINY + ["--iterations", "1"]
     assert run_demo(out=str(demo_dir / "again"), seeds=1, overrides=short, quiet=True) == 0
@@ -87,11 +91,11 @@ def test_a_rerun_into_the_same_directory_starts_clean(demo_dir):
     assert [r["algorithm"] for r in summary["runs"]] == ["ppo_max"]
 
 
+@pytest.mark.slow
 def test_rlhf_report_rebuilds_the_demo_report_and_reports_each_run_of_it(demo_dir, capsys):
-    from report_html import ReportPage
-
     from rlhf.cli import main
     from rlhf.monitor.run_report import SECTIONS as RUN_SECTIONS
+    from tests.support.report_html import ReportPage
 
     before = ReportPage.of(demo_dir / "report.html")
     (demo_dir / "report.html").unlink()

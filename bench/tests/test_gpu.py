@@ -178,6 +178,7 @@ def _args(**extra) -> Namespace:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+@pytest.mark.slow
 def test_without_cuda_the_section_is_one_line_and_a_skipped_key(tmp_path, monkeypatch, capsys):
     machine = {"gflops": [1.0], "gflops_max": 1.0, "gflops_median": 1.0, "maxrss_mb": 1.0}
     monkeypatch.setattr(run, "machine_section", lambda runner, threads, reps: machine)

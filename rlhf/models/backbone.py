@@ -9,6 +9,7 @@ surrounds it.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -27,6 +28,19 @@ def is_peft_model(model: nn.Module) -> bool:
     except ImportError:  # pragma: no cover - peft is a dependency
         return False
     return isinstance(model, PeftModel)
+
+
+@contextlib.contextmanager
+def peft_wrapping() -> Iterator[None]:
+    """Around PEFT's wrapping of a model (`get_peft_model`, `PeftModel.from_pretrained`): PEFT reads
+    `model.is_gradient_checkpointing` there, a property transformers deprecates (FutureWarning: use
+    `is_activation_checkpointing`). The call is PEFT's, not the user's and not ours, so that one
+    warning is hidden here and nowhere else."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
 
 
 def unwrap_causal_lm(model: nn.Module) -> nn.Module:

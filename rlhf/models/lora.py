@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from peft import LoraConfig, TaskType, get_peft_model
 from torch import nn
 
-from rlhf.models.backbone import is_peft_model
+from rlhf.models.backbone import is_peft_model, peft_wrapping
 from rlhf.models.scalar_head import ScalarHeadModel
 
 
@@ -33,7 +33,8 @@ def _wrap(model: nn.Module, config: LoraConfig) -> nn.Module:
     if is_peft_model(model):
         raise ValueError("the model already has a PEFT adapter; apply_lora was called twice.")
     try:
-        return get_peft_model(model, config)
+        with peft_wrapping():
+            return get_peft_model(model, config)
     except ValueError as err:
         raise ValueError(
             f"{err}\nFix: pass target_modules=[...] naming the linear layers to adapt in "

@@ -17,6 +17,8 @@ tokens drawn are the same as with a check at every step.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -307,6 +309,17 @@ def _seen_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, vocab_size
     return counts > 0
 
 
+@functools.cache
+def cache_keyword(decoder_class: type) -> str:
+    """The keyword argument a decoder's `forward` takes the KV cache by: `cache` where transformers
+    has renamed it (its `past_key_values` is deprecated there and removed in 5.40), else
+    `past_key_values` (transformers before the rename, and decoders outside transformers). Read from
+    the signature once per class: a `**kwargs` forward of an older version would swallow `cache`
+    silently, and decode without a cache."""
+    parameters = inspect.signature(decoder_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 def _sample_loop(
     model: nn.Module,
     prompt_ids: torch.Tensor,
@@ -337,6 +350,7 @@ def _sample_loop(
     tokens = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(batch, max_new, device=device) if return_logprobs else None
     cache = DynamicCache(config=decoder.config)
+    with_cache = {cache_keyword(type(decoder)): cache, "use_cache": True}
 
     # Prefill: the whole prompt block, the head on the last column only.
     positions = position_ids(prompt_mask)
@@ -344,8 +358,7 @@ def _sample_loop(
         input_ids=prompt_ids,
         attention_mask=mask[:, :prompt_len],
         position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
+        **with_cache,
     )[0]
     logits = head(hidden[:, -1])
     seen = None
@@ -397,8 +410,7 @@ def _sample_loop(
             input_ids=chosen.unsqueeze(1),
             attention_mask=mask[active, : prompt_len + steps],
             position_ids=next_position,
-            past_key_values=cache,
-            use_cache=True,
+            **with_cache,
         )[0]
         logits = head(hidden[:, -1])
         next_position = next_position + 1

@@ -26,7 +26,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from rlhf.models.backbone import decoder_hidden_states, head_logits, is_peft_model, unwrap_causal_lm
+from rlhf.models.backbone import (
+    decoder_hidden_states,
+    head_logits,
+    is_peft_model,
+    peft_wrapping,
+    unwrap_causal_lm,
+)
 from rlhf.models.loading import ModelLoadingError, load_causal_lm
 from rlhf.models.trust import check_model_directory
 
@@ -151,7 +157,8 @@ class ScalarHeadModel(nn.Module):
                     )
                 base_model = load_causal_lm(base_path, dtype=dtype)
             check_model_directory(path)  # the adapter's own weights: safetensors unless --allow-pickle
-            model = PeftModel.from_pretrained(base_model, str(path), is_trainable=True)
+            with peft_wrapping():
+                model = PeftModel.from_pretrained(base_model, str(path), is_trainable=True)
         else:
             model = load_causal_lm(path, dtype=dtype)
         state = load_file(str(weights))

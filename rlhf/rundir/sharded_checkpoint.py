@@ -12,6 +12,7 @@ them after loading), with `ddp`, or in one process (no process group: DCP reads 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from pathlib import Path
 
 import torch
@@ -85,8 +86,11 @@ def load_sharded_weights(roles, path: Path) -> None:
                     tensor = torch.empty(meta.size, dtype=meta.properties.dtype, device=param.device)
                     state[saved_key] = tensor
                     moments.append((learner.optimizer, param, saved_key[len(prefix) :], tensor))
-    with torch.no_grad():
-        dcp.load(state, storage_reader=reader, no_dist=not (dist.is_available() and dist.is_initialized()))
+    one_process = not (dist.is_available() and dist.is_initialized())
+    with torch.no_grad(), warnings.catch_warnings():
+        # in one process, DCP warns that it assumes a load in one process: that is what is asked
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninit")
+        dcp.load(state, storage_reader=reader, no_dist=one_process)
     for optimizer in {id(o): o for o, *_ in moments}.values():
         optimizer.state.clear()
     for optimizer, param, key, tensor in moments:

@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 import torch
-from gguf_testing import gguf, write_tiny_llama_gguf
 from transformers import AutoModelForCausalLM
 
 from rlhf.cli import main
 from rlhf.config import SFTConfig, load_config
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.stages.sft import run_sft
+from tests.support.gguf_testing import gguf, write_tiny_llama_gguf
 
 GGUF_NAME = "tiny.Q4_1.gguf"
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from models_testing import fixed_logits_lm, rollout_batch
 
 from rlhf.models.backbone import head_logits, output_head, position_ids
 from rlhf.models.logprobs import default_chunk_size, response_logprobs
 from rlhf.models.sampling import SamplingConfig, generate
+from tests.support.models_testing import fixed_logits_lm, rollout_batch
 
 PROMPTS = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
 RESPONSES = [[14, 15, 3], [16, 17, 18, 19, 3], [20]]

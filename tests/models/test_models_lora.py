@@ -6,12 +6,12 @@ import copy
 
 import pytest
 import torch
-from models_testing import left_pad
 
 from rlhf.models.backbone import is_peft_model
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.lora import apply_lora
 from rlhf.models.scalar_head import ScalarHeadModel
+from tests.support.models_testing import left_pad
 
 
 def test_policy_gets_trainable_adapters_and_a_frozen_base(lm):

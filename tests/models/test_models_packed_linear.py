@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from models_testing import left_pad
 from torch import nn
 
 import rlhf.models.packed_linear as packed_linear
 from rlhf.models.packed_linear import packable, packed_linears
 from rlhf.models.sampling import SamplingConfig, generate
+from tests.support.models_testing import left_pad
 
 needs_packing = pytest.mark.skipif(
     not packed_linear.packing_available(), reason="no oneDNN in this torch build"

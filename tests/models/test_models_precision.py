@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-from models_testing import rollout_batch
 
 from rlhf.config import ConfigError
 from rlhf.models.device import resolve_device, to_device
@@ -16,6 +15,7 @@ from rlhf.models.logprobs import response_logprobs
 from rlhf.models.lora import apply_lora
 from rlhf.models.precision import Precision, cast_parameters
 from rlhf.models.scalar_head import ScalarHeadModel
+from tests.support.models_testing import rollout_batch
 
 PAD = 0
 CPU = torch.device("cpu")

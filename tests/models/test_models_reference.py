@@ -6,11 +6,11 @@ import copy
 
 import pytest
 import torch
-from models_testing import rollout_batch
 
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.lora import apply_lora
 from rlhf.models.reference import ReferenceModel
+from tests.support.models_testing import rollout_batch
 
 BATCH = rollout_batch([[5, 6, 7], [8]], [[9, 10, 3], [11, 12]], pad_id=0)
 

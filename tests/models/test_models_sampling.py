@@ -6,7 +6,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from models_testing import fixed_logits_lm, left_pad
 
 from rlhf.models.backbone import position_ids
 from rlhf.models.logprobs import response_logprobs
@@ -19,6 +18,7 @@ from rlhf.models.sampling import (
     top_k_filter,
     top_p_filter,
 )
+from tests.support.models_testing import fixed_logits_lm, left_pad
 
 EOS, PAD = 3, 0
 PROMPTS = [[5, 6, 7, 8, 9], [10], [11, 12, 13]]

@@ -8,7 +8,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from models_testing import left_pad, right_pad, rollout_batch
 from transformers import AutoModelForCausalLM
 
 from rlhf.models.backbone import position_ids
@@ -22,6 +21,7 @@ from rlhf.models.scalar_head import (
     last_token_index,
     response_values,
 )
+from tests.support.models_testing import left_pad, right_pad, rollout_batch
 
 SEQUENCES = [[5, 6, 7, 8, 3], [9, 10, 3], [11, 12, 13, 14, 15, 16, 3]]
 

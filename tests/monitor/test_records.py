@@ -80,6 +80,7 @@ def test_flatten_metrics_joins_nested_keys_and_rejects_non_string_keys():
         st.text(min_size=1, max_size=8), st.floats(allow_nan=True, allow_infinity=True), max_size=8
     )
 )
+@pytest.mark.slow
 def test_any_float_metrics_give_strict_json_that_round_trips(metrics):
     line = dumps_record(flatten_metrics(metrics))
     parsed = _strict_loads(line)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from report_html import ReportPage
 
 from rlhf.monitor import CollapseDetector, MetricsLogger
 from rlhf.monitor.run_files import NotARunDirectory, read_run_dir
 from rlhf.monitor.run_kinds import GROUP_TITLES
 from rlhf.monitor.run_report import SECTIONS, write_run_report
+from tests.support.report_html import ReportPage
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EVIL = "<script>alert('x')</script>"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_data import pair_rows, sft_rows
-from reliability_testing import WORDS, write_jsonl
 
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
+from tests.support.cli_data import pair_rows, sft_rows
+from tests.support.reliability_testing import WORDS, write_jsonl
 
 torch.set_num_threads(1)
 

@@ -10,9 +10,16 @@ import sys
 
 import pytest
 import torch
-from reliability_testing import InProcess, assert_ok, assert_user_error, iterations, rlhf, train_args
 
 from rlhf.rundir import checkpoint as ckpt
+from tests.support.reliability_testing import (
+    InProcess,
+    assert_ok,
+    assert_user_error,
+    iterations,
+    rlhf,
+    train_args,
+)
 
 
 def make_checkpoint(run, iteration: int, *, old_style: bool = False):
@@ -118,6 +125,7 @@ def test_atomic_export_keeps_other_files_and_leaves_no_partial_file(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "critic", "metrics.jsonl"]
 
 
+@pytest.mark.slow
 def test_resume_falls_back_from_a_truncated_newest_checkpoint(files, tmp_path, capsys):
     out = tmp_path / "run"
     assert_ok(rlhf(*train_args(files, out, "--train.iterations", "3", "--checkpoint.every", "1")))

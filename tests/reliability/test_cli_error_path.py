@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import errno
 
-from reliability_testing import InProcess, assert_user_error
-
 from rlhf import cli
 from rlhf.cli import main
+from tests.support.reliability_testing import InProcess, assert_user_error
 
 
 def test_report_on_a_directory_that_is_not_a_demo_is_a_user_error(tmp_path, capsys):

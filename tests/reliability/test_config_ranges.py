@@ -3,9 +3,10 @@ train stops before anything is written, with one message naming THAT key and a f
 
 from __future__ import annotations
 
-from reliability_testing import assert_ok, assert_user_error, iterations, rlhf, train_args
+import pytest
 
 from rlhf.cli import main
+from tests.support.reliability_testing import assert_ok, assert_user_error, iterations, rlhf, train_args
 
 SFT_BAD = [
     ("train.micro_batch_size", "0"),
@@ -74,6 +75,7 @@ def test_near_zero_temperature_warns(files, tmp_path, caplog):
     assert "rollout.temperature 1e-06 is near 0" in caplog.text and "--rollout.temperature" in caplog.text
 
 
+@pytest.mark.slow
 def test_sft_micro_batch_zero_through_the_cli_and_its_fix(files, tmp_path):
     out = tmp_path / "sft"
     args = ["sft", "--model", files["policy"], "--data", files["sft"], "--out", out, "--sinks", "jsonl",
@@ -84,6 +86,7 @@ def test_sft_micro_batch_zero_through_the_cli_and_its_fix(files, tmp_path):
     assert (out / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_nothing_to_train_combination_and_its_fix(files, tmp_path):
     out = tmp_path / "rl"
     args = train_args(files, out, "--train.iterations", "1", "--rollout.stop_at_eos", "false")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import gzip
 
-from reliability_testing import assert_ok, assert_user_error, rlhf
+import pytest
 
 from rlhf.cli import main
+from tests.support.reliability_testing import assert_ok, assert_user_error, rlhf
 
 
 def with_bad_lines(source, path):
@@ -16,6 +17,7 @@ def with_bad_lines(source, path):
     return path
 
 
+@pytest.mark.slow
 def test_sft_suggests_skip_invalid_and_the_suggestion_works(files, tmp_path):
     data = with_bad_lines(files["sft"], tmp_path / "sft.jsonl")
     args = ["sft", "--model", files["policy"], "--data", data, "--out", tmp_path / "run",

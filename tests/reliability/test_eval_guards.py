@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
-from reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
 
 from rlhf.models.scalar_head import ScalarHeadModel
+from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
 
 
 def eval_args(files, judge, out, *extra):
@@ -18,6 +19,7 @@ def eval_args(files, judge, out, *extra):
             "--prompts", files["prompts"], "--n", "4", "--max-new-tokens", "2", "--out", out, *extra]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_nan_judge_is_named_with_its_rows_and_another_judge_works(files, tmp_path):
     broken = tmp_path / "nan-rm"
     judge = ScalarHeadModel.from_pretrained(files["rm"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import torch
-from reliability_testing import InProcess
 
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt
@@ -14,6 +13,7 @@ from rlhf.evaluation.judging import sample_responses
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel
+from tests.support.reliability_testing import InProcess
 
 
 def test_eval_json_keeps_every_sample_and_progress_is_shown(files, tmp_path, capsys):

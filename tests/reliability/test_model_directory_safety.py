@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 import torch
-from reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
+
+from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
 
 SFT_ONE_STEP = ["--train.max_steps", "1", "--train.batch_size", "2", "--sinks", "jsonl"]
 
@@ -33,6 +34,7 @@ def custom_code_model(files, tmp_path):
     return model, sentinel
 
 
+@pytest.mark.slow
 def test_custom_code_is_refused_until_the_flag_is_given(custom_code_model, files, tmp_path):
     model, sentinel = custom_code_model
     refused = sft(model, files, tmp_path / "refused")
@@ -43,6 +45,7 @@ def test_custom_code_is_refused_until_the_flag_is_given(custom_code_model, files
     assert sentinel.exists()  # the flag is what lets the code run
 
 
+@pytest.mark.slow
 def test_pickle_weights_need_the_flag(files, tmp_path, capsys):
     model = tmp_path / "pickled"
     shutil.copytree(files["policy"], model)
@@ -66,6 +69,7 @@ class _Payload:
         return (open, (self.path, "w"))  # unpickling this creates a file
 
 
+@pytest.mark.slow
 def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(files, tmp_path):
     model = tmp_path / "malicious"
     shutil.copytree(files["policy"], model)

@@ -3,7 +3,10 @@ silent run on untrained positions): the message names the file, the line and the
 
 from __future__ import annotations
 
-from reliability_testing import (
+import pytest
+
+from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
+from tests.support.reliability_testing import (
     WORDS,
     InProcess,
     assert_ok,
@@ -14,7 +17,7 @@ from reliability_testing import (
     write_jsonl,
 )
 
-from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
+pytestmark = pytest.mark.slow  # every test here takes over 2 s (`make test-fast` leaves them out)
 
 
 def test_a_prompt_past_the_context_is_named_and_the_budget_flag_fixes_it(files, tmp_path, capsys):

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from reliability_testing import InProcess, assert_ok, assert_user_error, iterations, rlhf, train_args
+
+from tests.support.reliability_testing import (
+    InProcess,
+    assert_ok,
+    assert_user_error,
+    iterations,
+    rlhf,
+    train_args,
+)
+
+pytestmark = pytest.mark.slow  # every test here takes over 2 s (`make test-fast` leaves them out)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,17 @@ from __future__ import annotations
 import signal
 import time
 
-from reliability_testing import assert_ok, assert_user_error, iterations, records, rlhf, start, train_args
+import pytest
+
+from tests.support.reliability_testing import (
+    assert_ok,
+    assert_user_error,
+    iterations,
+    records,
+    rlhf,
+    start,
+    train_args,
+)
 
 
 def wait_for(condition, timeout: float = 120.0) -> None:
@@ -17,6 +27,7 @@ def wait_for(condition, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_second_writer_is_refused_and_sigint_says_how_to_resume(files, tmp_path):
     out = tmp_path / "run"
     first = start(*train_args(files, out, "--train.iterations", "100000", "--checkpoint.every", "1"))
@@ -51,13 +62,13 @@ def test_second_writer_is_refused_and_sigint_says_how_to_resume(files, tmp_path)
     assert all(isinstance(r, dict) for r in records(out))
 
 
+@pytest.mark.slow
 def test_a_writer_killed_with_sigkill_leaves_no_lock_behind(tmp_path):
     import subprocess
     import sys
 
-    from reliability_testing import env
-
     from rlhf.rundir.lock import LOCK_FILE, RunDirInUse, run_dir_lock
+    from tests.support.reliability_testing import env
 
     run = tmp_path / "run"
     holder = subprocess.Popen(

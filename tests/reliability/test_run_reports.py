@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from reliability_testing import TINY_TRAIN, InProcess, assert_user_error
-from report_html import ReportPage
 
 from rlhf.cli import main
 from rlhf.monitor.run_report import SECTIONS
+from tests.support.reliability_testing import TINY_TRAIN, InProcess, assert_user_error
+from tests.support.report_html import ReportPage
 
 TINY_SUPERVISED = ["--train.max_steps", "4", "--train.batch_size", "4", "--train.eval_every", "2",
                    "--sinks", "[jsonl]", "--data.test_fraction", "0.25"]  # fmt: skip
@@ -50,6 +50,7 @@ def metric_records(run: Path, key: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("kind", ["sft", "rm", "rl"])
+@pytest.mark.slow
 def test_a_training_command_writes_its_report_and_names_it(runs, kind):
     run, stdout = runs[kind]
     report = run / "report.html"
@@ -68,6 +69,7 @@ def test_a_training_command_writes_its_report_and_names_it(runs, kind):
     assert headline[final_key][1] == f"{last[final_key]:.4g}"
 
 
+@pytest.mark.slow
 def test_the_rl_report_shows_pretraining_and_the_ptx_note_with_its_iteration(runs):
     run, _ = runs["rl"]
     page = ReportPage.of(run / "report.html")
@@ -80,6 +82,7 @@ def test_the_rl_report_shows_pretraining_and_the_ptx_note_with_its_iteration(run
 
 
 @pytest.mark.parametrize("kind", ["sft", "rm", "rl"])
+@pytest.mark.slow
 def test_rlhf_report_rebuilds_the_same_report(runs, kind, capsys):
     run, _ = runs[kind]
     before = (run / "report.html").read_text()
@@ -117,6 +120,7 @@ def test_a_report_that_fails_does_not_fail_the_run(files, tmp_path, monkeypatch)
     assert (out / "model.safetensors").is_file() and not (out / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_a_run_directory_that_cannot_be_written_is_a_user_error(runs, capsys, monkeypatch):
     run, _ = runs["sft"]
 
@@ -130,6 +134,7 @@ def test_a_run_directory_that_cannot_be_written_is_a_user_error(runs, capsys, mo
     )
 
 
+@pytest.mark.slow
 def test_rlhf_report_refuses_extra_arguments(runs, capsys):
     run, _ = runs["sft"]
     assert_user_error(

@@ -7,10 +7,10 @@ import json
 import os
 
 import pytest
-from reliability_testing import train_args
 
 from rlhf.cli import main
 from rlhf.rundir.lock import LOCK_FILE, run_dir_lock
+from tests.support.reliability_testing import train_args
 
 
 @pytest.mark.parametrize("stage", ["sft", "rm", "demo"])

@@ -1,6 +1,6 @@
 """Data parallelism (rlhf/runtime/distributed.py): 2 gloo ranks give the one-process run's numbers.
 
-The ranks are spawned processes (tests/runtime/ranks.py); the one-process reference is the local
+The ranks are spawned processes (tests/support/ranks.py); the one-process reference is the local
 runtime in this process, on the same seeds and the same global batch.
 """
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_cases import each_case, ppo_run, ptx_rows_file
-from ranks import run_ranks
+
+from tests.support.dist_cases import each_case, ppo_run, ptx_rows_file
+from tests.support.ranks import run_ranks
 
 ATOL = 1e-5
 
@@ -84,6 +85,7 @@ def ppo_on_two_ranks(tmp_path_factory) -> tuple[str, dict[str, list[dict]]]:
 
 
 @pytest.mark.parametrize("case", PPO_CASES)
+@pytest.mark.slow
 def test_two_ranks_train_as_one_process(case, ppo_on_two_ranks, tmp_path):
     ptx, two = ppo_on_two_ranks
     preset, layers = PPO_CASES[case]
@@ -137,10 +139,10 @@ def test_row_shares_cover_the_batch_once_and_differ_by_at_most_one():
             assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
 
 
+@pytest.mark.slow
 def test_ranks_share_the_cores_and_a_collective_fails_after_the_timeout_instead_of_hanging():
-    from dist_cases import threads_then_silent_peer
-
     from rlhf.runtime.threads import available_cores
+    from tests.support.dist_cases import threads_then_silent_peer
 
     (threads_0, (lost, message)), (threads_1, _) = run_ranks(
         threads_then_silent_peer, 8.0, collective_timeout=2.0
@@ -152,7 +154,7 @@ def test_ranks_share_the_cores_and_a_collective_fails_after_the_timeout_instead_
 @pytest.fixture(scope="module")
 def supervised_on_two_ranks(tmp_path_factory) -> tuple[dict[str, str], dict[str, list[dict]]]:
     """An SFT and a reward-model run on 2 ranks, in one spawned job: (data files, {stage: [rank 0, rank 1]})."""
-    from dist_cases import supervised_run, write_supervised_data
+    from tests.support.dist_cases import supervised_run, write_supervised_data
 
     root = tmp_path_factory.mktemp("supervised_two_ranks")
     data = write_supervised_data(root)
@@ -174,10 +176,11 @@ SUPERVISED = [
 
 
 @pytest.mark.parametrize("stage,strategy", SUPERVISED)
+@pytest.mark.slow
 def test_two_ranks_train_sft_reward_and_dpo_models_as_one_process(
     stage, strategy, supervised_on_two_ranks, tmp_path
 ):
-    from dist_cases import supervised_run
+    from tests.support.dist_cases import supervised_run
 
     data, two = supervised_on_two_ranks
     one = one_thread(supervised_run, stage, str(tmp_path / "one"), data[stage])
@@ -195,11 +198,12 @@ def test_two_ranks_train_sft_reward_and_dpo_models_as_one_process(
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.slow
 def test_a_two_rank_run_resumes_at_two_ranks_and_in_one_process(strategy, tmp_path):
     """fsdp2: every rank writes its shards of the weights and optimizer moments (DCP); they load at
     2 ranks and into one process."""
-    from dist_cases import resume_run, run_whole_and_interrupted
-    from train_testing import metric_rows
+    from tests.support.dist_cases import resume_run, run_whole_and_interrupted
+    from tests.support.train_testing import metric_rows
 
     ptx = ptx_rows_file(tmp_path)
     run_ranks(run_whole_and_interrupted, str(tmp_path), ptx, strategy)
@@ -238,15 +242,16 @@ def test_stages_without_data_parallelism_refuse_a_multi_process_launch(monkeypat
 @pytest.fixture(scope="module")
 def sampled_on_two_ranks() -> dict[str, list[list[dict]]]:
     """Every sampling case on 2 ranks, in one spawned job: {case: [rank 0's rollouts, rank 1's]}."""
-    from dist_cases import SAMPLING_CASES, sample_batches
+    from tests.support.dist_cases import SAMPLING_CASES, sample_batches
 
     per_rank = run_ranks(each_case, sample_batches, [(case,) for case in SAMPLING_CASES])
     return {case: [results[i] for results in per_rank] for i, case in enumerate(SAMPLING_CASES)}
 
 
 @pytest.mark.parametrize("case", ["plain", "paper", "keep-finished-rows"])
+@pytest.mark.slow
 def test_two_ranks_sampling_their_shares_draw_the_one_process_tokens(case, sampled_on_two_ranks):
-    from dist_cases import sample_batches
+    from tests.support.dist_cases import sample_batches
 
     one = sample_batches(case)  # the whole batch in this process, three rollouts from one generator
     ranks = sampled_on_two_ranks[case]

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: cli_data
+from rlhf.cli import main
+from tests.support.cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl
 
-from cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl  # noqa: E402
-
-from rlhf.cli import main  # noqa: E402
+pytestmark = pytest.mark.slow  # every test here takes over 2 s (`make test-fast` leaves them out)
 
 torch.set_num_threads(1)
 

@@ -16,12 +16,12 @@ from functools import partial
 
 import pytest
 import torch
-from train_testing import rl_config
 
 import rlhf.rl.roles.forward as forward_module
 import rlhf.runtime.local as local_module
 from rlhf.runtime.flops import handover_step
 from rlhf.runtime.threads import by_row_halves, run_side_by_side
+from tests.support.train_testing import rl_config
 
 # -- the trainer's update beside the critic's --------------------------------------------------------
 
@@ -320,6 +320,7 @@ def late_step_faults(mode: str, env: dict | None = None) -> tuple[str, str, int]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+@pytest.mark.slow
 def test_kept_memory_is_reused_without_page_faults():
     """A step's 40 MiB of activations, freed and allocated again: by default glibc returns them to
     the OS after every step and faults their 10,240 pages back in at the next; with
@@ -332,6 +333,7 @@ def test_kept_memory_is_reused_without_page_faults():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+@pytest.mark.slow
 def test_a_malloc_setting_of_the_user_wins():
     first, second, _ = late_step_faults("keep", env={"MALLOC_TRIM_THRESHOLD_": "131072"})
     assert (first, second) == ("False", "False")

@@ -98,6 +98,7 @@ def test_limit_is_a_seeded_sample_in_source_order(mutate) -> None:
     assert mutate.choose(mutants, None, seed=1) == mutants
 
 
+@pytest.mark.slow
 def test_runs_mutants_and_classifies_them(mutate, tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")

@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 from torch import nn
-from train_testing import WORDS, write_jsonl
 
 from rlhf.cli import build_parser, main, rm_eval_config
 from rlhf.evaluation import pair_stats
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.stages.rm_eval import run_rm_eval
+from tests.support.train_testing import WORDS, write_jsonl
 
 MARGINS = [2.0, 1.0, 0.5, -0.5, -1.0, 0.0]
 

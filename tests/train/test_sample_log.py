@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from report_html import ReportPage
 
 from rlhf.cli import main
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.worlds import WorldConfig, build_world, load_world
+from tests.support.report_html import ReportPage
+
+pytestmark = pytest.mark.slow  # every test here takes over 2 s (`make test-fast` leaves them out)
 
 torch.set_num_threads(1)
 

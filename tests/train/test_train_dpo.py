@@ -139,7 +139,7 @@ def test_bad_settings_name_the_key_and_the_fix(dpo, key, tmp_path):
 
 @pytest.mark.slow
 def test_the_command_trains_exports_and_reports_and_a_bad_loss_exits_2(tmp_path, capsys):
-    from tests.cli_data import save_tiny_base, write_jsonl
+    from tests.support.cli_data import save_tiny_base, write_jsonl
 
     save_tiny_base(tmp_path / "base", WORDS)
     data = write_jsonl(tmp_path / "pairs.jsonl", pairs())

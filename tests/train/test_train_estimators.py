@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_train_resume import Interrupted, interrupt_at
-from train_testing import metric_rows, perturb, rl_config
 
 from rlhf.config import ConfigError, RLConfig, load_config
 from rlhf.core import kl_estimate, masked_mean
 from rlhf.rl.experience import Experience, concat_experiences
 from rlhf.rl.prompts import PromptStream
+from tests.support.train_testing import metric_rows, perturb, rl_config
+from tests.train.test_train_resume import Interrupted, interrupt_at
 
 GRPO = {
     "advantage": {"estimator": "grpo", "whiten": False},

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_testing import rl_config
 
 from rlhf.train.guards import NonFiniteScoresError, require_finite_scores
+from tests.support.train_testing import rl_config
 
 
 def test_a_nan_reward_stops_the_run_naming_the_model_the_rows_and_the_fix(make_trainer):

@@ -9,7 +9,6 @@ from dataclasses import fields
 
 import pytest
 import torch
-from train_testing import rl_config
 
 from rlhf.config import RewardConfig, SFTConfig, load_config
 from rlhf.models.scalar_head import ScalarHeadModel
@@ -21,6 +20,7 @@ from rlhf.stages import sft as sft_module
 from rlhf.stages.rm import EncodedPair, evaluate_pairs, pair_forward, pair_step, ranking_loss
 from rlhf.stages.sft import EncodedSFT, evaluate_nll, train_steps
 from rlhf.train.lm_loss import model_token_nll
+from tests.support.train_testing import rl_config
 
 ATOL = 1e-6
 

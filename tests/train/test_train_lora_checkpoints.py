@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_model
-from test_train_resume import Interrupted, interrupt_at
-from train_testing import metric_rows, rl_config
 
 from rlhf.config import ConfigError
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.weights import load_trained
+from tests.support.train_testing import metric_rows, rl_config
+from tests.train.test_train_resume import Interrupted, interrupt_at
 
 ITERATIONS = 4
 

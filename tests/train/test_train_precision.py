@@ -9,9 +9,6 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train_reward_model import marker_pairs, reward_model
-from test_train_sft import log_rows, sft_config
-from train_testing import write_jsonl
 
 from rlhf.cli import main
 from rlhf.config import ConfigError, RewardConfig, SFTConfig, load_config
@@ -20,6 +17,9 @@ from rlhf.models.precision import Precision
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.stages.rm import run_reward_training
 from rlhf.stages.sft import run_sft
+from tests.support.train_testing import write_jsonl
+from tests.train.test_train_reward_model import marker_pairs, reward_model
+from tests.train.test_train_sft import log_rows, sft_config
 
 
 def output_dtypes(module: torch.nn.Module) -> list[torch.dtype]:
@@ -131,6 +131,7 @@ def test_reward_model_in_bfloat16_lowers_the_loss_with_a_float32_head_and_export
     assert final["best_step"] >= 0 and isinstance(final["train/loss"], float)
 
 
+@pytest.mark.slow
 def test_reward_model_with_gradient_checkpointing_logs_the_same_numbers(tok, tmp_path):
     logged = {}
     for on in (False, True):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from train_testing import MAX_NEW_TOKENS, metric_rows, params_of, rl_config
 
 from rlhf.config import PRESETS, RLConfig, load_config
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.scalar_head import ScalarHeadModel
+from tests.support.train_testing import MAX_NEW_TOKENS, metric_rows, params_of, rl_config
 
 # Monitors of docs/algorithms.md §22 that every algorithm logs each iteration.
 COMMON = (

@@ -6,10 +6,10 @@ sampling / shuffling / ptx generators, critic pre-training and the collapse dete
 from __future__ import annotations
 
 import pytest
-from train_testing import WORDS, metric_rows, rl_config, write_jsonl
 
 from rlhf.config import ConfigError
 from rlhf.stages.prompt_files import ptx_sampler
+from tests.support.train_testing import WORDS, metric_rows, rl_config, write_jsonl
 
 ITERATIONS = 4
 

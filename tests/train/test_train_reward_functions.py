@@ -10,9 +10,7 @@ import subprocess
 import sys
 
 import pytest
-import reward_fns_testing
 import torch
-from train_testing import rl_config
 
 from rlhf.config import ConfigError
 from rlhf.rl.reward_functions import (
@@ -23,10 +21,15 @@ from rlhf.rl.reward_functions import (
 )
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
+from tests.support import reward_fns_testing
+from tests.support.train_testing import rl_config
 
 
 def test_weighted_sum_with_the_reward_model_is_the_sum_of_the_parts(make_trainer):
-    functions = [{"name": "reward_fns_testing:length", "weight": 0.5}, "reward_fns_testing:constant"]
+    functions = [
+        {"name": "tests.support.reward_fns_testing:length", "weight": 0.5},
+        "tests.support.reward_fns_testing:constant",
+    ]
     trainer = make_trainer(rl_config("vanilla_ppo", reward={"functions": functions, "model_weight": 2.0}))
     reward_fns_testing.CALLS.clear()
     experience, metrics = trainer.make_experience()
@@ -36,8 +39,10 @@ def test_weighted_sum_with_the_reward_model_is_the_sum_of_the_parts(make_trainer
     expected = 2.0 * rm + 0.5 * lengths + 0.25
     assert metrics["reward/raw_scores"] == pytest.approx([round(float(x), 4) for x in expected], abs=1e-4)
     assert metrics["reward/part/reward_model"] == pytest.approx(float((2.0 * rm).mean()), rel=1e-5)
-    assert metrics["reward/part/reward_fns_testing:length"] == pytest.approx(float(0.5 * lengths.mean()))
-    assert metrics["reward/part/reward_fns_testing:constant"] == pytest.approx(0.25)
+    assert metrics["reward/part/tests.support.reward_fns_testing:length"] == pytest.approx(
+        float(0.5 * lengths.mean())
+    )
+    assert metrics["reward/part/tests.support.reward_fns_testing:constant"] == pytest.approx(0.25)
     seen = reward_fns_testing.CALLS[0]
     assert [len(ids) for ids in seen["ids"]] == lengths.long().tolist()
     assert len(seen["prompts"]) == len(seen["responses"]) == experience.batch_size
@@ -47,7 +52,7 @@ def test_the_prompt_files_rows_reach_the_function_in_group_order(tok, prompts, _
     rows = [{"prompt": "ignored", "bonus": float(i)} for i in range(len(prompts))]
     config = rl_config(
         "vanilla_ppo",
-        reward={"functions": ["reward_fns_testing:bonus"], "model_weight": 0.0},
+        reward={"functions": ["tests.support.reward_fns_testing:bonus"], "model_weight": 0.0},
         rollout={"batch_size": 4, "samples_per_prompt": 2},
     )
     policy, reward_model = copy.deepcopy(_models)
@@ -61,17 +66,20 @@ def test_the_prompt_files_rows_reach_the_function_in_group_order(tok, prompts, _
 def test_a_run_needs_no_reward_model(tok, prompts, _models, tmp_path):
     config = rl_config(
         "grpo",
-        reward={"functions": ["reward_fns_testing:length"]},
+        reward={"functions": ["tests.support.reward_fns_testing:length"]},
         rollout={"batch_size": 4, "samples_per_prompt": 2},
     )
     roles = assemble_roles(config, tokenizer=tok, policy=copy.deepcopy(_models[0]), reward_model=None)
     assert roles.reward_model is None and roles.critic is None
     last = RLTrainer(config, roles, prompts, run_dir=tmp_path, quiet=True).train()
-    assert "reward/part/reward_model" not in last and "reward/part/reward_fns_testing:length" in last
+    assert (
+        "reward/part/reward_model" not in last
+        and "reward/part/tests.support.reward_fns_testing:length" in last
+    )
 
 
 def test_a_critic_from_the_reward_model_needs_a_reward_model(tok, _models):
-    config = rl_config("ppo_max", reward={"functions": ["reward_fns_testing:length"]})
+    config = rl_config("ppo_max", reward={"functions": ["tests.support.reward_fns_testing:length"]})
     with pytest.raises(ValueError, match="critic_init is reward_model but no reward model"):
         assemble_roles(config, tokenizer=tok, policy=copy.deepcopy(_models[0]), reward_model=None)
 
@@ -87,13 +95,22 @@ def _call(name: str):
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("reward_fns_testing:raises", r"reward_fns_testing:raises raised KeyError: 'no such answer'"),
         (
-            "reward_fns_testing:too_short",
-            r"reward_fns_testing:too_short returned shape \(2,\) for 3 responses",
+            "tests.support.reward_fns_testing:raises",
+            r"tests.support.reward_fns_testing:raises raised KeyError: 'no such answer'",
         ),
-        ("reward_fns_testing:nan_at_row_two", r"nan_at_row_two returned nan for row 2 .*'the third'"),
-        ("reward_fns_testing:text", r"reward_fns_testing:text returned str, not numbers"),
+        (
+            "tests.support.reward_fns_testing:too_short",
+            r"tests.support.reward_fns_testing:too_short returned shape \(2,\) for 3 responses",
+        ),
+        (
+            "tests.support.reward_fns_testing:nan_at_row_two",
+            r"nan_at_row_two returned nan for row 2 .*'the third'",
+        ),
+        (
+            "tests.support.reward_fns_testing:text",
+            r"tests.support.reward_fns_testing:text returned str, not numbers",
+        ),
     ],
 )
 def test_each_failure_of_a_function_names_it(name, message):
@@ -105,12 +122,15 @@ def test_each_failure_of_a_function_names_it(name, message):
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("reward_fns_testing", "name the module and the function, as 'module:function'"),
+        ("tests.support.reward_fns_testing", "name the module and the function, as 'module:function'"),
         ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
-        ("reward_fns_testing:missing", "has no callable 'missing'"),
-        ("reward_fns_testing:NOT_A_FUNCTION", "has no callable 'NOT_A_FUNCTION'"),
-        ({"name": "reward_fns_testing:length", "weight": "high"}, "weight must be a finite number"),
-        ({"fn": "reward_fns_testing:length"}, r"reward.functions\[0\] is"),
+        ("tests.support.reward_fns_testing:missing", "has no callable 'missing'"),
+        ("tests.support.reward_fns_testing:NOT_A_FUNCTION", "has no callable 'NOT_A_FUNCTION'"),
+        (
+            {"name": "tests.support.reward_fns_testing:length", "weight": "high"},
+            "weight must be a finite number",
+        ),
+        ({"fn": "tests.support.reward_fns_testing:length"}, r"reward.functions\[0\] is"),
     ],
 )
 def test_a_bad_name_or_weight_is_a_user_error(spec, message):
@@ -120,7 +140,7 @@ def test_a_bad_name_or_weight_is_a_user_error(spec, message):
 
 def test_a_failing_function_stops_the_run_before_any_update(make_trainer):
     trainer = make_trainer(
-        rl_config("vanilla_ppo", reward={"functions": ["reward_fns_testing:nan_at_row_two"]})
+        rl_config("vanilla_ppo", reward={"functions": ["tests.support.reward_fns_testing:nan_at_row_two"]})
     )
     before = [p.detach().clone() for p in trainer.roles.policy.model.parameters()]
     with pytest.raises(RewardFunctionError, match="iteration 0, response"):
@@ -128,12 +148,17 @@ def test_a_failing_function_stops_the_run_before_any_update(make_trainer):
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.roles.policy.model.parameters()))
 
 
+@pytest.mark.slow
 def test_nothing_is_imported_unless_named(make_trainer):
-    trainer = make_trainer(rl_config("vanilla_ppo", reward={"functions": ["reward_fns_testing:constant"]}))
+    trainer = make_trainer(
+        rl_config("vanilla_ppo", reward={"functions": ["tests.support.reward_fns_testing:constant"]})
+    )
     trainer.step()
-    assert "reward_fns_unnamed" not in sys.modules  # it raises when imported
-    assert parse_specs(["reward_fns_unnamed:f"]) == [("reward_fns_unnamed:f", 1.0)]  # parsing imports nothing
-    assert "reward_fns_unnamed" not in sys.modules
+    assert "tests.support.reward_fns_unnamed" not in sys.modules  # it raises when imported
+    assert parse_specs(["tests.support.reward_fns_unnamed:f"]) == [
+        ("tests.support.reward_fns_unnamed:f", 1.0)
+    ]  # parsing imports nothing
+    assert "tests.support.reward_fns_unnamed" not in sys.modules
     code = (
         "import sys, rlhf.cli, rlhf.rl.trainer, rlhf.stages.train; print('rlhf.worlds.reward' in sys.modules)"
     )

@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from train_testing import WORDS, write_jsonl
 
 from rlhf.config import RewardConfig, load_config
 from rlhf.data.collate import collate_pairs
@@ -24,6 +23,7 @@ from rlhf.stages.rm import (
     ranking_loss,
     run_reward_training,
 )
+from tests.support.train_testing import WORDS, write_jsonl
 
 MARKER = "t"
 
@@ -81,6 +81,7 @@ def test_ranking_loss_is_minus_log_sigmoid_of_the_margin():
     assert float(ranking_loss(chosen, rejected)) == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_reward_model_learns_the_marker_and_keeps_the_best_checkpoint(tok, tmp_path):
     config = rm_config(tmp_path)
     final = run_reward_training(config, model=reward_model(tok), tokenizer=tok, quiet=True)
@@ -106,6 +107,7 @@ def test_reward_model_learns_the_marker_and_keeps_the_best_checkpoint(tok, tmp_p
     )  # the best step's weights
 
 
+@pytest.mark.slow
 def test_lm_coef_adds_the_chosen_response_lm_loss(tok, tmp_path):
     runs = {}
     for coef in (0.0, 0.5):

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_testing import metric_rows, rl_config
 
 from rlhf.config import ConfigError
 from rlhf.models.grad_checkpointing import is_gradient_checkpointing
 from rlhf.models.logprobs import response_logprobs
+from tests.support.train_testing import metric_rows, rl_config
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "bfloat16-pure"])

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_train_resume import Interrupted, interrupt_at, resumable_config
-from train_testing import metric_rows, rl_config
 
 from rlhf.config import ConfigError, RLConfig, config_from_yaml, load_config, save_config
 from rlhf.core import explained_variance
@@ -17,6 +15,8 @@ from rlhf.rl.experience import concat_experiences
 from rlhf.rl.roles.critic import Critic, SharedCritic
 from rlhf.rl.roles.policy import Policy
 from rlhf.rundir import checkpoint as ckpt
+from tests.support.train_testing import metric_rows, rl_config
+from tests.train.test_train_resume import Interrupted, interrupt_at, resumable_config
 
 
 def test_learners_are_the_roles_that_step(make_trainer):
@@ -130,9 +130,8 @@ def test_a_ddp_wrapped_policy_forward_trains_like_the_plain_one(make_trainer, tm
 def test_a_checkpoint_written_before_the_roles_resumes_exactly(make_trainer, tok, tmp_path):
     """Checkpoints of the layout before the roles (optimizers at the top level, the ptx generator
     among the trainer's) resume to the metrics of an uninterrupted run."""
-    from train_testing import WORDS, write_jsonl
-
     from rlhf.stages.prompt_files import ptx_sampler
+    from tests.support.train_testing import WORDS, write_jsonl
 
     rows = [
         {"prompt": " ".join(WORDS[i : i + 2]), "response": " ".join(WORDS[i + 2 : i + 5])} for i in range(6)

@@ -11,7 +11,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from train_testing import WORDS, write_jsonl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlhf.config import ConfigError, SFTConfig, load_config
@@ -19,6 +18,7 @@ from rlhf.data.collate import collate_sft
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.stages.sft import EncodedSFT, run_sft
 from rlhf.train.lm_loss import model_token_nll, token_nll
+from tests.support.train_testing import WORDS, write_jsonl
 
 
 def sft_rows(n: int) -> list[dict]:

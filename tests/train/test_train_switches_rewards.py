@@ -11,9 +11,9 @@ import math
 
 import pytest
 import torch
-from train_testing import loop_gae, perturb, raw_scores, rl_config
 
 from rlhf.core import masked_mean
+from tests.support.train_testing import loop_gae, perturb, raw_scores, rl_config
 
 MONTE_CARLO = {"gamma": 1.0, "lam": 1.0, "whiten": False}
 

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from train_testing import WORDS, max_change, metric_rows, params_of, perturb, rl_config, write_jsonl
 
 from rlhf.core import masked_mean
 from rlhf.models.loading import load_causal_lm
@@ -15,6 +14,15 @@ from rlhf.models.logprobs import response_logprobs
 from rlhf.models.scalar_head import response_values
 from rlhf.stages.prompt_files import ptx_sampler
 from rlhf.train.lm_loss import model_token_nll
+from tests.support.train_testing import (
+    WORDS,
+    max_change,
+    metric_rows,
+    params_of,
+    perturb,
+    rl_config,
+    write_jsonl,
+)
 
 # one minibatch in one micro-batch, raw advantages: the first update's stats are closed forms
 ONE_BATCH = {"train": {"minibatches": 1, "micro_batch_size": 8}, "advantage": {"whiten": False}}

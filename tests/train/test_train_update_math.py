@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_testing import max_change, metric_rows, params_of, rl_config
 
 from rlhf.core import masked_mean, policy_loss, value_loss
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.scalar_head import response_values
 from rlhf.rl.experience import Experience
+from tests.support.train_testing import max_change, metric_rows, params_of, rl_config
 
 
 def fresh_logp(policy, exp: Experience) -> torch.Tensor:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import copy
 
 import torch
-from train_testing import metric_rows, rl_config
 
 from rlhf.demo.world_scores import trainer_class
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
 from rlhf.worlds import WorldConfig
+from tests.support.train_testing import metric_rows, rl_config
 
 
 def test_the_default_world_trains_with_rltrainer_itself():

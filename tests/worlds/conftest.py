@@ -1,7 +1,7 @@
 import pytest
-from worlds_testing import FULL_POOLS
 
 from rlhf.worlds import WorldConfig, build_world
+from tests.support.worlds_testing import FULL_POOLS
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from worlds_testing import binomial_bound
 
 from rlhf.worlds import WorldConfig, build_world, gold_reward
+from tests.support.worlds_testing import binomial_bound
 
 PROMPT = "review of the book :"
 SWEET = 12  # default gold_length_sweet_spot

@@ -9,10 +9,10 @@ import random
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
-from worlds_testing import binomial_bound
 
 from rlhf.worlds import WorldConfig, WorldConfigError, build_world, load_world
 from rlhf.worlds.world import bradley_terry_label
+from tests.support.worlds_testing import binomial_bound
 
 SMALL_FILES = dict(sft_train_examples=60, sft_test_examples=20, pairs_train=50, pairs_test=30)
 
@@ -57,6 +57,7 @@ def test_default_sizes(world):
     assert len(world.train_prompts) + len(world.test_prompts) == cfg.n_topics * cfg.n_templates
 
 
+@pytest.mark.slow
 def test_every_word_is_one_token_and_round_trips(world, tmp_path):
     tok = world.tokenizer
     world.write(tmp_path)

@@ -1,4 +1,4 @@
-"""Helpers of the reliability suite (imported as `reliability_testing`): run `rlhf` in a subprocess
+"""Helpers of the reliability suite (tests.support.reliability_testing): run `rlhf` in a subprocess
 and read what it left behind."""
 
 from __future__ import annotations

@@ -1,27 +1,23 @@
-"""What the data-parallel tests run, on each rank and in one process (imported as `dist_cases`).
+"""What the data-parallel tests run, on each rank and in one process (tests.support.dist_cases).
 
 Everything here is built from seeds inside the calling process (a spawned rank has no fixtures):
-the trainer tests' tiny models (tests/train/conftest.py) and a PPO run with every switch the
+the trainer tests' tiny models (tests/support/train_fixtures.py) and a PPO run with every switch the
 data-parallel update must get right.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train"))
-
-from train_testing import PROMPT_TEXTS, WORDS, metric_rows, rl_config, write_jsonl  # noqa: E402
-
-from rlhf.models.scalar_head import ScalarHeadModel  # noqa: E402
-from rlhf.models.tiny import tiny_causal_lm, word_tokenizer  # noqa: E402
+from rlhf.models.scalar_head import ScalarHeadModel
+from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
 from rlhf.rl.roles.assemble import assemble_roles
-from rlhf.rl.trainer import RLTrainer  # noqa: E402
-from rlhf.runtime import runtime_for  # noqa: E402
+from rlhf.rl.trainer import RLTrainer
+from rlhf.runtime import runtime_for
 from rlhf.stages.prompt_files import ptx_sampler
+from tests.support.train_testing import PROMPT_TEXTS, WORDS, metric_rows, rl_config, write_jsonl
 
 # 10 rows in 2 minibatches of 5: ranks hold 3 and 2 rows (uneven tokens, 2 and 1 micro-batches of 2)
 CRITIC_FREE = ("grpo", "rloo", "reinforce_pp")

@@ -1,4 +1,4 @@
-"""Batch builders and controlled models for the models-layer tests (imported as `models_testing`)."""
+"""Batch builders and controlled models for the models-layer tests (tests.support.models_testing)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Fixtures of the trainer tests: a 20-word vocabulary, Llama models of hidden 32 with one layer,
-rollouts of 8 prompts and at most 5 new tokens. Models are built once per session and deep-copied
-per test, so a test may train them freely.
+"""Fixtures of the trainer tests (tests/train, tests/runtime; a plugin of tests/conftest.py): a
+20-word vocabulary, Llama models of hidden 32 with one layer, rollouts of 8 prompts and at most 5
+new tokens. Models are built once per session and deep-copied per test, so a test may train them
+freely.
 """
 
 from __future__ import annotations
@@ -9,17 +10,13 @@ import copy
 
 import pytest
 import torch
-from train_testing import PROMPT_TEXTS, WORDS
 
 from rlhf.config import RLConfig
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
-
-# Tiny models run fastest on one thread; with other processes sharing the 2 cores, OpenMP
-# spin-waiting makes two threads about 100x slower.
-torch.set_num_threads(1)
+from tests.support.train_testing import PROMPT_TEXTS, WORDS
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Run a function on 2 spawned ranks of a gloo process group, with a timeout (imported as `ranks`).
+"""Run a function on 2 spawned ranks of a gloo process group, with a timeout (tests.support.ranks).
 
 Each rank is a fresh process (spawn) with torchrun's environment variables set, and joins the
 group through `rlhf.runtime.process_group.data_parallel`, as `rlhf` under torchrun does (which

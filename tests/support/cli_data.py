@@ -1,4 +1,4 @@
-"""The little SFT and preference files the CLI tests train on (imported as `cli_data`)."""
+"""The little SFT and preference files the CLI tests train on (tests.support.cli_data)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A tiny Llama GGUF file written with the `gguf` package's writer (imported as `gguf_testing`).
+"""A tiny Llama GGUF file written with the `gguf` package's writer (tests.support.gguf_testing).
 
 The file holds what a llama.cpp export holds: the Llama hyper-parameters, a byte-level BPE
 tokenizer (the 256 byte symbols, three control tokens and two merges) and the weights, the 2-D

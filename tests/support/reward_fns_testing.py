@@ -1,4 +1,5 @@
-"""Reward functions of the tests (named as `reward_fns_testing:NAME`; tests/ is on sys.path)."""
+"""Reward functions of the tests, named as `tests.support.reward_fns_testing:NAME` (the repository root
+is on sys.path: pytest puts it there for the `tests` package)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Read a report.html back (imported as `report_html`): section titles, figures, table cells."""
+"""Read a report.html back (tests.support.report_html): section titles, figures, table cells."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers of the trainer tests (imported as `train_testing`): the tiny world's words and config."""
+"""Helpers of the trainer tests (tests.support.train_testing): the tiny world's words and config."""
 
 from __future__ import annotations
 

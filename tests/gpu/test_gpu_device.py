@@ -14,13 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhf.config import RewardConfig, SFTConfig, load_config
+from rlhf.config import DPOConfig, RewardConfig, SFTConfig, load_config
 from rlhf.data.collate import left_pad
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.sampling import SamplingConfig, generate
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
 from rlhf.rundir.checkpoint import rng_state, set_rng_state
+from rlhf.stages.dpo import run_dpo
 from rlhf.stages.rm import run_reward_training
 from rlhf.stages.sft import run_sft
 
@@ -148,6 +149,41 @@ def test_sft_steps_on_cuda(dtype, tok, tmp_path):
     losses = [r["train/loss"] for r in logged if "train/loss" in r]
     assert losses[-1] < 0.6 * losses[0]
     assert {t.dtype for t in load_file(str(tmp_path / "sft" / "model.safetensors")).values()} == {
+        torch.float32
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dpo_steps_on_cuda(dtype, tok, tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    plain = [w for w in WORDS if w != "t"]
+
+    def words(k):
+        return " ".join(plain[i] for i in torch.randint(0, len(plain), (k,), generator=generator).tolist())
+
+    pairs = [{"prompt": words(2), "chosen": words(2) + " t", "rejected": words(3)} for _ in range(32)]
+    config = load_config(
+        DPOConfig,
+        overrides={
+            "out": str(tmp_path / "dpo"),
+            "dtype": dtype,
+            "data": {"path": write_jsonl(tmp_path / "pairs.jsonl", pairs), "test_fraction": 0.25},
+            "train": {
+                "device": "cuda",
+                "max_steps": 12,
+                "batch_size": 8,
+                "micro_batch_size": 4,
+                "eval_every": 6,
+            },
+            "optim": {"lr": 1e-2, "warmup_fraction": 0.0, "schedule": "constant"},
+            "sinks": ["jsonl"],
+        },
+    )
+    model = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=1, num_heads=2)
+    final = run_dpo(config, model=model, tokenizer=tok, quiet=True)
+    assert next(model.parameters()).device.type == "cuda"
+    assert final["eval/margin"] > 0 and final["eval/accuracy"] >= 0.75
+    assert {t.dtype for t in load_file(str(tmp_path / "dpo" / "model.safetensors")).values()} == {
         torch.float32
     }
 

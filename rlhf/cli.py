@@ -111,7 +111,35 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
+    _demo_parsers(sub)
+    stages = [*_supervised_parsers(sub), _train_parser(sub), _eval_parser(sub), _rm_eval_parser(sub)]
+    for stage in stages:  # every command that reads a model directory or a data file
+        _add_safety_flags(stage)
+        stage.add_argument(
+            "--skip-invalid",
+            action="store_true",
+            default=None,
+            help="skip malformed data records (counted and reported) instead of stopping at the first "
+            "(same as --data.skip_invalid true)",
+        )
+    _plan_parser(sub)
+    data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
+    data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
+    check = data_sub.add_parser("check", help="validate a dataset file and print its statistics")
+    from rlhf.data.check import add_check_arguments
 
+    add_check_arguments(check)
+    _add_safety_flags(check)
+
+    report = sub.add_parser("report", help=STAGES["report"], description=STAGES["report"])
+    report.add_argument(
+        "directory", help="the --out directory of `rlhf sft`, `rlhf rm`, `rlhf train` or `rlhf demo`"
+    )
+    return parser
+
+
+def _demo_parsers(sub) -> None:
+    """`rlhf demo` and `rlhf ablate`: the built-in world."""
     demo = sub.add_parser("demo", help=STAGES["demo"], description=STAGES["demo"])
     demo.add_argument("--out", default="runs/demo", help="output directory (report.html, summary.json)")
     demo.add_argument(
@@ -130,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--kl-budget", type=float, default=2.0, help="KL at which the gold gain is read")
     ablate.add_argument("--config", help="YAML file of demo settings (world, model, steps, iterations)")
 
+
+def _supervised_parsers(sub) -> list:
+    """`rlhf sft`, `rlhf rm` and `rlhf dpo`: --model, --data, --out and --config."""
     sft = sub.add_parser("sft", help=STAGES["sft"], description=STAGES["sft"])
     sft.add_argument("--model", help="base model directory (save_pretrained), hub id, or GGUF directory")
     sft.add_argument("--data", help="SFT data file (.jsonl/.json/.parquet)")
@@ -147,7 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     dpo.add_argument("--data", help="preference pairs (prompt/chosen/rejected, HH-RLHF, chat messages)")
     dpo.add_argument("--out", help="run directory")
     dpo.add_argument("--config", help="YAML config file")
+    return [sft, rm, dpo]
 
+
+def _train_parser(sub) -> argparse.ArgumentParser:
     train = sub.add_parser("train", help=STAGES["train"], description=STAGES["train"])
     train.add_argument("--preset", help="vanilla_ppo | ppo_max | apa | awr | grpo | rloo | reinforce_pp")
     train.add_argument("--policy", help="SFT model directory (also the frozen reference)")
@@ -164,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint"
     )
+    return train
 
+
+def _eval_parser(sub) -> argparse.ArgumentParser:
     ev = sub.add_parser(
         "eval",
         help=STAGES["eval"],
@@ -212,7 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
         "template and stop at its end-of-turn token (auto: when it has one) (data.chat_template)",
     )
     ev.add_argument("--config", help="YAML file of EvalConfig settings")
+    return ev
 
+
+def _rm_eval_parser(sub) -> argparse.ArgumentParser:
     rm_eval = sub.add_parser(
         "rm-eval",
         help=STAGES["rm-eval"],
@@ -231,18 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     rm_eval.add_argument("--histogram-bins", type=_scalar, help="margin histogram bins (even); 10")
     _add_device_flags(rm_eval)
     rm_eval.add_argument("--config", help="YAML file of RMEvalConfig settings")
+    return rm_eval
 
-    for stage in (sft, rm, dpo, train, ev, rm_eval):
-        _add_safety_flags(stage)
-    for stage in (sft, rm, dpo, train, ev, rm_eval):
-        stage.add_argument(
-            "--skip-invalid",
-            action="store_true",
-            default=None,
-            help="skip malformed data records (counted and reported) instead of stopping at the first "
-            "(same as --data.skip_invalid true)",
-        )
 
+def _plan_parser(sub) -> None:
     plan = sub.add_parser("plan", help=STAGES["plan"], description=STAGES["plan"] + " (docs/scale.md)")
     plan.add_argument("--model", required=True, help="a named shape (0.5b 1.5b 7b 13b 70b smollm2-135m m84), "
                       "or a model directory / config.json")  # fmt: skip
@@ -263,20 +295,6 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gradient-checkpointing", action="store_true")
     plan.add_argument("--rollout-gather", default="whole", help="fsdp2-layer sampling: whole | per-layer")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-
-    data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
-    data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
-    check = data_sub.add_parser("check", help="validate a dataset file and print its statistics")
-    from rlhf.data.check import add_check_arguments
-
-    add_check_arguments(check)
-    _add_safety_flags(check)
-
-    report = sub.add_parser("report", help=STAGES["report"], description=STAGES["report"])
-    report.add_argument(
-        "directory", help="the --out directory of `rlhf sft`, `rlhf rm`, `rlhf train` or `rlhf demo`"
-    )
-    return parser
 
 
 def _add_safety_flags(parser: argparse.ArgumentParser) -> None:

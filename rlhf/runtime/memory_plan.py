@@ -187,101 +187,111 @@ def _lora_parameters(shape: Shape, rank: int) -> int:
     return shape.layers * rank * ((shape.hidden + shape.hidden) + (shape.hidden + kv))
 
 
-def plan(job: Job) -> Plan:
-    job.validate()
-    s = job.shape
-    n = job.ranks
-    whole_sharded = job.strategy == "fsdp2-layer"  # every role 1/N
+def _bytes(job: Job) -> tuple[int, int]:
+    """(bytes per parameter held, bytes per element computed): bfloat16 keeps float32 master weights."""
+    return (2 if job.dtype == "bfloat16-pure" else 4), (4 if job.dtype == "float32" else 2)
+
+
+def role_memory(job: Job) -> list[RoleMemory]:
+    """Each role's parameters and the bytes one rank holds of its weights, gradients and AdamW state."""
+    s, param_bytes = job.shape, _bytes(job)[0]
+    every_role_sharded = job.strategy == "fsdp2-layer"
     trained_sharded = job.strategy in ("fsdp2", "fsdp2-layer")
-    param_bytes = 2 if job.dtype == "bfloat16-pure" else 4  # bfloat16: float32 master weights
-    compute_bytes = 4 if job.dtype == "float32" else 2
-    p = s.parameters
 
-    def held(elements: int, sharded: bool) -> int:
-        return -(-elements // n) if sharded else elements
+    def role(name: str, parameters: int, trained: int) -> RoleMemory:
+        def held(elements: int, sharded: bool) -> int:
+            return (-(-elements // job.ranks) if sharded else elements) * param_bytes
 
-    roles = []
-    trained_policy = _lora_parameters(s, job.lora_rank) if job.lora else p
-    policy_params = p + (trained_policy if job.lora else 0)
-    roles.append(
-        RoleMemory(
-            "policy",
-            policy_params,
-            trained_policy,
-            held(policy_params, trained_sharded) * param_bytes,
-            held(trained_policy, trained_sharded) * param_bytes,
-            held(trained_policy, trained_sharded) * 2 * param_bytes,
+        sharded = trained_sharded if trained else every_role_sharded
+        return RoleMemory(
+            name,
+            parameters,
+            trained,
+            held(parameters, sharded),
+            held(trained, sharded),
+            2 * held(trained, sharded),
         )
-    )
+
+    p = s.parameters
+    adapters = _lora_parameters(s, job.lora_rank)
+    roles = [role("policy", p + adapters, adapters) if job.lora else role("policy", p, p)]
     if not job.lora:  # a LoRA policy's reference is its adapter switched off: no copy
-        roles.append(RoleMemory("reference", p, 0, held(p, whole_sharded) * param_bytes, 0, 0))
+        roles.append(role("reference", p, 0))
     # a critic and a reward model are a causal LM with a scalar head (rlhf.models.scalar_head): the
     # whole LM, its output head included, and hidden + 1 head parameters
     scalar = p + s.hidden + 1
     if job.critic == "separate":
-        critic_trained = _lora_parameters(s, job.lora_rank) + s.hidden + 1 if job.lora else scalar
-        critic_params = scalar + (critic_trained if job.lora else 0)
+        head = s.hidden + 1
         roles.append(
-            RoleMemory(
-                "critic",
-                critic_params,
-                critic_trained,
-                held(critic_params, trained_sharded) * param_bytes,
-                held(critic_trained, trained_sharded) * param_bytes,
-                held(critic_trained, trained_sharded) * 2 * param_bytes,
-            )
+            role("critic", scalar + adapters, adapters + head) if job.lora else role("critic", scalar, scalar)
         )
     if job.reward_model:
-        roles.append(RoleMemory("reward_model", scalar, 0, held(scalar, whole_sharded) * param_bytes, 0, 0))
+        roles.append(role("reward_model", scalar, 0))
+    return roles
 
-    resident = sum(r.weights + r.optimizer for r in roles)
-    rows_per_rank = -(-job.rollout_rows // n)
+
+def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
+    """What each phase adds to the resident roles on one rank, in bytes."""
+    s = job.shape
+    param_bytes, compute_bytes = _bytes(job)
+    rows_per_rank = -(-job.rollout_rows // job.ranks)
     tokens = job.prompt_tokens + job.response_tokens
-    kv_cache = 2 * s.layers * s.kv_heads * s.head_dim * tokens * rows_per_rank * compute_bytes
-    sampler_logits = rows_per_rank * s.vocab * 4 * 2  # float32 logits and their softmax
-    layer_gathered = 2 * s.layer_parameters * compute_bytes  # this layer and the next (prefetch)
-    # the policy's whole parameters: gathered for sampling (per-layer: in the compute dtype, once per
-    # rollout; today's fsdp2: gathered whole in the parameter dtype for every use)
+    layers_gathered = 2 * s.layer_parameters * compute_bytes  # this layer and the next (prefetch)
+    policy = roles[0].parameters
+    # the policy's whole parameters while sampling (per-layer: in the compute dtype, once per rollout;
+    # today's fsdp2: gathered whole in the parameter dtype for every use)
     if job.strategy == "fsdp2-layer":
-        gathered_policy = policy_params * compute_bytes if job.rollout_gather == "whole" else layer_gathered
-        gathered_trained = layer_gathered
+        gathered_policy = policy * compute_bytes if job.rollout_gather == "whole" else layers_gathered
+        gathered_trained = layers_gathered
     elif job.strategy == "fsdp2":
-        gathered_policy = policy_params * param_bytes
+        gathered_policy = policy * param_bytes
         gathered_trained = max(r.parameters for r in roles if r.trained) * param_bytes
     else:
         gathered_policy = gathered_trained = 0
-    rollout = resident + gathered_policy + kv_cache + sampler_logits
-    chunk_logits = job.micro_batch * min(tokens, 1024) * s.vocab * 4 // 4  # a quarter of the rows' logits
-    forward = resident + gathered_trained + chunk_logits + (layer_gathered if whole_sharded else 0)
-    per_layer_tokens = job.micro_batch * tokens
-    saved_per_layer = (
-        per_layer_tokens * (ACTIVATION_H * s.hidden + ACTIVATION_M * s.intermediate) * compute_bytes
-    )
+    micro_tokens = job.micro_batch * tokens
+    saved_per_layer = micro_tokens * (ACTIVATION_H * s.hidden + ACTIVATION_M * s.intermediate) * compute_bytes
     if job.gradient_checkpointing:  # the layers' inputs, and one layer recomputed at a time
-        activations = s.layers * per_layer_tokens * s.hidden * compute_bytes + saved_per_layer
+        activations = s.layers * micro_tokens * s.hidden * compute_bytes + saved_per_layer
     else:
         activations = s.layers * saved_per_layer
-    largest_grads = max(r.gradients for r in roles if r.trained)
-    # today's fsdp2 sums whole gradients before cutting them to the shard
-    if job.strategy == "fsdp2":
-        largest_grads = max(r.trained for r in roles if r.trained) * param_bytes
-    update = resident + largest_grads + activations + gathered_trained + chunk_logits
-    phases = {"rollout": rollout, "forward": forward, "update": update}
+    if job.strategy == "fsdp2":  # today's fsdp2 sums whole gradients before cutting them to the shard
+        gradients = max(r.trained for r in roles if r.trained) * param_bytes
+    else:
+        gradients = max(r.gradients for r in roles if r.trained)
+    return {
+        "rollout: KV cache": 2 * s.layers * s.kv_heads * s.head_dim * tokens * rows_per_rank * compute_bytes,
+        "rollout: sampler logits": rows_per_rank * s.vocab * 4 * 2,  # float32 logits and their softmax
+        "rollout: gathered policy": gathered_policy,
+        "forward/update: gathered parameters": gathered_trained,
+        "forward/update: logits chunk": job.micro_batch * min(tokens, 1024) * s.vocab * 4 // 4,
+        "update: gradients of the largest role": gradients,
+        "update: saved activations": activations,
+    }
+
+
+PHASE_EXTRAS = {
+    "rollout": ("rollout: KV cache", "rollout: sampler logits", "rollout: gathered policy"),
+    "forward": ("forward/update: gathered parameters", "forward/update: logits chunk"),
+    "update": (
+        "forward/update: gathered parameters",
+        "forward/update: logits chunk",
+        "update: gradients of the largest role",
+        "update: saved activations",
+    ),
+}
+
+
+def plan(job: Job) -> Plan:
+    job.validate()
+    roles = role_memory(job)
+    extras = phase_extras(job, roles)
+    resident = sum(r.weights + r.optimizer for r in roles)
+    phases = {phase: resident + sum(extras[k] for k in keys) for phase, keys in PHASE_EXTRAS.items()}
     peak_phase = max(phases, key=phases.get)
     peak = phases[peak_phase]
     fits = peak <= job.gpu_memory
-    extras = {
-        "rollout: KV cache": kv_cache,
-        "rollout: sampler logits": sampler_logits,
-        "rollout: gathered policy": gathered_policy,
-        "forward/update: gathered layers"
-        if whole_sharded
-        else "forward/update: gathered model": gathered_trained,
-        "update: saved activations": activations,
-        "update: logits chunk": chunk_logits,
-    }
     return Plan(
-        job={**asdict(job), "shape": asdict(s), "parameters": p},
+        job={**asdict(job), "shape": asdict(job.shape), "parameters": job.shape.parameters},
         roles=roles,
         phases=phases,
         extras=extras,

@@ -3,10 +3,10 @@ Lazy imports inside functions count too: they are still a dependency."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import rlhf
+from tests.core.test_core_layering import rlhf_imports
 
 # lowest first; a module may import its own layer and those before it
 LAYERS = (
@@ -37,13 +37,8 @@ def layer_of(module: str) -> int:
 
 
 def imports_of(source: Path) -> list[str]:
-    names = []
-    for node in ast.walk(ast.parse(source.read_text(), filename=str(source))):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
-    return [n for n in names if n.startswith("rlhf.")]
+    """The rlhf modules `source` imports (`from rlhf import __version__` names no layer)."""
+    return [name for name in rlhf_imports(source) if name != "rlhf"]
 
 
 def module_name(source: Path) -> str:

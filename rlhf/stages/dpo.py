@@ -31,7 +31,6 @@ from rlhf.train.setup import with_lora
 from rlhf.train.supervised import (
     SupervisedRun,
     SupervisedStage,
-    export_causal_lm,
     run_supervised,
     shuffled_step_batches,
     steps_of_epochs,
@@ -160,11 +159,6 @@ class DPOStage(SupervisedStage):
             return self._pass(run, rows, train=False)
         finally:
             run.model.train(was_training)
-
-    def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
-        final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
-        export_causal_lm(run)  # float32, LoRA merged (a copy)
-        return final
 
 
 def run_dpo(

@@ -26,7 +26,6 @@ from rlhf.train.setup import with_lora
 from rlhf.train.supervised import (
     SupervisedRun,
     SupervisedStage,
-    export_causal_lm,
     run_supervised,
     shuffled_step_batches,
     steps_of_epochs,
@@ -160,9 +159,7 @@ class SFTStage(SupervisedStage):
         if self.baseline is not None:
             final["eval/loss_before_training"] = self.baseline["loss"]
             final["eval/ppl_before_training"] = self.baseline["ppl"]
-        final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
-        export_causal_lm(run)  # float32, LoRA merged (a copy), whatever the training used
-        return final
+        return super().finish(run, final, stats)
 
 
 def run_sft(

@@ -102,7 +102,11 @@ class SupervisedStage:
         """After each held-out evaluation (the reward model keeps its best checkpoint here)."""
 
     def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
-        raise NotImplementedError
+        """The final metrics with the data's truncation counts; the trained causal LM exported (the
+        reward model saves its best checkpoint instead)."""
+        final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
+        export_causal_lm(run)  # float32, LoRA merged (a copy), whatever the training used
+        return final
 
 
 def run_supervised(

@@ -54,6 +54,20 @@ def prompt_batch(tok):
     return left_pad(rows, tok.pad_token_id)
 
 
+def t_pairs(n: int = 32) -> list[dict]:
+    """Preference pairs whose chosen response ends with "t" and whose rejected one holds none."""
+    generator = torch.Generator().manual_seed(0)
+    plain = [w for w in WORDS if w != "t"]
+
+    def words(k):
+        return [plain[i] for i in torch.randint(0, len(plain), (k,), generator=generator).tolist()]
+
+    return [
+        {"prompt": " ".join(words(2)), "chosen": " ".join(words(2) + ["t"]), "rejected": " ".join(words(3))}
+        for _ in range(n)
+    ]
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
@@ -155,13 +169,7 @@ def test_sft_steps_on_cuda(dtype, tok, tmp_path):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_dpo_steps_on_cuda(dtype, tok, tmp_path):
-    generator = torch.Generator().manual_seed(0)
-    plain = [w for w in WORDS if w != "t"]
-
-    def words(k):
-        return " ".join(plain[i] for i in torch.randint(0, len(plain), (k,), generator=generator).tolist())
-
-    pairs = [{"prompt": words(2), "chosen": words(2) + " t", "rejected": words(3)} for _ in range(32)]
+    pairs = t_pairs()
     config = load_config(
         DPOConfig,
         overrides={
@@ -189,16 +197,7 @@ def test_dpo_steps_on_cuda(dtype, tok, tmp_path):
 
 
 def test_reward_model_steps_on_cuda(tok, tmp_path):
-    generator = torch.Generator().manual_seed(0)
-    plain = [w for w in WORDS if w != "t"]
-
-    def words(k):
-        return [plain[i] for i in torch.randint(0, len(plain), (k,), generator=generator).tolist()]
-
-    pairs = [
-        {"prompt": " ".join(words(2)), "chosen": " ".join(words(2) + ["t"]), "rejected": " ".join(words(3))}
-        for _ in range(32)
-    ]
+    pairs = t_pairs()
     config = load_config(
         RewardConfig,
         overrides={

@@ -1,4 +1,5 @@
-"""A very short demo runs end to end: world, SFT, reward model, RL runs of every algorithm, report.
+"""A very short demo runs end to end: world, SFT, reward model, RL runs of every algorithm, DPO,
+report.
 
 The full-length results are a benchmark (bench/demo_timing.py), not a test: here only the
 pipeline's wiring, the report's sections and the summary's schema are checked.
@@ -21,6 +22,7 @@ TINY = [
     "--model.hidden_size", "16", "--model.num_layers", "1", "--model.num_heads", "2",
     "--rl.rollout.batch_size", "8", "--rl.rollout.max_new_tokens", "6",
     "--rl.critic.pretrain_iterations", "1",
+    "--dpo_steps", "4", "--dpo_batch_size", "8", "--dpo_eval_every", "2",
 ]  # fmt: skip
 
 
@@ -39,8 +41,9 @@ def test_summary_follows_the_documented_schema(demo_dir):
     assert {"label_accuracy", "gold_accuracy"} <= set(summary["reward_model"])
     assert 0.0 <= summary["reward_model"]["label_accuracy"] <= 1.0
     assert 0.0 <= summary["reward_model"]["gold_accuracy"] <= 1.0
-    assert sorted(r["algorithm"] for r in summary["runs"]) == sorted(ALGORITHMS)
-    for run in summary["runs"]:
+    rl_runs = [r for r in summary["runs"] if r["algorithm"] != "dpo"]
+    assert sorted(r["algorithm"] for r in rl_runs) == sorted(ALGORITHMS)
+    for run in rl_runs:
         assert set(run) >= {
             "algorithm",
             "seed",
@@ -60,11 +63,36 @@ def test_summary_follows_the_documented_schema(demo_dir):
 
 
 @pytest.mark.slow
+def test_compare_trains_dpo_on_the_reward_models_pairs_and_evaluates_it_as_the_rl_runs(demo_dir):
+    summary = json.loads((demo_dir / "summary.json").read_text())
+    (dpo,) = [r for r in summary["runs"] if r["algorithm"] == "dpo"]
+    assert dpo["seed"] == 0 and dpo["steps"] == 4 and "iterations" not in dpo
+    assert dpo["collapse_detected"] is None  # no detector watches DPO's steps
+    assert set(dpo["final"]) == {"proxy", "gold", "kl", "ppl", "length", "distinct2"}
+    assert dpo["peak_gold"] >= dpo["final"]["gold"] and 0.0 <= dpo["pair_accuracy"] <= 1.0
+    (run,) = [r for r in json.loads((demo_dir / "runs.json").read_text()) if r["algorithm"] == "dpo"]
+    assert run["x_axis"] == "optimizer step"
+    assert [h["step"] for h in run["eval"]] == [0, 2, 4]  # the SFT start, then every dpo_eval_every
+    rl = next(r for r in json.loads((demo_dir / "runs.json").read_text()) if r["algorithm"] == "ppo_max")
+    for key in ("gold", "proxy", "length", "distinct2", "kl", "ppl"):  # the SFT model, sampled alike
+        assert run["eval"][0][key] == pytest.approx(rl["eval"][0][key], abs=1e-2), key
+    config = (demo_dir / "runs" / "dpo-seed0" / "config.yaml").read_text()
+    assert "pairs_train.jsonl" in config and "test_fraction: 0.0" in config  # the proxy's own pairs
+    equal = summary["equal_kl"]
+    assert equal["kl_budget"] == 2.0
+    assert set(equal["algorithms"]) == {*ALGORITHMS, "dpo"}
+    for row in equal["algorithms"].values():
+        assert {"gold_gain_at_kl", "gold_gain_end", "kl_end", "reached_kl_budget"} <= set(row)
+        assert row["reached_kl_budget"] in ("0/1", "1/1")
+
+
+@pytest.mark.slow
 def test_report_has_every_section_and_embeds_its_figures(demo_dir):
     html = (demo_dir / "report.html").read_text()
     for section in SECTIONS:
         assert f">{section}<" in html, section
-    assert html.count("data:image/png;base64,") >= 4
+    assert html.count("data:image/png;base64,") >= 5  # DPO's curves: against its optimizer steps
+    assert "Against optimizer steps:</b> dpo" in html and "gold gain at KL 2" in html
     assert "http://" not in html and "https://" not in html
     assert (demo_dir / "report_overview.png").stat().st_size > 1000
 
@@ -80,6 +108,7 @@ def test_every_stage_leaves_its_artifacts(demo_dir):
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert [r["iteration"] for r in rows if "iteration" in r and "event" not in r] == [0, 1, 2]
         assert (run / "config.yaml").exists()
+    assert (demo_dir / "runs" / "dpo-seed0" / "model.safetensors").exists()
 
 
 @pytest.mark.slow
@@ -89,6 +118,7 @@ def test_a_rerun_into_the_same_directory_starts_clean(demo_dir):
     assert run_demo(out=str(demo_dir / "again"), seeds=1, overrides=short, quiet=True) == 0
     summary = json.loads((demo_dir / "again" / "summary.json").read_text())
     assert [r["algorithm"] for r in summary["runs"]] == ["ppo_max"]
+    assert "equal_kl" not in summary  # DPO and the equal-KL table come with --compare only
 
 
 @pytest.mark.slow
@@ -107,6 +137,7 @@ def test_rlhf_report_rebuilds_the_demo_report_and_reports_each_run_of_it(demo_di
     page = ReportPage.of(run / "report.html")
     assert page.h2 == list(RUN_SECTIONS) and page.rows("Summary", "run")["kind"] == ["RL (rlhf train)"]
     assert "eval/gold" in page.rows("Summary", "metric")  # the demo's evaluations join the headline
+    assert main(["report", str(demo_dir / "runs" / "dpo-seed0")]) == 0  # and its DPO run a DPO run
     for stage in ("sft", "rm"):  # the demo's SFT and reward-model stages end with their own report
         assert ReportPage.of(demo_dir / stage / "report.html").h2 == list(RUN_SECTIONS)
     capsys.readouterr()

@@ -4,7 +4,10 @@
 2. train the proxy reward model on the world's noisy preference pairs (held-out label and gold accuracy);
 3. run PPO-max (or, with --compare, vanilla PPO, PPO-max, APA, AWR, GRPO and RLOO, over --seeds seeds)
    against the proxy, every run sampling the same number of responses per iteration, evaluating proxy and gold reward, KL, perplexity, length and distinct-2 on held-out prompts;
-4. write report.html and summary.json, print a one-screen summary.
+   with --compare also DPO (docs/algorithms.md §32) per seed, from the same SFT model on the same
+   noisy pairs the proxy was trained on, evaluated the same way every `dpo_eval_every` optimizer steps;
+4. write report.html and summary.json (with --compare also the gold gain where each run's KL first
+   reaches `kl_budget`, as `rlhf ablate` reads it), print a one-screen summary.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ import torch
 
 from rlhf.config import (
     ConfigError,
+    DPOConfig,
+    DPODataConfig,
+    DPOLossConfig,
+    DPOTrainConfig,
     OptimConfig,
     RewardConfig,
     RewardDataConfig,
@@ -50,9 +57,11 @@ from rlhf.monitor.report import write_report
 from rlhf.rl.metrics import distinct_n
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
+from rlhf.stages.dpo import DPOPair, DPOStage
 from rlhf.stages.prompt_files import encode_prompts
 from rlhf.stages.rm import encode_pairs, evaluate_pairs, run_reward_training
 from rlhf.stages.sft import run_sft
+from rlhf.train.supervised import SupervisedRun, run_supervised
 from rlhf.worlds import WorldConfig, build_world
 
 ALGORITHMS = ("vanilla_ppo", "ppo_max", "apa", "awr", "grpo", "rloo")
@@ -90,6 +99,14 @@ class DemoConfig:
     algorithms: list[str] = field(default_factory=lambda: ["ppo_max"])  # without --compare
     rl: dict = field(default_factory=dict)  # overrides applied to every RL run (dotted RLConfig keys, nested)
     threads: int = 1  # torch intra-op threads: tiny models run fastest on one (no thread contention)
+    # DPO under --compare (docs/algorithms.md §32), on the reward model's pairs; tiny models want
+    # large rates: the DPO paper's 1e-6 moves nothing here
+    dpo_steps: int = 300  # DPO optimizer steps per seed
+    dpo_batch_size: int = 32  # pairs per step (the reward model's batch)
+    dpo_lr: float = 3e-4  # DPO peak learning rate, the RL policies' (linear decay after a 10% warmup)
+    dpo_beta: float = 0.1  # DPO's beta (the DPO paper's dialogue value)
+    dpo_eval_every: int = 15  # evaluate the DPO policy on the held-out prompts every N steps
+    kl_budget: float = 2.0  # --compare: gold gain where a run's KL first reaches this (rlhf ablate's default)
 
 
 # Settings of every demo RL run, layered over each algorithm's preset (tiny models want large rates).
@@ -240,6 +257,14 @@ def run_demo(
         )
         runs.append(run)
         run_summaries.append(summary)
+    if compare:  # DPO from the same SFT model on the proxy reward model's pairs, per seed
+        for seed in range(seeds):
+            say(f"[3/4] DPO run {seed + 1}/{seeds}: seed {seed} ...")
+            run, summary = run_dpo_one(
+                cfg, seed, out_dir, tokenizer, reward_model, world, eval_texts, eval_ids, quiet=quiet
+            )
+            runs.append(run)
+            run_summaries.append(summary)
 
     # 4. summary + report --------------------------------------------------------------------------
     summary = {
@@ -250,6 +275,8 @@ def run_demo(
         "seconds": time.perf_counter() - started,
     }
     summary["findings"] = findings(summary)
+    if compare:
+        summary["equal_kl"] = equal_kl(summary, runs, cfg.kl_budget)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "runs.json").write_text(json.dumps(runs))
     write_report(out_dir / "report.html", summary, runs, title="rlhf demo report", metric_keys=REPORT_KEYS)
@@ -494,6 +521,132 @@ def run_one(
     return run, summary
 
 
+class DemoDPOStage(DPOStage):
+    """DPO as `rlhf dpo` trains it (run_dpo's stage), with the demo's evaluation of the policy on the
+    held-out prompts before the first step and at each of the stage's evaluations."""
+
+    def __init__(self, config: DPOConfig, evaluator) -> None:
+        super().__init__(config)
+        self.evaluator = evaluator  # (policy, reference, optimizer steps done, held-out pair figures)
+
+    def before_training(self, run: SupervisedRun, train_rows, test_rows) -> None:
+        super().before_training(run, train_rows, test_rows)
+        self._evaluate(run, 0, {})
+
+    def on_evaluation(self, run: SupervisedRun, step: int, result: dict) -> None:
+        super().on_evaluation(run, step, result)
+        self._evaluate(run, step + 1, result)
+
+    def _evaluate(self, run: SupervisedRun, steps: int, pairs: dict) -> None:
+        was_training = run.model.training
+        run.model.eval()
+        try:
+            with run.learner.gathered():
+                self.evaluator(run.model, self.reference, steps, pairs)
+        finally:
+            run.model.train(was_training)
+
+
+def dpo_config(cfg: DemoConfig, seed: int, out_dir: Path, *, quiet: bool = False) -> DPOConfig:
+    """DPO from the demo's SFT model on the pairs its proxy reward model was trained on (all of
+    pairs_train.jsonl; pairs_test.jsonl is the held-out evaluation, as for the reward model)."""
+    return DPOConfig(
+        model=str(out_dir / "sft"),
+        out=str(out_dir / "runs" / f"dpo-seed{seed}"),
+        seed=seed,
+        data=DPODataConfig(path=str(out_dir / "world" / "pairs_train.jsonl"), test_fraction=0.0),
+        train=DPOTrainConfig(
+            max_steps=cfg.dpo_steps,
+            batch_size=cfg.dpo_batch_size,
+            micro_batch_size=cfg.dpo_batch_size,
+            eval_every=cfg.dpo_eval_every,
+        ),
+        optim=OptimConfig(lr=cfg.dpo_lr, warmup_fraction=0.1, schedule="linear"),
+        dpo=DPOLossConfig(loss="sigmoid", beta=cfg.dpo_beta),
+        sinks=["jsonl"] if quiet else ["console", "jsonl"],
+    )
+
+
+def run_dpo_one(cfg, seed, out_dir, tokenizer, reward_model, world, eval_texts, eval_ids, *, quiet=False):
+    """One DPO run from the shared SFT model (docs/algorithms.md §32), evaluated by the RL runs'
+    evaluator (same held-out prompts and sampling seed) every `cfg.dpo_eval_every` optimizer steps;
+    returns (report run, summary.json run) as run_one does, with steps in place of iterations."""
+    config = dpo_config(cfg, seed, out_dir, quiet=quiet)
+    test_pairs = load_examples(out_dir / "world" / "pairs_test.jsonl", kind="preference").examples
+    test_rows = [
+        DPOPair(r.prompt_ids, r.chosen_ids, r.rejected_ids)
+        for r in encode_pairs(tokenizer, test_pairs, config, stats=None)
+    ]
+    max_new = deep_merge(DEMO_RL, cfg.rl)["rollout"]["max_new_tokens"]  # as the RL runs evaluate
+    history: list[dict] = []
+    samples: dict = {}
+
+    def evaluator(policy, reference, steps: int, pairs: dict) -> None:
+        record, picked, _ = evaluate_policy(
+            policy,
+            reference,
+            reward_model,
+            tokenizer,
+            world,
+            eval_texts,
+            eval_ids,
+            seed=1000 + seed,
+            max_new_tokens=max_new,
+        )
+        pair_figures = {f"pair_{k}": pairs[k] for k in ("accuracy", "margin") if k in pairs}
+        history.append({"step": steps, **record, **pair_figures})
+        samples.setdefault("start", picked)
+        samples["end"] = picked
+
+    started = time.perf_counter()
+    run_supervised(DemoDPOStage(config, evaluator), tokenizer=tokenizer, test_rows=test_rows, quiet=True)
+    seconds = time.perf_counter() - started
+    metrics = [m for m in _read_jsonl(Path(config.out) / "metrics.jsonl") if "event" not in m]
+    final = history[-1]
+    run = {
+        "algorithm": "dpo",
+        "seed": seed,
+        "x_axis": "optimizer step",  # the report draws DPO's curves against its steps
+        "metrics": metrics,
+        "eval": history,
+        "samples": samples,
+        "warnings": [],
+    }
+    summary = {
+        "algorithm": "dpo",
+        "seed": seed,
+        "final": {k: final[k] for k in ("proxy", "gold", "kl", "ppl", "length", "distinct2")},
+        "peak_gold": max(h["gold"] for h in history),
+        "collapse_detected": None,  # the collapse detector watches RL iterations; DPO has none
+        "steps": final["step"],
+        "pair_accuracy": final.get("pair_accuracy"),  # on the held-out pairs (the noisy labels)
+        "seconds": seconds,
+    }
+    return run, summary
+
+
+def equal_kl(summary: dict, runs: list[dict], budget: float) -> dict:
+    """Per algorithm over seeds: the gold gain over SFT where each run's KL first reaches `budget`
+    (interpolated, as `rlhf ablate` reads it: rlhf/demo/ablate/report.py) and at the end, with
+    95% t intervals, and how many runs reached the budget."""
+    from rlhf.demo.ablate.report import run_numbers
+    from rlhf.demo.ablate.stats import mean_ci
+
+    sft_gold = summary["sft"]["gold_mean"]
+    numbers: dict[str, list[dict]] = {}
+    for entry, run in zip(summary["runs"], runs):
+        trajectory = [{"kl": h["kl"], "gold": h["gold"]} for h in run["eval"]]
+        result = {**entry, "collapse_detected": bool(entry["collapse_detected"]), "trajectory": trajectory}
+        numbers.setdefault(entry["algorithm"], []).append(run_numbers(result, sft_gold, budget))
+    table = {}
+    for algorithm, rows in numbers.items():
+        table[algorithm] = {
+            key: mean_ci([n[key] for n in rows]) for key in ("gold_gain_at_kl", "gold_gain_end", "kl_end")
+        }
+        table[algorithm]["reached_kl_budget"] = f"{sum(n['reached_kl_budget'] for n in rows)}/{len(rows)}"
+    return {"kl_budget": budget, "algorithms": table}
+
+
 def findings(summary: dict) -> list[dict]:
     """The demo's claims (issue: 'what the demo must show'), each checked on the measured runs."""
     sft = summary["sft"]
@@ -582,9 +735,18 @@ def print_demo_summary(summary: dict, out_dir: Path) -> None:
         # gold gain over SFT in SFT standard deviations, mean [min, max] over the seeds
         gains = [(r["final"]["gold"] - sft["gold_mean"]) / max(sft["gold_std"], 1e-9) for r in rs]
         row["gold gain"] = f"{statistics.mean(gains):.2f} [{min(gains):.2f},{max(gains):.2f}]"
-        row["collapse"] = f"{sum(r['collapse_detected'] for r in rs)}/{len(rs)}"
+        watched = [r["collapse_detected"] for r in rs if r["collapse_detected"] is not None]
+        row["collapse"] = f"{sum(watched)}/{len(watched)}" if watched else "-"  # DPO: not watched
         rows.append(row)
     print_summary("Final figures on held-out prompts (mean over seeds)", rows)
+    if "equal_kl" in summary:
+        budget = summary["equal_kl"]["kl_budget"]
+        print(
+            f"gold gain over SFT (in gold units) where KL first reaches {budget:g}, "
+            "as rlhf ablate reads it (mean [95% interval] over seeds; runs that reached it):"
+        )
+        for alg, row in summary["equal_kl"]["algorithms"].items():
+            print(f"  {alg:12s} {_interval(row['gold_gain_at_kl'])}  ({row['reached_kl_budget']})")
     rm = summary["reward_model"]
     print(
         f"reward model: accuracy {rm['label_accuracy']:.3f} on noisy labels, {rm['gold_accuracy']:.3f} on the gold ordering"
@@ -594,6 +756,11 @@ def print_demo_summary(summary: dict, out_dir: Path) -> None:
     print(
         f"report: {out_dir / 'report.html'}   summary: {out_dir / 'summary.json'}   ({summary['seconds']:.0f} s)"
     )
+
+
+def _interval(stat: dict) -> str:
+    ci = stat.get("ci95")
+    return f"{stat['mean']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
 
 
 def rebuild_report(directory: str) -> int:

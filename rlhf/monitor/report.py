@@ -17,12 +17,20 @@ Input contract
                 "final": {"proxy", "gold", "kl", "ppl", "length", "distinct2"},
                 "peak_gold", "collapse_detected", "iterations", "seconds"}],
       "findings": [{"claim": str, "holds": bool, "evidence": str}],
+      "equal_kl": {"kl_budget": float, "algorithms": {algorithm: {
+                    "gold_gain_at_kl", "gold_gain_end", "kl_end": {"mean", "ci95"},
+                    "reached_kl_budget": "k/n"}}},
     }
+
+A run without iterations (DPO) has "steps" in place of "iterations" and "collapse_detected": None
+(no detector watched it).
 
 `runs` (list, one dict per algorithm x seed; only "algorithm" is required):
 
     {
       "algorithm": str, "seed": int,
+      "x_axis": str,                              # what "eval" is recorded against: "iteration"
+                                                  # (default), or e.g. "optimizer step" (DPO)
       "metrics": [{"iteration": int, "reward/proxy_mean": .., "eval/gold": .., "kl/ref": ..,
                    "policy_ppl": .., "response_length": .., "eval/distinct2": .., ...}],
       "eval": [{"iteration", "proxy", "gold", "kl", "ppl", "length", "distinct2"}],
@@ -34,6 +42,7 @@ Input contract
 - "metrics" are the per-iteration training records (as in metrics.jsonl); `metric_keys` maps the
   names proxy, gold, kl, ppl, length, distinct2 to their keys (defaults above).
 - The curves come from "eval"; a run without "eval" falls back to its "metrics" through `metric_keys`.
+  A record's x is its "iteration" (else its "step"); runs of another "x_axis" get a figure of their own.
 - Curves are the mean over seeds with a min-max band; collapse warnings are dashed vertical lines.
 - The final-figures table uses summary["runs"]; without it, each run's last evaluation.
 - A prompt may be a string or a list of chat messages {"role", "content"}. All text is HTML-escaped.
@@ -129,7 +138,7 @@ def _validate(summary: Any, runs: Any) -> None:
 def _points(records: Sequence[Mapping[str, Any]], key: str) -> list[tuple[float, float]]:
     points = []
     for record in records or ():
-        x, y = _num(record.get("iteration")), _num(record.get(key))
+        x, y = _num(record.get("iteration", record.get("step"))), _num(record.get(key))
         if x is not None and y is not None:
             points.append((x, y))
     return points
@@ -149,6 +158,10 @@ def _groups(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, An
     for run in runs:
         groups.setdefault(run["algorithm"], []).append(run)
     return groups
+
+
+def _x_axis(group: Sequence[Mapping[str, Any]]) -> str:
+    return str(group[0].get("x_axis") or "iteration")
 
 
 def _warning_iterations(runs: Sequence[Mapping[str, Any]]) -> list[float]:
@@ -279,6 +292,7 @@ def _final_table(entries: Sequence[Mapping[str, Any]]) -> str:
     if not entries:
         return _note("No final figures recorded.")
     names = ("proxy", "gold", "kl", "ppl", "length", "distinct2")
+    with_steps = any(_num(e.get("steps")) is not None for e in entries)  # runs without iterations
     by_algorithm: dict[str, list[Mapping[str, Any]]] = {}
     for entry in entries:
         by_algorithm.setdefault(str(entry.get("algorithm", "?")), []).append(entry)
@@ -291,10 +305,11 @@ def _final_table(entries: Sequence[Mapping[str, Any]]) -> str:
                     [v for v in (_num((e.get("final") or {}).get(name)) for e in group) if v is not None]
                 )
             )
-        for key in ("peak_gold", "iterations", "seconds"):
+        for key in ("peak_gold", "iterations", *(("steps",) if with_steps else ()), "seconds"):
             row.append(_fmt_mean_std([v for v in (_num(e.get(key)) for e in group) if v is not None]))
-        fired = sum(bool(e.get("collapse_detected")) for e in group)
-        row.append(_NumText(f"{fired}/{len(group)}"))
+        watched = [e.get("collapse_detected") for e in group if e.get("collapse_detected") is not None]
+        fired = sum(bool(w) for w in watched)
+        row.append(_NumText(f"{fired}/{len(watched)}" if watched else "-"))
         rows.append(row)
     headers = (
         "algorithm",
@@ -307,10 +322,50 @@ def _final_table(entries: Sequence[Mapping[str, Any]]) -> str:
         "distinct-2",
         "peak gold",
         "iterations",
+        *(("steps",) if with_steps else ()),
         "seconds",
         "collapse",
     )
     return _note("Mean ± std over seeds at the end of training.") + _table(headers, rows)
+
+
+def _interval(stat: Any) -> _NumText:
+    if not isinstance(stat, Mapping) or _num(stat.get("mean")) is None:
+        return _NumText("-")
+    ci = stat.get("ci95")
+    text = _fmt(stat["mean"])
+    if isinstance(ci, (list, tuple)) and len(ci) == 2:
+        text += f" [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+    return _NumText(text)
+
+
+def _equal_kl_table(equal_kl: Any) -> str:
+    """summary["equal_kl"]: each algorithm's gold gain where its KL first reaches the budget."""
+    if not isinstance(equal_kl, Mapping) or not equal_kl.get("algorithms"):
+        return ""
+    rows = [
+        (
+            algorithm,
+            _interval(row.get("gold_gain_at_kl")),
+            _NumText(str(row.get("reached_kl_budget", "-"))),
+            _interval(row.get("gold_gain_end")),
+            _interval(row.get("kl_end")),
+        )
+        for algorithm, row in equal_kl["algorithms"].items()
+    ]
+    budget = _fmt(equal_kl.get("kl_budget"))
+    headers = (
+        "algorithm",
+        f"gold gain at KL {budget}",
+        "runs reaching it",
+        "gold gain at the end",
+        "KL at the end",
+    )
+    return _note(
+        f"At equal KL: gold gain over SFT where each run's KL first reaches {budget} (interpolated "
+        "between evaluations; a run that never reaches it gives its last figure), mean [95% t "
+        "interval] over seeds."
+    ) + _table(headers, rows)
 
 
 def _prompt_text(prompt: Any) -> str:
@@ -387,12 +442,23 @@ def write_report(
     sections: dict[str, str] = {}
 
     eval_bands = _bands(groups, lambda run: _eval_series(run, metric_keys))
-    if any(eval_bands.values()):
-        png = plots.figure_png(plots.curves_figure(eval_bands, panels, colors, markers))
-        (path.parent / OVERVIEW_PNG).write_bytes(png)
+    x_axes = {algorithm: _x_axis(group) for algorithm, group in groups.items()}
+    curves = []
+    for axis in dict.fromkeys(["iteration", *x_axes.values()]):  # iterations first: the overview
+        bands = {a: b for a, b in eval_bands.items() if x_axes[a] == axis and b}
+        if not bands:
+            continue
+        png = plots.figure_png(plots.curves_figure(bands, panels, colors, markers, xlabel=axis))
+        if not curves:
+            (path.parent / OVERVIEW_PNG).write_bytes(png)
+        label = (
+            "" if axis == "iteration" else f"<p><b>Against {_esc(axis)}s:</b> {_esc(', '.join(bands))}</p>"
+        )
+        curves.append(label + _img(png, f"curves against {axis}"))
+    if curves:
         sections["Curves"] = _note(
             "Evaluation figures per algorithm: mean over seeds, band = min-max over seeds."
-        ) + _img(png, "curves")
+        ) + "".join(curves)
     else:
         sections["Curves"] = _note("No evaluation or training metrics recorded.")
 
@@ -442,6 +508,7 @@ def write_report(
         ) + _img(plots.figure_png(figure), "gold against KL")
     else:
         sections["Gold reward against KL"] = _note("Gold reward and KL were not both recorded.")
+    sections["Gold reward against KL"] += _equal_kl_table(summary.get("equal_kl"))
 
     buckets = {algorithm: pooled_reward_buckets(group, reward_buckets) for algorithm, group in groups.items()}
     buckets = {algorithm: b for algorithm, b in buckets.items() if b}

@@ -332,6 +332,7 @@ def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
 def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     """`rlhf sft`, `rlhf rm` and `rlhf dpo`: --model, --data and --out over --config and dotted overrides."""
     from rlhf.config import load_config
+    from rlhf.rundir.directory import check_out_dir
     from rlhf.rundir.lock import writer_lock
     from rlhf.runtime.process_group import data_parallel
 
@@ -350,6 +351,7 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     )
     _require(config.model, "--model")
     _require(config.data.path, "--data")
+    check_out_dir(config.out, {"--model": config.model})
     with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
         run(config)
     return 0
@@ -378,6 +380,7 @@ def run_dpo_command(args, rest, ctx) -> int:
 
 def run_train_command(args, rest, ctx) -> int:
     from rlhf.config import RLConfig, load_config
+    from rlhf.rundir.directory import check_out_dir
     from rlhf.rundir.lock import writer_lock
     from rlhf.runtime.process_group import data_parallel, is_writer_process
     from rlhf.stages.train import run_rl
@@ -407,6 +410,7 @@ def run_train_command(args, rest, ctx) -> int:
     _require(config.model.reward_model or config.reward.functions, "--reward-model (or --reward-fn)")
     _require(config.data.prompts, "--prompts")
     _refuse_reward_model_as_policy(config.model.policy)
+    check_out_dir(config.out, {"--policy": config.model.policy, "--reward-model": config.model.reward_model})
     with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
         run_rl(config)
     return 0

@@ -82,3 +82,26 @@ def quiet_hf_saves() -> Iterator[None]:
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
+
+
+def check_out_dir(out: str | Path, inputs: dict[str, str | None]) -> None:
+    """Refuse, before any work, an `--out` a run must not write: an existing file, or one of the
+    model directories the run reads (`inputs`: flag -> path) or a folder inside one, where the export
+    would overwrite that model. A path that names no local directory (a hub id) is not compared."""
+    target = Path(out)
+    if target.exists() and not target.is_dir():
+        raise ConfigError(
+            f"--out {out} is an existing file, not a directory: the run would replace it. "
+            "Fix: --out a new directory (e.g. runs/NAME)."
+        )
+    resolved = target.resolve()
+    for flag, path in inputs.items():
+        if not path or not Path(path).is_dir():
+            continue
+        model = Path(path).resolve()
+        if resolved == model or model in resolved.parents:
+            where = "is" if resolved == model else "is inside"
+            raise ConfigError(
+                f"--out {out} {where} the {flag} directory {path}: the run's export would overwrite the "
+                f"model it reads. Fix: --out a directory of its own (e.g. runs/NAME)."
+            )

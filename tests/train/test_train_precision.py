@@ -176,11 +176,12 @@ def test_a_missing_cuda_device_stops_sft_before_the_run_directory_is_made(tok, t
 def test_cli_sft_with_a_missing_cuda_device_exits_2_with_the_fix(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     data = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": "a", "response": "b"}])
+    (tmp_path / "model").mkdir()
     code = main(
         [
             "sft",
             "--model",
-            str(tmp_path),
+            str(tmp_path / "model"),
             "--data",
             str(data),
             "--out",

@@ -57,7 +57,7 @@ from rlhf.monitor.report import write_report
 from rlhf.rl.metrics import distinct_n
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
-from rlhf.stages.dpo import DPOPair, DPOStage
+from rlhf.stages.dpo import DPOStage
 from rlhf.stages.prompt_files import encode_prompts
 from rlhf.stages.rm import encode_pairs, evaluate_pairs, run_reward_training
 from rlhf.stages.sft import run_sft
@@ -302,12 +302,23 @@ class Stage:
 def prepare_stage(cfg: DemoConfig, out_dir: Path, *, say=print, quiet: bool = False) -> Stage:
     """Steps 1 and 2: build and write the world, SFT a tiny Llama, train the proxy reward model,
     and evaluate the SFT model on the held-out prompts."""
-    # 1. world + SFT ---------------------------------------------------------------------------
     say(f"[1/4] building the world (seed {cfg.world.seed}) and SFT of a tiny Llama ...")
     world = build_world(cfg.world)
     world_dir = out_dir / "world"
     world.write(world_dir)
-    tokenizer = world.tokenizer
+    sft_final, sft_seconds = _train_sft(cfg, world, out_dir, quiet)
+    say("[2/4] training the proxy reward model on noisy preference pairs ...")
+    reward_model, rm_summary = _train_proxy_reward_model(cfg, world, out_dir, quiet)
+    eval_texts, eval_ids = eval_prompts(cfg, world_dir, world.tokenizer)
+    sft_summary = _sft_baseline(world, reward_model, out_dir, eval_texts, eval_ids)
+    sft_summary.update({"eval_loss": sft_final.get("eval/loss"), "seconds": sft_seconds})
+    return Stage(world, world.tokenizer, reward_model, eval_texts, eval_ids, sft_summary, rm_summary)
+
+
+def _train_sft(cfg: DemoConfig, world, out_dir: Path, quiet: bool) -> tuple[dict, float]:
+    """A tiny Llama fine-tuned on the world's base responses, saved in out_dir/sft; (final metrics,
+    seconds)."""
+    tokenizer, world_dir = world.tokenizer, out_dir / "world"
     model = tiny_causal_lm(
         tokenizer,
         seed=cfg.world.seed,
@@ -337,9 +348,13 @@ def prepare_stage(cfg: DemoConfig, out_dir: Path, *, say=print, quiet: bool = Fa
     t0 = time.perf_counter()
     sft_final = run_sft(sft_cfg, model=model, tokenizer=tokenizer, quiet=True)
     sft_seconds = time.perf_counter() - t0
+    return sft_final, sft_seconds
 
-    # 2. reward model ----------------------------------------------------------------------------
-    say("[2/4] training the proxy reward model on noisy preference pairs ...")
+
+def _train_proxy_reward_model(cfg: DemoConfig, world, out_dir: Path, quiet: bool):
+    """The proxy reward model trained on the world's noisy preference pairs (out_dir/rm), and its
+    accuracy on the held-out pairs' noisy labels and gold ordering."""
+    tokenizer, world_dir = world.tokenizer, out_dir / "world"
     rm_cfg = RewardConfig(
         model=str(out_dir / "sft"),
         out=str(out_dir / "rm"),
@@ -374,9 +389,12 @@ def prepare_stage(cfg: DemoConfig, out_dir: Path, *, say=print, quiet: bool = Fa
         "gold_accuracy": sum((m > 0) == (g > 0) for m, g in gold_pairs) / max(len(gold_pairs), 1),
         "seconds": rm_seconds,
     }
+    return reward_model, rm_summary
 
-    # held-out prompts and the SFT baseline --------------------------------------------------------
-    eval_texts, eval_ids = eval_prompts(cfg, world_dir, tokenizer)
+
+def _sft_baseline(world, reward_model, out_dir: Path, eval_texts, eval_ids) -> dict:
+    """The SFT model's held-out figures: the baseline every run's gain is read against."""
+    tokenizer = world.tokenizer
     sft_policy = load_causal_lm(out_dir / "sft")
     sft_ref = ReferenceModel(sft_policy, mode="copy")
     max_new = DEMO_RL["rollout"]["max_new_tokens"]
@@ -398,13 +416,10 @@ def prepare_stage(cfg: DemoConfig, out_dir: Path, *, say=print, quiet: bool = Fa
         "ppl": sft_record["ppl"],
         "length": sft_record["length"],
         "distinct2": sft_record["distinct2"],
-        "eval_loss": sft_final.get("eval/loss"),
-        "seconds": sft_seconds,
         "topic_rate": sft_record["topic_rate"],
         "repetition_rate": sft_record["repetition_rate"],
     }
-
-    return Stage(world, tokenizer, reward_model, eval_texts, eval_ids, sft_summary, rm_summary)
+    return sft_summary
 
 
 def load_stage(cfg: DemoConfig, out_dir: Path, sft_summary: dict, rm_summary: dict) -> Stage:
@@ -573,10 +588,6 @@ def run_dpo_one(cfg, seed, out_dir, tokenizer, reward_model, world, eval_texts, 
     returns (report run, summary.json run) as run_one does, with steps in place of iterations."""
     config = dpo_config(cfg, seed, out_dir, quiet=quiet)
     test_pairs = load_examples(out_dir / "world" / "pairs_test.jsonl", kind="preference").examples
-    test_rows = [
-        DPOPair(r.prompt_ids, r.chosen_ids, r.rejected_ids)
-        for r in encode_pairs(tokenizer, test_pairs, config, stats=None)
-    ]
     max_new = deep_merge(DEMO_RL, cfg.rl)["rollout"]["max_new_tokens"]  # as the RL runs evaluate
     history: list[dict] = []
     samples: dict = {}
@@ -598,8 +609,10 @@ def run_dpo_one(cfg, seed, out_dir, tokenizer, reward_model, world, eval_texts, 
         samples.setdefault("start", picked)
         samples["end"] = picked
 
+    stage = DemoDPOStage(config, evaluator)
+    test_rows = stage.encode(tokenizer, test_pairs, stats=None)  # as `rlhf dpo` encodes its pairs
     started = time.perf_counter()
-    run_supervised(DemoDPOStage(config, evaluator), tokenizer=tokenizer, test_rows=test_rows, quiet=True)
+    run_supervised(stage, tokenizer=tokenizer, test_rows=test_rows, quiet=True)
     seconds = time.perf_counter() - started
     metrics = [m for m in _read_jsonl(Path(config.out) / "metrics.jsonl") if "event" not in m]
     final = history[-1]

@@ -438,49 +438,69 @@ def write_report(
     groups = _groups(runs)
     colors = plots.color_map(list(groups))
     markers = {algorithm: _warning_iterations(group) for algorithm, group in groups.items()}
-    panels = list(PANEL_TITLES.items())
-    sections: dict[str, str] = {}
-
     eval_bands = _bands(groups, lambda run: _eval_series(run, metric_keys))
+    sections = {
+        "Curves": _curves_section(path.parent, groups, eval_bands, colors, markers),
+        "Training monitors": _monitors_section(groups, metric_keys, colors, markers),
+        "Gold reward against KL": _frontier_section(groups, eval_bands, metric_keys, colors, summary),
+        "Reward distribution over training": _reward_section(groups, colors, reward_buckets),
+        "Overview": _overview(summary, runs, notes),
+        "Final figures": _final_table(_run_entries(summary, runs, metric_keys)),
+        "Sample responses": _samples(runs, max_samples),
+        "Collapse warnings": _warnings(runs),
+    }
+    document = page(title, [(name, sections[name]) for name in SECTIONS])
+    path.write_text(document, encoding="utf-8")
+    return path
+
+
+def _curves_section(directory: Path, groups, eval_bands, colors, markers) -> str:
+    """Evaluation curves, one figure per x axis (iterations first; its PNG is the overview image)."""
     x_axes = {algorithm: _x_axis(group) for algorithm, group in groups.items()}
     curves = []
-    for axis in dict.fromkeys(["iteration", *x_axes.values()]):  # iterations first: the overview
+    for axis in dict.fromkeys(["iteration", *x_axes.values()]):
         bands = {a: b for a, b in eval_bands.items() if x_axes[a] == axis and b}
         if not bands:
             continue
-        png = plots.figure_png(plots.curves_figure(bands, panels, colors, markers, xlabel=axis))
+        figure = plots.curves_figure(bands, list(PANEL_TITLES.items()), colors, markers, xlabel=axis)
+        png = plots.figure_png(figure)
         if not curves:
-            (path.parent / OVERVIEW_PNG).write_bytes(png)
+            (directory / OVERVIEW_PNG).write_bytes(png)
         label = (
             "" if axis == "iteration" else f"<p><b>Against {_esc(axis)}s:</b> {_esc(', '.join(bands))}</p>"
         )
         curves.append(label + _img(png, f"curves against {axis}"))
-    if curves:
-        sections["Curves"] = _note(
-            "Evaluation figures per algorithm: mean over seeds, band = min-max over seeds."
-        ) + "".join(curves)
-    else:
-        sections["Curves"] = _note("No evaluation or training metrics recorded.")
+    if not curves:
+        return _note("No evaluation or training metrics recorded.")
+    return _note("Evaluation figures per algorithm: mean over seeds, band = min-max over seeds.") + "".join(
+        curves
+    )
+
+
+def _monitors_section(groups, metric_keys, colors, markers) -> str:
+    """The per-iteration training monitors, mean over seeds."""
 
     def monitor_series(run):
         return {name: _points(run.get("metrics") or (), key) for name, key in metric_keys.items()}
 
     monitor_bands = _bands(groups, monitor_series)
-    if any(monitor_bands.values()):
-        recorded = {name for per_panel in monitor_bands.values() for name in per_panel}
-        titles = [
-            (name, f"{PANEL_TITLES.get(name, name)} [{key}]")
-            for name, key in metric_keys.items()
-            if name in recorded
-        ]
-        figure = plots.curves_figure(monitor_bands, titles, colors, markers)
-        sections["Training monitors"] = _note(
-            "Per-iteration training records, mean over seeds: KL rising, perplexity falling and length drifting together "
-            "signal pattern collapse (PPO paper §5.2)."
-        ) + _img(plots.figure_png(figure), "training monitors")
-    else:
-        sections["Training monitors"] = _note("No per-iteration training metrics recorded.")
+    if not any(monitor_bands.values()):
+        return _note("No per-iteration training metrics recorded.")
+    recorded = {name for per_panel in monitor_bands.values() for name in per_panel}
+    titles = [
+        (name, f"{PANEL_TITLES.get(name, name)} [{key}]")
+        for name, key in metric_keys.items()
+        if name in recorded
+    ]
+    figure = plots.curves_figure(monitor_bands, titles, colors, markers)
+    return _note(
+        "Per-iteration training records, mean over seeds: KL rising, perplexity falling and length drifting together "
+        "signal pattern collapse (PPO paper §5.2)."
+    ) + _img(plots.figure_png(figure), "training monitors")
 
+
+def _frontier_section(groups, eval_bands, metric_keys, colors, summary) -> str:
+    """Gold reward against KL: each algorithm's seed-mean path and its single seeds; the equal-KL table."""
     frontier, seed_points = {}, {}
     for algorithm, group in groups.items():
         band_kl, band_gold = eval_bands[algorithm].get("kl"), eval_bands[algorithm].get("gold")
@@ -500,34 +520,26 @@ def write_report(
             pairs += [(kl, gold[x]) for x, kl in series["kl"] if x in gold]
         seed_points[algorithm] = (np.asarray([p[0] for p in pairs]), np.asarray([p[1] for p in pairs]))
     if frontier:
-        figure = plots.frontier_figure(
-            frontier, seed_points, colors, _num((summary.get("sft") or {}).get("gold_mean"))
-        )
-        sections["Gold reward against KL"] = _note(
+        sft_gold = _num((summary.get("sft") or {}).get("gold_mean"))
+        figure = plots.frontier_figure(frontier, seed_points, colors, sft_gold)
+        text = _note(
             "Each line follows an algorithm's seed-mean (KL, gold) through training; dots are single seeds."
         ) + _img(plots.figure_png(figure), "gold against KL")
     else:
-        sections["Gold reward against KL"] = _note("Gold reward and KL were not both recorded.")
-    sections["Gold reward against KL"] += _equal_kl_table(summary.get("equal_kl"))
+        text = _note("Gold reward and KL were not both recorded.")
+    return text + _equal_kl_table(summary.get("equal_kl"))
 
+
+def _reward_section(groups, colors, reward_buckets: int) -> str:
+    """The proxy reward's distribution over training, seeds pooled."""
     buckets = {algorithm: pooled_reward_buckets(group, reward_buckets) for algorithm, group in groups.items()}
     buckets = {algorithm: b for algorithm, b in buckets.items() if b}
-    if buckets:
-        figure = plots.reward_distribution_figure(buckets, colors)
-        sections["Reward distribution over training"] = _note(
-            "Proxy reward of the sampled responses, seeds pooled; a growing one-sided tail is the long-tailed reward of hacking (PPO paper §5.2)."
-        ) + _img(plots.figure_png(figure), "reward distribution")
-    else:
-        sections["Reward distribution over training"] = _note("No reward samples recorded.")
-
-    sections["Overview"] = _overview(summary, runs, notes)
-    sections["Final figures"] = _final_table(_run_entries(summary, runs, metric_keys))
-    sections["Sample responses"] = _samples(runs, max_samples)
-    sections["Collapse warnings"] = _warnings(runs)
-
-    document = page(title, [(name, sections[name]) for name in SECTIONS])
-    path.write_text(document, encoding="utf-8")
-    return path
+    if not buckets:
+        return _note("No reward samples recorded.")
+    figure = plots.reward_distribution_figure(buckets, colors)
+    return _note(
+        "Proxy reward of the sampled responses, seeds pooled; a growing one-sided tail is the long-tailed reward of hacking (PPO paper §5.2)."
+    ) + _img(plots.figure_png(figure), "reward distribution")
 
 
 def load_run(

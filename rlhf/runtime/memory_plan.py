@@ -281,7 +281,8 @@ PHASE_EXTRAS = {
 }
 
 
-def plan(job: Job) -> Plan:
+def plan(job: Job, *, with_advice: bool = True) -> Plan:
+    """The plan of `job`; `with_advice`: when it does not fit, re-plan each remedy to rank them."""
     job.validate()
     roles = role_memory(job)
     extras = phase_extras(job, roles)
@@ -298,11 +299,11 @@ def plan(job: Job) -> Plan:
         peak_phase=peak_phase,
         per_rank_peak_bytes=peak,
         fits=fits,
-        advice=[] if fits else advice(job, phases, peak_phase),
+        advice=advice(job) if with_advice and not fits else [],
     )
 
 
-def advice(job: Job, phases: dict[str, int], peak_phase: str) -> list[str]:
+def advice(job: Job) -> list[str]:
     """What would bring the peak under the GPU's memory, most effective first (each re-planned)."""
     tries = []
     options = [
@@ -320,18 +321,10 @@ def advice(job: Job, phases: dict[str, int], peak_phase: str) -> list[str]:
     for label, change in options:
         if all(getattr(job, k) == v for k, v in change.items()):
             continue
-        trial = plan_without_advice(Job(**{**asdict(job), "shape": job.shape, **change}))
+        trial = plan(Job(**{**asdict(job), "shape": job.shape, **change}), with_advice=False)
         tries.append((trial.per_rank_peak_bytes, label, trial.fits))
     tries.sort()
     return [f"{label}: {gib(peak)} per rank{' (fits)' if ok else ''}" for peak, label, ok in tries[:4]]
-
-
-def plan_without_advice(job: Job) -> Plan:
-    fits_gpu = job.gpu_memory
-    job = Job(**{**asdict(job), "shape": job.shape, "gpu_memory": 1 << 62})  # no recursion into advice
-    result = plan(job)
-    result.fits = result.per_rank_peak_bytes <= fits_gpu
-    return result
 
 
 def gib(n: int) -> str:

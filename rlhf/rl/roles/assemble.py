@@ -111,16 +111,7 @@ def assemble_roles(
     torch.manual_seed(c.seed)
     critic_mode = c.model.critic_mode if c.uses_critic else None  # critic-free estimators build none
     if critic_mode == "separate":
-        if c.model.critic_init == "reward_model" and reward_model is None:
-            raise ValueError(
-                "model.critic_init is reward_model but no reward model is given (the reward comes from "
-                "reward.functions). Fix: --model.critic_init policy, or a critic-free estimator "
-                "(--preset grpo or rloo)."
-            )
-        if c.model.critic_init == "reward_model":
-            critic_model = init_critic(reward_model)  # a copy of the reward model (PPO paper §5.3.3)
-        else:
-            critic_model = init_critic(policy)  # a copy of the SFT trunk with a zero head
+        critic_model = _critic_start(c, policy, reward_model)
     if c.model.lora.enabled:
         policy = precision.prepare(with_lora(policy, c.model.lora))
         reference = ReferenceModel(policy, mode="adapter")  # no second copy of the weights
@@ -143,15 +134,7 @@ def assemble_roles(
     policy.eval()  # no dropout: the first PPO ratio is exactly 1
     rows = c.train.micro_batch_size
     rl_steps, pretrain_steps = optimizer_steps(c)
-    sampling = SamplingConfig(
-        max_new_tokens=c.rollout.max_new_tokens,
-        **rollout_sampling(c.rollout),  # temperature, top_p, repetition_penalty (`rollout.sampling`)
-        top_k=c.rollout.top_k,
-        do_sample=True,
-        stop_at_eos=c.rollout.stop_at_eos,
-        drop_finished_rows=c.rollout.drop_finished_rows,
-        pack_weights=c.runtime.pack_weights,
-    )
+    sampling = rollout_sampling_config(c)
     policy_role = Policy(
         policy,
         tokenizer,
@@ -180,22 +163,42 @@ def assemble_roles(
             precision=precision,
             sort_by_length=c.runtime.sort_by_length,
         )
+    frozen = {"micro_batch_size": rows, "precision": precision, "sort_by_length": c.runtime.sort_by_length}
     return Roles(
         tokenizer=tokenizer,
         policy=policy_role,
-        reference=Reference(
-            reference,
-            temperature=sampling.temperature,
-            micro_batch_size=rows,
-            precision=precision,
-            sort_by_length=c.runtime.sort_by_length,
-        ),
+        reference=Reference(reference, temperature=sampling.temperature, **frozen),
         critic=critic,
-        reward_model=None
-        if reward_model is None
-        else RewardModel(
-            reward_model, micro_batch_size=rows, precision=precision, sort_by_length=c.runtime.sort_by_length
-        ),
+        reward_model=None if reward_model is None else RewardModel(reward_model, **frozen),
+    )
+
+
+def _critic_start(
+    c: RLConfig, policy: torch.nn.Module, reward_model: ScalarHeadModel | None
+) -> ScalarHeadModel:
+    """A separate critic's starting weights: a copy of the reward model (PPO paper §5.3.3) or of the
+    SFT trunk with a zero head (`model.critic_init`)."""
+    if c.model.critic_init == "policy":
+        return init_critic(policy)
+    if reward_model is None:
+        raise ValueError(
+            "model.critic_init is reward_model but no reward model is given (the reward comes from "
+            "reward.functions). Fix: --model.critic_init policy, or a critic-free estimator "
+            "(--preset grpo or rloo)."
+        )
+    return init_critic(reward_model)
+
+
+def rollout_sampling_config(c: RLConfig) -> SamplingConfig:
+    """How the policy samples its rollouts: `rollout.*` and the runtime's weight packing."""
+    return SamplingConfig(
+        max_new_tokens=c.rollout.max_new_tokens,
+        **rollout_sampling(c.rollout),  # temperature, top_p, repetition_penalty (`rollout.sampling`)
+        top_k=c.rollout.top_k,
+        do_sample=True,
+        stop_at_eos=c.rollout.stop_at_eos,
+        drop_finished_rows=c.rollout.drop_finished_rows,
+        pack_weights=c.runtime.pack_weights,
     )
 
 

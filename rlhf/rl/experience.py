@@ -79,6 +79,13 @@ class Experience:
                 out[k] = v[:, :width]
         return Experience(prompt_length=self.prompt_length - lead, **out)
 
+    def filler(self) -> Experience:
+        """Its first row with the response mask zeroed: a micro-batch that runs every forward and
+        backward a real one runs and weighs nothing (a sharded rank's padding, rlhf/runtime/fsdp.py)."""
+        row = self.select(torch.tensor([0]))
+        row.response_mask = torch.zeros_like(row.response_mask)
+        return row
+
     def minibatches(
         self, count: int, generator: torch.Generator, *, whole_groups: bool = False
     ) -> Iterator[Experience]:

@@ -13,10 +13,13 @@ The costly work on rows is shared:
   and step statistics over the ranks (rlhf/runtime/peers.py), so every rank takes the one-process
   step. The critic's steps never run beside the policy's on a second thread here: both would
   all-reduce on one process group and could mix their buckets.
-Under `dist.strategy fsdp2` the learners' modules and optimizer state are sharded at the first use
-(after a resumed run has loaded its whole state) and gathered for each of the uses above
-(rlhf/runtime/fsdp.py); checkpoints are written as each rank's shards
-(rlhf/rundir/sharded_checkpoint.py). The frozen roles (reference, reward model) stay whole.
+Under `dist.strategy fsdp2` every role is sharded per layer at its first use (after a resumed run
+has loaded its whole state; rlhf/runtime/fsdp.py): the policy, a separate critic, the reference's
+copy and the reward model, each rank holding 1/N of every one. Their forwards and backwards gather
+one layer at a time and reduce-scatter the gradients, so every rank runs the same ones: the rows of
+a no-grad forward are padded to the largest rank's share, and the micro-batches of an optimizer step
+to the largest rank's count with fillers that weigh nothing (`Lockstep`). The rollout unshards the
+policy once. Checkpoints are written as each rank's shards (rlhf/rundir/sharded_checkpoint.py).
 Rank 0 alone writes the run directory (`writer`).
 """
 
@@ -28,7 +31,8 @@ import torch
 
 from rlhf.config import ConfigError, RuntimeConfig
 from rlhf.models.sequences import Sequences
-from rlhf.runtime.fsdp import gathered, shard_module, whole_copies
+from rlhf.runtime import fsdp
+from rlhf.runtime.fsdp import Lockstep
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.peers import Peers
 from rlhf.runtime.rollout_share import join_rollouts, row_share
@@ -44,20 +48,27 @@ class DistributedRuntime(LocalRuntime):
         for learner in self.learners:
             learner.peers = self.peers
             self.peers.broadcast_parameters(learner.module.parameters())  # one start for every rank
-        # fsdp2: the learners are sharded at the first use, after a resumed run loaded its whole state
-        self.shard_pending = strategy == "fsdp2"
-        self.sharded_checkpoints = strategy == "fsdp2"
+        # fsdp2: every role is sharded at its first use, after a resumed run loaded its whole state
+        self.sharded = strategy == "fsdp2"
+        self.shard_pending = self.sharded
+        self.sharded_checkpoints = self.sharded
 
-    def sharded_modules(self) -> list:
-        """The learners' modules, sharded on first call under fsdp2 (the frozen roles stay whole)."""
-        if self.shard_pending:
-            self.shard_pending = False
-            for learner in self.learners:
-                learner.sharded = shard_module(learner.module, learner.optimizer, self.peers)
-        return [learner.sharded for learner in self.learners if learner.sharded is not None]
+    def shard_roles(self) -> None:
+        """fsdp2, on the first call: every role sharded per layer (the frozen ones without optimizer)."""
+        if not self.shard_pending:
+            return
+        self.shard_pending = False
+        for learner in self.learners:
+            learner.shard_per_layer(self.peers)
+        r = self.roles
+        frozen = [r.reference.own_module, r.reward_model and r.reward_model.model]
+        for module in frozen:
+            if module is not None:
+                fsdp.shard_layers(module, self.peers)
 
     def whole_models(self):
-        return whole_copies(self.sharded_modules())
+        self.shard_roles()
+        return fsdp.whole_copies([learner.module for learner in self.learners])
 
     @property
     def writer(self) -> bool:
@@ -74,7 +85,8 @@ class DistributedRuntime(LocalRuntime):
         """This rank's share of the rollout, joined with the other ranks' into the whole batch's."""
         self.check_rows(len(prompts))
         share = row_share(self.peers, len(prompts))
-        with gathered(self.sharded_modules()):
+        self.shard_roles()
+        with fsdp.unsharded([policy.module]):  # fsdp2: gathered once, not per decoding step
             mine = policy.generate(prompts, generator, return_logprobs, share=share)
         sampled = policy.sampling.do_sample
         return join_rollouts(self.peers, mine, share, generator, sampled, policy.tokenizer.pad_token_id)
@@ -82,31 +94,43 @@ class DistributedRuntime(LocalRuntime):
     def map_rows(self, forward: Callable[[Sequences], torch.Tensor], sequences: Sequences) -> torch.Tensor:
         rows = sequences.batch_size
         self.check_rows(rows)
-        with gathered(self.sharded_modules()):
-            mine = super().map_rows(forward, sequences.rows(self.peers.rows(rows)))
+        self.shard_roles()
+        share = self.peers.rows(rows)
+        if not self.sharded:
+            return self.peers.gather_rows(super().map_rows(forward, sequences.rows(share)), rows)
+        # sharded: every rank runs as many rows (its last repeated), on this thread (collectives);
+        # outside inference mode: FSDP's gather buffers are reused by the training steps
+        width = -(-rows // self.peers.world_size)
+        index = list(range(share.start, share.stop))
+        index += index[-1:] * (width - len(index))
+        with torch.inference_mode(False), torch.no_grad():
+            mine = forward(sequences.rows(torch.tensor(index)))[: share.stop - share.start]
         return self.peers.gather_rows(mine, rows)
 
     def train(self, learners: Sequence, minibatches: Sequence) -> list[dict[str, float]]:
         """Each learner's steps on this rank's rows of every minibatch, the loss denominator the whole
         minibatch's; the stats (summed over the ranks inside the step) of every step."""
+        self.shard_roles()
         steps = []
         for learner in learners:
             for minibatch in minibatches:
                 mine = torch.arange(minibatch.batch_size)[self.peers.rows(minibatch.batch_size)]
-                with gathered(sharded_module_of(learner)):  # fsdp2: sharded again in its step
-                    steps.append(
-                        learner.train_step(minibatch.select(mine), learner.loss_denominator(minibatch))
-                    )
+                denominator = learner.loss_denominator(minibatch)
+                steps.append(
+                    learner.train_step(minibatch.select(mine), denominator, self.lockstep(learner, minibatch))
+                )
         return steps
+
+    def lockstep(self, learner, minibatch) -> Lockstep | None:
+        """fsdp2: the micro-batches every rank runs in `learner`'s step on `minibatch` (the largest
+        rank's count; the filler: its first row, weighing nothing); None otherwise."""
+        if not self.sharded:
+            return None
+        width = -(-minibatch.batch_size // self.peers.world_size)  # the largest rank's rows
+        return Lockstep(-(-width // learner.micro_batch_size), minibatch.filler())
 
     def overlap_threads(self, learners: Sequence) -> int | None:
         return None  # one process group: the policy's and critic's all-reduces must not interleave
-
-
-def sharded_module_of(learner) -> list:
-    """[the module `learner` steps] when fsdp2 shards it (a shared critic steps the policy's), else []."""
-    owner = learner.policy if getattr(learner, "shares_policy", False) else learner
-    return [owner.sharded] if owner.sharded is not None else []
 
 
 def runtime_for(roles, config) -> LocalRuntime:

@@ -1,16 +1,22 @@
-"""`dist.strategy fsdp2`: a trained module's parameters and optimizer state sharded over the ranks
-with `torch.distributed.fsdp.fully_shard` (docs/distributed.md).
+"""`dist.strategy fsdp2`: every role's parameters sharded over the ranks with
+`torch.distributed.fsdp.fully_shard` (docs/distributed.md, docs/scale.md).
 
-Between uses each rank keeps one shard (dim 0 split in `world_size` chunks) of every parameter, and
-AdamW's moments of that shard only. A use gathers the whole module explicitly (`gathered`): a
-rollout's sampling and no-grad forwards, and each optimizer step's micro-batches. Inside an
-optimizer step FSDP's own per-backward reduce-scatter is off, because ranks hold different numbers
-of micro-batches (uneven rows and tokens: "global batch, local rows") and a collective inside a
-backward would wait for a rank that has none left. Instead `step` sums the whole gradients over
-the ranks once (the ddp sum), keeps this rank's shard of the sum, frees the gathered parameters,
-clips by the global norm (the norm of all shards: PPO paper §5.4) and steps AdamW on the shard.
-So the numbers are the one-process step's; the memory saved is the optimizer state and, outside
-the rollout and the step, the parameters.
+Per layer (the RL roles, `shard_layers`), as torchtitan applies FSDP2: each decoder layer is its own
+FSDP unit, then the role's root module (embeddings, final norm, output and value heads). Between uses
+each rank keeps one shard (dim 0 split in `world_size` chunks) of every parameter, of the trained
+and the frozen roles alike, and AdamW's moments of its shard only. A forward gathers one layer at a
+time and frees it after (`reshard_after_forward`); the backward gathers it again and reduce-scatters
+its gradient at once, summed over the ranks (divide factor 1: each micro-batch's loss is already
+weighted by its tokens over the whole minibatch's, rlhf/rl/roles/learner.py), so no rank ever holds
+a whole gradient. Every rank must then run the same forwards and backwards: the runtime pads a rank
+whose rows run out with micro-batches that weigh nothing (rlhf/runtime/distributed.py). The step
+clips by the global norm over the shards (PPO paper §5.4) and steps AdamW on each rank's shard
+(`step_shards`). The rollout unshards the policy once and samples with its whole parameters
+(`unsharded`).
+
+Whole (the supervised stages, `shard_module`): the root alone is sharded and gathered explicitly
+for each use (`gathered`); `step` sums the whole gradients over the ranks and keeps this rank's
+shard. The AdamW state is 1/N at rest; the parameters and gradients are whole while in use.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import contextlib
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
 from rlhf.runtime.peers import Peers
@@ -49,11 +56,26 @@ def shard_module(module: nn.Module, optimizer: torch.optim.Optimizer, peers: Pee
     if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
         module = ShardRoot(module)
     before = dict(module.named_parameters())
-    kwargs = {}
-    if peers.device.type == "cuda":
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    fully_shard(module, reshard_after_forward=False, **kwargs)
-    after = dict(module.named_parameters())
+    fully_shard(module, reshard_after_forward=False, **_precision(peers))
+    _point_optimizer_at_shards(optimizer, before, dict(module.named_parameters()), peers)
+    return module
+
+
+def _precision(peers: Peers) -> dict:
+    """fully_shard's keyword for the compute dtype: on a GPU the forwards run in bfloat16 with the
+    gradients reduced in float32 (MixedPrecisionPolicy); on the CPU in the parameters' dtype."""
+    if peers.device.type != "cuda":
+        return {}
+    return {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+
+
+def _point_optimizer_at_shards(
+    optimizer: torch.optim.Optimizer | None, before: dict, after: dict, peers: Peers
+) -> None:
+    """`optimizer`'s parameters replaced by their shards (`before`/`after`: the module's named
+    parameters before and after fully_shard), its per-element state cut to each shard's rows."""
+    if optimizer is None:
+        return
     shard_of = {id(before[name]): after[name] for name in before}
     for group in optimizer.param_groups:
         group["params"] = [shard_of[id(p)] for p in group["params"]]
@@ -66,7 +88,103 @@ def shard_module(module: nn.Module, optimizer: torch.optim.Optimizer, peers: Pee
         }
     optimizer.state.clear()
     optimizer.state.update(state)
-    return module
+
+
+@dataclass
+class Lockstep:
+    """Sharded per layer, every rank runs the same forwards and backwards: `micro_batches` per
+    optimizer step, a rank whose rows run out running `filler` (a row of experience whose response
+    mask is 0: it joins the collectives and weighs nothing; rlhf/rl/roles/learner.py)."""
+
+    micro_batches: int
+    filler: object
+
+
+def transformer_blocks(module: nn.Module) -> list[nn.Module]:
+    """The decoder layers inside `module`, each an FSDP unit of its own: the submodules whose class
+    a Hugging Face model names in `_no_split_modules` (what accelerate's FSDP auto-wrap shards one
+    by one); for a model without that list, the entries of its longest nn.ModuleList."""
+    names = {name for m in module.modules() for name in (getattr(m, "_no_split_modules", None) or [])}
+    blocks = [m for m in module.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    return list(max(lists, key=len)) if lists else []
+
+
+# what a role calls on its root besides `forward`: a policy's rollout, a reward model's scores
+FORWARD_METHODS = ("sample", "score")
+
+
+def shard_layers(root: nn.Module, peers: Peers, optimizer: torch.optim.Optimizer | None = None) -> FSDPModule:
+    """Shard `root` in place per layer: `fully_shard` each decoder layer, then `root` (the rest: the
+    embeddings, the final norm, the heads), every unit resharded after its forward, gradients
+    reduce-scattered as sums (divide factor 1). Every rank must hold the same parameters (and
+    optimizer state) first; `optimizer` (None for a frozen role) is pointed at the shards.
+    `root` is what the role calls: its `forward` and FORWARD_METHODS gather its own parameters (and
+    make it FSDP's root); a submodule called directly would bypass them."""
+    before = dict(root.named_parameters())
+    for block in transformer_blocks(root):
+        fully_shard(block, reshard_after_forward=True, **_precision(peers))
+    fully_shard(root, reshard_after_forward=True, **_precision(peers))
+    for unit in fsdp_units(root):
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    for name in FORWARD_METHODS:
+        if callable(getattr(root, name, None)):
+            register_fsdp_forward_method(root, name)
+    _point_optimizer_at_shards(optimizer, before, dict(root.named_parameters()), peers)
+    return root
+
+
+def fsdp_units(root: nn.Module) -> list[FSDPModule]:
+    """The FSDP units of a sharded module tree: its layers and its root."""
+    return [m for m in root.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def unsharded(roots: Sequence[nn.Module]) -> Iterator[None]:
+    """Every unit of the sharded `roots` gathered once for the body and kept so through its forwards
+    (a rollout's hundreds of decoding steps: one all-gather per unit instead of one per step and
+    layer), sharded again after. On a GPU the gathered parameters are in the compute dtype."""
+    units = [u for root in roots if is_sharded(root) for u in fsdp_units(root)]
+    with torch.inference_mode(False):  # gathered under a rollout's inference mode, trained on later
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True, recurse=False)
+
+
+def step_shards(
+    root: FSDPModule,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    peers: Peers,
+    max_grad_norm: float | None,
+) -> float:
+    """The optimizer step of a module sharded per layer after its micro-batches' backwards (whose
+    reduce-scatters left each rank its shard of the summed gradients): clip by the global norm over
+    every rank's shards (PPO paper §5.4), step AdamW on this rank's shards; the pre-clip norm."""
+    with_grad = [p for p in root.parameters() if p.grad is not None]
+    norm = global_norm(with_grad, peers)
+    clip_shards(with_grad, norm, max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def clip_shards(params: Sequence[torch.Tensor], norm: float, max_grad_norm: float | None) -> None:
+    """clip_grad_norm_'s coefficient min(1, max / (norm + 1e-6)), applied to each shard's gradient."""
+    if max_grad_norm is not None and not max_grad_norm / (norm + 1e-6) >= 1.0:
+        scale = max_grad_norm / (norm + 1e-6)
+        for p in params:
+            p.grad.to_local().mul_(scale)
 
 
 def _is_per_element(value, param: torch.Tensor) -> bool:
@@ -109,29 +227,32 @@ def gathered(modules: Sequence[nn.Module]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def whole_copies(modules: Sequence[nn.Module]) -> Iterator[None]:
-    """As `gathered`, each gathered parameter replaced by a plain copy for the body: what saving and
-    exporting need (FSDP's gathered parameters are views into its all-gather buffer, which
-    safetensors cannot address). Resharding sets the shards back on the submodules."""
+    """Every sharded parameter of `modules` replaced by a plain whole copy for the body (each
+    DTensor shard's `full_tensor()`: an all-gather on every rank, in the stored dtype: float32
+    master weights stay float32), set back after: what saving, exporting and comparing need. Tied
+    weights stay one parameter."""
     owners = [owner for m in modules if is_sharded(m) for owner in m.modules()]
     # FSDP's state_dict pre-hooks would shard the parameters again before a save reads them
     hooks = {id(owner): owner._state_dict_pre_hooks for owner in owners}
-    with gathered(modules):
-        copies: dict[int, nn.Parameter] = {}
+    sharded: dict[tuple[int, str], tuple[nn.Module, str, nn.Parameter]] = {}
+    copies: dict[int, nn.Parameter] = {}
+    with torch.no_grad():
         for owner in owners:
             owner._state_dict_pre_hooks = OrderedDict()
             for name, param in list(owner._parameters.items()):
-                if param is None:
+                if not isinstance(param, DTensor):
                     continue
-                if id(param) not in copies:  # tied weights stay one parameter
-                    copies[id(param)] = nn.Parameter(
-                        param.detach().clone(), requires_grad=param.requires_grad
-                    )
+                if id(param) not in copies:
+                    copies[id(param)] = nn.Parameter(param.full_tensor(), requires_grad=param.requires_grad)
+                sharded[id(owner), name] = (owner, name, param)
                 owner._parameters[name] = copies[id(param)]
-        try:
-            yield
-        finally:
-            for owner in owners:
-                owner._state_dict_pre_hooks = hooks[id(owner)]
+    try:
+        yield
+    finally:
+        for owner, name, param in sharded.values():
+            owner._parameters[name] = param
+        for owner in owners:
+            owner._state_dict_pre_hooks = hooks[id(owner)]
 
 
 def step(
@@ -165,11 +286,7 @@ def step(
     trained = list(local)
     with_grad = [shards[name] for name in trained if shards[name].grad is not None]
     norm = global_norm(with_grad, peers)
-    # clip_grad_norm_'s coefficient min(1, max / (norm + 1e-6)), applied to each shard
-    if max_grad_norm is not None and not max_grad_norm / (norm + 1e-6) >= 1.0:
-        scale = max_grad_norm / (norm + 1e-6)
-        for p in with_grad:
-            p.grad.to_local().mul_(scale)
+    clip_shards(with_grad, norm, max_grad_norm)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

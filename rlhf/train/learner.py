@@ -3,8 +3,8 @@ and schedule, the data-parallel ranks and sharding it trains under, and the opti
 (the ranks' gradients summed, global gradient clipping, step, zeroed gradients).
 
 A learner gets its parallel strategy when it is built (`peers`, `strategy`); the RL runtime of
-torchrun still sets `peers` and `sharded` on its roles after they are built (rlhf/runtime/
-distributed.py), which the Ray issue replaces.
+torchrun still sets `peers` on its roles and shards them per layer (`shard_per_layer`) after they
+are built (rlhf/runtime/distributed.py), which the Ray issue replaces.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class Learner:
 
     peers: Peers | None = None  # data-parallel ranks: gradients and stats summed over them
     sharded = None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/runtime/fsdp.py)
+    per_layer = False  # sharded per layer (the RL roles): gradients arrive reduce-scattered
 
     def __init__(
         self,
@@ -46,6 +47,13 @@ class Learner:
             self.peers = peers
             if strategy == "fsdp2":
                 self.sharded = fsdp.shard_module(module, self.optimizer, peers)
+
+    def shard_per_layer(self, peers: Peers) -> None:
+        """Shard the module per decoder layer over `peers` (rlhf/runtime/fsdp.py), AdamW's state with
+        it; every rank must hold the same parameters and state first."""
+        self.peers = peers
+        self.sharded = fsdp.shard_layers(self.module, peers, self.optimizer)
+        self.per_layer = True
 
     @property
     def lr(self) -> float:
@@ -70,6 +78,10 @@ class Learner:
         """Clip the global gradient norm (when set), step, zero the gradients; the pre-clip norm.
         Under data parallelism the ranks' gradients are summed first: the norm is the global one.
         fsdp2: called while gathered (`gathered`), after the micro-batches' backwards."""
+        if self.per_layer:
+            return fsdp.step_shards(
+                self.sharded, self.optimizer, self.scheduler, self.peers, self.max_grad_norm
+            )
         if self.sharded is not None:
             return fsdp.step(self.sharded, self.optimizer, self.scheduler, self.peers, self.max_grad_norm)
         if self.peers is not None:

@@ -258,10 +258,11 @@ def test_sampler_logprobs_replace_the_old_logprob_forward(make_trainer, monkeypa
     calls = []
     original = forward_module.response_logprobs
     monkeypatch.setattr(
-        forward_module, "response_logprobs", lambda *a, **k: calls.append(1) or original(*a, **k)
+        forward_module, "response_logprobs", lambda *a, **k: calls.append(a[0]) or original(*a, **k)
     )
     experience, _ = from_sampler.make_experience()
-    assert calls == []  # the reference model scores through its own wrapper, not this function
+    policy = from_sampler.roles.policy.model
+    assert calls and all(model is not policy for model in calls)  # the reference's forwards only
     assert torch.equal(experience.input_ids, reference.input_ids)  # same seed, same draws
     assert experience.response_mask.eq(0).any()  # padding inside the batch
     torch.testing.assert_close(experience.old_logp, reference.old_logp, rtol=0, atol=1e-5)

@@ -167,7 +167,9 @@ def assemble_roles(
     return Roles(
         tokenizer=tokenizer,
         policy=policy_role,
-        reference=Reference(reference, temperature=sampling.temperature, **frozen),
+        reference=Reference(
+            reference, policy_module=policy_role.module, temperature=sampling.temperature, **frozen
+        ),
         critic=critic,
         reward_model=None if reward_model is None else RewardModel(reward_model, **frozen),
     )

@@ -10,6 +10,8 @@ Two variants behind one interface (`values`, `train_step`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,14 +23,18 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.rl.experience import Experience, in_row_chunks
 from rlhf.rl.roles.forward import ValueForward
-from rlhf.rl.roles.learner import RoleLearner, StepStats
+from rlhf.rl.roles.learner import Lockstep, RoleLearner, StepStats
 
 if TYPE_CHECKING:
     from rlhf.rl.roles.policy import Policy
 
 
 def value_micro_loss(
-    forward: ValueForward, micro: Experience, value_clip: float | None, stats: StepStats, weight: float
+    forward: Callable[[Sequences], torch.Tensor],
+    micro: Experience,
+    value_clip: float | None,
+    stats: StepStats,
+    weight: float,
 ) -> torch.Tensor:
     """This micro-batch's value loss, clipped around the rollout's values when `value_clip` is set
     (docs/algorithms.md#15-value-loss); its stats recorded."""
@@ -67,10 +73,13 @@ class Critic(RoleLearner):
         """V [B, T] of every response token (0 at padding)."""
         return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.sort_by_length)
 
-    def train_step(self, minibatch: Experience, total_tokens: float) -> dict[str, float]:
+    def train_step(
+        self, minibatch: Experience, total_tokens: float, lockstep: Lockstep | None = None
+    ) -> dict[str, float]:
         stats = StepStats()
-        for micro, weight in self.micro_batches(minibatch, total_tokens):
+        for micro, weight in self.micro_batches(minibatch, total_tokens, lockstep):
             (weight * value_micro_loss(self.forward, micro, self.value_clip, stats, weight)).backward()
+        self.drop_weightless_gradients(total_tokens, lockstep)
         grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
         return {**stats.result(self.peers), "value/grad_norm": grad_norm}
 
@@ -87,23 +96,27 @@ class SharedCritic:
         self.policy = policy
         self.joint = policy.joint_value
         self.model: ScalarHeadModel = self.joint.forward.model
+        self.forward = partial(policy.module, part="value")  # through the policy's module (fsdp2 gathers it)
         self.micro_batch_size = policy.micro_batch_size
         self.sort_by_length = policy.sort_by_length
 
     @torch.no_grad()
     def values(self, sequences: Sequences) -> torch.Tensor:
-        return in_row_chunks(self.joint.forward, sequences, self.micro_batch_size, self.sort_by_length)
+        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.sort_by_length)
 
     def loss_denominator(self, minibatch: Experience) -> float:
         return minibatch.num_tokens  # the value loss is a token mean
 
-    def train_step(self, minibatch: Experience, total_tokens: float) -> dict[str, float]:
+    def train_step(
+        self, minibatch: Experience, total_tokens: float, lockstep: Lockstep | None = None
+    ) -> dict[str, float]:
         """Critic pre-training (PPO paper §5.3.3): the value loss alone; the trunk stays as it is, only the
         value head's gradients are kept."""
         stats = StepStats()
-        for micro, weight in self.policy.micro_batches(minibatch, total_tokens):
-            loss = value_micro_loss(self.joint.forward, micro, self.joint.value_clip, stats, weight)
+        for micro, weight in self.policy.micro_batches(minibatch, total_tokens, lockstep):
+            loss = value_micro_loss(self.forward, micro, self.joint.value_clip, stats, weight)
             (weight * self.joint.coef * loss).backward()
+        self.policy.drop_weightless_gradients(total_tokens, lockstep)
         head = {id(q) for q in self.model.head.parameters()}
         for q in self.policy.module.parameters():  # under fsdp2: the gathered ones, holding the gradients
             if id(q) not in head:

@@ -18,6 +18,7 @@ from torch import nn
 from rlhf.models.grad_checkpointing import checkpointing_in_eval
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.precision import Precision
+from rlhf.models.sampling import Rollout, SamplingConfig, generate
 from rlhf.models.scalar_head import ScalarHeadModel, response_values
 from rlhf.models.sequences import Sequences
 from rlhf.train.lm_loss import model_token_nll
@@ -56,6 +57,14 @@ class PolicyForward(nn.Module):
                 entropy_grad=entropy_grad,
             )
 
+    def sample(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig, **options
+    ) -> Rollout:
+        """The rollout of a left-padded prompt batch (rlhf.models.sampling.generate with `options`),
+        as a forward method: a sharded policy gathers its parameters for it (rlhf/runtime/fsdp.py)."""
+        with autocast(self.precision):
+            return generate(self.model, input_ids, attention_mask, sampling, **options)
+
 
 class ValueForward(nn.Module):
     """`forward(sequences)` -> V(s_t) [B, T] for each response token (0 at padding)."""
@@ -75,3 +84,18 @@ class ValueForward(nn.Module):
 def autocast(precision: Precision | None):
     """The precision's autocast context (bf16), or nothing."""
     return precision.autocast() if precision is not None else contextlib.nullcontext()
+
+
+class JointForward(nn.ModuleList):
+    """The policy's forward and a value head on its trunk (`model.critic_mode shared`) as one module:
+    the unit a sharded policy gathers (the two share the trunk). `forward(..., part="value")` is the
+    value forward, any other call the policy's; its parameter names are a ModuleList's ("0.", "1.")."""
+
+    def __init__(self, policy: PolicyForward, value: ValueForward) -> None:
+        super().__init__([policy, value])
+
+    def forward(self, *args, part: str = "policy", **kwargs):
+        return self[1 if part == "value" else 0](*args, **kwargs)
+
+    def sample(self, *args, **kwargs) -> Rollout:
+        return self[0].sample(*args, **kwargs)

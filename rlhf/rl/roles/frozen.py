@@ -1,5 +1,6 @@
 """The two frozen roles: the reference (log-probs that anchor the KL penalty) and the reward model
-(a scalar per response)."""
+(a scalar per response). Each computes through one module, the unit a sharded run gathers
+(rlhf/runtime/fsdp.py): the reference's `forward`, the reward model's `score`."""
 
 from __future__ import annotations
 
@@ -7,22 +8,26 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch import nn
 
 from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.rl.experience import in_row_chunks, map_row_chunks
-from rlhf.rl.roles.forward import autocast
+from rlhf.rl.roles.forward import PolicyForward, autocast
 
 
 class Reference:
-    """The SFT policy, frozen: a copy, or the LoRA policy with its adapter switched off."""
+    """The SFT policy, frozen: a copy, or the LoRA policy with its adapter switched off. Its
+    log-probs come from `forward`: a PolicyForward of its own around a copy, or the policy's module
+    (`policy_module`) in the adapter's case."""
 
     def __init__(
         self,
         reference: ReferenceModel,
         *,
+        policy_module: nn.Module | None = None,
         temperature: float,
         micro_batch_size: int,
         precision: Precision | None = None,
@@ -33,6 +38,18 @@ class Reference:
         self.precision = precision
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
+        if reference.mode == "adapter" and policy_module is None:
+            raise ValueError(
+                "a LoRA policy's reference computes through the policy's module: pass policy_module"
+            )
+        self.forward = (
+            PolicyForward(reference.model, precision) if reference.mode == "copy" else policy_module
+        )
+
+    @property
+    def own_module(self) -> nn.Module | None:
+        """The module holding weights of the reference's own (a copy's), None when it borrows the policy's."""
+        return self.forward if self.reference.mode == "copy" else None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -43,12 +60,12 @@ class Reference:
         """Yields `logprobs(sequences) -> [B, T]` at the sampling temperature. The reference's
         weights are set once for the block (a LoRA adapter switched off), so a runtime may call
         `logprobs` from several threads at once inside it."""
-        with self.reference.session() as logprobs:
+        with self.reference.in_force():
 
             def chunked(sequences: Sequences) -> torch.Tensor:
-                with autocast(self.precision):  # per call: autocast is per thread
+                with torch.no_grad():  # per call: grad mode (and the forward's autocast) is per thread
                     return in_row_chunks(
-                        lambda s: logprobs(s.input_ids, s.attention_mask, s.prompt_length, self.temperature),
+                        lambda s: self.forward(s, self.temperature)[0],
                         sequences,
                         self.micro_batch_size,
                         self.sort_by_length,

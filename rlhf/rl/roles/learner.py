@@ -19,6 +19,7 @@ from torch import nn
 from rlhf.config import OptimConfig
 from rlhf.core import explained_variance, micro_batch_weight
 from rlhf.rl.experience import Experience
+from rlhf.runtime.fsdp import Lockstep
 from rlhf.train.learner import Learner
 
 
@@ -35,6 +36,8 @@ class StepStats:
         self.returns: list[torch.Tensor] = []  # minibatch's explained variance
 
     def add(self, stats: dict, weight: float, prefix: str) -> None:
+        if weight <= 0:  # a micro-batch without a valid token (a sharded rank's filler) adds nothing
+            return
         for key, value in stats.items():
             name = f"{prefix}/{key}"
             if key.endswith(("_max", "_min")):
@@ -141,10 +144,25 @@ class RoleLearner(Learner):
         processes sums this over them."""
         return minibatch.num_tokens
 
-    def micro_batches(self, minibatch: Experience, total_tokens: float) -> Iterator[tuple[Experience, float]]:
+    def micro_batches(
+        self, minibatch: Experience, total_tokens: float, lockstep: Lockstep | None = None
+    ) -> Iterator[tuple[Experience, float]]:
         """(micro-batch, weight): weight = the micro-batch's share of `total_tokens` (token mean);
-        micro-batches without a valid token are skipped."""
+        micro-batches without a valid token are skipped, or with `lockstep` run at weight 0, and
+        fillers follow up to `lockstep.micro_batches`."""
+        count = 0
         for micro in minibatch.micro_batches(self.micro_batch_size, self.sort_by_length):
             weight = micro_batch_weight(micro.response_mask, max(total_tokens, 1.0))
-            if weight > 0:
+            if weight > 0 or lockstep is not None:
+                count += 1
                 yield micro, weight
+        if lockstep is not None:
+            for _ in range(lockstep.micro_batches - count):
+                yield lockstep.filler, 0.0
+
+    def drop_weightless_gradients(self, total_tokens: float, lockstep: Lockstep | None) -> None:
+        """In lockstep, a minibatch without a valid token on any rank still ran its backwards, at weight
+        0; one process would have run none, and AdamW skips a parameter without a gradient (no
+        moment decay, no weight decay): drop the zeros so that the step is the same."""
+        if lockstep is not None and total_tokens <= 0:
+            self.optimizer.zero_grad(set_to_none=True)

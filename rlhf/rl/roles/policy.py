@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -25,12 +26,12 @@ from rlhf.core import (
 )
 from rlhf.data.collate import left_pad
 from rlhf.models.precision import Precision
-from rlhf.models.sampling import Rollout, RowShare, SamplingConfig, generate
+from rlhf.models.sampling import Rollout, RowShare, SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.rl.experience import Experience, in_row_chunks
 from rlhf.rl.roles.critic import value_micro_loss
-from rlhf.rl.roles.forward import PolicyForward, ValueForward, autocast
-from rlhf.rl.roles.learner import RoleLearner, StepStats
+from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
+from rlhf.rl.roles.learner import Lockstep, RoleLearner, StepStats
 
 
 @dataclass
@@ -79,7 +80,9 @@ class Policy(RoleLearner):
         self.joint_value = joint_value
         self.ptx: PtxObjective | None = None
         self.stop_ids: list[int] | None = None  # ids that end a response (None: the tokenizer's EOS)
-        trained = self.forward if joint_value is None else nn.ModuleList([self.forward, joint_value.forward])
+        # the module every forward goes through (what a sharded policy gathers): the policy's forward,
+        # with the value head on its trunk when the critic is shared (`self.module(..., part="value")`)
+        trained = self.forward if joint_value is None else JointForward(self.forward, joint_value.forward)
         super().__init__(trained, optim, total_steps, micro_batch_size, sort_by_length)
 
     @property
@@ -100,41 +103,43 @@ class Policy(RoleLearner):
         ids, mask = left_pad(prompts, tok.pad_token_id)
         if share is not None:
             ids, mask = ids[share.start : share.stop], mask[share.start : share.stop]
-        with autocast(self.precision):
-            return generate(
-                self.model,
-                ids.to(device),
-                mask.to(device),
-                self.sampling,
-                eos_token_id=self.stop_ids or tok.eos_token_id,
-                pad_token_id=tok.pad_token_id,
-                generator=generator,
-                return_logprobs=return_logprobs,
-                share=share,
-            )
+        return self.module.sample(
+            ids.to(device),
+            mask.to(device),
+            self.sampling,
+            eos_token_id=self.stop_ids or tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            generator=generator,
+            return_logprobs=return_logprobs,
+            share=share,
+        )
 
     @torch.no_grad()
     def logprobs(self, sequences: Sequences) -> torch.Tensor:
         """Log-probs [B, T] of the response tokens at the sampling temperature (0 at padding)."""
         temperature = self.sampling.temperature
         return in_row_chunks(
-            lambda s: self.forward(s, temperature)[0], sequences, self.micro_batch_size, self.sort_by_length
+            lambda s: self.module(s, temperature)[0], sequences, self.micro_batch_size, self.sort_by_length
         )
 
     # -- training ------------------------------------------------------------------------------
-    def train_step(self, minibatch: Experience, total_tokens: float) -> dict[str, float]:
-        """One optimizer step on `minibatch` (`total_tokens`: its valid tokens over every worker)."""
+    def train_step(
+        self, minibatch: Experience, total_tokens: float, lockstep: Lockstep | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on `minibatch` (`total_tokens`: its valid tokens over every worker;
+        `lockstep`: sharded per layer, the forwards and backwards every rank runs)."""
         self.model.train(False)  # dropout stays off: the first ratio is exactly 1
         stats = StepStats()
         # the clip region around a target entropy, PPO paper appendix B.3; None: the plain bonus
-        gate = self.entropy_gate(minibatch, total_tokens, stats)
-        for micro, weight in self.micro_batches(minibatch, total_tokens):
+        gate = self.entropy_gate(minibatch, total_tokens, stats, lockstep)
+        for micro, weight in self.micro_batches(minibatch, total_tokens, lockstep):
             # backward per loss: the policy's graph is freed before the value forward
             (weight * self.micro_loss(micro, stats, weight, gate)).backward()
             if self.joint_value is not None:
-                v = self.joint_value
-                (weight * v.coef * value_micro_loss(v.forward, micro, v.value_clip, stats, weight)).backward()
-        self.ptx_backward(stats)
+                v, values = self.joint_value, partial(self.module, part="value")
+                (weight * v.coef * value_micro_loss(values, micro, v.value_clip, stats, weight)).backward()
+        self.drop_weightless_gradients(total_tokens, lockstep)
+        self.ptx_backward(stats, lockstep is not None)
         grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
         return {**stats.result(self.peers), "policy/grad_norm": grad_norm}
 
@@ -146,7 +151,7 @@ class Policy(RoleLearner):
         micro-batches is that of entropy_coef * max(|H - target| - clip, 0) (PPO paper appendix B.3)."""
         p = self.loss
         entropy_weight = -p.entropy_coef if entropy_gate is None else p.entropy_coef * entropy_gate
-        logp, entropy = self.forward(
+        logp, entropy = self.module(
             micro.sequences,
             self.sampling.temperature,
             with_entropy=True,
@@ -174,16 +179,18 @@ class Policy(RoleLearner):
         return loss
 
     @torch.no_grad()
-    def entropy_gate(self, minibatch: Experience, total_tokens: float, stats: StepStats) -> float | None:
+    def entropy_gate(
+        self, minibatch: Experience, total_tokens: float, stats: StepStats, lockstep: Lockstep | None = None
+    ) -> float | None:
         """With `policy.entropy_target`: the sign of d/dH of the clipped entropy term at the
         minibatch's token-mean entropy H (one gradient-free forward more per step); else None."""
         p = self.loss
         if p.entropy_target is None or p.entropy_coef == 0:
             return None
         parts = [
-            (weight, float(masked_mean(self.forward(micro.sequences, self.sampling.temperature, with_entropy=True,
-                                                    entropy_grad=False)[1], micro.response_mask)))
-            for micro, weight in self.micro_batches(minibatch, total_tokens)
+            (weight, float(masked_mean(self.module(micro.sequences, self.sampling.temperature, with_entropy=True,
+                                                   entropy_grad=False)[1], micro.response_mask)))
+            for micro, weight in self.micro_batches(minibatch, total_tokens, lockstep)
         ]  # fmt: skip
         mean_entropy = sum(w * h for w, h in parts) / max(sum(w for w, _ in parts), 1e-12)
         term = entropy_target_loss(torch.tensor(mean_entropy), p.entropy_target, p.entropy_clip)
@@ -198,14 +205,15 @@ class Policy(RoleLearner):
             return float(minibatch.batch_size * self.sampling.max_new_tokens)
         return super().loss_denominator(minibatch)
 
-    def ptx_backward(self, stats: StepStats) -> None:
-        """PPO-ptx: the SFT objective's gradient, `coef`-weighted, beside the RL loss."""
+    def ptx_backward(self, stats: StepStats, lockstep: bool = False) -> None:
+        """PPO-ptx: the SFT objective's gradient, `coef`-weighted, beside the RL loss. `lockstep`:
+        sharded per layer, every rank runs it on as many rows (rows past its share weigh nothing)."""
         if self.ptx is None or self.ptx.coef <= 0:
             return
         batch = {k: v.to(self.device) for k, v in self.ptx.batches(self.ptx.generator).items()}
         if self.peers is not None:  # data parallel: this rank's rows, the token mean over every rank's
-            batch = {k: v[self.peers.rows(len(v))] for k, v in batch.items()}
-        nll, count = self.forward(lm_batch=batch) if len(batch["input_ids"]) else (None, 0)
+            batch = rank_rows(batch, self.peers, lockstep)
+        nll, count = self.module(lm_batch=batch) if len(batch["input_ids"]) else (None, 0)
         total = count if self.peers is None else self.peers.sum(count)
         if nll is not None:  # None: fewer PPO-ptx rows than ranks, none here
             (self.ptx.coef * nll / max(total, 1)).backward()
@@ -221,3 +229,17 @@ class Policy(RoleLearner):
         super().load_state_dict(state)
         if self.ptx is not None and "ptx_generator" in state:
             self.ptx.generator.set_state(state["ptx_generator"])
+
+
+def rank_rows(batch: dict[str, torch.Tensor], peers, lockstep: bool) -> dict[str, torch.Tensor]:
+    """This rank's rows of a PPO-ptx batch (`peers.rows`); with `lockstep`, padded to the largest
+    rank's share with copies of the batch's first row whose loss mask is 0 (they weigh nothing)."""
+    rows = len(batch["input_ids"])
+    share = peers.rows(rows)
+    index = list(range(share.start, share.stop))
+    if not lockstep:
+        return {k: v[index] for k, v in batch.items()}
+    width = -(-rows // peers.world_size)
+    padded = {k: v[index + [0] * (width - len(index))] for k, v in batch.items()}
+    padded["loss_mask"][len(index) :] = 0
+    return padded

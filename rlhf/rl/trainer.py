@@ -160,9 +160,10 @@ class RLTrainer:
                 if c.checkpoint.every and self.iteration % c.checkpoint.every == 0:
                     self.save_checkpoint()
             self.save_checkpoint()
-            with self.runtime.whole_models():  # fsdp2: every rank gathers, rank 0 writes
-                if self.runtime.writer:
-                    self.roles.export(self.run_dir)
+            if self.runtime.sharded_checkpoints:  # fsdp2: the moments are in the checkpoint's shards
+                self.roles.release_optimizer_state()
+            # fsdp2: every rank gathers each model in turn, rank 0 writes
+            self.roles.export(self.run_dir, whole=self.runtime.whole_model, write=self.runtime.writer)
         finally:
             self.logger.close()
         return last

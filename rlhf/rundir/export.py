@@ -7,6 +7,9 @@ the run's own files (metrics, config), which stay.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from torch import nn
@@ -16,10 +19,24 @@ from rlhf.rundir.checkpoint import atomic_export
 from rlhf.rundir.directory import quiet_hf_saves
 
 
-def export_models(directory: str | Path, tokenizer, models: dict[str, nn.Module]) -> None:
+def export_models(
+    directory: str | Path,
+    tokenizer,
+    models: dict[str, nn.Module],
+    *,
+    whole: Callable[[nn.Module], AbstractContextManager] | None = None,
+    write: bool = True,
+) -> None:
     """Save each of `models` (`{subdirectory: model}`, "" for `directory` itself) with its
-    `save_pretrained`, and the tokenizer into `directory`."""
-    with atomic_export(Path(directory)) as tmp, quiet_hf_saves():
+    `save_pretrained`, and the tokenizer into `directory`. Sharded (fsdp2): `whole(model)` holds
+    one model's whole parameters at a time, on every rank (each calls this; `write` on rank 0 only)."""
+    whole = whole or (lambda _: contextlib.nullcontext())
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(atomic_export(Path(directory))) if write else None
+        stack.enter_context(quiet_hf_saves())
         for where, model in models.items():
-            export_copy(model).save_pretrained(tmp / where if where else tmp)
-        tokenizer.save_pretrained(tmp)
+            with whole(model):
+                if write:
+                    export_copy(model).save_pretrained(tmp / where if where else tmp)
+        if write:
+            tokenizer.save_pretrained(tmp)

@@ -58,17 +58,23 @@ class DistributedRuntime(LocalRuntime):
         if not self.shard_pending:
             return
         self.shard_pending = False
-        for learner in self.learners:
-            learner.shard_per_layer(self.peers)
         r = self.roles
+        precision = r.policy.precision
+        bf16 = precision is not None and precision.uses_autocast  # dtype bfloat16: gathered in bf16
+        for learner in self.learners:
+            learner.shard_per_layer(self.peers, bf16)
         frozen = [r.reference.own_module, r.reward_model and r.reward_model.model]
         for module in frozen:
             if module is not None:
-                fsdp.shard_layers(module, self.peers)
+                fsdp.shard_layers(module, self.peers, bf16_compute=bf16)
 
     def whole_models(self):
         self.shard_roles()
         return fsdp.whole_copies([learner.module for learner in self.learners])
+
+    def whole_model(self, model):
+        self.shard_roles()
+        return fsdp.whole_copies([model])
 
     @property
     def writer(self) -> bool:

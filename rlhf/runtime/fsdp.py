@@ -61,10 +61,11 @@ def shard_module(module: nn.Module, optimizer: torch.optim.Optimizer, peers: Pee
     return module
 
 
-def _precision(peers: Peers) -> dict:
-    """fully_shard's keyword for the compute dtype: on a GPU the forwards run in bfloat16 with the
-    gradients reduced in float32 (MixedPrecisionPolicy); on the CPU in the parameters' dtype."""
-    if peers.device.type != "cuda":
+def _precision(peers: Peers, bf16_compute: bool = True) -> dict:
+    """fully_shard's keyword for the compute dtype: on a GPU under bf16 compute (`dtype bfloat16`:
+    float32 master weights, bf16 autocast) the layers are gathered in bfloat16 and the gradients
+    reduced in float32 (MixedPrecisionPolicy); else in the parameters' dtype."""
+    if peers.device.type != "cuda" or not bf16_compute:
         return {}
     return {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
 
@@ -116,17 +117,21 @@ def transformer_blocks(module: nn.Module) -> list[nn.Module]:
 FORWARD_METHODS = ("sample", "score")
 
 
-def shard_layers(root: nn.Module, peers: Peers, optimizer: torch.optim.Optimizer | None = None) -> FSDPModule:
+def shard_layers(
+    root: nn.Module, peers: Peers, optimizer: torch.optim.Optimizer | None = None, bf16_compute: bool = False
+) -> FSDPModule:
     """Shard `root` in place per layer: `fully_shard` each decoder layer, then `root` (the rest: the
     embeddings, the final norm, the heads), every unit resharded after its forward, gradients
     reduce-scattered as sums (divide factor 1). Every rank must hold the same parameters (and
     optimizer state) first; `optimizer` (None for a frozen role) is pointed at the shards.
+    `bf16_compute`: on a GPU, layers gathered in bfloat16 (`_precision`).
     `root` is what the role calls: its `forward` and FORWARD_METHODS gather its own parameters (and
     make it FSDP's root); a submodule called directly would bypass them."""
     before = dict(root.named_parameters())
+    precision = _precision(peers, bf16_compute)
     for block in transformer_blocks(root):
-        fully_shard(block, reshard_after_forward=True, **_precision(peers))
-    fully_shard(root, reshard_after_forward=True, **_precision(peers))
+        fully_shard(block, reshard_after_forward=True, **precision)
+    fully_shard(root, reshard_after_forward=True, **precision)
     for unit in fsdp_units(root):
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
@@ -227,11 +232,12 @@ def gathered(modules: Sequence[nn.Module]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def whole_copies(modules: Sequence[nn.Module]) -> Iterator[None]:
-    """Every sharded parameter of `modules` replaced by a plain whole copy for the body (each
+    """Every sharded parameter of `modules` (sharded roots, or parts of one) replaced by a plain
+    whole copy for the body (each
     DTensor shard's `full_tensor()`: an all-gather on every rank, in the stored dtype: float32
     master weights stay float32), set back after: what saving, exporting and comparing need. Tied
     weights stay one parameter."""
-    owners = [owner for m in modules if is_sharded(m) for owner in m.modules()]
+    owners = list({id(o): o for m in modules for o in m.modules()}.values())  # any part of a sharded tree
     # FSDP's state_dict pre-hooks would shard the parameters again before a save reads them
     hooks = {id(owner): owner._state_dict_pre_hooks for owner in owners}
     sharded: dict[tuple[int, str], tuple[nn.Module, str, nn.Parameter]] = {}

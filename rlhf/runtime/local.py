@@ -54,6 +54,10 @@ class LocalRuntime:
         gathered on every rank; here they always are)."""
         return contextlib.nullcontext()
 
+    def whole_model(self, model: nn.Module):
+        """A context in which `model` (any role's, or a part of one) holds its whole parameters."""
+        return contextlib.nullcontext()
+
     # -- sampling ------------------------------------------------------------------------------
     def generate(self, policy, prompts: list[list[int]], generator: torch.Generator, return_logprobs: bool):
         """The policy's rollout of the whole batch of `prompts`."""

@@ -30,6 +30,7 @@ class Learner:
     peers: Peers | None = None  # data-parallel ranks: gradients and stats summed over them
     sharded = None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/runtime/fsdp.py)
     per_layer = False  # sharded per layer (the RL roles): gradients arrive reduce-scattered
+    released = False  # the AdamW moments freed at the end of a sharded run (release_optimizer_state)
 
     def __init__(
         self,
@@ -48,11 +49,11 @@ class Learner:
             if strategy == "fsdp2":
                 self.sharded = fsdp.shard_module(module, self.optimizer, peers)
 
-    def shard_per_layer(self, peers: Peers) -> None:
+    def shard_per_layer(self, peers: Peers, bf16_compute: bool = False) -> None:
         """Shard the module per decoder layer over `peers` (rlhf/runtime/fsdp.py), AdamW's state with
         it; every rank must hold the same parameters and state first."""
         self.peers = peers
-        self.sharded = fsdp.shard_layers(self.module, peers, self.optimizer)
+        self.sharded = fsdp.shard_layers(self.module, peers, self.optimizer, bf16_compute)
         self.per_layer = True
 
     @property
@@ -78,6 +79,10 @@ class Learner:
         """Clip the global gradient norm (when set), step, zero the gradients; the pre-clip norm.
         Under data parallelism the ranks' gradients are summed first: the norm is the global one.
         fsdp2: called while gathered (`gathered`), after the micro-batches' backwards."""
+        if self.released:
+            raise RuntimeError(
+                "the optimizer state was released at the end of the run: resume from its checkpoint"
+            )
         if self.per_layer:
             return fsdp.step_shards(
                 self.sharded, self.optimizer, self.scheduler, self.peers, self.max_grad_norm
@@ -87,6 +92,12 @@ class Learner:
         if self.peers is not None:
             self.peers.sum_gradients(self.trainable())
         return clip_and_step(self.optimizer, self.scheduler, self.trainable(), self.max_grad_norm)
+
+    def release_optimizer_state(self) -> None:
+        """Free AdamW's moments once the run is over and its checkpoint holds them (a sharded run's
+        export then gathers whole weights with that memory free); a later step would be refused."""
+        self.optimizer.state.clear()
+        self.released = True
 
     def state_dict(self) -> dict:
         # fsdp2: the sharded moments go to each rank's checkpoint shards (rlhf/rundir/sharded_checkpoint.py)

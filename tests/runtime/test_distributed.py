@@ -68,8 +68,34 @@ PPO_CASES = {
             {"rollout": {"batch_size": 4, "truncated": "drop"}, "train": {"minibatches": 4}},
         ],
     ),
+    # fsdp2 with empty-rank minibatches and PPO-ptx rows: rank 1 runs fillers in every step
+    "fsdp2-empty-rank-ptx": (
+        "ppo_max",
+        [
+            {"dist": {"strategy": "fsdp2"}},
+            {
+                "rollout": {"batch_size": 4, "truncated": "drop"},
+                "train": {"minibatches": 4},
+                "data": {"ptx_batch_size": 1},
+            },
+        ],
+    ),
+    # fsdp2 with a LoRA policy (frozen base, trained adapters; the reference is the adapter switched
+    # off, through the policy's sharded module) and a LoRA critic
+    "fsdp2-lora": (
+        "ppo_max",
+        [
+            {"dist": {"strategy": "fsdp2"}},
+            {"model": {"lora": {"enabled": True, "r": 4}, "critic_lora": {"enabled": True, "r": 4}}},
+            {"policy_optim": {"lr": 1e-2}},
+        ],
+    ),
     # critic-free presets: the policy is the only learner (no critic to broadcast, shard or save)
     "grpo-critic-free": ("grpo", [{"rollout": {"batch_size": 8, "samples_per_prompt": 4}}]),
+    "fsdp2-grpo-critic-free": (
+        "grpo",
+        [{"dist": {"strategy": "fsdp2"}, "rollout": {"batch_size": 8, "samples_per_prompt": 4}}],
+    ),
     "fsdp2-rloo-critic-free": ("rloo", [{"dist": {"strategy": "fsdp2"}, "rollout": {"batch_size": 8}}]),
 }
 
@@ -195,6 +221,27 @@ def test_two_ranks_train_sft_reward_and_dpo_models_as_one_process(
     for got, expected in zip(ranks[0]["written"], one["written"]):
         assert_close_dicts(got, expected, "metrics.jsonl")
     assert one["last"]["train/grad_norm"] > 0.5  # the clip acts
+
+
+@pytest.mark.slow
+def test_fsdp2_holds_half_of_every_role_and_never_a_whole_model(tmp_path):
+    """Per-layer sharding is in effect: between uses each rank holds about half of every role's
+    parameters (trained and frozen) and of the AdamW moments; while sampling, scoring and stepping no
+    op creates a tensor as large as half a model (the old whole-model gather, or a whole flat
+    gradient bucket, would be the whole model)."""
+    from tests.support.dist_cases import sharding_accounting
+
+    for rank, got in enumerate(run_ranks(sharding_accounting, str(tmp_path / "run"))):
+        for role in ("policy", "critic", "reference", "reward_model"):
+            counts = got[role]
+            assert counts["sharded"], f"rank {rank}: {role} not sharded"
+            # dim-0 chunks: a [1, H] value head sits on rank 0 whole, hence the slack over 1/2
+            assert counts["local"] <= 0.52 * counts["whole"], f"rank {rank}: {role} {counts}"
+        for role in ("policy", "critic"):
+            assert got[role]["moments_local"] <= 2 * 0.52 * got[role]["whole"], f"rank {rank}: {role}"
+        smallest_model = min(got[role]["whole"] for role in ("policy", "critic", "reference", "reward_model"))
+        for phase in ("rollout", "forwards", "steps"):
+            assert 0 < got["largest"][phase] < smallest_model / 2, f"rank {rank}: {phase} {got['largest']}"
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])

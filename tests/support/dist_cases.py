@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
@@ -39,13 +41,13 @@ def each_case(run, cases: list[tuple]) -> list:
     return [run(*case) for case in cases]
 
 
-def tiny_models(tok):
-    policy = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=1, num_heads=2)
+def tiny_models(tok, num_layers: int = 1):
+    policy = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=num_layers, num_heads=2)
     with torch.no_grad():  # about half the responses end within 5 tokens (as in tests/train)
         generator = torch.Generator().manual_seed(0)
         policy.lm_head.weight[tok.eos_token_id] = 0.4 * torch.randn(32, generator=generator)
     reward_model = ScalarHeadModel.from_causal_lm(
-        tiny_causal_lm(tok, seed=1, hidden_size=32, num_layers=1, num_heads=2), head_init_std=0.5
+        tiny_causal_lm(tok, seed=1, hidden_size=32, num_layers=num_layers, num_heads=2), head_init_std=0.5
     )
     return policy, reward_model
 
@@ -57,10 +59,12 @@ def ptx_rows_file(directory: Path) -> str:
     return str(write_jsonl(Path(directory) / "ptx.jsonl", rows))
 
 
-def trainer_of(config, run_dir: Path, *, resume: bool = False, ptx_file: str | None = None) -> RLTrainer:
+def trainer_of(
+    config, run_dir: Path, *, resume: bool = False, ptx_file: str | None = None, num_layers: int = 1
+) -> RLTrainer:
     """A trainer on fresh tiny models whose runtime follows the process group (local outside one)."""
     tok = word_tokenizer([" ".join(WORDS)])
-    policy, reward_model = tiny_models(tok)
+    policy, reward_model = tiny_models(tok, num_layers)
     roles = assemble_roles(config, tokenizer=tok, policy=policy, reward_model=reward_model)
     ptx = ptx_sampler(tok, ptx_file, config.data.ptx_batch_size, max_prompt_tokens=8) if ptx_file else None
     return RLTrainer(
@@ -99,6 +103,69 @@ def ppo_run(run_dir: str, preset: str, layers: list[dict], ptx_file: str | None 
         "tokens": trainer.buffer[-1].input_ids.clone(),
         "written": written,
     }
+
+
+class LargestTensors(TorchDispatchMode):
+    """The most elements of any tensor an op creates while active, per phase (`phase`): a rank's local
+    tensors (a DTensor counts its local shard), so a whole-model buffer shows as its whole size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "other"
+        self.largest: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                n = t.to_local().numel() if isinstance(t, DTensor) else t.numel()
+                self.largest[self.phase] = max(self.largest.get(self.phase, 0), n)
+        return out
+
+
+def sharding_accounting(run_dir: str) -> dict:
+    """An fsdp2 PPO-max run (2 decoder layers per model) watched by LargestTensors: per role, the
+    whole and this rank's parameter elements between uses and the AdamW moments' elements; per
+    phase (rollout, forwards, optimizer steps), the largest tensor any op created."""
+    case = {k: v for k, v in DATA_PARALLEL_CASE.items() if k != "data"}
+    config = rl_config("ppo_max", case, {"dist": {"strategy": "fsdp2"}, "train": {"iterations": 1}}, out=run_dir)
+    trainer = trainer_of(config, Path(run_dir), num_layers=2)
+    r, run = trainer.roles, trainer.runtime
+    watch = LargestTensors()
+
+    def phase(name, fn):
+        def watched(*args, **kwargs):
+            watch.phase = name
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                watch.phase = "other"
+
+        return watched
+
+    run.generate, run.map_rows, run.train = (
+        phase("rollout", run.generate), phase("forwards", run.map_rows), phase("steps", run.train)
+    )
+    with watch:
+        trainer.train()
+    roles = {
+        "policy": r.policy.module,
+        "critic": r.critic.module,
+        "reference": r.reference.own_module,
+        "reward_model": r.reward_model.model,
+    }
+    out = {"largest": watch.largest}
+    for name, module in roles.items():
+        params = list(module.parameters())
+        out[name] = {
+            "whole": sum(p.numel() for p in params),
+            "local": sum(p.to_local().numel() for p in params),
+            "sharded": all(isinstance(p, DTensor) for p in params),
+        }
+    for name, learner in (("policy", r.policy), ("critic", r.critic)):
+        moments = [v for state in learner.optimizer.state.values() for v in state.values() if v.dim() > 0]
+        out[name]["moments_local"] = sum(m.to_local().numel() for m in moments)
+    return out
 
 
 def wait_for_a_silent_peer(seconds: float) -> tuple[bool, str] | None:

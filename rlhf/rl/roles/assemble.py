@@ -77,13 +77,19 @@ class Roles:
         if self.critic is not None:
             load_trained(self.critic.model, directory, "critic")
 
-    def export(self, directory: Path) -> None:
+    def export(self, directory: Path, whole=None, write: bool = True) -> None:
         """The trained policy as a float32 Hugging Face directory (LoRA merged) with the tokenizer; a
-        separate critic in `critic/`."""
+        separate critic in `critic/`. Sharded: `whole(model)` gathers one at a time, every rank
+        calls this, the writer alone `write`s (rlhf/rundir/export.py)."""
         models = {"": self.policy.model}
         if self.separate_critic:
             models["critic"] = self.separate_critic.model
-        export_models(directory, self.tokenizer, models)
+        export_models(directory, self.tokenizer, models, whole=whole, write=write)
+
+    def release_optimizer_state(self) -> None:
+        """Free the trained roles' AdamW moments (a finished sharded run, its checkpoint written)."""
+        for learner in self.learners():
+            learner.release_optimizer_state()
 
 
 def optimizer_steps(config: RLConfig) -> tuple[int, int]:

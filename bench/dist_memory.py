@@ -1,0 +1,148 @@
+"""Memory per rank of `rlhf train` under torchrun: the largest rank's peak above the interpreter, at
+1 and 2 ranks, for each `dist.strategy` (issue 26's measure), and the seconds of the run.
+
+    .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 2 --strategies ddp fsdp2
+    .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 --strategies fsdp2 --device cuda
+
+The workload: PPO-max with a separate critic (from the reward model), a frozen reference and
+reward model, all four of the same shape (bench/gpu_memory.py's `m84`: hidden 1024, 8 layers, 92M
+parameters each); one iteration, 8 rollouts x 8 new tokens, 2 minibatches, no critic pre-training.
+Each rank measures its own peak resident memory (ru_maxrss) and, before any work, the interpreter's
+(torch, transformers and rlhf imported); on a GPU also `torch.cuda.max_memory_allocated`. The one
+process reference is `--ranks 1 --strategies none` (every case runs it first). The last stdout
+line is JSON.
+
+`--malloc live` sets MALLOC_MMAP_THRESHOLD_=131072 for every process: glibc then maps every large
+tensor on its own and unmaps it when freed, so the resident set follows the live tensors (the
+default, `runtime.keep_freed_memory`, keeps freed blocks for reuse: faster on a CPU, but the peak
+resident set then also counts the heap's fragments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.common import emit, peak_rss_mb  # noqa: E402
+
+TAG = "DIST_MEMORY "
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
+    """One rank (or the one process): `rlhf train` in this process, then its memory as a tagged line."""
+    import torch
+    import transformers  # noqa: F401
+
+    from rlhf.cli import main
+
+    interpreter = current_rss_mb()
+    args = ["train", "--preset", "ppo_max", "--policy", str(models / "policy"), "--reward-model",
+            str(models / "rm"), "--prompts", str(models / "prompts.jsonl"), "--out", str(out),
+            "--train.device", device, "--train.iterations", "1", "--rollout.batch_size", "8",
+            "--rollout.max_new_tokens", "8", "--train.minibatches", "2", "--critic.pretrain_iterations", "0",
+            "--train.micro_batch_size", "4", "--checkpoint.every", "0"]  # fmt: skip
+    if strategy != "none":
+        args += ["--dist.strategy", strategy]
+    if device == "cuda":
+        args += ["--dtype", "bfloat16"]
+    start = time.perf_counter()
+    code = main(args)
+    result = {
+        "rank": int(os.environ.get("RANK", "0")),
+        "exit": code,
+        "seconds": time.perf_counter() - start,
+        "interpreter_mib": interpreter,
+        "peak_rss_mib": peak_rss_mb(),
+    }
+    if device == "cuda":
+        result["cuda_peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    print(TAG + json.dumps(result), flush=True)
+
+
+def run_case(models: Path, ranks: int, strategy: str, device: str, work: Path, malloc: str) -> dict:
+    out = work / f"run_{strategy}_{ranks}"
+    me = [sys.executable, "-m", "bench.dist_memory", "rank", "--models", str(models), "--strategy", strategy,
+          "--device", device, "--out", str(out)]  # fmt: skip
+    if ranks > 1 or strategy != "none":
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
+        me = torchrun + me[1:]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if malloc == "live":
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    proc = subprocess.run(me, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+    per_rank = [json.loads(line[len(TAG) :]) for line in proc.stdout.splitlines() if line.startswith(TAG)]
+    if proc.returncode != 0 or len(per_rank) != ranks:
+        raise SystemExit(f"{strategy} x{ranks} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    above = [r["peak_rss_mib"] - r["interpreter_mib"] for r in per_rank]
+    case = {
+        "strategy": strategy,
+        "ranks": ranks,
+        "largest_rank_peak_above_interpreter_mib": round(max(above), 1),
+        "seconds": round(max(r["seconds"] for r in per_rank), 1),
+        "per_rank": per_rank,
+    }
+    if device == "cuda":
+        case["largest_rank_cuda_peak_mib"] = round(max(r["cuda_peak_allocated_mib"] for r in per_rank), 1)
+    return case
+
+
+def compare(workload: str, ranks: list[int], strategies: list[str], device: str, malloc: str) -> dict:
+    from bench.gpu_models import write
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        write(workload, work / "models")
+        one = run_case(work / "models", 1, "none", device, work, malloc)
+        print(f"1 process: {one['largest_rank_peak_above_interpreter_mib']} MiB above the interpreter, "
+              f"{one['seconds']} s", flush=True)  # fmt: skip
+        cases = [one]
+        for strategy in strategies:
+            for n in ranks:
+                case = run_case(work / "models", n, strategy, device, work, malloc)
+                case["of_one_process"] = round(
+                    case["largest_rank_peak_above_interpreter_mib"] / one["largest_rank_peak_above_interpreter_mib"], 3
+                )
+                print(f"{strategy} x{n}: {case['largest_rank_peak_above_interpreter_mib']} MiB "
+                      f"({case['of_one_process']} of one process), {case['seconds']} s", flush=True)  # fmt: skip
+                cases.append(case)
+    return {"workload": workload, "device": device, "malloc": malloc, "cases": cases}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("--workload", default="m84")
+    c.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    c.add_argument("--strategies", nargs="+", default=["ddp", "fsdp2"])
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--malloc", choices=["default", "live"], default="default")
+    r = sub.add_parser("rank")
+    r.add_argument("--models", type=Path, required=True)
+    r.add_argument("--strategy", required=True)
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if args.mode == "rank":
+        rank_main(args.models, args.strategy, args.device, args.out)
+    else:
+        emit(compare(args.workload, args.ranks, args.strategies, args.device, args.malloc))
+
+
+if __name__ == "__main__":
+    main()

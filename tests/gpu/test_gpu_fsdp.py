@@ -1,0 +1,67 @@
+"""On a CUDA GPU: per-layer fsdp2 (rlhf/runtime/fsdp.py) on one NCCL rank, float32 and bf16.
+
+A process group of one rank runs the sharded code path (every role's layers as FSDP units, the
+rollout unsharded once, reduce-scatter and the step on DTensor shards) over NCCL; in float32 its
+metrics are the local runtime's. Skipped without CUDA; run with `pytest tests/gpu -m gpu`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlhf.runtime import runtime_for
+from tests.gpu.test_gpu_rl import records, trainer_for
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+    ),
+]
+
+
+@pytest.fixture
+def one_nccl_rank():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded_trainer(preset, run_dir, dtype):
+    trainer = trainer_for(preset, run_dir, dtype=dtype, dist={"strategy": "fsdp2"})
+    trainer.runtime = runtime_for(trainer.roles, trainer.config)
+    return trainer
+
+
+@pytest.mark.parametrize("preset", ["ppo_max", "grpo"])
+def test_fsdp2_on_one_nccl_rank_gives_the_local_metrics_in_float32(preset, one_nccl_rank, tmp_path):
+    local = trainer_for(preset, tmp_path / "local", dtype="float32")
+    local.train()
+    sharded = sharded_trainer(preset, tmp_path / "sharded", "float32")
+    sharded.train()
+    assert sharded.roles.policy.per_layer
+    for got, expected in zip(records(tmp_path / "sharded"), records(tmp_path / "local"), strict=True):
+        for key, value in expected.items():
+            if isinstance(value, float):
+                assert got[key] == pytest.approx(value, abs=1e-3, rel=1e-3), key
+
+
+def test_fsdp2_on_one_nccl_rank_trains_in_bf16(one_nccl_rank, tmp_path):
+    trainer = sharded_trainer("ppo_max", tmp_path / "run", "bfloat16")
+    last = trainer.train()
+    assert trainer.roles.policy.per_layer
+    assert all(math.isfinite(v) for v in last.values() if isinstance(v, float))
+    assert (tmp_path / "run" / "model.safetensors").exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
+from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error, rlhf, write_jsonl
 
 
 def digest(path: Path) -> str:
@@ -202,3 +202,51 @@ def test_data_check_exits_like_sft_on_the_same_file(content, files, tmp_path, ca
     assert check.returncode == trained.returncode == 2, (check.stderr, trained.stderr)
     assert str(path) in check.stderr and "Traceback" not in check.stderr
     assert check.stderr.count("Fix:") == 1  # one message, its fix given once
+
+
+# --- rows longer than the model's positions -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def short_gpt2(tmp_path_factory) -> Path:
+    """A GPT-2 of 12 positions: past them its position table raises IndexError mid-step."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rlhf.models.tiny import word_tokenizer
+    from tests.support.reliability_testing import WORDS
+
+    tok = word_tokenizer([" ".join(WORDS)])
+    config = GPT2Config(vocab_size=len(tok), n_positions=12, n_embd=16, n_layer=1, n_head=2,
+                        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    directory = tmp_path_factory.mktemp("gpt2") / "short-gpt2"
+    GPT2LMHeadModel(config).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+LONG = " ".join("a b c d e f g h i j k l m n o".split())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "stage,row",
+    [
+        ("sft", {"prompt": LONG, "response": LONG}),
+        ("rm", {"prompt": LONG, "chosen": LONG, "rejected": "d"}),
+        ("dpo", {"prompt": LONG, "chosen": "c", "rejected": LONG}),
+    ],
+)
+def test_a_row_longer_than_the_model_is_named_with_the_budget_that_fits(
+    stage, row, short_gpt2, tmp_path, capsys
+):
+    short = {key: {"prompt": "a b", "rejected": "d"}.get(key, "c") for key in row}
+    data = write_jsonl(tmp_path / "d.jsonl", [short, short, short, row, short, short])
+    before = digest(data)
+    args = [stage, "--model", short_gpt2, "--data", data, "--out", tmp_path / "run", "--sinks", "jsonl"]
+    refused = InProcess(capsys, *args)
+    what = "row" if stage == "sft" else "pair"
+    assert_user_error(refused, f"{data}:4", f"the {what} needs 31 positions", "short-gpt2 has 12",
+                      "--data.max_prompt_tokens", "at most 12")  # fmt: skip
+    assert digest(data) == before and not (tmp_path / "run" / "metrics.jsonl").exists()
+    fits = ["--data.max_prompt_tokens", "4", "--data.max_response_tokens", "8", "--train.max_steps", "1"]
+    assert_ok(InProcess(capsys, *args, *fits, "--train.batch_size", "2"))

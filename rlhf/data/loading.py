@@ -292,7 +292,10 @@ def _jsonl_records(file: Path) -> Iterator[tuple[Source, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    yield source, json.loads(line.rstrip("\r\n"))
+                    record = json.loads(line.rstrip("\r\n"))
+                except RecursionError:
+                    yield source, DataError(source, "the JSON is nested too deeply to read", _SKIP_FIX)
+                    continue
                 except json.JSONDecodeError as error:
                     table = _not_json_lines(file, line) if number == 1 else None
                     if table is not None:
@@ -301,6 +304,8 @@ def _jsonl_records(file: Path) -> Iterator[tuple[Source, Any]]:
                         source,
                         DataError(source, f"invalid JSON: {error.msg} (column {error.pos + 1})", _SKIP_FIX),
                     )
+                    continue
+                yield source, record
     except (OSError, EOFError, zlib.error) as error:  # a truncated or corrupt .gz
         raise _unreadable(file, error, number + 1 if number else None) from None
 
@@ -323,6 +328,12 @@ def _json_records(file: Path) -> Iterator[tuple[Source, Any]]:
         ) from None
     try:
         document = json.loads(text)
+    except RecursionError:
+        raise DataError(
+            Source(str(file)),
+            "the JSON is nested too deeply to read",
+            "write the records as a flat list of objects",
+        ) from None
     except json.JSONDecodeError as error:
         if error.msg == "Extra data":  # several top-level values: this is JSON Lines named .json
             yield from _jsonl_records(file)

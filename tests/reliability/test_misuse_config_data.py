@@ -107,6 +107,14 @@ def test_an_exponent_learning_rate_in_yaml_is_a_number(files, tmp_path, capsys):
     assert "lr: 0.001" in (tmp_path / "run" / "config.yaml").read_text()
 
 
+def test_a_group_given_twice_in_yaml_is_refused_not_silently_merged(files, tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("optim:\n  lr: 0.001\ntrain:\n  max_steps: 1\noptim:\n  weight_decay: 0.1\n")
+    result = sft(capsys, files, tmp_path / "run", "--config", config)
+    assert_user_error(result, f"{config}:5", "'optim' is given twice", "first on line 1", "Fix: merge")
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_unknown_preset_names_the_choices(files, tmp_path, capsys):
     result = InProcess(capsys, "train", "--preset", "ppo-max", "--policy", files["policy"],
                        "--reward-model", files["rm"], "--prompts", files["prompts"], "--out", tmp_path / "run")  # fmt: skip
@@ -182,6 +190,17 @@ def test_a_bad_data_line_is_named(lines, named, files, tmp_path, capsys):
     result = InProcess(capsys, "sft", "--model", files["policy"], "--data", path, "--out", tmp_path / "run")
     assert_user_error(result, str(path), *named, "Fix:")
     assert path.read_text() == lines
+
+
+@pytest.mark.parametrize("name,named", [("d.jsonl", ":2"), ("d.json", "d.json")])
+def test_json_nested_too_deeply_is_named(name, named, files, tmp_path, capsys):
+    path = tmp_path / name
+    nested = "[" * 100_000 + "]" * 100_000
+    path.write_text(
+        '{"prompt": "a b", "response": "c"}\n' + nested + "\n" if name.endswith("l") else f"[{nested}]"
+    )
+    result = InProcess(capsys, "sft", "--model", files["policy"], "--data", path, "--out", tmp_path / "run")
+    assert_user_error(result, named, "nested too deeply", "Fix:")
 
 
 # --- `rlhf data check`: the exit code of the training commands ------------------------------------

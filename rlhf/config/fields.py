@@ -12,6 +12,7 @@ A field's choices come from its own annotation only: `policy_optim.schedule` has
 from __future__ import annotations
 
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -87,8 +88,8 @@ def coerce(tp: Any, value: Any, key: str, origin: str, example: Any = None) -> A
     ConfigError naming where it came from, the key, the value and a fix (`example`: a valid value)."""
 
     def bad(expected: str, fix: Any = example) -> ConfigError:
-        hint = f" Fix: --{key} {flag_value(fix)}." if fix is not None else ""
-        return ConfigError(f"{origin}: {key} must be {expected}, got {value!r}.{hint}")
+        hint = f"--{key} {flag_value(fix)}" if fix is not None else f"give {key} {expected}"
+        return ConfigError(f"{origin}: {key} must be {expected}, got {value!r}. Fix: {hint}.")
 
     allowed = choices(tp)
     if allowed is not None and (value is not None or not _optional(tp)):
@@ -113,6 +114,12 @@ def coerce(tp: Any, value: Any, key: str, origin: str, example: Any = None) -> A
             raise bad("an integer", example if isinstance(example, int) else None)
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string; the flags read it as a number
+            try:
+                number = float(value)
+            except ValueError:
+                number = math.nan
+            value = number if math.isfinite(number) else value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad("a number", example if isinstance(example, (int, float)) else None)
         return float(value)

@@ -2,8 +2,9 @@
 
 Prints the format, the number of records, length statistics (characters, or tokens with
 --tokenizer) and, with a tokenizer and limits, how many prompts and responses would be truncated.
-Returns 0 when every record is valid, 1 on bad data (the first bad record, or every one with
---all-errors), 2 when the tokenizer cannot be used.
+Returns 0 when every record is valid, and 2 (the exit code of every user error, as `rlhf sft` and
+`rlhf train` give for the same file) on bad data (the first bad record, or every one with
+--all-errors) or when the tokenizer cannot be used.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from rlhf.data.examples import KINDS, Example, PreferenceExample, SFTExample
 from rlhf.data.formats import DEFAULT_KIND, FORMATS
 from rlhf.data.loading import LoadResult, detect_file_format, load_examples, scan_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response, plain_chat_text
+
+BAD_DATA = 2  # the user-error exit code of every command (rlhf/cli_errors.py USER_ERROR)
 
 
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +65,7 @@ def run_check(args: argparse.Namespace) -> int:
             result = load_examples(args.file, kind, fmt)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return BAD_DATA
     tokenizer = None
     if args.tokenizer is not None:
         try:
@@ -86,7 +89,7 @@ def run_check(args: argparse.Namespace) -> int:
         return 0
     if result.errors or not result.examples:
         print(f"FAILED: {result.skipped} invalid record(s)" if result.errors else "FAILED: no records")
-        return 1
+        return BAD_DATA
     print("OK")
     return 0
 

@@ -275,6 +275,12 @@ def _require_object(record: Any, source: Source) -> dict:
 
 def _field(record: dict, key: str, fmt: str, source: Source) -> Any:
     value = record.get(key)
+    if value is None and key in record:
+        raise DataError(
+            source,
+            f"field '{key}' is null (format {fmt} needs {_FORMAT_KEYS[fmt]})",
+            f"give '{key}' a value, or drop the record (--skip-invalid)",
+        )
     if value is None:
         raise DataError(
             source,

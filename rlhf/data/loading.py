@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,7 +109,8 @@ def detect_file_format(path: str | os.PathLike) -> str:
     if first_error is not None:
         raise DataError(
             Source(str(path)),
-            f"no record could be read, so the format is unknown; the first problem: {first_error}",
+            f"no record could be read, so the format is unknown; the first problem: "
+            f"{first_error.source}: {first_error.problem}",
             first_error.fix,
         )
     raise DataError(Source(str(path)), "the file holds no records (it is empty)", _EMPTY_FIX)
@@ -249,11 +251,36 @@ def _not_json_lines(file: Path, line: str) -> DataError | None:
     )
 
 
+def _unreadable(file: Path, error: BaseException, line: int | None = None) -> DataError:
+    """The file-level error of a file that cannot be read or decompressed (`line`: where it broke)."""
+    try:
+        with open(file, "rb") as handle:
+            gzipped = handle.read(2) == GZIP_MAGIC
+    except OSError:  # not even readable (permissions): the error says so
+        gzipped = False
+    if gzipped:
+        return DataError(
+            Source(str(file), line),
+            f"the file is gzip-compressed and its compressed data is damaged or cut short ({error})",
+            "check that the file is complete (download or compress it again), or give the uncompressed file",
+        )
+    return DataError(
+        Source(str(file), line), f"cannot read the file ({error})", "check that the file is complete"
+    )
+
+
 def _jsonl_records(file: Path) -> Iterator[tuple[Source, Any]]:
+    number = 0
     try:
         with _open_binary(file) as handle:
             for number, raw in enumerate(handle, start=1):
                 source = Source(str(file), number)
+                if b"\x00" in raw:  # no text file holds a NUL byte: the whole file is binary
+                    raise DataError(
+                        source,
+                        "the file holds binary data (a NUL byte), not JSON Lines text",
+                        "give a JSON Lines file saved as UTF-8 text (a gzip file works too, under any name)",
+                    )
                 try:
                     line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
                 except UnicodeDecodeError as error:
@@ -265,7 +292,10 @@ def _jsonl_records(file: Path) -> Iterator[tuple[Source, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    yield source, json.loads(line.rstrip("\r\n"))
+                    record = json.loads(line.rstrip("\r\n"))
+                except RecursionError:
+                    yield source, DataError(source, "the JSON is nested too deeply to read", _SKIP_FIX)
+                    continue
                 except json.JSONDecodeError as error:
                     table = _not_json_lines(file, line) if number == 1 else None
                     if table is not None:
@@ -274,23 +304,36 @@ def _jsonl_records(file: Path) -> Iterator[tuple[Source, Any]]:
                         source,
                         DataError(source, f"invalid JSON: {error.msg} (column {error.pos + 1})", _SKIP_FIX),
                     )
-    except (OSError, EOFError) as error:  # a truncated or corrupt .gz
-        raise DataError(
-            Source(str(file)), f"cannot read the file ({error})", "check that the file is complete"
-        ) from error
+                    continue
+                yield source, record
+    except (OSError, EOFError, zlib.error) as error:  # a truncated or corrupt .gz
+        raise _unreadable(file, error, number + 1 if number else None) from None
 
 
 def _json_records(file: Path) -> Iterator[tuple[Source, Any]]:
     """Items of a JSON list (or of {"data": [...]}) with the line each item starts on."""
     try:
         with _open_binary(file) as handle:
-            text = handle.read().decode("utf-8-sig")
-    except (OSError, EOFError, UnicodeDecodeError) as error:
+            data = handle.read()
+    except (OSError, EOFError, zlib.error) as error:  # a truncated or corrupt .gz
+        raise _unreadable(file, error) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
         raise DataError(
-            Source(str(file)), f"cannot read the file ({error})", "check that it is complete UTF-8 JSON"
-        ) from error
+            Source(str(file), line),
+            f"not UTF-8 text (byte {error.start} is {data[error.start : error.start + 1]!r}): not a JSON file",
+            "give a JSON (or JSON Lines) file saved as UTF-8; binary files are not data files",
+        ) from None
     try:
         document = json.loads(text)
+    except RecursionError:
+        raise DataError(
+            Source(str(file)),
+            "the JSON is nested too deeply to read",
+            "write the records as a flat list of objects",
+        ) from None
     except json.JSONDecodeError as error:
         if error.msg == "Extra data":  # several top-level values: this is JSON Lines named .json
             yield from _jsonl_records(file)
@@ -347,6 +390,7 @@ def _array_items(text: str, index: int, file: str) -> Iterator[tuple[Source, Any
 
 def _parquet_records(file: Path) -> Iterator[tuple[Source, Any]]:
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as error:  # pragma: no cover - pyarrow comes with `datasets`
         raise DataError(Source(str(file)), "reading Parquet needs pyarrow", "pip install pyarrow") from error
@@ -357,10 +401,12 @@ def _parquet_records(file: Path) -> Iterator[tuple[Source, Any]]:
             for record in batch.to_pylist():
                 row += 1
                 yield Source(str(file), row, "row"), record
-    except OSError as error:
+    except (OSError, pa.ArrowException) as error:  # pyarrow's ArrowInvalid: not a Parquet file at all
         raise DataError(
-            Source(str(file)), f"cannot read the Parquet file ({error})", "check that the file is complete"
-        ) from error
+            Source(str(file)),
+            f"cannot read the Parquet file ({error})",
+            "check that the file is complete and really Parquet (JSON data goes in a .jsonl or .json file)",
+        ) from None
 
 
 def _hub_offline() -> bool:

@@ -40,6 +40,7 @@ from rlhf.config import (
     from_dict,
     load_config,
     parse_overrides,
+    read_yaml,
     to_dict,
 )
 from rlhf.data.loading import load_examples
@@ -165,11 +166,9 @@ def demo_rl_overrides(cfg: DemoConfig, algorithm: str) -> dict:
 
 
 def demo_config(config_file: str | None, overrides: list[str]) -> DemoConfig:
-    import yaml
-
     data = {}
     if config_file:
-        data = yaml.safe_load(Path(config_file).read_text()) or {}
+        data = read_yaml(config_file)
     data = deep_merge(data, parse_overrides(overrides))
     try:
         return from_dict(DemoConfig, data, origin=config_file or "command line")

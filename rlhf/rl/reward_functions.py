@@ -1,28 +1,48 @@
 """Rewards computed by Python functions (`--reward-fn module:function`, `reward.functions`), alone or
 added to a reward model's score (docs/algorithms.md#31-reward-functions).
 
-A reward function is any callable
+A reward function is called by keyword, as TRL calls its reward functions:
 
-    fn(prompts: list[str], responses: list[str], response_token_ids: list[list[int]], rows: list[dict])
+    fn(prompts: list[str], completions: list[str], completion_ids: list[list[int]], **fields)
         -> one float per response (a list, tuple, 1-D array or tensor of length B)
 
-`response_token_ids` are each response's real tokens (its EOS included when it ended with one);
-`rows` are the prompt file's records (every field of the line, e.g. a reference answer), one per
-response. The total reward is ``model_weight * RM score + sum_k weight_k * fn_k``; every part is
-logged. Nothing is imported unless the user names it; a function that raises, returns the wrong
-number of values or a non-finite one stops the run with a message naming it and the row.
+It takes the arguments it names: `prompts`, `completions` (alias `responses`), `completion_ids`
+(alias `response_token_ids`: each response's real tokens, its EOS included when it ended with one),
+`rows` (the prompt file's records, one per response), and any field of the prompt file's lines
+(e.g. `answer`), as a list over the batch; a function with `**kwargs` receives `prompts`,
+`completions`, `completion_ids` and every field. The older form, four positional arguments
+`fn(prompts, responses, response_token_ids, rows)`, is detected and called as before.
+
+The total reward is ``model_weight * RM score + sum_k weight_k * fn_k``; every part is logged.
+Nothing is imported unless the user names it. Whatever goes wrong in the user's module (a syntax
+error, an ImportError, SystemExit or KeyboardInterrupt at import or call, an exception, the wrong
+number of values, a value that is not finite in float32, the dtype of the loss) stops the run with
+one message naming `module:function` (and the row), exit code 2.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
-from collections.abc import Callable, Sequence
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from rlhf.config import ConfigError
+
+# the keyword arguments a reward function may name -> what each holds
+STANDARD_ARGUMENTS = ("prompts", "completions", "completion_ids")
+ALIASES = {"responses": "completions", "response_token_ids": "completion_ids"}
+ROWS_ARGUMENT = "rows"  # the prompt file's records themselves (one dict per response)
+NOT_FIELDS = ("prompt", "completion", "completion_ids")  # row fields not passed by name (as TRL)
+LEGACY_ARITY = 4  # fn(prompts, responses, response_token_ids, rows), called positionally
 
 
 class RewardFunctionError(ConfigError):
@@ -34,6 +54,11 @@ class RewardFunction:
     name: str  # "module:function", as the user wrote it
     weight: float
     fn: Callable
+    # how it is called: "positional" (the 4-argument form) or "keyword" (by the names it takes)
+    style: str = "positional"
+    named: tuple[str, ...] = ()  # the parameters it names (keyword style)
+    required: tuple[str, ...] = ()  # those without a default
+    var_keyword: bool = False  # it has **kwargs: every standard argument and field
 
 
 def parse_specs(specs: Sequence[object], key: str = "reward.functions") -> list[tuple[str, float]]:
@@ -55,23 +80,165 @@ def parse_specs(specs: Sequence[object], key: str = "reward.functions") -> list[
                 "(e.g. rlhf.worlds.reward:gold_reward). Fix: --reward-fn package.module:function."
             )
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise RewardFunctionError(f"{key}[{i}] ({name}): weight must be a finite number, got {weight!r}.")
+            raise RewardFunctionError(
+                f"{key}[{i}] ({name}): weight must be a finite number, got {weight!r}. "
+                f"Fix: {{name: '{name}', weight: 1.0}}."
+            )
         parsed.append((str(name), float(weight)))
     return parsed
 
 
+# --- the user's code: KeyboardInterrupt it raises vs the user's Ctrl-C ----------------------------
+
+
+@contextmanager
+def _watch_ctrl_c() -> Iterator[list[bool]]:
+    """Yields a flag list that holds True once a real SIGINT (Ctrl-C) arrived inside the block, so
+    that a KeyboardInterrupt the user's code raises itself can be told from the user's Ctrl-C.
+    Outside the main thread signals cannot be watched: the flag is then None-like (always True)."""
+    seen = [False]
+    if threading.current_thread() is not threading.main_thread():
+        seen[0] = True  # cannot tell: treat it as a real interrupt
+        yield seen
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum, frame):
+        seen[0] = True
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # pragma: no cover - not the main interpreter
+        seen[0] = True
+        yield seen
+        return
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _user_frame(err: BaseException, file: str | None = None) -> str:
+    """FILE:LINE of the innermost traceback frame in `file` (the function's own source), else the
+    innermost outside this module and the standard import machinery."""
+    if isinstance(err, SyntaxError) and err.filename:
+        return f"{err.filename}:{err.lineno}"
+    if file:
+        own = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == file]
+        if own:
+            return f"{own[-1].filename}:{own[-1].lineno}"
+    frames = [
+        f
+        for f in traceback.extract_tb(err.__traceback__)
+        if "importlib" not in f.filename
+        and f"{__name__.replace('.', '/')}.py" not in f.filename.replace("\\", "/")
+    ]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def _source_file(fn: Callable) -> str | None:
+    try:
+        return inspect.getsourcefile(fn)
+    except TypeError:  # a builtin, or a callable instance
+        return None
+
+
+def _import_failure(name: str, module_name: str, err: BaseException) -> RewardFunctionError:
+    at = _user_frame(err)
+    where = f" at {at}" if at else ""
+    if isinstance(err, ModuleNotFoundError) and err.name and (module_name + ".").startswith(err.name + "."):
+        return RewardFunctionError(
+            f"reward function {name}: cannot import module {module_name!r} ({err}). Fix: check the name, "
+            "and that its directory is on PYTHONPATH (or installed)."
+        )
+    if isinstance(err, SyntaxError):
+        return RewardFunctionError(
+            f"reward function {name}: module {module_name!r} has a syntax error{where}: {err.msg}. "
+            "Fix: correct that line (python -m py_compile FILE shows it)."
+        )
+    if isinstance(err, ImportError):
+        missing = f"install {err.name!r} or " if isinstance(err, ModuleNotFoundError) and err.name else ""
+        return RewardFunctionError(
+            f"reward function {name}: importing module {module_name!r} failed{where}: "
+            f"{type(err).__name__}: {err}. Fix: {missing}correct the import in that module."
+        )
+    if isinstance(err, SystemExit):
+        return RewardFunctionError(
+            f"reward function {name}: importing module {module_name!r} called exit({err.code!r}){where}. "
+            "Fix: put the module's script code under `if __name__ == '__main__':`."
+        )
+    if isinstance(err, KeyboardInterrupt):
+        return RewardFunctionError(
+            f"reward function {name}: importing module {module_name!r} raised KeyboardInterrupt{where} "
+            "(no Ctrl-C was pressed). Fix: do not raise KeyboardInterrupt in the module."
+        )
+    return RewardFunctionError(
+        f"reward function {name}: importing module {module_name!r} raised {type(err).__name__}: {err}{where}. "
+        "Fix: import the module in Python (python -c 'import MODULE') and correct what fails."
+    )
+
+
+def _import(name: str, module_name: str):
+    with _watch_ctrl_c() as ctrl_c:
+        try:
+            return importlib.import_module(module_name)
+        except KeyboardInterrupt as err:
+            if ctrl_c[0]:
+                raise  # the user's Ctrl-C: the CLI's interrupted path
+            sys.modules.pop(module_name, None)
+            raise _import_failure(name, module_name, err) from None
+        except (Exception, SystemExit) as err:  # the user's module: whatever it raises is named
+            sys.modules.pop(module_name, None)
+            raise _import_failure(name, module_name, err) from None
+
+
+def calling_style(name: str, fn: Callable) -> dict:
+    """How `fn` is called: by the keywords it names (TRL's form), or positionally as the older
+    `fn(prompts, responses, response_token_ids, rows)` when it takes four positional arguments of
+    other names (`def f(p, r, ids, rows)`)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: the older form
+        return {"style": "positional"}
+    params = list(signature.parameters.values())
+    var_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
+    named = tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    required = tuple(
+        p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty
+    )
+    known = {*STANDARD_ARGUMENTS, *ALIASES, ROWS_ARGUMENT}
+    keyword_style = var_keyword or any(n in STANDARD_ARGUMENTS[1:] for n in named) or set(required) <= known
+    if not keyword_style:
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        takes_four = any(p.kind is p.VAR_POSITIONAL for p in params) or (
+            len([p for p in positional if p.default is p.empty]) >= LEGACY_ARITY
+        )
+        try:
+            signature.bind(*range(LEGACY_ARITY))
+            if takes_four:
+                return {"style": "positional"}
+        except TypeError:
+            pass
+    positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if positional_only:
+        raise RewardFunctionError(
+            f"reward function {name} takes positional-only arguments {positional_only}; reward functions are "
+            "called by keyword (prompts, completions, completion_ids, fields of the prompt file) or as "
+            "fn(prompts, responses, response_token_ids, rows). Fix: drop the `/` from its signature."
+        )
+    return {"style": "keyword", "named": named, "required": required, "var_keyword": var_keyword}
+
+
 def load_reward_functions(specs: Sequence[object], key: str = "reward.functions") -> list[RewardFunction]:
-    """Import each named function (and only those)."""
+    """Import each named function (and only those), and read how it is called."""
     loaded = []
     for name, weight in parse_specs(specs, key):
         module_name, _, attribute = name.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
-            raise RewardFunctionError(
-                f"reward function {name}: cannot import module {module_name!r} ({err}). Fix: check the name, "
-                "and that its directory is on PYTHONPATH (or installed)."
-            ) from None
+        module = _import(name, module_name)
         fn = module
         for part in attribute.split("."):
             fn = getattr(fn, part, None)
@@ -80,8 +247,70 @@ def load_reward_functions(specs: Sequence[object], key: str = "reward.functions"
                 f"reward function {name}: module {module_name!r} has no callable {attribute!r}. "
                 "Fix: name a function defined in that module."
             )
-        loaded.append(RewardFunction(name, weight, fn))
+        loaded.append(RewardFunction(name, weight, fn, **calling_style(name, fn)))
     return loaded
+
+
+def check_row_fields(
+    functions: Sequence[RewardFunction], rows: list[dict], path: str = "the prompts file"
+) -> None:
+    """Before any model runs: every argument a function requires is a standard one or a field of
+    every line of the prompt file."""
+    for reward in functions:
+        if reward.style != "keyword":
+            continue
+        for param in reward.required:
+            if param in STANDARD_ARGUMENTS or param in ALIASES or param == ROWS_ARGUMENT:
+                continue
+            lacking = [i for i, row in enumerate(rows) if param not in row]
+            if lacking:
+                fields = sorted({k for row in rows for k in row})
+                raise RewardFunctionError(
+                    f"reward function {reward.name} takes {param!r}, which is neither a standard argument "
+                    f"({', '.join(STANDARD_ARGUMENTS)}) nor a field of every line of {path} ({len(lacking)} of "
+                    f"{len(rows)} lines lack it; the fields: {', '.join(fields) or 'none'}). Fix: add "
+                    f'"{param}" to each line of {path}, or give the parameter a default.'
+                )
+
+
+def _arguments(
+    reward: RewardFunction,
+    prompts: list[str],
+    responses: list[str],
+    token_ids: list[list[int]],
+    rows: list[dict],
+) -> dict:
+    standard = {"prompts": prompts, "completions": responses, "completion_ids": token_ids}
+    fields = sorted({k for row in rows for k in row if k not in NOT_FIELDS and k not in standard})
+    wanted = set(reward.named)
+    if reward.var_keyword:
+        wanted |= set(standard) | set(fields)
+    out = {}
+    for name in sorted(wanted):
+        if name in standard:
+            out[name] = standard[name]
+        elif name in ALIASES:
+            out[name] = standard[ALIASES[name]]
+        elif name == ROWS_ARGUMENT and name not in fields:
+            out[name] = rows
+        elif name in fields:
+            missing = [i for i, row in enumerate(rows) if name not in row]
+            if missing and name in reward.required:
+                i = missing[0]
+                raise RewardFunctionError(
+                    f"reward function {reward.name} takes {name!r}, but the prompt file's line of row {i} "
+                    f'(prompt {prompts[i][:60]!r}) has no such field. Fix: add "{name}" to every line of the '
+                    "prompts file, or give the parameter a default."
+                )
+            out[name] = [row.get(name) for row in rows]
+        elif name in reward.required:
+            raise RewardFunctionError(
+                f"reward function {reward.name} takes {name!r}, which is neither a standard argument "
+                f"({', '.join(STANDARD_ARGUMENTS)}) nor a field of the prompt file's lines (fields: "
+                f'{", ".join(fields) or "none"}). Fix: add "{name}" to each line of the prompts file, or give '
+                "the parameter a default."
+            )
+    return out
 
 
 def call_reward_function(
@@ -93,35 +322,74 @@ def call_reward_function(
     *,
     where: str = "",
 ) -> torch.Tensor:
-    """The function's rewards as a float32 [B] tensor; any failure a RewardFunctionError naming it."""
+    """The function's rewards as a float32 [B] tensor (the dtype of the loss); any failure a
+    RewardFunctionError naming it (and the row)."""
     fix = "Fix: make it return one finite float per response, in order; stopped before training on it."
     size = len(prompts)
-    try:
-        out = reward.fn(prompts, responses, response_token_ids, rows)
-    except Exception as err:  # the user's code: whatever it raises stops the run with its name
-        raise RewardFunctionError(
-            f"reward function {reward.name} raised {type(err).__name__}: {err} ({where}{size} responses; "
-            f"the first: {responses[0][:60]!r} to {prompts[0][:60]!r}). Fix: debug the function on that input."
-        ) from None
+    first = f"the first: {responses[0][:60]!r} to {prompts[0][:60]!r}" if size else "no responses"
+    if reward.style == "keyword":
+        args, kwargs = (), _arguments(reward, prompts, responses, response_token_ids, rows)
+    else:
+        args, kwargs = (prompts, responses, response_token_ids, rows), {}
+    with _watch_ctrl_c() as ctrl_c:
+        try:
+            out = reward.fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            if ctrl_c[0]:
+                raise  # the user's Ctrl-C: the CLI's interrupted path
+            raise RewardFunctionError(
+                f"reward function {reward.name} raised KeyboardInterrupt ({where}{size} responses; {first}; no "
+                "Ctrl-C was pressed). Fix: do not raise KeyboardInterrupt in a reward function."
+            ) from None
+        except SystemExit as err:
+            raise RewardFunctionError(
+                f"reward function {reward.name} called exit({err.code!r}) ({where}{size} responses; {first}). "
+                "Fix: return the rewards (raise an exception on an error) instead of exiting."
+            ) from None
+        except Exception as err:  # the user's code: whatever it raises stops the run with its name
+            at = _user_frame(err, _source_file(reward.fn))
+            raise RewardFunctionError(
+                f"reward function {reward.name} raised {type(err).__name__}: {err}{' at ' + at if at else ''} "
+                f"({where}{size} responses; {first}). Fix: debug the function on that input."
+            ) from None
     try:
         values = torch.as_tensor(out, dtype=torch.float64).detach().cpu()
-    except (TypeError, ValueError, RuntimeError):
+    except (TypeError, ValueError, RuntimeError, OverflowError):
         raise RewardFunctionError(
             f"reward function {reward.name} returned {type(out).__name__}, not numbers ({where}{size} responses). {fix}"
         ) from None
     if values.shape != (size,):
         raise RewardFunctionError(
             f"reward function {reward.name} returned shape {tuple(values.shape)} for {size} responses "
-            f"({where}); expected ({size},). {fix}"
+            f"({where.rstrip(', ') or 'one call'}); expected ({size},). {fix}"
         )
-    bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
-    if bad:
-        i = bad[0]
-        raise RewardFunctionError(
-            f"reward function {reward.name} returned {float(values[i])} for row {i} ({where}response "
-            f"{responses[i][:60]!r} to prompt {prompts[i][:60]!r}; {len(bad)} non-finite in all). {fix}"
-        )
+    _require_finite(reward, values, prompts, responses, where, fix)
     return values.float()
+
+
+def _require_finite(
+    reward: RewardFunction, values: torch.Tensor, prompts, responses, where: str, fix: str
+) -> None:
+    """Each value finite, and still finite in float32 once weighted (the dtype the loss uses)."""
+    weighted = reward.weight * values.float()
+    bad = (~torch.isfinite(values) | ~torch.isfinite(values.float()) | ~torch.isfinite(weighted)).nonzero()
+    bad = bad.flatten().tolist()
+    if not bad:
+        return
+    i = bad[0]
+    value = float(values[i])
+    if not math.isfinite(value):
+        why = ""
+    elif not math.isfinite(float(values.float()[i])):
+        why = f", beyond float32 (the loss's dtype: at most {torch.finfo(torch.float32).max:.2e} in size)"
+        fix = "Fix: return rewards on a sane scale (e.g. between -10 and 10); stopped before training on it."
+    else:
+        why = f", which times its weight {reward.weight:g} is beyond float32 (the loss's dtype)"
+        fix = "Fix: lower its weight or the scale of its rewards; stopped before training on it."
+    raise RewardFunctionError(
+        f"reward function {reward.name} returned {value} for row {i}{why} ({where}response "
+        f"{responses[i][:60]!r} to prompt {prompts[i][:60]!r}; {len(bad)} unusable in all). {fix}"
+    )
 
 
 def weighted_reward(
@@ -143,6 +411,13 @@ def weighted_reward(
         values = call_reward_function(reward, prompts, responses, response_token_ids, rows, where=where)
         parts[reward.name] = parts.get(reward.name, 0) + reward.weight * values
     total = torch.stack(list(parts.values())).sum(0)
+    if functions and not bool(torch.isfinite(total).all()):  # each part finite, their sum not
+        i = int((~torch.isfinite(total)).nonzero()[0])
+        raise RewardFunctionError(
+            f"the reward parts ({', '.join(parts)}) sum to {float(total[i])} for row {i} ({where}response "
+            f"{responses[i][:60]!r}), beyond float32 (the loss's dtype). Fix: lower the weights or the scale "
+            "of the functions' rewards; stopped before training on it."
+        )
     device = model_scores.device if model_scores is not None else "cpu"
     return total.to(device), parts
 

@@ -79,10 +79,13 @@ class DPOStage(SupervisedStage):
             for r in encode_pairs(tokenizer, examples, self.config, stats)
         ]
 
+    def positions(self, row: DPOPair) -> int:
+        return row.positions
+
     def schedule(self, rows, generator):
         t = self.config.train
         steps = steps_of_epochs(t.epochs, len(rows), t.batch_size, t.max_steps)
-        lengths = [len(r.prompt_ids) + max(len(r.chosen_ids), len(r.rejected_ids)) for r in rows]
+        lengths = [r.positions for r in rows]
         return steps, shuffled_step_batches(steps, t.batch_size, lengths, t.group_by_length, generator)
 
     def before_training(

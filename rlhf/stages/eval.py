@@ -52,16 +52,19 @@ def run_eval(config: EvalConfig) -> dict:
     )
     if rollout.sampling == "paper":  # PPO paper §6.1
         sampling = SamplingConfig.ppo_paper(max_new_tokens=rollout.max_new_tokens)
+    reward_fns = config.reward_functions
+    if reward_fns:  # Python reward functions added to the judge's score (docs/algorithms.md §31)
+        from rlhf.rl.reward_functions import check_row_fields, judge_with_functions, load_reward_functions
+
+        functions = load_reward_functions(reward_fns, key="--reward-fn")  # before any model loads
+        rows = prompt_rows(data.prompts, sources)
+        check_row_fields(functions, rows, str(data.prompts))
     judge = None
     if config.judge:
         with announce(f"loading the judge {config.judge}"):
             judge = _load_judge(config.judge, tokenizer, data.prompts, data.n, skip, precision)
-    reward_fns = config.reward_functions
-    if reward_fns:  # Python reward functions added to the judge's score (docs/algorithms.md §31)
-        from rlhf.rl.reward_functions import judge_with_functions, load_reward_functions
-
-        functions = load_reward_functions(reward_fns, key="--reward-fn")
-        judge = judge_with_functions(judge, functions, tokenizer, prompt_rows(data.prompts, sources))
+    if reward_fns:
+        judge = judge_with_functions(judge, functions, tokenizer, rows)
     judge_name = " + ".join([*([str(config.judge)] if config.judge else []), *map(str, reward_fns)])
     results, scores, texts = {}, {}, {}
     for name, path in (("policy", config.policy), ("baseline", config.baseline)):

@@ -48,6 +48,11 @@ class EncodedPair:
     def num_tokens(self) -> int:
         return 2 * len(self.prompt_ids) + len(self.chosen_ids) + len(self.rejected_ids)
 
+    @property
+    def positions(self) -> int:
+        """The positions of the pair's longer side: its chosen and rejected rows share one forward."""
+        return len(self.prompt_ids) + max(len(self.chosen_ids), len(self.rejected_ids))
+
 
 def encode_pairs(tokenizer, examples, config: RewardConfig, stats: TruncationStats) -> list[EncodedPair]:
     d = config.data
@@ -228,6 +233,9 @@ class RewardModelStage(SupervisedStage):
         plan = [b for _ in range(epochs) for b in plan_batches(rows, self.config, generator)]
         steps = t.max_steps or max(1, math.ceil(len(plan) * t.epochs / epochs))
         return steps, iter((plan * math.ceil(steps / max(len(plan), 1)))[:steps])
+
+    def positions(self, row: EncodedPair) -> int:
+        return row.positions
 
     def _by_length(self) -> bool:
         return self.config.train.group_by_length != "none"  # micro-batches of similar-length pairs

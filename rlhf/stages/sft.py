@@ -139,6 +139,9 @@ class SFTStage(SupervisedStage):
         lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
         return steps, shuffled_step_batches(steps, t.batch_size, lengths, t.group_by_length, generator)
 
+    def positions(self, row: EncodedSFT) -> int:
+        return len(row.prompt_ids) + len(row.response_ids)
+
     def _by_length(self) -> bool:
         return self.config.train.group_by_length != "none"  # micro-batches of similar-length rows
 

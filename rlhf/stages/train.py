@@ -15,9 +15,11 @@ from rlhf.train.context_check import check_prompts_fit, model_context
 
 
 def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: bool = False) -> dict:
-    from rlhf.rl.reward_functions import parse_specs
+    from rlhf.rl.reward_functions import check_row_fields, load_reward_functions
 
-    parse_specs(config.reward.functions)  # a malformed name stops here, before any model loads
+    # a malformed name, a module that fails to import or a function that cannot be called stops
+    # here, before any model loads (imported once: the trainer's own load finds them imported)
+    functions = load_reward_functions(config.reward.functions)
     roles = load_roles(config)
     stats = TruncationStats()
     prompts, sources = load_prompts(
@@ -48,6 +50,8 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
             chat_template=config.data.chat_template,
         )
     rows = prompt_rows(config.data.prompts, sources) if config.reward.functions else None
+    if rows is not None:
+        check_row_fields(functions, rows, str(config.data.prompts))
     trainer = RLTrainer(
         config,
         roles,

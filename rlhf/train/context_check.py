@@ -1,8 +1,9 @@
-"""Prompts that do not fit the model: every prompt plus the response budget must fit its positions.
+"""Rows that do not fit the model: every prompt plus the response budget (`rlhf train`, `rlhf eval`),
+and every training row, prompt and response (`rlhf sft`, `rlhf rm`, `rlhf dpo`), must fit its positions.
 
 Past its trained positions a model either fails (GPT-2's position table: an IndexError, and only
 when such a row is batched) or runs on silently with untrained positions (rotary models such as
-Llama). Both are caught at load time instead, naming the first prompt that does not fit.
+Llama). Both are caught at load time instead, naming the first row that does not fit.
 """
 
 from __future__ import annotations
@@ -53,4 +54,31 @@ def check_prompts_fit(
         f"{len(prompt_ids[first]) + max_new_tokens} positions, and {model_name} has {context} "
         f"({len(too_long)} of {len(prompt_ids)} prompts do not fit)",
         fix.format(budget=budget),
+    )
+
+
+def check_rows_fit(
+    positions: list[int],
+    sources: list[Source | None],
+    *,
+    context: int | None,
+    model_name: str,
+    max_prompt_tokens: int,
+    max_response_tokens: int,
+    what: str = "row",
+) -> None:
+    """Raise DataError at the first training row (prompt and response tokens, as truncated) that
+    needs more than the model's `context` positions; `positions[i]`: what row i's forward needs."""
+    if context is None:
+        return
+    too_long = [i for i, n in enumerate(positions) if n > context]
+    if not too_long:
+        return
+    first = too_long[0]
+    raise DataError(
+        sources[first] or Source(f"{what} #{first + 1}"),
+        f"the {what} needs {positions[first]} positions (prompt and response tokens) and {model_name} has "
+        f"{context} ({len(too_long)} of {len(positions)} {what}s do not fit)",
+        f"lower --data.max_prompt_tokens or --data.max_response_tokens (now {max_prompt_tokens} and "
+        f"{max_response_tokens}) so that their sum is at most {context}, or shorten those {what}s",
     )

@@ -44,6 +44,7 @@ from rlhf.rundir.directory import open_metrics_logger
 from rlhf.rundir.export import export_models
 from rlhf.rundir.final_report import write_final_report
 from rlhf.runtime.peers import Peers, current_peers
+from rlhf.train.context_check import check_rows_fit, model_context
 from rlhf.train.learner import Learner
 from rlhf.train.setup import start_run
 
@@ -86,6 +87,10 @@ class SupervisedStage:
         raise NotImplementedError
 
     def schedule(self, rows: list, generator) -> tuple[int, Iterator[list[int]]]:
+        raise NotImplementedError
+
+    def positions(self, row) -> int:
+        """The positions one forward of `row` needs (its prompt and its longest response)."""
         raise NotImplementedError
 
     def before_training(self, run: SupervisedRun, train_rows: list, test_rows: list) -> None:
@@ -140,8 +145,11 @@ def run_supervised(
         loaded = load_examples(d.path, kind=stage.data_kind, format=d.format, skip_invalid=d.skip_invalid)
         train_ex, test_ex = split_examples(loaded.examples, d.test_fraction, seed=config.seed)
         train_rows = stage.encode(tokenizer, train_ex, stats)
+        read = list(zip(train_ex, train_rows))
         if test_rows is None:
             test_rows = stage.encode(tokenizer, test_ex, stats)
+            read += zip(test_ex, test_rows)
+        _check_rows_fit(stage, model, read)
     test_rows = test_rows or []
     if not train_rows:
         raise ValueError(f"no {stage.empty_data}: the data left nothing to train on. Fix: check data.path.")
@@ -191,6 +199,24 @@ def run_supervised(
         print_summary(f"{stage.title} finished: {out}", shown)
         print(f"report: {report}")  # a line of its own: the table would cut a long path
     return final
+
+
+def _check_rows_fit(stage: SupervisedStage, model: nn.Module, read: list[tuple]) -> None:
+    """Refuse, before the first step, rows longer than the model's positions (an IndexError mid-run
+    on GPT-2's position table; on rotary models, silent training on untrained positions).
+    `read`: (example, its encoded row) of each row read from the data file."""
+    d = stage.config.data
+    # the first row of the file that does not fit, not the first of the split
+    by_file = sorted(read, key=lambda pair: (pair[0].source is None, getattr(pair[0].source, "line", 0) or 0))
+    check_rows_fit(
+        [stage.positions(row) for _, row in by_file],
+        [example.source for example, _ in by_file],
+        context=model_context(model),
+        model_name=f"the model {stage.config.model}",
+        max_prompt_tokens=d.max_prompt_tokens,
+        max_response_tokens=d.max_response_tokens,
+        what="pair" if stage.data_kind == "preference" else "row",
+    )
 
 
 def export_causal_lm(run: SupervisedRun) -> None:

@@ -51,7 +51,7 @@ def test_first_bad_line_fails_with_file_line_and_fix(tmp_path, capsys):
     path = write_jsonl(
         tmp_path / "bad.jsonl", [{"prompt": "p", "response": "r"}, "{nope\n", {"prompt": "p", "response": 2}]
     )
-    assert check(path) == 1
+    assert check(path) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith(f"error: {path}:2: invalid JSON")
@@ -66,7 +66,7 @@ def test_all_errors_lists_every_bad_line_and_still_describes_the_rest(tmp_path, 
         {"prompt": "p", "response": " "},
     ]
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
-    assert check(path, "--all-errors") == 1
+    assert check(path, "--all-errors") == 2
     out, err = capsys.readouterr()
     error_lines = err.splitlines()
     assert [line.split(": ")[1].rsplit(":", 1)[1] for line in error_lines] == ["2", "3", "4"]
@@ -83,7 +83,7 @@ def test_kind_and_format_options(tmp_path, capsys):
     assert [line.split()[0] for line in out.splitlines()[5:8]] == ["prompt", "chosen", "rejected"]
     assert check(path, "--kind", "prompt") == 0
     assert "format: hh (used as prompt examples; only the prompts are read)" in capsys.readouterr().out
-    assert check(path, "--format", "sft") == 1
+    assert check(path, "--format", "sft") == 2
     assert "missing field 'prompt'" in capsys.readouterr().err
 
 
@@ -126,9 +126,9 @@ def test_unusable_tokenizer_and_empty_file(tmp_path, sft_file, capsys):
     assert check(sft_file, "--tokenizer", tmp_path / "missing") == 2
     assert "cannot load the tokenizer" in capsys.readouterr().err
     empty = write_jsonl(tmp_path / "empty.jsonl", [])
-    assert check(empty) == 1
+    assert check(empty) == 2
     assert "the file holds no records (it is empty)" in capsys.readouterr().err
-    assert check(empty, "--format", "sft", "--all-errors") == 1
+    assert check(empty, "--format", "sft", "--all-errors") == 2
     assert capsys.readouterr().out.splitlines()[-1] == "FAILED: no records"
 
 

@@ -191,7 +191,7 @@ def test_kind_mismatch_errors(record, fmt, kind, problem):
     "record,fmt,kind,problem",
     [
         ({"prompt": "q"}, "sft", "sft", "missing field 'completion'"),
-        ({"prompt": "q", "response": None}, "sft", "sft", "missing field 'response'"),
+        ({"prompt": "q", "response": None}, "sft", "sft", "field 'response' is null"),
         ({"prompt": "q", "response": 3}, "sft", "sft", "field 'response' must be a string, got int"),
         (
             {"prompt": 3, "response": "r"},

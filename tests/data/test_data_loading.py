@@ -85,7 +85,7 @@ def test_parquet(tmp_path):
     result = load_examples(path, "sft", skip_invalid=True)
     assert result.examples == EXPECTED
     assert result.examples[2].source == Source(str(path), 3, "row")
-    assert str(result.errors[0]).startswith(f"{path}:row 4: missing field 'response'")
+    assert str(result.errors[0]).startswith(f"{path}:row 4: field 'response' is null")
 
 
 def test_messages_from_parquet(tmp_path):
@@ -186,7 +186,7 @@ def test_missing_file_directory_and_unknown_suffix(tmp_path):
 def test_truncated_gzip(tmp_path):
     path = tmp_path / "d.jsonl.gz"
     path.write_bytes(gzip.compress(jsonl_text(ROWS * 50).encode())[:60])
-    with pytest.raises(DataError, match="cannot read the file"):
+    with pytest.raises(DataError, match="gzip-compressed and its compressed data is damaged or cut short"):
         load_examples(path, "sft")
 
 

@@ -32,7 +32,7 @@ def test_sft_suggests_skip_invalid_and_the_suggestion_works(files, tmp_path):
 
 def test_data_check_accepts_skip_invalid(files, tmp_path, capsys):
     data = with_bad_lines(files["sft"], tmp_path / "sft.jsonl")
-    assert main(["data", "check", str(data)]) == 1
+    assert main(["data", "check", str(data)]) == 2
     assert "--skip-invalid" in capsys.readouterr().err
     assert main(["data", "check", str(data), "--skip-invalid"]) == 0
     captured = capsys.readouterr()
@@ -50,6 +50,6 @@ def test_gzip_content_behind_a_jsonl_name_is_read(files, tmp_path, capsys):
 def test_csv_behind_a_jsonl_name_is_named(tmp_path, capsys):
     table = tmp_path / "sft.jsonl"
     table.write_text("prompt,response\nhello,world\n")
-    assert main(["data", "check", str(table)]) == 1
+    assert main(["data", "check", str(table)]) == 2
     err = capsys.readouterr().err
     assert f"{table}:1" in err and "looks like CSV" in err and "JSON Lines" in err

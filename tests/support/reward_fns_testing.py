@@ -40,3 +40,30 @@ def text(prompts, responses, response_token_ids, rows):
 
 
 NOT_A_FUNCTION = 3
+
+
+# TRL's form: called by keyword, with the arguments each names
+
+
+def trl_exact(completions, answer, **kwargs):
+    """1 when the response is the prompt line's `answer` field; records what else came by keyword."""
+    CALLS.append({"kwargs": sorted(kwargs), "answer": answer})
+    return [1.0 if c == a else 0.0 for c, a in zip(completions, answer)]
+
+
+def aliases(prompts, responses, response_token_ids, level=7):
+    """The older names as keywords, a field with a default (the count of ids plus the level)."""
+    return [float(len(ids) + lv) for ids, lv in zip(response_token_ids, [level] * len(prompts))]
+
+
+def positional_only(prompts, completions, /):
+    return [0.0] * len(prompts)
+
+
+def older_any_names(p, r, ids, records):
+    """The older form under other names: called positionally."""
+    return [float(len(x)) + float(len(records)) * 0 for x in ids]
+
+
+def overflows_float32(prompts, responses, response_token_ids, rows):
+    return [1e300] * len(prompts)

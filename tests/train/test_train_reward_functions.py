@@ -183,3 +183,59 @@ def test_the_worlds_gold_reward_as_a_function_is_the_gold_reward():
     assert got[0] != pytest.approx(
         world.gold_reward(prompts[0], responses[0], False)
     )  # EOS read from the ids
+
+
+def _call_with(name: str, rows: list[dict]):
+    (function,) = load_reward_functions([name])
+    prompts, responses = ["p0", "p1", "p2"], ["a", "b", "c"]
+    total, _ = weighted_reward(
+        [function], None, 1.0, prompts, responses, [[1], [2, 3], []], rows, where="x, "
+    )
+    return function, total.tolist()
+
+
+def test_a_trl_style_function_is_called_by_keyword_with_the_rows_fields():
+    reward_fns_testing.CALLS.clear()
+    rows = [{"prompt": "q", "answer": a, "level": i} for i, a in enumerate(["a", "x", "c"])]
+    function, total = _call_with("tests.support.reward_fns_testing:trl_exact", rows)
+    assert function.style == "keyword" and total == [1.0, 0.0, 1.0]
+    seen = reward_fns_testing.CALLS[-1]
+    assert seen["answer"] == ["a", "x", "c"]
+    assert seen["kwargs"] == ["completion_ids", "level", "prompts"]  # not `prompt`, not the aliases
+
+
+def test_the_older_names_work_as_keywords_and_a_default_covers_an_absent_field():
+    function, total = _call_with("tests.support.reward_fns_testing:aliases", [{}, {}, {}])
+    assert function.style == "keyword" and total == [8.0, 9.0, 7.0]
+
+
+def test_the_older_four_argument_form_is_detected_whatever_its_names():
+    function, total = _call_with("tests.support.reward_fns_testing:older_any_names", [{}, {}, {}])
+    assert function.style == "positional" and total == [1.0, 2.0, 0.0]
+    # under the documented names (prompts, responses, response_token_ids, rows) either call is the same
+    reward_fns_testing.CALLS.clear()
+    assert _call_with("tests.support.reward_fns_testing:length", [{"a": 1}, {}, {}])[1] == [1.0, 2.0, 0.0]
+    assert reward_fns_testing.CALLS[-1]["rows"] == [{"a": 1}, {}, {}]
+
+
+def test_a_positional_only_signature_is_refused_with_the_fix():
+    with pytest.raises(RewardFunctionError, match="positional-only.*Fix: drop the `/`"):
+        load_reward_functions(["tests.support.reward_fns_testing:positional_only"])
+
+
+def test_a_value_finite_in_float64_but_not_in_float32_is_refused():
+    with pytest.raises(
+        RewardFunctionError, match=r"overflows_float32 returned 1e\+300 for row 0, beyond float32"
+    ):
+        _call_with("tests.support.reward_fns_testing:overflows_float32", [{}, {}, {}])
+
+
+def test_a_required_field_missing_from_a_line_is_named_before_any_call():
+    from rlhf.rl.reward_functions import check_row_fields
+
+    functions = load_reward_functions(["tests.support.reward_fns_testing:trl_exact"])
+    check_row_fields(functions, [{"answer": "a"}, {"answer": "b"}], "p.jsonl")
+    with pytest.raises(
+        RewardFunctionError, match=r"takes 'answer'.*p.jsonl \(1 of 2 lines lack it.*Fix: add"
+    ):
+        check_row_fields(functions, [{"answer": "a"}, {"other": 1}], "p.jsonl")

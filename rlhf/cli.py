@@ -198,6 +198,12 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     train.add_argument(
         "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint"
     )
+    train.add_argument(
+        "--resume-allow-changed-models",
+        action="store_true",
+        help="with --resume: continue although a model file the run reads (policy/reference, reward model) "
+        "changed since the run started (refused otherwise; the change is recorded in run_inputs.json)",
+    )
     return train
 
 
@@ -395,15 +401,25 @@ def run_train_command(args, rest, ctx) -> int:
     ctx.resumable = True
     if args.resume:
         from rlhf.rundir.resume import resume_config
+        from rlhf.rundir.run_inputs import check_config_unedited
 
+        check_config_unedited(args.resume)  # a hand-edited config.yaml would lie about the run
         config = resume_config(
             args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named)
         )
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
             if is_writer_process():
                 _prepare_resume(ctx.run_dir)
+                _check_resumed_models(config, ctx.run_dir, args.resume_allow_changed_models)
             run_rl(config, resume=True)
         return 0
+    if args.resume_allow_changed_models:
+        from rlhf.config import ConfigError
+
+        raise ConfigError(
+            "--resume-allow-changed-models applies to `rlhf train --resume RUN_DIR` only; a new run records "
+            "the models it starts from. Fix: drop --resume-allow-changed-models, or add --resume RUN_DIR."
+        )
     config = load_config(RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named))
     config.reward.functions = [*config.reward.functions, *(args.reward_fn or [])]  # weight 1 each
     _require(config.model.policy, "--policy")
@@ -446,6 +462,23 @@ def _prepare_resume(run_dir) -> None:
             f"{run_dir} has no complete checkpoint to resume from ({found}). Fix: start a fresh run with "
             "another --out (add --checkpoint.every N to save during the run)."
         )
+
+
+def _check_resumed_models(config, run_dir, allow_changed: bool) -> None:
+    """The models of a resumed run are the files it started from (run_inputs.json), or the user
+    accepted the change."""
+    from rlhf.rundir import checkpoint as ckpt
+    from rlhf.rundir.run_inputs import check_models
+
+    latest = ckpt.latest_verified(run_dir, warn=lambda message: None)
+    iteration = None if latest is None else int(latest.name.split("_")[1])
+    check_models(
+        config,
+        run_dir,
+        allow_changed=allow_changed,
+        iteration=iteration,
+        warn=lambda message: print(message, file=sys.stderr),
+    )
 
 
 def eval_config(args, rest: list[str]):
@@ -578,11 +611,15 @@ def main(argv: list[str] | None = None) -> int:
 def _run_with_one_error_path(parser, args, rest) -> int:
     """Run the stage; every failure ends as one message on stderr and an exit code (cli_errors.py)."""
     from rlhf import cli_errors
+    from rlhf.rundir.termination import Terminated, handle_sigterm
     from rlhf.runtime.process_group import is_lost_peer, lost_peer_message
 
     ctx = cli_errors.RunContext(stage=args.stage)
     try:
-        return _dispatch(parser, args, rest, ctx)
+        with handle_sigterm():  # SIGTERM (a scheduler's preemption) ends the run as Ctrl-C does
+            return _dispatch(parser, args, rest, ctx)
+    except Terminated:
+        message, code = cli_errors.interrupted_message(ctx, "terminated (SIGTERM)"), cli_errors.TERMINATED
     except KeyboardInterrupt:
         message, code = cli_errors.interrupted_message(ctx), cli_errors.INTERRUPTED
     except BrokenPipeError:  # the reader of our output closed it (`rlhf plan | head`): not an error

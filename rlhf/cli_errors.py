@@ -3,7 +3,8 @@
 - a mistake the user can fix (config, data, model directory, a busy run directory): the message
   (what, where, the fix) and exit code 2;
 - a full disk: what could not be written and how to go on, exit code 2;
-- Ctrl-C: where the run stopped and the command that continues it, exit code 130;
+- Ctrl-C: where the run stopped and the command that continues it, exit code 130; SIGTERM (a
+  scheduler's preemption) the same, exit code 143 (rlhf/rundir/termination.py);
 - anything else is a bug: a one-line summary plus the path of a log file holding the traceback,
   exit code 1.
 """
@@ -23,6 +24,7 @@ from rlhf.monitor.logger import METRICS_FILE
 USER_ERROR = 2
 INTERNAL_ERROR = 1
 INTERRUPTED = 130
+TERMINATED = 143  # SIGTERM: 128 + 15, as a shell reports it
 ERROR_LOG = "error.log"
 
 
@@ -85,27 +87,29 @@ def _last_checkpoint(run_dir: Path) -> int | None:
     return None if found is None else int(found.name.split("_")[1])
 
 
-def interrupted_message(ctx: RunContext) -> str:
-    """What Ctrl-C left behind and the true way to go on."""
+def interrupted_message(ctx: RunContext, how: str = "interrupted") -> str:
+    """What Ctrl-C (or SIGTERM: `how` "terminated") left behind and the true way to go on."""
     if ctx.run_dir is None:
-        return "interrupted before anything was written."
+        return f"{how} before anything was written."
     if ctx.resumable:
         last = _last_logged(ctx.run_dir, "iteration")  # records count iterations from 0
         at = 0 if last is None else last + 1  # iterations done, as checkpoints and train.iterations count
         saved = _last_checkpoint(ctx.run_dir)
         if saved is None:
             return (
-                f"interrupted at iteration {at}; no checkpoint was saved yet, so the run cannot resume. "
+                f"{how} at iteration {at}; no checkpoint was saved yet, so the run cannot resume. "
                 f"Fix: start again with another --out (add --checkpoint.every N to save during the run)."
             )
         since = "" if saved >= at else f" (from its checkpoint at iteration {saved})"
-        return f"interrupted at iteration {at}; resume with: rlhf train --resume {ctx.run_dir}{since}"
+        return f"{how} at iteration {at}; resume with: rlhf train --resume {ctx.run_dir}{since}"
     if ctx.stage == "demo":
-        return f"interrupted; the demo starts over when run again: `rlhf demo --out {ctx.run_dir}` clears its outputs."
+        return (
+            f"{how}; the demo starts over when run again: `rlhf demo --out {ctx.run_dir}` clears its outputs."
+        )
     step = _last_logged(ctx.run_dir, "step")
     at = f" (last logged step {step})" if step is not None else ""
     return (
-        f"interrupted{at}; no model was exported to {ctx.run_dir} and `rlhf {ctx.stage}` cannot resume. "
+        f"{how}{at}; no model was exported to {ctx.run_dir} and `rlhf {ctx.stage}` cannot resume. "
         f"Fix: run the same command again with another --out (or delete {ctx.run_dir})."
     )
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from rlhf.config import ConfigError, RLConfig, save_config
+from rlhf.config import ConfigError, RLConfig
 from rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
@@ -47,7 +47,9 @@ from rlhf.rl.roles.policy import PtxObjective
 from rlhf.rl.sample_log import SampleLog
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import open_metrics_logger
+from rlhf.rundir.run_inputs import write_config
 from rlhf.rundir.sharded_checkpoint import has_shards, load_sharded_weights, save_sharded_checkpoint
+from rlhf.rundir.termination import finish_first
 from rlhf.runtime import LocalRuntime
 from rlhf.train.guards import require_finite_scores
 
@@ -144,7 +146,7 @@ class RLTrainer:
         c = self.config
         if self.runtime.writer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(c, self.run_dir / "config.yaml")
+            write_config(c, self.run_dir)  # only when it changes; its sha256 recorded (run_inputs.json)
         if self.ptx_note and self.iteration == 0:
             self.logger.warn(self.ptx_note, step=0)
         last: dict = {}
@@ -158,12 +160,14 @@ class RLTrainer:
                 if last.get("stop"):
                     break
                 if c.checkpoint.every and self.iteration % c.checkpoint.every == 0:
-                    self.save_checkpoint()
-            self.save_checkpoint()
-            if self.runtime.sharded_checkpoints:  # fsdp2: the moments are in the checkpoint's shards
-                self.roles.release_optimizer_state()
-            # fsdp2: every rank gathers each model in turn, rank 0 writes
-            self.roles.export(self.run_dir, whole=self.runtime.whole_model, write=self.runtime.writer)
+                    with finish_first():  # a SIGTERM now lets the due checkpoint be written first
+                        self.save_checkpoint()
+            with finish_first():
+                self.save_checkpoint()
+                if self.runtime.sharded_checkpoints:  # fsdp2: the moments are in the checkpoint's shards
+                    self.roles.release_optimizer_state()
+                # fsdp2: every rank gathers each model in turn, rank 0 writes
+                self.roles.export(self.run_dir, whole=self.runtime.whole_model, write=self.runtime.writer)
         finally:
             self.logger.close()
         return last

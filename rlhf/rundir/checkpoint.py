@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from rlhf.models.files import is_model_file
+
 _TENSOR = "__tensor__"
 _TUPLE = "__tuple__"
 _INTKEYS = "__intkeys__"
@@ -310,28 +312,119 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+EXPORT_TMP = ".export.tmp-"  # an export being written; a killed one is thrown away
+EXPORT_STAGED = ".export.staged-"  # a whole export being moved into place; a killed move is finished
+EXPORT_OLD = ".export.old-"  # the files of the previous export, set aside until the new one is in place
+EXPORT_MANIFEST = ".export-manifest.json"  # in a staged export: the entries it brings
+
+
 @contextlib.contextmanager
 def atomic_export(out: Path) -> Iterator[Path]:
-    """Write a model export into a temporary directory, then move each file into `out`.
+    """Write a model export whole into a temporary directory in `out`, then put it in place.
 
-    Yields the temporary directory (inside `out`, so the moves are renames on one file system).
-    Every file lands whole: a failed or killed export (full disk) leaves no truncated file in
-    `out`, and the files of an earlier export stay until their replacement is complete.
+    Yields the temporary directory `out/.export.tmp-PID` (beside the run's own files, on the same
+    file system). Once the body returns, every file is synced and the directory is renamed to
+    `.export.staged-PID` (one rename: the commit point, the new export is whole). Only then are the
+    previous export's files set aside (config.json first) and the new ones renamed into `out`
+    (config.json last), so `out` holds the previous export, or no loadable model for the moment of
+    the moves, never a mix. A failed or killed write leaves the previous export untouched; what a
+    killed export left is cleaned by the next export into `out` or the next run that locks it
+    (`recover_exports`): a temporary directory is removed, a staged export is moved into place.
+    The run's own files (metrics, config, checkpoints) are never touched.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".export.tmp-{os.getpid()}"
+    recover_exports(out)
+    tmp = out / f"{EXPORT_TMP}{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
-        files = [f for f in sorted(tmp.rglob("*")) if f.is_file()]
-        for f in files:
-            with open(f, "rb") as handle:
-                os.fsync(handle.fileno())
-        for f in files:
-            target = out / f.relative_to(tmp)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(f, target)
+        (tmp / EXPORT_MANIFEST).write_text(json.dumps(sorted(p.name for p in tmp.iterdir())))
+        _fsync_tree(tmp)
+        staged = out / f"{EXPORT_STAGED}{os.getpid()}"
+        shutil.rmtree(staged, ignore_errors=True)
+        os.rename(tmp, staged)  # the commit point
+        _fsync_directory(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _install_export(out, staged)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            with open(f, "rb") as handle:
+                os.fsync(handle.fileno())
+    for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        _fsync_directory(d)
+
+
+def _is_export_entry(path: Path) -> bool:
+    """A file or folder of a model export in a run directory: the model's files, or a sub-model's
+    folder (`critic/`, holding a config.json)."""
+    if path.name.startswith("."):
+        return False
+    if path.is_dir():
+        return (path / "config.json").is_file()
+    return is_model_file(path.name)
+
+
+def _install_export(out: Path, staged: Path) -> None:
+    """Move the staged export `staged` into `out`; run again after a kill, it finishes the job."""
+    names = json.loads((staged / EXPORT_MANIFEST).read_text())
+    pid = staged.name[len(EXPORT_STAGED) :]
+    old = out / f"{EXPORT_OLD}{pid}"
+    old.mkdir(exist_ok=True)
+    previous = [
+        p
+        for p in out.iterdir()
+        if _is_export_entry(p) and (p.name not in names or (staged / p.name).exists())  # not already new
+    ]
+    for p in sorted(previous, key=lambda p: p.name != "config.json"):  # config.json aside first
+        aside = old / p.name
+        if aside.is_dir():
+            shutil.rmtree(aside)
+        os.replace(p, aside)
+    for name in sorted(names, key=lambda n: n == "config.json"):  # config.json in place last
+        if (staged / name).exists():
+            os.replace(staged / name, out / name)
+    _fsync_directory(out)
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_exports(out: Path, *, owned: bool = False) -> list[str]:
+    """Clean what killed exports left in `out`: finish moving a staged (whole) export into place,
+    remove temporary directories and set-aside previous files. Only leftovers of dead processes are
+    touched, or every one when `owned` (the caller holds the run directory's lock). Returns what was
+    done, one line each."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    done = []
+
+    def stale(path: Path, prefix: str) -> bool:
+        pid = path.name[len(prefix) :]
+        return path.name.startswith(prefix) and pid.isdigit() and (owned or not _pid_alive(int(pid)))
+
+    for path in sorted(out.iterdir()):
+        if stale(path, EXPORT_STAGED):
+            if (path / EXPORT_MANIFEST).is_file():
+                _install_export(out, path)
+                done.append(f"finished moving a killed export into {out}")
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+    for path in sorted(out.iterdir()):
+        if stale(path, EXPORT_TMP) or stale(path, EXPORT_OLD):
+            shutil.rmtree(path, ignore_errors=True)
+            done.append(f"removed {path.name}, left by a killed export")
+    return done

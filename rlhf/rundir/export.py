@@ -1,8 +1,9 @@
 """Every stage's export: Hugging Face directories written atomically into a run directory.
 
 `models.export.export_copy` turns each model into what is saved (float32, LoRA merged, without
-touching the model being trained); `checkpoint.atomic_export` lands every file whole, beside
-the run's own files (metrics, config), which stay.
+touching the model being trained); `checkpoint.atomic_export` builds the whole export in a
+temporary directory and commits it with one rename before moving it into place, beside the run's
+own files (metrics, config), which stay: a killed export leaves the previous one (or none), never a mix.
 """
 
 from __future__ import annotations

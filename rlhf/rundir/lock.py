@@ -48,9 +48,20 @@ def run_dir_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _clean_killed_exports(directory)
         yield directory
     finally:
         os.close(fd)  # closing the last descriptor releases the flock
+
+
+def _clean_killed_exports(directory: Path) -> None:
+    """What a killed export into this run directory left (its holder is gone: the lock is ours)."""
+    import sys
+
+    from rlhf.rundir.checkpoint import recover_exports
+
+    for line in recover_exports(directory, owned=True):
+        print(f"note: {line}", file=sys.stderr)
 
 
 def writer_lock(run_dir: str | os.PathLike):

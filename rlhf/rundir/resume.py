@@ -67,7 +67,8 @@ def resume_config(
     # every layer under the keys' current names: a key recorded or requested under an old name
     # (RENAMED_KEYS) is the same setting, so it is no change
     recorded = to_dict(config_from_yaml(RLConfig, run_dir / "config.yaml"))
-    recorded["out"] = str(run_dir)  # the run directory given, wherever the run was first written
+    if not recorded.get("out") or Path(recorded["out"]).resolve() != run_dir.resolve():
+        recorded["out"] = str(run_dir)  # the run directory given, wherever the run was first written
     requested = recorded
     if preset:
         preset_data = migrate_renamed_keys(RLConfig, preset_dict(preset), origin=f"preset {preset}")

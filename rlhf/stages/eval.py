@@ -3,7 +3,6 @@ comparison (mean reward with intervals, win rate) is written to eval.json."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rlhf.config import EvalConfig
@@ -23,10 +22,12 @@ from rlhf.models.device import resolve_device
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
 from rlhf.models.precision import Precision
 from rlhf.models.sampling import SamplingConfig
+from rlhf.models.tokenizer_match import check_same_tokenizer
 from rlhf.monitor import print_summary
 from rlhf.monitor.progress import WorkProgress, announce
 from rlhf.monitor.run_files import recorded_data_settings
 from rlhf.stages.prompt_files import prompt_rows
+from rlhf.stages.result_files import refuse_foreign_file, write_result
 from rlhf.train.context_check import check_prompts_fit, model_context
 
 
@@ -36,7 +37,17 @@ def run_eval(config: EvalConfig) -> dict:
     data, rollout = config.data, config.rollout
     device = resolve_device(config.device, key="device")
     precision = Precision.resolve(config.dtype, device, key="dtype")
+    check_result_path(config)  # before any work: --out is a new file or an earlier eval.json
     tokenizer = prepare_tokenizer(load_tokenizer(config.policy))
+    for flag, other in (("--baseline", config.baseline), ("--judge", config.judge)):
+        if other and not str(other).startswith("world:"):  # both read the policy tokenizer's ids
+            check_same_tokenizer(
+                tokenizer,
+                f"--policy {config.policy}",
+                other,
+                f"{flag} {other}",
+                fix=f"compare models trained from one base model: pass a {flag} whose tokenizer is the policy's",
+            )
     skip = data.skip_invalid
     chat = data.chat_template
     examples = load_examples(data.prompts, kind="prompt", skip_invalid=skip).examples[: data.n]
@@ -101,9 +112,8 @@ def run_eval(config: EvalConfig) -> dict:
     }
     results["max_prompt_tokens"] = budget
     results["samples"] = paired_samples([ex.prompt for ex in examples], sources, texts, scores)
-    out = Path(config.out) if config.out else Path(config.policy) / "eval.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    out = eval_result_path(config)
+    write_result(out, results)
     cmp = results["comparison"]
     print_summary(
         f"eval: {config.policy} vs {config.baseline} (judge {judge_name}, n={cmp['n']})",
@@ -116,6 +126,18 @@ def run_eval(config: EvalConfig) -> dict:
         },
     )
     return results
+
+
+EVAL_KEYS = ("policy", "baseline", "comparison", "judge")  # what makes a JSON file an earlier eval.json
+
+
+def eval_result_path(config: EvalConfig) -> Path:
+    return Path(config.out) if config.out else Path(config.policy) / "eval.json"
+
+
+def check_result_path(config: EvalConfig) -> None:
+    """Refuse an --out that is not a new file nor an earlier `rlhf eval` result (it would be replaced)."""
+    refuse_foreign_file(eval_result_path(config), EVAL_KEYS, "rlhf eval", "eval.json")
 
 
 DEFAULT_EVAL_PROMPT_TOKENS = 512  # for a --policy that records no budget (a model from elsewhere)

@@ -15,8 +15,6 @@ pairs with their texts and every pair's two scores.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from pathlib import Path
 
 import torch
@@ -33,11 +31,13 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.monitor import print_summary
 from rlhf.monitor.progress import WorkProgress, announce
 from rlhf.monitor.run_files import recorded_data_settings
+from rlhf.stages.result_files import refuse_foreign_file, write_result
 from rlhf.stages.rm import EncodedPair, encode_pairs
 from rlhf.train.context_check import model_context
 from rlhf.train.guards import require_finite_scores
 
 RESULT_NAME = "rm_eval.json"
+RESULT_KEYS = ("reward_model", "data", "pairs_read")  # what makes a JSON file an earlier rm_eval.json
 BUDGET_KEYS = ("format", "max_prompt_tokens", "max_response_tokens")  # taken from the RM's config.yaml
 
 
@@ -92,6 +92,8 @@ def run_rm_eval(config: RMEvalConfig, *, model: ScalarHeadModel | None = None, t
 
     `config` is validated (`rm_eval_config`); a given `model` / `tokenizer` is used instead of
     loading `config.reward_model` (which still names it)."""
+    out = Path(config.out) if config.out else Path(config.reward_model) / RESULT_NAME
+    refuse_foreign_file(out, RESULT_KEYS, "rlhf rm-eval", RESULT_NAME)  # before any work
     device = resolve_device(config.device, key="device")
     precision = Precision.resolve(config.dtype, device, key="dtype")
     data = config.data
@@ -130,8 +132,7 @@ def run_rm_eval(config: RMEvalConfig, *, model: ScalarHeadModel | None = None, t
             for ex, c, r in zip(examples, chosen, rejected)
         ],
     }
-    out = Path(config.out) if config.out else Path(config.reward_model) / RESULT_NAME
-    _write_json(out, result)
+    write_result(out, result)
     print_rm_eval_summary(result, out)
     return result
 
@@ -179,14 +180,6 @@ def _pair_record(example, chosen: float, rejected: float) -> dict:
         "chosen": example.chosen,
         "rejected": example.rejected,
     }
-
-
-def _write_json(path: Path, result: dict) -> None:
-    """Write `result` to `path` whole or not at all (a temporary file renamed over it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    tmp.replace(path)
 
 
 # --- the one-screen summary -------------------------------------------------------------------

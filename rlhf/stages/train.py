@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from rlhf.config import RLConfig
 from rlhf.data.tokenize import TruncationStats
+from rlhf.models.loading import load_tokenizer
+from rlhf.models.tokenizer_match import check_same_tokenizer
 from rlhf.monitor import print_summary
 from rlhf.rl.roles.assemble import load_roles
 from rlhf.rl.trainer import RLTrainer
 from rlhf.rundir.final_report import write_final_report
+from rlhf.rundir.run_inputs import model_inputs, record_models
 from rlhf.runtime import runtime_for
+from rlhf.runtime.process_group import is_writer_process
 from rlhf.stages.prompt_files import load_prompts, prompt_rows, ptx_sampler
 from rlhf.train.context_check import check_prompts_fit, model_context
 
@@ -20,6 +24,9 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     # a malformed name, a module that fails to import or a function that cannot be called stops
     # here, before any model loads (imported once: the trainer's own load finds them imported)
     functions = load_reward_functions(config.reward.functions)
+    check_reward_model_tokenizer(config)
+    writer = is_writer_process()
+    inputs = model_inputs(config) if writer and not resume else None  # the files, before they are read
     roles = load_roles(config)
     stats = TruncationStats()
     prompts, sources = load_prompts(
@@ -63,6 +70,8 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
         runtime=runtime_for(roles, config),
         prompt_rows=rows,
     )
+    if inputs is not None:  # the run directory is claimed (no earlier run in it): record what it reads
+        record_models(config.out, inputs)
     final = trainer.train()
     if not trainer.runtime.writer:
         return final  # rank 0 writes the report and prints the summary
@@ -72,3 +81,18 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
         print_summary(f"RL run finished: {config.out}", shown)
         print(f"report: {report}")  # a line of its own: the table would cut a long path
     return final
+
+
+def check_reward_model_tokenizer(config: RLConfig) -> None:
+    """The reward model reads the policy's token ids: both must have one tokenizer (exit 2 otherwise)."""
+    if not config.model.reward_model:
+        return
+    policy = load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
+    check_same_tokenizer(
+        policy,
+        f"--policy {config.model.policy}",
+        config.model.reward_model,
+        f"--reward-model {config.model.reward_model}",
+        fix=f"pass a reward model trained from the policy's base model (e.g. `rlhf rm --model "
+        f"{config.model.policy} --data PAIRS --out runs/rm`), or the --policy the reward model was trained with",
+    )

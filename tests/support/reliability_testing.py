@@ -100,3 +100,32 @@ class InProcess:
         self.returncode = main([str(a) for a in args])
         captured = capsys.readouterr()
         self.stdout, self.stderr = captured.out, captured.err
+
+
+def wait_for(condition, timeout: float = 120.0) -> None:
+    """Poll `condition()` every 0.2 s until it holds; fail after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def other_tokenizer_reward_model(directory: Path) -> Path:
+    """A tiny reward model saved with a tokenizer of the same size as the suite's but other words
+    (upper case): every token id means another word to it."""
+    from rlhf.models.scalar_head import ScalarHeadModel
+    from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
+
+    tok = word_tokenizer([" ".join(w.upper() for w in WORDS)])
+    model = tiny_causal_lm(tok, seed=1, hidden_size=16, num_layers=1, num_heads=2)
+    ScalarHeadModel.from_causal_lm(model, head_init_std=0.5).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def file_bytes(directory: Path) -> dict[str, bytes]:
+    """{relative path: content} of every file under `directory` (byte-identical checks)."""
+    root = Path(directory)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

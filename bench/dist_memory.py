@@ -115,7 +115,9 @@ def compare(workload: str, ranks: list[int], strategies: list[str], device: str,
             for n in ranks:
                 case = run_case(work / "models", n, strategy, device, work, malloc)
                 case["of_one_process"] = round(
-                    case["largest_rank_peak_above_interpreter_mib"] / one["largest_rank_peak_above_interpreter_mib"], 3
+                    case["largest_rank_peak_above_interpreter_mib"]
+                    / one["largest_rank_peak_above_interpreter_mib"],
+                    3,
                 )
                 print(f"{strategy} x{n}: {case['largest_rank_peak_above_interpreter_mib']} MiB "
                       f"({case['of_one_process']} of one process), {case['seconds']} s", flush=True)  # fmt: skip
@@ -124,7 +126,9 @@ def compare(workload: str, ranks: list[int], strategies: list[str], device: str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="mode", required=True)
     c = sub.add_parser("compare")
     c.add_argument("--workload", default="m84")

@@ -2,8 +2,8 @@
 
     rlhf sft   --model MODEL_DIR --data sft.jsonl --out runs/sft
     rlhf rm    --model runs/sft --data pairs.jsonl --out runs/rm
-  rlhf dpo   --model runs/sft --data pairs.jsonl --out runs/dpo
-    rlhf dpo   --model runs/sft --data pairs.jsonl --out runs/dpo
+    rlhf dpo   --model runs/sft --data pairs.jsonl --out runs/dpo [--checkpoint.every 100]
+    rlhf dpo   --resume runs/dpo
     rlhf train --preset ppo_max --policy runs/sft --reward-model runs/rm --prompts prompts.jsonl --out runs/ppo
     rlhf train --resume runs/ppo
     rlhf eval  --policy runs/ppo --baseline runs/sft --judge runs/rm --prompts test.jsonl
@@ -178,6 +178,11 @@ def _supervised_parsers(sub) -> list:
     dpo.add_argument("--data", help="preference pairs (prompt/chosen/rejected, HH-RLHF, chat messages)")
     dpo.add_argument("--out", help="run directory")
     dpo.add_argument("--config", help="YAML config file")
+    dpo.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its last checkpoint (saved every --checkpoint.every N steps)",
+    )
     return [sft, rm, dpo]
 
 
@@ -340,21 +345,26 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     from rlhf.config import load_config
     from rlhf.rundir.directory import check_out_dir
     from rlhf.rundir.lock import writer_lock
-    from rlhf.runtime.process_group import data_parallel
+    from rlhf.runtime.process_group import data_parallel, is_writer_process
 
-    config = load_config(
-        config_class,
-        file=args.config,
-        overrides=_overrides(
-            rest,
-            {
-                "model": args.model,
-                "data.path": args.data,
-                "out": args.out,
-                "data.skip_invalid": args.skip_invalid,
-            },
-        ),
-    )
+    named = {
+        "model": args.model,
+        "data.path": args.data,
+        "out": args.out,
+        "data.skip_invalid": args.skip_invalid,
+    }
+    if getattr(args, "resume", None):  # `rlhf dpo --resume RUN_DIR`
+        from rlhf.rundir.supervised_resume import supervised_resume_config
+
+        config = supervised_resume_config(
+            config_class, args.resume, stage=ctx.stage, file=args.config, overrides=_overrides(rest, named)
+        )
+        with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
+            if is_writer_process():
+                _prepare_resume(ctx.run_dir)
+            run(config, resume=True)
+        return 0
+    config = load_config(config_class, file=args.config, overrides=_overrides(rest, named))
     _require(config.model, "--model")
     _require(config.data.path, "--data")
     check_out_dir(config.out, {"--model": config.model})
@@ -621,7 +631,8 @@ def _run_with_one_error_path(parser, args, rest) -> int:
     except Terminated:
         message, code = cli_errors.interrupted_message(ctx, "terminated (SIGTERM)"), cli_errors.TERMINATED
     except KeyboardInterrupt:
-        message, code = cli_errors.interrupted_message(ctx), cli_errors.INTERRUPTED
+        message = _resumable_supervised_interrupt(ctx) or cli_errors.interrupted_message(ctx)
+        code = cli_errors.INTERRUPTED
     except BrokenPipeError:  # the reader of our output closed it (`rlhf plan | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
@@ -645,6 +656,26 @@ def _run_with_one_error_path(parser, args, rest) -> int:
 
     print(f"rlhf {args.stage}{rank_label()}: {message}", file=sys.stderr)
     return code
+
+
+RESUMABLE_SUPERVISED = ("dpo",)  # supervised stages with --resume (checkpoint.every)
+
+
+def _resumable_supervised_interrupt(ctx) -> str | None:
+    """Ctrl-C in `rlhf dpo` after a checkpoint: the command that continues the run (None otherwise:
+    cli_errors' message, which says the run cannot resume)."""
+    if ctx.stage not in RESUMABLE_SUPERVISED or ctx.run_dir is None:
+        return None
+    from rlhf.rundir.checkpoint import latest_verified
+
+    found = latest_verified(ctx.run_dir, warn=lambda message: None)
+    if found is None:
+        return None
+    steps = int(found.name.split("_")[1])
+    return (
+        f"interrupted; the newest checkpoint holds the first {steps} steps. Resume with: "
+        f"rlhf {ctx.stage} --resume {ctx.run_dir}"
+    )
 
 
 def _dispatch(parser, args, rest, ctx) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhf.config.checks import fraction, positive, require
+from rlhf.config.checks import at_least, fraction, positive, require
 from rlhf.config.common import OptimConfig
 from rlhf.config.supervised import SupervisedConfig, SupervisedDataConfig, SupervisedTrainConfig
 
@@ -55,6 +55,18 @@ class DPOLossConfig:
 
 
 @dataclass
+class DPOCheckpointConfig:
+    # save a resumable checkpoint (`rlhf dpo --resume`) every N optimizer steps; 0: none (the
+    # exported model is the run's only output)
+    every: int = 0
+    keep: int = 2  # checkpoints kept (older ones removed)
+
+    def validate(self, prefix: str) -> None:
+        at_least(self.every, 0, f"{prefix}every", " (0: no checkpoints)")
+        at_least(self.keep, 1, f"{prefix}keep")
+
+
+@dataclass
 class DPOConfig(SupervisedConfig):
     model: str = ""  # the SFT model: trained, and (frozen) the reference
     out: str = "runs/dpo"  # run directory
@@ -65,3 +77,14 @@ class DPOConfig(SupervisedConfig):
         default_factory=lambda: OptimConfig(lr=1e-6, warmup_fraction=0.1, schedule="linear")
     )
     dpo: DPOLossConfig = field(default_factory=DPOLossConfig)
+    checkpoint: DPOCheckpointConfig = field(default_factory=DPOCheckpointConfig)
+
+    def validate(self, prefix: str = "") -> None:
+        super().validate(prefix)
+        require(
+            not (self.checkpoint.every and self.dist.strategy == "fsdp2"),
+            f"{prefix}checkpoint.every",
+            self.checkpoint.every,
+            "cannot be used with dist.strategy fsdp2 yet (its sharded optimizer state is not saved)",
+            f"--{prefix}dist.strategy ddp, or --{prefix}checkpoint.every 0",
+        )

@@ -320,6 +320,33 @@ def _samples(run: RunFiles) -> str:
     return note(f"No sample responses: {where}.")
 
 
+def _rate_text(entry: Any) -> str:
+    if not isinstance(entry, Mapping) or num(entry.get("win_rate")) is None:
+        return "-"
+    interval = entry.get("win_rate_ci95")
+    ci = (
+        f" [{fmt(interval[0], 3)}, {fmt(interval[1], 3)}]"
+        if isinstance(interval, list) and len(interval) == 2
+        else ""
+    )
+    return f"{fmt(entry['win_rate'], 3)}{ci}"
+
+
+def _length_paragraph(length: Mapping[str, Any]) -> str:
+    """eval.json's length figures (docs/algorithms.md §33): the length-controlled and length-matched
+    win rates, and the warning when the judge's preference follows length."""
+    matched = length.get("length_matched") if isinstance(length.get("length_matched"), Mapping) else {}
+    text = (
+        f"<p><b>length-controlled win rate</b> (at equal lengths, bootstrap 95%): "
+        f"{esc(_rate_text(length.get('length_controlled')))}; <b>length-matched</b> (|length difference| "
+        f"&lt;= {esc(fmt(matched.get('tolerance')))} {esc(length.get('unit', 'words'))}, "
+        f"n={esc(fmt(matched.get('n')))}): {esc(_rate_text(matched))}</p>"
+    )
+    if length.get("warning"):
+        text += f"<p><b>warning:</b> {esc(length['warning'])}</p>"
+    return text
+
+
 def _evaluation(evaluation: Mapping[str, Any]) -> str:
     rows = []
     for side in ("policy", "baseline"):
@@ -333,6 +360,9 @@ def _evaluation(evaluation: Mapping[str, Any]) -> str:
             f"<p><b>win rate of the policy</b> (ties half): {esc(fmt(comparison['win_rate'], 3))}"
             f" over {esc(fmt(comparison.get('n')))} prompts; judge {esc(evaluation.get('judge', '?'))}</p>"
         )
+    length = evaluation.get("length")
+    if isinstance(length, Mapping):
+        parts.append(_length_paragraph(length))
     samples = evaluation.get("samples")
     if not isinstance(samples, list):
         policy = evaluation.get("policy")

@@ -8,16 +8,21 @@ each pair are computed once before training (`dpo.precompute_reference`, the def
 scores its share and the shares are joined) or in every step. The step runs in the supervised
 skeleton (rlhf/train/supervised.py): the loss is the mean over the step's pairs however the
 micro-batches and ranks split them.
+
+Resume (`rlhf dpo --resume DIR`, `checkpoint.every`): a checkpoint also holds the cached reference
+log-probs of every pair (not computed again) and a digest of the encoded pairs, so that a resume on
+other data stops instead of pairing the cache with other rows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from dataclasses import dataclass
 
 import torch
 
-from rlhf.config import DPOConfig
+from rlhf.config import ConfigError, DPOConfig
 from rlhf.core import preference_loss
 from rlhf.data.collate import collate_pairs
 from rlhf.data.tokenize import TruncationStats
@@ -63,6 +68,7 @@ class DPOStage(SupervisedStage):
     data_kind = "preference"
     empty_data = "training preference pairs"
     key_metrics = ("train/loss", "train/accuracy", "eval/accuracy", "eval/margin")
+    resumable = True
 
     def build_model(self, model, precision: Precision):
         c = self.config
@@ -93,7 +99,30 @@ class DPOStage(SupervisedStage):
     ) -> None:
         if self.config.dpo.precompute_reference:
             for rows in (train_rows, test_rows):
-                self.cache_reference(run, rows)
+                if any(r.ref_chosen is None for r in rows):  # a resumed run's came from its checkpoint
+                    self.cache_reference(run, rows)
+
+    def checkpoint_state(self, train_rows: list[DPOPair], test_rows: list[DPOPair]) -> dict:
+        state: dict = {"pairs_sha256": pairs_digest(train_rows, test_rows)}
+        for name, rows in (("train", train_rows), ("test", test_rows)):
+            if rows and all(r.ref_chosen is not None for r in rows):
+                state[f"reference_{name}"] = torch.tensor(
+                    [[r.ref_chosen, r.ref_rejected] for r in rows], dtype=torch.float64
+                )
+        return state
+
+    def restore_state(self, state: dict, train_rows: list[DPOPair], test_rows: list[DPOPair]) -> None:
+        if state["pairs_sha256"] != pairs_digest(train_rows, test_rows):
+            raise ConfigError(
+                f"{self.config.out}: the pairs differ from those the checkpoint was trained on (data.path "
+                f"{self.config.data.path} changed since). Fix: resume with the run's own data file, or start "
+                "a new run (another --out)."
+            )
+        for name, rows in (("train", train_rows), ("test", test_rows)):
+            cached = state.get(f"reference_{name}")
+            if cached is not None:
+                for row, (chosen, rejected) in zip(rows, cached.tolist()):
+                    row.ref_chosen, row.ref_rejected = chosen, rejected
 
     def cache_reference(self, run: SupervisedRun, rows: list[DPOPair]) -> None:
         """Each rank scores its share of `rows` with the reference; the shares are joined so that
@@ -164,6 +193,16 @@ class DPOStage(SupervisedStage):
             run.model.train(was_training)
 
 
+def pairs_digest(*groups: list[EncodedPair]) -> str:
+    """sha256 over the token ids of every pair of `groups`, in order."""
+    digest = hashlib.sha256()
+    for rows in groups:
+        digest.update(f"{len(rows)};".encode())
+        for r in rows:
+            digest.update(f"{r.prompt_ids}|{r.chosen_ids}|{r.rejected_ids};".encode())
+    return digest.hexdigest()
+
+
 def run_dpo(
     config: DPOConfig,
     *,
@@ -172,9 +211,11 @@ def run_dpo(
     train_rows: list[DPOPair] | None = None,
     test_rows: list[DPOPair] | None = None,
     quiet: bool = False,
+    resume: bool = False,
 ) -> dict:
     """Train the policy of `config.model` by `config.dpo.loss` on the pairs of `config.data.path`,
-    evaluate on the held-out pairs, export it to `config.out`; the final metrics."""
+    evaluate on the held-out pairs, export it to `config.out`; the final metrics. `resume`: go on
+    from the newest checkpoint in `config.out` (`model`, when given, is the starting SFT model)."""
     return run_supervised(
         DPOStage(config),
         model=model,
@@ -182,4 +223,5 @@ def run_dpo(
         train_rows=train_rows,
         test_rows=test_rows,
         quiet=quiet,
+        resume=resume,
     )

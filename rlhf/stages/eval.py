@@ -1,8 +1,10 @@
 """`rlhf eval`: two policies answer the same held-out prompts, a judge scores both, and the paired
-comparison (mean reward with intervals, win rate) is written to eval.json."""
+comparison (mean reward with intervals, win rate, and how much of it the answers' lengths explain:
+the length-controlled and length-matched win rates, docs/algorithms.md §33) is written to eval.json."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rlhf.config import EvalConfig
@@ -18,6 +20,7 @@ from rlhf.evaluation.judging import (
     sample_responses,
     score_rollouts,
 )
+from rlhf.evaluation.length_control import judge_length_bias
 from rlhf.models.device import resolve_device
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
 from rlhf.models.precision import Precision
@@ -106,6 +109,13 @@ def run_eval(config: EvalConfig) -> dict:
         scores[name] = s
         results[name] = {"path": str(path), **mean_with_ci(s)}
     results["comparison"] = compare_scores(scores["policy"], scores["baseline"])
+    results["length"] = judge_length_bias(
+        texts["policy"],
+        texts["baseline"],
+        scores["policy"].tolist(),
+        scores["baseline"].tolist(),
+        seed=config.seed,
+    )
     results["judge"] = judge_name
     results["sampling"] = {
         k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")
@@ -122,9 +132,12 @@ def run_eval(config: EvalConfig) -> dict:
             "baseline reward": f"{results['baseline']['mean']:.4f} ± {results['baseline']['mean'] - results['baseline']['ci95'][0]:.4f}",
             "win / tie / loss": f"{cmp['win']:.3f} / {cmp['tie']:.3f} / {cmp['loss']:.3f}",
             "win rate (ties half)": f"{cmp['win_rate']:.3f} [{cmp['win_rate_ci95'][0]:.3f}, {cmp['win_rate_ci95'][1]:.3f}]",
+            **length_summary(results["length"]),
             "written": str(out),
         },
     )
+    if results["length"]["warning"]:
+        print(f"warning: {results['length']['warning']}", file=sys.stderr)
     return results
 
 
@@ -138,6 +151,32 @@ def eval_result_path(config: EvalConfig) -> Path:
 def check_result_path(config: EvalConfig) -> None:
     """Refuse an --out that is not a new file nor an earlier `rlhf eval` result (it would be replaced)."""
     refuse_foreign_file(eval_result_path(config), EVAL_KEYS, "rlhf eval", "eval.json")
+
+
+def _rate(value, interval) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def length_summary(length: dict) -> dict:
+    """The summary's rows of `judge_length_bias`'s figures."""
+    lc, matched = length["length_controlled"], length["length_matched"]
+    coef = lc["length_coef"]
+    interval = lc["length_coef_ci95"]
+    return {
+        "mean length (words)": "-"
+        if length["policy_mean_length"] is None
+        else f"{length['policy_mean_length']:.1f} policy / {length['baseline_mean_length']:.1f} baseline",
+        "length-controlled win rate": _rate(lc["win_rate"], lc["win_rate_ci95"]) + " (bootstrap 95%)",
+        "length coefficient": "-"
+        if coef is None
+        else f"{coef:+.3f}" + (f" [{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else ""),
+        f"win rate, |length diff| <= {matched['tolerance']} words": _rate(
+            matched["win_rate"], matched["win_rate_ci95"]
+        )
+        + f" (n={matched['n']}, Wilson 95%)",
+    }
 
 
 DEFAULT_EVAL_PROMPT_TOKENS = 512  # for a --policy that records no budget (a model from elsewhere)

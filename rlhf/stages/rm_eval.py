@@ -8,8 +8,10 @@ Its settings are an `RMEvalConfig` (rlhf/config/rm_eval.py): the named flags, do
 Pairs are read and encoded as `rlhf rm` does (`encode_pairs`, the prompt and response budgets of the
 reward model's own config.yaml unless `--data.max_prompt_tokens` / `--data.max_response_tokens`
 say otherwise) and scored in the training layout (chosen and rejected rows of one batch, reward
-at the last real token). The statistics are those of `pair_stats`; the JSON holds them, the worst
-pairs with their texts and every pair's two scores.
+at the last real token). The statistics are those of `pair_stats`, and the reward model's length
+bias (`length_control.reward_model_length_bias`: the accuracy of "the shorter response wins" on the
+same pairs and the correlations of the margin with the length difference, in response tokens);
+the JSON holds them, the worst pairs with their texts and every pair's two scores.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rlhf.config import ConfigError, RewardConfig, RewardDataConfig, RMEvalConfi
 from rlhf.data.collate import collate_pairs
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats
+from rlhf.evaluation.length_control import reward_model_length_bias
 from rlhf.evaluation.pair_stats import sigmoid, summarize_margins, worst_indices
 from rlhf.models.device import resolve_device, to_device
 from rlhf.models.loading import load_tokenizer
@@ -123,6 +126,9 @@ def run_rm_eval(config: RMEvalConfig, *, model: ScalarHeadModel | None = None, t
         **summarize_margins(
             margins, histogram_bins=config.histogram_bins, calibration_bins=config.calibration_bins
         ),
+        "length": reward_model_length_bias(
+            margins.tolist(), [len(r.chosen_ids) for r in rows], [len(r.rejected_ids) for r in rows]
+        ),
         "worst_pairs": [
             _pair_record(examples[i], float(chosen[i]), float(rejected[i]))
             for i in worst_indices(margins, config.worst)
@@ -192,6 +198,24 @@ def _clip(text, width: int) -> str:
     return text if len(text) <= width else "..." + text[-(width - 3) :]
 
 
+def _number(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def length_rows(length: dict) -> dict:
+    """The summary's rows of the reward model's length bias."""
+    shorter, corr = length["shorter_wins"], length["margin_correlation"]
+    low, high = shorter["accuracy_ci95"]
+    return {
+        "mean length chosen / rejected": f"{_number(length['chosen_mean_length'], '.1f')} / "
+        f"{_number(length['rejected_mean_length'], '.1f')} tokens",
+        '"shorter wins" accuracy': f"{_number(shorter['accuracy'], '.3f')} [{low:.3f}, {high:.3f}] "
+        f"({shorter['equal_length']} of equal length count 1/2)",
+        "margin ~ length diff (Pearson / Spearman)": f"{_number(corr['pearson'], '+.3f')} / "
+        f"{_number(corr['spearman'], '+.3f')}",
+    }
+
+
 def histogram_lines(histogram: dict, width: int = 30) -> list[str]:
     """One text bar per bin: "[-1.20, -0.90)  ###       3"."""
     counts, edges = histogram["counts"], histogram["edges"]
@@ -218,6 +242,7 @@ def print_rm_eval_summary(result: dict, out: Path, worst_shown: int = 3) -> None
             "ranking loss": f"{margin['rank_loss']:.4f}",
             "calibration error (ECE)": f"{cal['ece']:.4f}",
             "confidence - accuracy": f"{over:+.4f} ({'overconfident' if over > 0 else 'underconfident'})",
+            **length_rows(result["length"]),
         },
     )
     print("margin histogram (left of 0: ranked the wrong way):")

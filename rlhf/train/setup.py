@@ -21,15 +21,18 @@ def with_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     )
 
 
-def start_run(config, tokenizer=None, *, writer: bool = True):
+def start_run(config, tokenizer=None, *, writer: bool = True, resume: bool = False, resumable: bool = False):
     """Check that `config.out` holds no earlier run, write its config.yaml, seed torch, prepare the tokenizer.
 
     Returns `(run_dir, tokenizer)`; the tokenizer is loaded from `config.model` when not given. Only
-    the `writer` (rank 0 under torchrun) checks and writes the run directory.
+    the `writer` (rank 0 under torchrun) checks and writes the run directory. `resume`: the run in
+    `config.out` goes on (no check; its config.yaml rewritten with the changes a resume may make);
+    `resumable`: the stage can resume, so the message about a used directory offers --resume.
     """
     out = Path(config.out)
     if writer:
-        check_fresh_run_dir(out, resumable=False)
+        if not resume:
+            check_fresh_run_dir(out, resumable=resumable)
         out.mkdir(parents=True, exist_ok=True)
         save_config(config, out / "config.yaml")
     torch.manual_seed(config.seed)

@@ -11,21 +11,28 @@ summary). A stage says only what differs, by subclassing `SupervisedStage`:
     evaluate      held-out metrics (logged under eval/)
     finish        export the trained model (every rank joins the gathers, rank 0 writes)
 
-and, when it needs them, `before_training` (once, before the first step) and `on_evaluation`.
+and, when it needs them, `before_training` (once, before the first step) and `on_evaluation`. A
+`resumable` stage (DPO) saves a checkpoint every `checkpoint.every` steps and continues from the
+newest one with `resume=True` (supervised_checkpoint.py); its own state beyond the model, optimizer,
+schedule and RNGs goes through `checkpoint_state` / `restore_state`.
 
 The run's skeleton:
 
     run_dir, tokenizer <- start_run; model <- build_model; rows <- load, split, encode
     learner <- Learner(model, optim, steps, peers, dist.strategy)
+    [resume: the newest checkpoint's weights, optimizer, schedule, stage state; its N steps' batches
+     drawn and dropped; its RNG states; metrics.jsonl cut after step N - 1]
     [evaluate before the first update: step 0's eval/ record]
     for each step: train_step under the gathered model, learner.optimizer_step, log;
-                   evaluate every train.eval_every steps and at the last
+                   evaluate every train.eval_every steps and at the last;
+                   [a checkpoint every checkpoint.every steps]
     finish, report.html, the one-screen summary
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +40,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlhf.config import ConfigError
 from rlhf.data.length_grouping import length_grouped_order
 from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats
@@ -40,6 +48,7 @@ from rlhf.models.device import resolve_device
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.precision import Precision, cast_parameters
 from rlhf.monitor import print_summary
+from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import open_metrics_logger
 from rlhf.rundir.export import export_models
 from rlhf.rundir.final_report import write_final_report
@@ -47,6 +56,11 @@ from rlhf.runtime.peers import Peers, current_peers
 from rlhf.train.context_check import check_rows_fit, model_context
 from rlhf.train.learner import Learner
 from rlhf.train.setup import start_run
+from rlhf.train.supervised_checkpoint import (
+    latest_checkpoint,
+    load_supervised_checkpoint,
+    save_supervised_checkpoint,
+)
 
 
 @dataclass
@@ -61,6 +75,7 @@ class SupervisedRun:
     precision: Precision
     peers: Peers | None  # torchrun: this rank's share of every batch (rlhf/runtime/peers.py)
     writer: bool  # rank 0 (or the only process) writes the run directory
+    resumed_rng: dict | None = None  # a resumed run: the checkpoint's RNG states
 
     @property
     def pad_id(self) -> int:
@@ -76,6 +91,7 @@ class SupervisedStage:
     key_metrics: tuple[str, ...] = ()  # shown in the progress line
     baseline_eval = False  # evaluate the held-out rows before the first update (step 0's record)
     baseline: dict | None = None  # that evaluation's figures, when it ran
+    resumable = False  # checkpoints every `config.checkpoint.every` steps; `resume=True` continues
 
     def __init__(self, config) -> None:
         self.config = config
@@ -106,6 +122,14 @@ class SupervisedStage:
     def on_evaluation(self, run: SupervisedRun, step: int, result: dict) -> None:
         """After each held-out evaluation (the reward model keeps its best checkpoint here)."""
 
+    def checkpoint_state(self, train_rows: list, test_rows: list) -> dict:
+        """What a checkpoint stores of the stage beyond the model, optimizer, schedule and RNGs (a
+        nested dict of numbers, strings and tensors)."""
+        return {}
+
+    def restore_state(self, state: dict, train_rows: list, test_rows: list) -> None:
+        """Put `checkpoint_state`'s dict back, on a resumed run, before `before_training`."""
+
     def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
         """The final metrics with the data's truncation counts; the trained causal LM exported (the
         reward model saves its best checkpoint instead)."""
@@ -122,18 +146,23 @@ def run_supervised(
     train_rows: list | None = None,
     test_rows: list | None = None,
     quiet: bool = False,
+    resume: bool = False,
 ) -> dict:
     """Train, evaluate and export `stage` into `stage.config.out`; the final metrics.
 
     `train_rows` / `test_rows` replace the rows read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).
+    `resume` (a `resumable` stage): continue the run in `config.out` from its newest checkpoint; the
+    model given or loaded is the one the run started from (`config.model`).
     """
     config = stage.config
     device = resolve_device(config.train.device, key="train.device")
     precision = Precision.resolve(config.dtype, device, key="dtype")
     peers = current_peers()
     writer = peers is None or peers.rank == 0
-    out, tokenizer = start_run(config, tokenizer, writer=writer)
+    if resume and not stage.resumable:
+        raise ConfigError(f"`{stage.title}` runs cannot resume. Fix: start a new run (another --out).")
+    out, tokenizer = start_run(config, tokenizer, writer=writer, resume=resume, resumable=stage.resumable)
     model = stage.build_model(model, precision)
     if peers is not None:
         peers.broadcast_parameters(model.parameters())  # one start for every rank
@@ -158,23 +187,28 @@ def run_supervised(
     learner = Learner(model, config.optim, steps, peers=peers, strategy=config.dist.strategy)
     run = SupervisedRun(out, tokenizer, model, learner, precision, peers, writer)
     t = config.train
+    done = _resume(run, stage, batches, train_rows, test_rows) if resume else 0
     logger = open_metrics_logger(
         out,
-        resumable=False,
+        resumable=stage.resumable,
         sinks=tuple(config.sinks),  # `quiet` only drops the final summary table
         total=steps,
         key_metrics=stage.key_metrics,
         writer=writer,
+        **({"resume": True, "resume_step": done - 1} if resume else {}),
     )
     final: dict = {}
     stage.before_training(run, train_rows, test_rows)
+    if resume:  # after the stage's own setup, which may draw numbers (none of DPO's does)
+        ckpt.set_rng_state(run.resumed_rng)
+    every = config.checkpoint.every if stage.resumable else 0
     with logger:
-        if test_rows and stage.baseline_eval:  # held-out figures of the model before any update
+        if test_rows and stage.baseline_eval and not resume:  # held-out figures before any update
             with learner.gathered():
                 before = stage.evaluate(run, test_rows)
             logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step")
             stage.baseline = before
-        for step, indices in zip(range(steps), batches):
+        for step, indices in zip(range(done, steps), batches):
             model.train()
             with learner.gathered():  # fsdp2: the whole model for the step's micro-batches
                 metrics = stage.train_step(run, [train_rows[i] for i in indices])
@@ -189,6 +223,10 @@ def run_supervised(
             if last or step % t.log_every == 0 or any(k.startswith("eval/") for k in metrics):
                 logger.log(step, metrics, kind="step")
             final = metrics
+            if every and (step + 1) % every == 0 and not last:
+                if writer:  # every rank holds the same state (ddp): rank 0 writes it
+                    state = stage.checkpoint_state(train_rows, test_rows)
+                    save_supervised_checkpoint(run, step + 1, state, config.checkpoint.keep)
     model.eval()
     final = stage.finish(run, final, stats)
     if not writer:
@@ -217,6 +255,25 @@ def _check_rows_fit(stage: SupervisedStage, model: nn.Module, read: list[tuple])
         max_response_tokens=d.max_response_tokens,
         what="pair" if stage.data_kind == "preference" else "row",
     )
+
+
+def _resume(run: SupervisedRun, stage: SupervisedStage, batches, train_rows: list, test_rows: list) -> int:
+    """Load the newest checkpoint of `run.out` into the run and the stage, draw and drop the step
+    batches of the steps it has done (the data order of an uninterrupted run); the steps done. The
+    checkpoint's RNG states are kept in `run.resumed_rng`, set just before the first step."""
+    path = latest_checkpoint(run.out, warn=lambda message: print(f"warning: {message}", file=sys.stderr))
+    if path is None:
+        raise ConfigError(
+            f"{run.out} has no complete checkpoint to resume from (checkpoints/iter_*/DONE). Fix: start a "
+            "fresh run with another --out, with --checkpoint.every N to save during the run."
+        )
+    state = load_supervised_checkpoint(run, path)
+    stage.restore_state(state["stage"], train_rows, test_rows)
+    done = int(state["step"])
+    for _ in zip(range(done), batches):
+        pass
+    run.resumed_rng = state["rng"]
+    return done
 
 
 def export_causal_lm(run: SupervisedRun) -> None:

@@ -178,6 +178,12 @@ def test_samples_and_eval_json_are_shown_escaped(tmp_path):
         "baseline": {"path": "runs/sft", "mean": 0.1, "n": 2},
         "comparison": {"win_rate": 0.75, "n": 2},
         "judge": "runs/rm",
+        "length": {
+            "unit": "words",
+            "length_controlled": {"win_rate": 0.61, "win_rate_ci95": [0.5, 0.7]},
+            "length_matched": {"tolerance": 2, "n": 1, "win_rate": None, "win_rate_ci95": [0.0, 1.0]},
+            "warning": "the judge's preference follows length <b>",
+        },
     }
     (run / "eval.json").write_text(json.dumps(evaluation))
     text = write_run_report(run).read_text()
@@ -191,6 +197,9 @@ def test_samples_and_eval_json_are_shown_escaped(tmp_path):
     assert scores[1:] == [["policy", "runs/ppo", "0.4", "2"], ["baseline", "runs/sft", "0.1", "2"]]
     assert [row for row in evaluated[1:]] == [["first answer"], ["second answer"]]
     assert any("win rate of the policy (ties half): 0.75" in p for p in page.paragraphs["Samples"])
+    lengths = [p for p in page.paragraphs["Samples"] if "length-controlled" in p]
+    assert "0.61 [0.5, 0.7]" in lengths[0] and "n=1): -" in lengths[0]
+    assert any("warning: the judge's preference follows length <b>" in p for p in page.paragraphs["Samples"])
 
 
 def test_empty_and_foreign_directories_are_refused_with_the_fix(tmp_path):

@@ -56,3 +56,51 @@ def test_eval_json_keeps_every_sample_and_progress_is_shown(files, tmp_path, cap
         "[eval --baseline: scoring] response 5/5 (100%)",
     ):
         assert line in run.stdout, (line, run.stdout)
+
+
+def test_eval_json_and_the_summary_hold_the_length_controlled_win_rate(files, tmp_path, capsys, monkeypatch):
+    """The length figures of eval.json are those of its own samples (words: whitespace-separated);
+    the summary shows them, and a judge whose preference follows length is warned about."""
+    import rlhf.stages.eval as eval_stage
+    from rlhf.cli import main
+    from rlhf.evaluation.length_control import judge_length_bias, length_bias_warning
+
+    out = tmp_path / "eval.json"
+    args = ["eval", "--policy", str(files["policy"]), "--baseline", str(files["rm"]), "--judge", str(files["rm"]),
+            "--prompts", str(files["prompts"]), "--n", "12", "--max-new-tokens", "6", "--seed", "2", "--out", str(out)]  # fmt: skip
+    seen = []
+
+    def judged(*a, **k):  # the stage's figures, with the warning a length-driven judge would get
+        seen.append(judge_length_bias(*a, **k))
+        lc = {**seen[0]["length_controlled"], "raw_win_rate": 0.8, "win_rate": 0.6, "length_coef": 2.0,
+              "length_coef_ci95": [1.0, 3.0], "length_scale": 4.0}  # fmt: skip
+        return {**seen[0], "warning": length_bias_warning(lc)}
+
+    assert main(args) == 0
+    result = json.loads(out.read_text())
+    samples = result["samples"]
+    expected = judge_length_bias(
+        [s["policy_response"] for s in samples],
+        [s["baseline_response"] for s in samples],
+        [s["policy_score"] for s in samples],
+        [s["baseline_score"] for s in samples],
+        seed=2,
+    )
+    assert result["length"] == json.loads(json.dumps(expected))
+    lc = result["length"]["length_controlled"]
+    assert lc["n"] == 12 and lc["raw_win_rate"] == result["comparison"]["win_rate"]
+    printed = capsys.readouterr()
+    assert "length-controlled win rate" in printed.out and "|length diff| <= 2 words" in printed.out
+    assert ("warning: the judge's preference follows length" in printed.err) == bool(
+        result["length"]["warning"]
+    )
+
+    monkeypatch.setattr(eval_stage, "judge_length_bias", judged)
+    assert main(args) == 0
+    assert (
+        "warning: the judge's preference follows length: it favours the longer answer"
+        in capsys.readouterr().err
+    )
+    assert json.loads(out.read_text())["length"]["warning"].startswith(
+        "the judge's preference follows length"
+    )

@@ -128,7 +128,9 @@ def sharding_accounting(run_dir: str) -> dict:
     whole and this rank's parameter elements between uses and the AdamW moments' elements; per
     phase (rollout, forwards, optimizer steps), the largest tensor any op created."""
     case = {k: v for k, v in DATA_PARALLEL_CASE.items() if k != "data"}
-    config = rl_config("ppo_max", case, {"dist": {"strategy": "fsdp2"}, "train": {"iterations": 1}}, out=run_dir)
+    config = rl_config(
+        "ppo_max", case, {"dist": {"strategy": "fsdp2"}, "train": {"iterations": 1}}, out=run_dir
+    )
     trainer = trainer_of(config, Path(run_dir), num_layers=2)
     r, run = trainer.roles, trainer.runtime
     watch = LargestTensors()
@@ -144,7 +146,9 @@ def sharding_accounting(run_dir: str) -> dict:
         return watched
 
     run.generate, run.map_rows, run.train = (
-        phase("rollout", run.generate), phase("forwards", run.map_rows), phase("steps", run.train)
+        phase("rollout", run.generate),
+        phase("forwards", run.map_rows),
+        phase("steps", run.train),
     )
     with watch:
         trainer.train()

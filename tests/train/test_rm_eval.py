@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -143,6 +144,30 @@ def test_rm_eval_with_known_scores(tok, tmp_path, capsys):
     assert f"written: {tmp_path / 'rm' / 'rm_eval.json'}" in out
     assert "[rm-eval: scoring] pair 6/6 (100%)" in out
     assert "worst -2.0000 at" in out
+
+
+def test_rm_eval_reports_the_reward_models_length_bias(tok, tmp_path, capsys):
+    rows, margins = marker_pairs()
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "rm").mkdir()
+    result = run_rm_eval(rm_config(tmp_path, data), model=MarkerRewardModel(tok), tokenizer=tok)
+    length = result["length"]
+    # response tokens: the words and the EOS; chosen minus rejected 2, 0, 1, 0, 0, 0
+    assert length["unit"] == "tokens"
+    assert length["chosen_mean_length"] == pytest.approx(16 / 6) and length[
+        "rejected_mean_length"
+    ] == pytest.approx(13 / 6)
+    shorter = length["shorter_wins"]  # never shorter, 4 of equal length: a coin flip each
+    assert (shorter["chosen_shorter"], shorter["equal_length"], shorter["accuracy"]) == (
+        0,
+        4,
+        pytest.approx(2 / 6),
+    )
+    pearson = float(np.corrcoef(margins, [2, 0, 1, 0, 0, 0])[0, 1])
+    assert length["margin_correlation"]["pearson"] == pytest.approx(pearson)
+    out = capsys.readouterr().out
+    assert '"shorter wins" accuracy' in out and "margin ~ length diff" in out
 
 
 # -- the command -----------------------------------------------------------------------------------

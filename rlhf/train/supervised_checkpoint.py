@@ -1,0 +1,61 @@
+"""Checkpoints of a supervised stage (`rlhf dpo --resume`): what the skeleton (supervised.py) needs to
+go on after N optimizer steps as if it had never stopped.
+
+`checkpoints/iter_N/` (N: the optimizer steps done; the directory layout, checksums, pruning and the
+setting aside of damaged checkpoints are those of `rlhf train`, rlhf/rundir/checkpoint.py) holds
+
+    model.trained.safetensors   the trained parameters (a LoRA policy: its adapters), with the
+                                fingerprint of the frozen ones (rlhf/rundir/weights.py)
+    trainer.{json,safetensors}  the steps done, the AdamW moments and the schedule, every RNG state
+                                (Python, NumPy, torch CPU and CUDA) and the stage's own state (DPO:
+                                the reference's log-probs of every pair and a digest of the pairs)
+    DONE                        every file's size and sha256, written last
+
+The data order is not stored: it is drawn from `seed` alone, so a resumed run draws the step
+batches of the first N steps again and drops them (a permutation per epoch: no model work).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlhf.rundir import checkpoint as ckpt
+from rlhf.rundir.weights import load_trained, save_trained
+
+MODEL = "model"
+STATE = "trainer"
+
+
+def checkpoint_path(run_dir: Path, steps_done: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"iter_{steps_done:06d}"
+
+
+def save_supervised_checkpoint(run, steps_done: int, stage_state: dict, keep: int) -> Path:
+    """Write the checkpoint after `steps_done` optimizer steps (the writer only) and prune to `keep`."""
+    target = checkpoint_path(run.out, steps_done)
+    with ckpt.atomic_directory(target) as tmp:
+        save_trained(run.model, tmp, MODEL)
+        state = {
+            "step": steps_done,
+            "learner": run.learner.state_dict(),
+            "rng": ckpt.rng_state(),
+            "stage": stage_state,
+        }
+        ckpt.save_state(state, tmp, STATE)
+        ckpt.write_done(tmp, steps_done)  # sizes and checksums: verified on resume
+    ckpt.prune_checkpoints(run.out, keep)
+    return target
+
+
+def load_supervised_checkpoint(run, path: Path) -> dict:
+    """Restore the trained parameters and the optimizer and schedule of `run` from `path`; the state
+    (steps done, RNG states, the stage's state) for the caller to apply."""
+    load_trained(run.model, path, MODEL)
+    state = ckpt.load_state(Path(path), STATE)
+    run.learner.load_state_dict(state["learner"])
+    return state
+
+
+def latest_checkpoint(run_dir: Path, warn) -> Path | None:
+    """The newest complete checkpoint of `run_dir` (damaged newer ones skipped with `warn`)."""
+    return ckpt.latest_verified(Path(run_dir), warn)

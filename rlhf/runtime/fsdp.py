@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -232,33 +231,51 @@ def gathered(modules: Sequence[nn.Module]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def whole_copies(modules: Sequence[nn.Module]) -> Iterator[None]:
-    """Every sharded parameter of `modules` (sharded roots, or parts of one) replaced by a plain
-    whole copy for the body (each
-    DTensor shard's `full_tensor()`: an all-gather on every rank, in the stored dtype: float32
-    master weights stay float32), set back after: what saving, exporting and comparing need. Tied
-    weights stay one parameter."""
+    """`modules` (sharded roots, or parts of one) as plain unsharded modules for the body: every
+    sharded parameter replaced by a whole copy (each DTensor shard's `full_tensor()`: an all-gather
+    on every rank, in the stored dtype: float32 master weights stay float32; tied weights stay one
+    parameter), and every FSDP unit its model's own class without FSDP's hooks (its state-dict
+    hooks would shard the parameters again before a save reads them; FSDP forbids deepcopy, which
+    an export of a LoRA model needs). All set back after: what saving, exporting, copying and
+    comparing need."""
     owners = list({id(o): o for m in modules for o in m.modules()}.values())  # any part of a sharded tree
-    # FSDP's state_dict pre-hooks would shard the parameters again before a save reads them
-    hooks = {id(owner): owner._state_dict_pre_hooks for owner in owners}
     sharded: dict[tuple[int, str], tuple[nn.Module, str, nn.Parameter]] = {}
     copies: dict[int, nn.Parameter] = {}
     with torch.no_grad():
         for owner in owners:
-            owner._state_dict_pre_hooks = OrderedDict()
             for name, param in list(owner._parameters.items()):
                 if not isinstance(param, DTensor):
                     continue
                 if id(param) not in copies:
-                    copies[id(param)] = nn.Parameter(param.full_tensor(), requires_grad=param.requires_grad)
+                    whole = param.full_tensor()
+                    if whole.is_inference():  # one rank: the local shard itself, made by a rollout
+                        with torch.inference_mode(False):
+                            whole = whole.clone()
+                    copies[id(param)] = nn.Parameter(whole, requires_grad=param.requires_grad)
                 sharded[id(owner), name] = (owner, name, param)
                 owner._parameters[name] = copies[id(param)]
+    units = [(o, o.__class__, _take_hooks(o)) for o in owners if isinstance(o, FSDPModule)]
+    for unit, fsdp_class, _ in units:
+        unit.__class__ = fsdp_class.__bases__[1]  # fully_shard's class is (FSDPModule, the model's)
     try:
         yield
     finally:
+        for unit, fsdp_class, hooks in units:
+            unit.__class__ = fsdp_class
+            unit.__dict__.update(hooks)
         for owner, name, param in sharded.values():
             owner._parameters[name] = param
-        for owner in owners:
-            owner._state_dict_pre_hooks = hooks[id(owner)]
+
+
+def _take_hooks(module: nn.Module) -> dict:
+    """`module`'s hook registries (forward, backward, state dict), each replaced by an empty one, and
+    its FSDP state (torch's composable-API attribute, which holds the process group) removed."""
+    taken = {k: v for k, v in module.__dict__.items() if "hooks" in k and isinstance(v, dict)}
+    for key, value in taken.items():
+        module.__dict__[key] = type(value)()
+    for key in [k for k in module.__dict__ if k.startswith("__composable_api_state_key")]:
+        taken[key] = module.__dict__.pop(key)
+    return taken
 
 
 def step(

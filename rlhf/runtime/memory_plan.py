@@ -10,11 +10,11 @@ training, a precision policy, a strategy and a number of ranks. The phases of on
     update    every role resident + the gradients of the largest trained role + its saved
               activations of one micro-batch (the policy and critic step one after the other)
 
-Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is today's sharding
-(rlhf/runtime/fsdp.py: the trained roles' parameters and AdamW state sharded at rest, gathered
-whole for every use; the frozen roles whole); `fsdp2-layer` is per-layer sharding (every role
-1/N, one gathered decoder layer at a time, the policy unsharded in the compute dtype only while
-sampling; what issue 26 builds, planned before it lands). The per-token activation count is
+Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is `rlhf train
+--dist.strategy fsdp2` (rlhf/runtime/fsdp.py): per-layer sharding, every role 1/N, one gathered
+decoder layer at a time (and the next, prefetched), the policy unsharded in the compute dtype only
+while sampling; `fsdp2-whole` is the supervised stages' sharding (the trained model's parameters and
+AdamW state sharded at rest, gathered whole for every use, whole gradients summed). The per-token activation count is
 calibrated on measured peaks (bench/results/gpu_h200_session10.json; docs/scale.md).
 """
 
@@ -24,7 +24,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-STRATEGIES = ("none", "ddp", "fsdp2", "fsdp2-layer")
+STRATEGIES = ("none", "ddp", "fsdp2-whole", "fsdp2")
 PRECISIONS = ("float32", "bfloat16", "bfloat16-pure")
 GIB = 2**30
 # saved activations per token and decoder layer, in elements: ~10 h (norm inputs and outputs, q k v,
@@ -128,14 +128,14 @@ class Job:
     lora: bool = False
     lora_rank: int = 16
     dtype: str = "bfloat16"
-    strategy: str = "fsdp2-layer"
+    strategy: str = "fsdp2"
     ranks: int = 8
     micro_batch: int = 2  # rows per update forward/backward
     rollout_rows: int = 64  # responses per rollout (the whole batch: each rank samples 1/ranks)
     prompt_tokens: int = 512
     response_tokens: int = 512
     gradient_checkpointing: bool = False
-    # fsdp2-layer: the policy gathered whole for sampling ("whole", in the compute dtype, once per
+    # fsdp2: the policy gathered whole for sampling ("whole", in the compute dtype, once per
     # rollout) or a layer at a time in every decoding step ("per-layer": for a policy too big to hold)
     rollout_gather: str = "whole"
     gpu_memory: int = 80 * GIB
@@ -195,8 +195,8 @@ def _bytes(job: Job) -> tuple[int, int]:
 def role_memory(job: Job) -> list[RoleMemory]:
     """Each role's parameters and the bytes one rank holds of its weights, gradients and AdamW state."""
     s, param_bytes = job.shape, _bytes(job)[0]
-    every_role_sharded = job.strategy == "fsdp2-layer"
-    trained_sharded = job.strategy in ("fsdp2", "fsdp2-layer")
+    every_role_sharded = job.strategy == "fsdp2"
+    trained_sharded = job.strategy in ("fsdp2-whole", "fsdp2")
 
     def role(name: str, parameters: int, trained: int) -> RoleMemory:
         def held(elements: int, sharded: bool) -> int:
@@ -239,11 +239,11 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
     layers_gathered = 2 * s.layer_parameters * compute_bytes  # this layer and the next (prefetch)
     policy = roles[0].parameters
     # the policy's whole parameters while sampling (per-layer: in the compute dtype, once per rollout;
-    # today's fsdp2: gathered whole in the parameter dtype for every use)
-    if job.strategy == "fsdp2-layer":
+    # fsdp2-whole: gathered whole in the parameter dtype for every use)
+    if job.strategy == "fsdp2":
         gathered_policy = policy * compute_bytes if job.rollout_gather == "whole" else layers_gathered
         gathered_trained = layers_gathered
-    elif job.strategy == "fsdp2":
+    elif job.strategy == "fsdp2-whole":
         gathered_policy = policy * param_bytes
         gathered_trained = max(r.parameters for r in roles if r.trained) * param_bytes
     else:
@@ -254,7 +254,7 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
         activations = s.layers * micro_tokens * s.hidden * compute_bytes + saved_per_layer
     else:
         activations = s.layers * saved_per_layer
-    if job.strategy == "fsdp2":  # today's fsdp2 sums whole gradients before cutting them to the shard
+    if job.strategy == "fsdp2-whole":  # sums whole gradients before cutting them to the shard
         gradients = max(r.trained for r in roles if r.trained) * param_bytes
     else:
         gradients = max(r.gradients for r in roles if r.trained)
@@ -307,10 +307,10 @@ def advice(job: Job) -> list[str]:
     """What would bring the peak under the GPU's memory, most effective first (each re-planned)."""
     tries = []
     options = [
-        ("--strategy fsdp2-layer (shard every role per layer)", {"strategy": "fsdp2-layer"}),
+        ("--strategy fsdp2 (shard every role per layer)", {"strategy": "fsdp2"}),
         (
             "--rollout-gather per-layer (sample without the whole policy)",
-            {"strategy": "fsdp2-layer", "rollout_gather": "per-layer"},
+            {"strategy": "fsdp2", "rollout_gather": "per-layer"},
         ),
         ("--lora (train adapters; the reference is the adapter off)", {"lora": True}),
         ("--gradient-checkpointing", {"gradient_checkpointing": True}),

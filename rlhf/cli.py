@@ -294,7 +294,9 @@ def _plan_parser(sub) -> None:
     plan.add_argument("--lora-rank", type=int, default=16)
     plan.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | bfloat16-pure")
     plan.add_argument(
-        "--strategy", default="fsdp2", help="none | ddp | fsdp2 (rlhf train's: per layer) | fsdp2-whole (sft/rm/dpo's)"
+        "--strategy",
+        default="fsdp2",
+        help="none | ddp | fsdp2 (rlhf train's: per layer) | fsdp2-whole (sft/rm/dpo's)",
     )
     plan.add_argument("--nodes", type=int, default=1)
     plan.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) per node")
@@ -304,7 +306,9 @@ def _plan_parser(sub) -> None:
     plan.add_argument("--prompt-tokens", type=int, default=512)
     plan.add_argument("--response-tokens", type=int, default=512)
     plan.add_argument("--gradient-checkpointing", action="store_true")
-    plan.add_argument("--rollout-gather", default="whole", help="fsdp2 sampling: whole | per-layer (planned only)")
+    plan.add_argument(
+        "--rollout-gather", default="whole", help="fsdp2 sampling: whole | per-layer (planned only)"
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 

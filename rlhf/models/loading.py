@@ -175,11 +175,15 @@ def load_causal_lm(
     gguf_file: str | None = None,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    on_meta: bool = False,
 ) -> PreTrainedModel:
     """Load a causal LM in `dtype` (None: float32; GGUF weights are dequantized) on `device`
-    (None: the CPU), in eval mode."""
+    (None: the CPU), in eval mode. `on_meta`: only its structure, built from its config on the meta
+    device, no weight read (a sharded run's ranks but 0, filled from rank 0: rlhf/runtime/fsdp.py)."""
     _check_source(path, gguf_file)
     check_model_directory(path, weights=gguf_file is None)
+    if on_meta and gguf_file is None:
+        return _causal_lm_on_meta(path, dtype or torch.float32)
     kwargs = _gguf_kwargs(gguf_file)
     kwargs.update(safe_load_kwargs(weights=gguf_file is None))
     try:
@@ -196,4 +200,16 @@ def load_causal_lm(
         ) from None
     if device is not None:
         model.to(device)
+    return model.eval()
+
+
+def _causal_lm_on_meta(path: str | os.PathLike, dtype: torch.dtype) -> PreTrainedModel:
+    """The causal LM of `path`'s config.json, every tensor on the meta device (no memory, no values)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path), **safe_load_kwargs(weights=False))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, trust_remote_code=safe_load_kwargs(weights=False)["trust_remote_code"]
+        )
     return model.eval()

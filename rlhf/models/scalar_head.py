@@ -128,13 +128,15 @@ class ScalarHeadModel(nn.Module):
         dtype: torch.dtype = torch.float32,
         base_model: nn.Module | None = None,
         device: torch.device | str | None = None,
+        on_meta: bool = False,
     ) -> ScalarHeadModel:
         """Load a directory written by `save_pretrained` (eval mode), the causal LM in `dtype` and
         the head in float32, on `device` (None: where the causal LM is, the CPU when loaded here).
 
         For a LoRA backbone the directory holds a PEFT adapter: its base model is `base_model` if
         given, else loaded from the adapter config's `base_model_name_or_path`; the adapter stays
-        trainable.
+        trainable. `on_meta` (not for a LoRA backbone): the structure alone, on the meta device
+        (rlhf.models.loading.load_causal_lm; the head follows the causal LM's device).
         """
         path = Path(directory)
         weights, meta = path / HEAD_WEIGHTS_NAME, path / HEAD_CONFIG_NAME
@@ -160,7 +162,7 @@ class ScalarHeadModel(nn.Module):
             with peft_wrapping():
                 model = PeftModel.from_pretrained(base_model, str(path), is_trainable=True)
         else:
-            model = load_causal_lm(path, dtype=dtype)
+            model = load_causal_lm(path, dtype=dtype, on_meta=on_meta)
         state = load_file(str(weights))
         size = hidden_size(model)
         if state["weight"].shape != (1, size):
@@ -170,7 +172,8 @@ class ScalarHeadModel(nn.Module):
             )
         has_bias = "bias" in state and info.get("bias", True)
         head = nn.Linear(size, 1, bias=has_bias, device=next(model.parameters()).device)
-        head.load_state_dict({k: v for k, v in state.items() if k in ("weight", "bias")})
+        if not on_meta:  # on the meta device: filled from rank 0 when sharded
+            head.load_state_dict({k: v for k, v in state.items() if k in ("weight", "bias")})
         loaded = cls(model, head).eval()
         return loaded.to(device) if device is not None else loaded
 

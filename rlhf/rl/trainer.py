@@ -389,7 +389,9 @@ class RLTrainer:
         return target
 
     def load_checkpoint(self, path: Path) -> None:
-        if has_shards(path):  # an fsdp2 run's checkpoint: loads at any number of ranks or in one process
+        if self.roles.on_meta:
+            pass  # a sharded rank but 0: its shards come from rank 0's loaded weights (rlhf/runtime/fsdp.py)
+        elif has_shards(path):  # an fsdp2 run's checkpoint: loads at any number of ranks or in one process
             load_sharded_weights(self.roles, path)
         else:
             self.roles.load_weights(path)

@@ -40,11 +40,14 @@ RESUMABLE_KEYS = (
 )
 
 
-def _flatten(data: dict, prefix: str = "") -> dict:
+def flatten_keys(data, prefix: str = "") -> dict:
+    """A nested config dict as {"group.key": value} (a non-dict `data` under `prefix` itself)."""
+    if not isinstance(data, dict):
+        return {prefix.rstrip("."): data} if prefix else {}
     flat = {}
     for key, value in data.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten_keys(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -82,7 +85,7 @@ def resume_config(
         from_dict(RLConfig, deep_merge(recorded, overrides), origin="command line")
         requested = deep_merge(requested, overrides)
     config = from_dict(RLConfig, requested, origin="command line")
-    before, after = _flatten(recorded), _flatten(to_dict(config))
+    before, after = flatten_keys(recorded), flatten_keys(to_dict(config))
     refused = [
         f"{key} ({before.get(key)!r} -> {after[key]!r})"
         for key in after

@@ -26,6 +26,7 @@ import yaml
 
 from rlhf.config import ConfigError, RLConfig, config_from_yaml, migrate_renamed_keys, read_yaml, to_dict
 from rlhf.models.files import model_files
+from rlhf.rundir.resume import flatten_keys
 
 RECORD = "run_inputs.json"
 CONFIG = "config.yaml"
@@ -108,18 +109,6 @@ def write_config(config: RLConfig, run_dir: str | Path) -> bool:
     return written
 
 
-def _flatten(data, prefix: str = "") -> dict:
-    if not isinstance(data, dict):
-        return {prefix.rstrip("."): data} if prefix else {}
-    flat = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _current_values(path: Path) -> dict:
     """The values `path` holds now, under the keys' current names (defaults filled when it is a valid
     config; as written otherwise)."""
@@ -146,7 +135,7 @@ def check_config_unedited(run_dir: str | Path) -> None:
     recorded = (record or {}).get("config")
     if not recorded or not path.is_file() or sha256_file(path) == recorded.get("sha256"):
         return
-    before, after = _flatten(recorded.get("values") or {}), _flatten(_current_values(path))
+    before, after = flatten_keys(recorded.get("values") or {}), flatten_keys(_current_values(path))
     missing = "<missing>"
     changed = [
         f"{key} (the run wrote {before.get(key, missing)!r}, the file now says {after.get(key, missing)!r})"

@@ -16,7 +16,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from rlhf.rundir import checkpoint as ckpt
@@ -86,11 +85,12 @@ def load_sharded_weights(roles, path: Path) -> None:
                     tensor = torch.empty(meta.size, dtype=meta.properties.dtype, device=param.device)
                     state[saved_key] = tensor
                     moments.append((learner.optimizer, param, saved_key[len(prefix) :], tensor))
-    one_process = not (dist.is_available() and dist.is_initialized())
     with torch.no_grad(), warnings.catch_warnings():
-        # in one process, DCP warns that it assumes a load in one process: that is what is asked
+        # without collectives: each rank that loads reads every chunk of the whole tensors (under
+        # fsdp2 rank 0 alone loads, the other ranks' models are on the meta device until sharded);
+        # DCP warns that it assumes a load in one process: that is what is asked
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninit")
-        dcp.load(state, storage_reader=reader, no_dist=one_process)
+        dcp.load(state, storage_reader=reader, no_dist=True)
     for optimizer in {id(o): o for o, *_ in moments}.values():
         optimizer.state.clear()
     for optimizer, param, key, tensor in moments:

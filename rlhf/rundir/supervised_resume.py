@@ -20,6 +20,7 @@ from rlhf.config import (
     read_yaml,
     to_dict,
 )
+from rlhf.rundir.resume import flatten_keys
 
 # Keys a resumed supervised run may change: what it logs where and how often it evaluates and saves.
 SUPERVISED_RESUMABLE_KEYS = (
@@ -29,16 +30,6 @@ SUPERVISED_RESUMABLE_KEYS = (
     "checkpoint.keep",
     "sinks",
 )
-
-
-def _flatten(data: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def supervised_resume_config(
@@ -64,7 +55,7 @@ def supervised_resume_config(
         from_dict(config_class, deep_merge(recorded, data), origin=origin)  # a wrong key names its origin
         requested = deep_merge(requested, data)
     config = from_dict(config_class, requested, origin="command line")
-    before, after = _flatten(recorded), _flatten(to_dict(config))
+    before, after = flatten_keys(recorded), flatten_keys(to_dict(config))
     refused = [
         f"{key} ({before.get(key)!r} -> {after[key]!r})"
         for key in after

@@ -45,11 +45,13 @@ class DistributedRuntime(LocalRuntime):
         super().__init__(roles, config)
         self.peers = Peers(group)
         self.learners = roles.learners()  # the policy, and a critic of its own (none: critic-free)
+        self.sharded = strategy == "fsdp2"
         for learner in self.learners:
             learner.peers = self.peers
-            self.peers.broadcast_parameters(learner.module.parameters())  # one start for every rank
-        # fsdp2: every role is sharded at its first use, after a resumed run loaded its whole state
-        self.sharded = strategy == "fsdp2"
+            if not self.sharded:  # fsdp2: every rank's shards come from rank 0 (shard_roles)
+                self.peers.broadcast_parameters(learner.module.parameters())  # one start for every rank
+        # fsdp2: every role is sharded at its first use, after a resumed run loaded its state (on
+        # rank 0 alone when the other ranks built their models on the meta device)
         self.shard_pending = self.sharded
         self.sharded_checkpoints = self.sharded
 
@@ -58,6 +60,10 @@ class DistributedRuntime(LocalRuntime):
         if not self.shard_pending:
             return
         self.shard_pending = False
+        with torch.inference_mode(False):  # the first use may be a rollout's: shards trained later
+            self._shard_every_role()
+
+    def _shard_every_role(self) -> None:
         r = self.roles
         precision = r.policy.precision
         bf16 = precision is not None and precision.uses_autocast  # dtype bfloat16: gathered in bf16
@@ -66,7 +72,7 @@ class DistributedRuntime(LocalRuntime):
         frozen = [r.reference.own_module, r.reward_model and r.reward_model.model]
         for module in frozen:
             if module is not None:
-                fsdp.shard_layers(module, self.peers, bf16_compute=bf16)
+                fsdp.shard_from_rank0(module, self.peers, bf16_compute=bf16)
 
     def whole_models(self):
         self.shard_roles()

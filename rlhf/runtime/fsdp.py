@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
@@ -141,6 +142,65 @@ def shard_layers(
     return root
 
 
+def shard_from_rank0(
+    root: nn.Module, peers: Peers, optimizer: torch.optim.Optimizer | None = None, bf16_compute: bool = False
+) -> FSDPModule:
+    """`shard_layers`, every rank's rows of the parameters, buffers and AdamW state sent by rank 0:
+    the only rank that must hold the whole module (the others may have built it on the meta device,
+    rlhf/models/loading.py, and never hold more than one whole tensor, in transit). Rank 0's
+    parameters are what a resumed run loaded there, or what every rank would have read."""
+    whole = dict(root.named_parameters())  # rank 0: the whole tensors, kept until their rows are sent
+    moments = {n: dict(optimizer.state.get(p, {})) for n, p in whole.items()} if optimizer is not None else {}
+    if optimizer is not None and peers.rank != 0:
+        optimizer.state.clear()  # a meta rank's (a resume loads its state on rank 0 alone)
+    shard_layers(root, peers, optimizer, bf16_compute)
+    if any(p.to_local().is_meta for p in root.parameters()) or any(b.is_meta for b in root.buffers()):
+        root.to_empty(device=peers.device)
+    shards = dict(root.named_parameters())
+    with torch.no_grad():
+        for name, param in whole.items():
+            _local_of(shards[name]).copy_(_rows_from_rank0(param, peers))
+        for buffer in root.buffers():  # rotary frequencies and the like: not in any checkpoint
+            dist.broadcast(buffer, src=0, group=peers.group)
+    if optimizer is not None:
+        _optimizer_state_from_rank0(optimizer, moments, shards, peers)
+    return root
+
+
+def _local_of(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def _rows_from_rank0(param: torch.Tensor, peers: Peers) -> torch.Tensor:
+    """This rank's dim-0 chunk of rank 0's whole `param`: broadcast whole (one tensor in transit)."""
+    whole = param.detach() if peers.rank == 0 else torch.empty(param.shape, dtype=param.dtype, device=peers.device)
+    whole = whole.to(peers.device).contiguous()
+    dist.broadcast(whole, src=0, group=peers.group)
+    return _local_rows(whole, peers.rank, peers.world_size)
+
+
+def _optimizer_state_from_rank0(optimizer, moments: dict, shards: dict, peers: Peers) -> None:
+    """Rank 0's AdamW state (a resumed run's), cut to every rank's shards; the fused kernel on."""
+    layout = peers.gather(
+        {n: {k: (tuple(v.shape), v.dtype) for k, v in state.items()} for n, state in moments.items() if state}
+    )[0]
+    for group in optimizer.param_groups:  # built on the meta device without it (rlhf/train/optim.py)
+        group["fused"] = peers.device.type in ("cpu", "cuda")
+    for name, keys in layout.items():
+        shard = shards[name]
+        state = {}
+        for key, (shape, dtype) in keys.items():
+            mine = moments.get(name, {}).get(key)
+            carrier = mine if peers.rank == 0 else torch.empty(shape, dtype=dtype)
+            if len(shape) > 0 and tuple(shape) == tuple(shard.shape):  # per element: this rank's rows
+                state[key] = _as_shard_of(_rows_from_rank0(carrier, peers).clone(), shard)
+            else:  # AdamW's step count
+                value = carrier.detach().to(peers.device).clone()
+                dist.broadcast(value, src=0, group=peers.group)
+                state[key] = value.to(_local_of(shard).device)
+        optimizer.state[shard] = state
+
+
 def fsdp_units(root: nn.Module) -> list[FSDPModule]:
     """The FSDP units of a sharded module tree: its layers and its root."""
     return [m for m in root.modules() if isinstance(m, FSDPModule)]
@@ -175,6 +235,13 @@ def step_shards(
     reduce-scatters left each rank its shard of the summed gradients): clip by the global norm over
     every rank's shards (PPO paper §5.4), step AdamW on this rank's shards; the pre-clip norm."""
     with_grad = [p for p in root.parameters() if p.grad is not None]
+    return _clip_and_step_shards(with_grad, optimizer, scheduler, peers, max_grad_norm)
+
+
+def _clip_and_step_shards(
+    with_grad, optimizer, scheduler, peers: Peers, max_grad_norm: float | None
+) -> float:
+    """Clip the shards' gradients by their global norm, step AdamW and the schedule; the pre-clip norm."""
     norm = global_norm(with_grad, peers)
     clip_shards(with_grad, norm, max_grad_norm)
     optimizer.step()
@@ -308,12 +375,7 @@ def step(
         shard.grad = _as_shard_of(grad.to(shard.dtype), shard)
     trained = list(local)
     with_grad = [shards[name] for name in trained if shards[name].grad is not None]
-    norm = global_norm(with_grad, peers)
-    clip_shards(with_grad, norm, max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
+    return _clip_and_step_shards(with_grad, optimizer, scheduler, peers, max_grad_norm)
 
 
 def _local_rows(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

@@ -37,6 +37,11 @@ def is_writer_process() -> bool:
     return launch_rank() == 0
 
 
+def sharded_launch(strategy: str) -> bool:
+    """A launch of several processes under `dist.strategy fsdp2`: every role sharded per layer."""
+    return strategy == "fsdp2" and launch_world_size() > 1
+
+
 def rank_label() -> str:
     """ " (rank N of W)" in a multi-process launch, else "": for messages that must name their rank."""
     world = launch_world_size()

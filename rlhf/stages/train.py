@@ -13,7 +13,7 @@ from rlhf.rl.trainer import RLTrainer
 from rlhf.rundir.final_report import write_final_report
 from rlhf.rundir.run_inputs import model_inputs, record_models
 from rlhf.runtime import runtime_for
-from rlhf.runtime.process_group import is_writer_process
+from rlhf.runtime.process_group import is_writer_process, sharded_launch
 from rlhf.stages.prompt_files import load_prompts, prompt_rows, ptx_sampler
 from rlhf.train.context_check import check_prompts_fit, model_context
 
@@ -27,7 +27,9 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     check_reward_model_tokenizer(config)
     writer = is_writer_process()
     inputs = model_inputs(config) if writer and not resume else None  # the files, before they are read
-    roles = load_roles(config)
+    # fsdp2 under torchrun: rank 0 alone reads the weights, the others build the models' structure on
+    # the meta device and receive their shards from rank 0 (rlhf/runtime/fsdp.py shard_from_rank0)
+    roles = load_roles(config, on_meta=sharded_launch(config.dist.strategy) and not writer)
     stats = TruncationStats()
     prompts, sources = load_prompts(
         roles.tokenizer,

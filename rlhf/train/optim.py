@@ -20,7 +20,9 @@ def build_optimizer(params, config: OptimConfig, total_steps: int):
         betas=tuple(config.betas),
         weight_decay=config.weight_decay,
         eps=1e-8,
-        fused=True,  # one kernel over all tensors (CPU and CUDA)
+        # one kernel over all tensors (CPU and CUDA); a model built on the meta device (a sharded
+        # run's ranks but 0) has no kernel until it is sharded (rlhf/runtime/fsdp.py turns it on)
+        fused=not any(p.is_meta for p in params),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_multiplier(config, total_steps))
     return optimizer, scheduler

@@ -244,6 +244,24 @@ def test_fsdp2_holds_half_of_every_role_and_never_a_whole_model(tmp_path):
             assert 0 < got["largest"][phase] < smallest_model / 2, f"rank {rank}: {phase} {got['largest']}"
 
 
+@pytest.mark.slow
+def test_under_fsdp2_rank_1_never_holds_a_whole_model_and_gets_rank_0s_weights(tmp_path):
+    """Sharded loading: rank 1 builds every role on the meta device (no weight read) and receives its
+    shards from rank 0, one whole tensor in transit at a time (never a role's whole parameters), and
+    every role's gathered parameters equal rank 0's (the files' values)."""
+    from tests.support.dist_cases import meta_loading_accounting, save_tiny_models
+
+    paths = save_tiny_models(str(tmp_path))
+    rank0, rank1 = run_ranks(meta_loading_accounting, paths)
+    # loading: rank 0 reads every weight, rank 1 creates no tensor of a parameter's size
+    assert rank0["largest"]["load"] == rank0["largest_parameter"]
+    assert rank1["largest"].get("load", 0) < rank1["largest_parameter"] / 4, rank1["largest"]
+    # sharding: one whole tensor in transit at a time, never more than the largest parameter
+    assert rank1["largest"]["shard"] <= rank1["largest_parameter"]
+    for role, params in rank0["whole"].items():
+        assert_close_dicts(rank1["whole"][role], params, f"{role} on rank 1")
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 @pytest.mark.slow
 def test_a_two_rank_run_resumes_at_two_ranks_and_in_one_process(strategy, tmp_path):

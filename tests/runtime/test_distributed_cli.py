@@ -105,6 +105,25 @@ def test_torchrun_two_ranks_give_the_one_process_metrics(strategy, models, tmp_p
         assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
+def test_a_sharded_run_loads_on_rank_0_and_resumes_there(models, tmp_path):
+    """fsdp2 under torchrun: rank 1 builds its models on the meta device and receives its shards
+    from rank 0, which alone reads the weights and, on --resume, the checkpoint's shards (DCP): the
+    resumed 2-rank run gives the uninterrupted one-process run's metrics."""
+    assert main(train_args(models, tmp_path / "one")) == 0
+    first = train_args(models, tmp_path / "two", "--dist.strategy", "fsdp2")
+    first[first.index("--train.iterations") + 1] = "1"
+    job = torchrun(first)
+    assert job.communicate(timeout=TIMEOUT)[0] is not None and job.returncode == 0
+    job = torchrun(["train", "--resume", str(tmp_path / "two"), "--train.iterations", "3"])
+    out, err = job.communicate(timeout=TIMEOUT)
+    assert job.returncode == 0, err[-3000:]
+    one, two = metric_rows(tmp_path / "one"), metric_rows(tmp_path / "two")
+    assert [r.get("iteration", r.get("pretrain")) for r in two] == [0, 0, 1, 2]
+    for expected, got in zip(one, two):
+        for key, value in expected.items():
+            assert got[key] == pytest.approx(value, abs=1e-5, rel=1e-5), key
+
+
 CRITIC_FREE = {"grpo": "ddp", "rloo": "fsdp2", "reinforce_pp": "fsdp2"}
 
 

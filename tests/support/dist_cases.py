@@ -109,15 +109,16 @@ class LargestTensors(TorchDispatchMode):
     """The most elements of any tensor an op creates while active, per phase (`phase`): a rank's local
     tensors (a DTensor counts its local shard), so a whole-model buffer shows as its whole size."""
 
-    def __init__(self) -> None:
+    def __init__(self, count_meta: bool = True) -> None:
         super().__init__()
         self.phase = "other"
         self.largest: dict[str, int] = {}
+        self.count_meta = count_meta
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and (self.count_meta or not t.is_meta):
                 n = t.to_local().numel() if isinstance(t, DTensor) else t.numel()
                 self.largest[self.phase] = max(self.largest.get(self.phase, 0), n)
         return out
@@ -170,6 +171,49 @@ def sharding_accounting(run_dir: str) -> dict:
         moments = [v for state in learner.optimizer.state.values() for v in state.values() if v.dim() > 0]
         out[name]["moments_local"] = sum(m.to_local().numel() for m in moments)
     return out
+
+
+def save_tiny_models(directory: str) -> dict[str, str]:
+    """The 2-layer tiny policy and reward model as directories `load_roles` reads."""
+    tok = word_tokenizer([" ".join(WORDS)])
+    policy, reward_model = tiny_models(tok, num_layers=2)
+    paths = {"policy": str(Path(directory) / "policy"), "reward_model": str(Path(directory) / "rm")}
+    for model, path in ((policy, paths["policy"]), (reward_model, paths["reward_model"])):
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+    return paths
+
+
+def meta_loading_accounting(paths: dict[str, str]) -> dict:
+    """Load the roles as `rlhf train` under fsdp2 does (rank 1 on the meta device), shard them from
+    rank 0 under LargestTensors (meta tensors not counted: they hold no memory); each role's whole
+    parameters after sharding, the largest tensor this rank created while loading and while
+    sharding, and the largest single parameter of any role."""
+    import torch.distributed as dist
+
+    from rlhf.rl.roles.assemble import load_roles
+
+    config = rl_config("ppo_max", {"dist": {"strategy": "fsdp2"}}, model={"policy": paths["policy"],
+                       "reward_model": paths["reward_model"]})  # fmt: skip
+    watch = LargestTensors(count_meta=False)
+    with watch:
+        watch.phase = "load"
+        roles = load_roles(config, on_meta=dist.get_rank() != 0)
+        watch.phase = "shard"
+        runtime = runtime_for(roles, config)
+        runtime.shard_roles()
+    modules = {
+        "policy": roles.policy.module,
+        "critic": roles.critic.module,
+        "reference": roles.reference.own_module,
+        "reward_model": roles.reward_model.model,
+    }
+    whole = {}
+    largest_parameter = max(p.numel() for m in modules.values() for p in m.parameters())
+    for name, module in modules.items():
+        with runtime.whole_model(module):
+            whole[name] = {n: p.detach().clone() for n, p in module.named_parameters()}
+    return {"largest": watch.largest, "largest_parameter": largest_parameter, "whole": whole}
 
 
 def wait_for_a_silent_peer(seconds: float) -> tuple[bool, str] | None:

@@ -23,6 +23,7 @@ from rlhf.rl.roles.frozen import Reference, RewardModel
 from rlhf.rl.roles.policy import JointValue, Policy
 from rlhf.rundir.export import export_models
 from rlhf.rundir.weights import load_trained, save_trained
+from rlhf.runtime.process_group import sharded_launch
 from rlhf.train.setup import with_lora
 
 
@@ -33,6 +34,11 @@ class Roles:
     reference: Reference
     critic: Critic | SharedCritic | None  # None: a critic-free estimator (grpo, rloo, ...)
     reward_model: RewardModel | None  # None: the reward comes from reward functions only
+
+    @property
+    def on_meta(self) -> bool:
+        """Built on the meta device (a sharded run's ranks but 0): no weights until sharded."""
+        return any(p.is_meta for p in self.policy.module.parameters())
 
     @property
     def separate_critic(self) -> Critic | None:
@@ -110,16 +116,21 @@ def assemble_roles(
     c = config
     device = resolve_device(c.train.device, key="train.device")
     precision = Precision.resolve(c.dtype, device, key="dtype")
+    # sharded: the roles stay on the CPU (whole on rank 0 alone) until fully_shard moves each rank's
+    # shards to its device; a model built on the meta device stays there until it is filled
+    home = torch.device("cpu") if sharded_launch(c.dist.strategy) else device
+    place = torch.device("meta") if any(p.is_meta for p in policy.parameters()) else home
     tokenizer = prepare_tokenizer(tokenizer)
-    precision.prepare(policy)
+    precision.prepare(policy, place)
     if reward_model is not None:
-        precision.prepare(reward_model.eval().requires_grad_(False))
+        rm_meta = any(p.is_meta for p in reward_model.parameters())
+        precision.prepare(reward_model.eval().requires_grad_(False), torch.device("meta") if rm_meta else home)
     torch.manual_seed(c.seed)
     critic_mode = c.model.critic_mode if c.uses_critic else None  # critic-free estimators build none
     if critic_mode == "separate":
         critic_model = _critic_start(c, policy, reward_model)
     if c.model.lora.enabled:
-        policy = precision.prepare(with_lora(policy, c.model.lora))
+        policy = precision.prepare(with_lora(policy, c.model.lora), place)
         reference = ReferenceModel(policy, mode="adapter")  # no second copy of the weights
     else:
         reference = ReferenceModel(policy, mode="copy")
@@ -130,7 +141,7 @@ def assemble_roles(
             ValueForward(head_on_trunk, precision), c.model.value_coef, c.critic.value_clip
         )
     elif critic_mode == "separate" and c.model.critic_lora.enabled:  # adapters + the value head train
-        critic_model = precision.prepare(with_lora(critic_model, c.model.critic_lora))
+        critic_model = precision.prepare(with_lora(critic_model, c.model.critic_lora), place)
     elif critic_mode == "separate":
         critic_model.requires_grad_(True)
     if c.model.gradient_checkpointing:  # activations of one decoder layer kept, the rest recomputed
@@ -153,6 +164,7 @@ def assemble_roles(
         joint_value=joint_value,
         precision=precision,
         sort_by_length=c.runtime.sort_by_length,
+        device=device,
     )
     # a chat model's response also ends at its template's end-of-turn token (data.chat_template)
     policy_role.stop_ids = stop_token_ids(tokenizer, c.data.chat_template)
@@ -210,8 +222,10 @@ def rollout_sampling_config(c: RLConfig) -> SamplingConfig:
     )
 
 
-def load_roles(config: RLConfig) -> Roles:
-    """Load policy, reward model and tokenizer from the paths in `config.model`."""
+def load_roles(config: RLConfig, on_meta: bool = False) -> Roles:
+    """Load policy, reward model and tokenizer from the paths in `config.model`. `on_meta`: the
+    models' structure only, on the meta device (a sharded run's ranks but 0: rlhf/runtime/fsdp.py
+    fills their shards from rank 0); a GGUF policy or a LoRA reward model is read whole anyway."""
     if not config.model.policy:
         raise ValueError("model.policy is empty. Fix: --policy DIR (the SFT run directory).")
     if not config.model.reward_model and not config.reward.functions:
@@ -220,8 +234,8 @@ def load_roles(config: RLConfig) -> Roles:
             "reward-model run directory) and/or --reward-fn module:function."
         )
     tokenizer = load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
-    policy = load_causal_lm(config.model.policy, gguf_file=config.model.gguf_file)
-    reward_model = (
-        ScalarHeadModel.from_pretrained(config.model.reward_model) if config.model.reward_model else None
-    )
+    policy = load_causal_lm(config.model.policy, gguf_file=config.model.gguf_file, on_meta=on_meta)
+    rm = config.model.reward_model
+    lora_rm = bool(rm) and (Path(rm) / "adapter_config.json").is_file()
+    reward_model = ScalarHeadModel.from_pretrained(rm, on_meta=on_meta and not lora_rm) if rm else None
     return assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)

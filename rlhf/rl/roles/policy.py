@@ -70,8 +70,10 @@ class Policy(RoleLearner):
         joint_value: JointValue | None = None,
         precision: Precision | None = None,
         sort_by_length: bool = True,
+        device: torch.device | None = None,
     ) -> None:
         self.model = model  # the causal LM (a PEFT model when LoRA is on)
+        self.home = device  # where its batches go (None: its parameters' device)
         self.tokenizer = tokenizer
         self.loss = loss
         self.sampling = sampling
@@ -87,7 +89,9 @@ class Policy(RoleLearner):
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where the policy computes: the run's device (a sharded rank's model may still be on the
+        meta device or the CPU before its shards move there)."""
+        return self.home if self.home is not None else next(self.model.parameters()).device
 
     # -- inference -----------------------------------------------------------------------------
     def generate(

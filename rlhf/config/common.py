@@ -71,6 +71,18 @@ class DistConfig:
     # models' parameters and optimizer state sharded over the ranks between uses (docs/distributed.md)
     strategy: Literal["none", "ddp", "fsdp2"] = "none"
     timeout: float = 600.0  # seconds a collective waits for the other ranks before the job ends
+    # fsdp2 in rlhf train: every role's shards, gradients and AdamW state kept in CPU memory, each
+    # layer copied to the GPU for its use (torch's CPUOffloadPolicy): for a GPU that cannot hold its
+    # shards, at the cost of a host-device copy per use and AdamW on the CPU
+    offload: bool = False
 
     def validate(self, prefix: str) -> None:
         positive(self.timeout, f"{prefix}timeout", 600, " seconds")
+        require(
+            not self.offload or self.strategy == "fsdp2",
+            f"{prefix}offload",
+            self.offload,
+            f"needs {prefix}strategy fsdp2 (it moves sharded state to the CPU; the strategy is "
+            f"{self.strategy!r})",
+            f"--{prefix}strategy fsdp2, or --{prefix}offload false",
+        )

@@ -41,11 +41,14 @@ from rlhf.runtime.rollout_share import join_rollouts, row_share
 class DistributedRuntime(LocalRuntime):
     """The local runtime's scheduling on this rank's share of the rows, joined over the ranks."""
 
-    def __init__(self, roles, config: RuntimeConfig, group=None, strategy: str = "ddp") -> None:
+    def __init__(
+        self, roles, config: RuntimeConfig, group=None, strategy: str = "ddp", offload: bool = False
+    ) -> None:
         super().__init__(roles, config)
         self.peers = Peers(group)
         self.learners = roles.learners()  # the policy, and a critic of its own (none: critic-free)
         self.sharded = strategy == "fsdp2"
+        self.offload = offload  # dist.offload: the shards and AdamW state in CPU memory
         for learner in self.learners:
             learner.peers = self.peers
             if not self.sharded:  # fsdp2: every rank's shards come from rank 0 (shard_roles)
@@ -68,11 +71,11 @@ class DistributedRuntime(LocalRuntime):
         precision = r.policy.precision
         bf16 = precision is not None and precision.uses_autocast  # dtype bfloat16: gathered in bf16
         for learner in self.learners:
-            learner.shard_per_layer(self.peers, bf16)
+            learner.shard_per_layer(self.peers, bf16, self.offload)
         frozen = [r.reference.own_module, r.reward_model and r.reward_model.model]
         for module in frozen:
             if module is not None:
-                fsdp.shard_from_rank0(module, self.peers, bf16_compute=bf16)
+                fsdp.shard_from_rank0(module, self.peers, bf16_compute=bf16, offload=self.offload)
 
     def whole_models(self):
         self.shard_roles()
@@ -150,5 +153,7 @@ def runtime_for(roles, config) -> LocalRuntime:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return DistributedRuntime(roles, config.runtime, strategy=config.dist.strategy)
+        return DistributedRuntime(
+            roles, config.runtime, strategy=config.dist.strategy, offload=config.dist.offload
+        )
     return LocalRuntime(roles, config.runtime)

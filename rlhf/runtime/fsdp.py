@@ -29,7 +29,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from torch.distributed.tensor import DTensor
 
 from rlhf.runtime.peers import Peers
@@ -61,13 +67,17 @@ def shard_module(module: nn.Module, optimizer: torch.optim.Optimizer, peers: Pee
     return module
 
 
-def _precision(peers: Peers, bf16_compute: bool = True) -> dict:
-    """fully_shard's keyword for the compute dtype: on a GPU under bf16 compute (`dtype bfloat16`:
-    float32 master weights, bf16 autocast) the layers are gathered in bfloat16 and the gradients
-    reduced in float32 (MixedPrecisionPolicy); else in the parameters' dtype."""
-    if peers.device.type != "cuda" or not bf16_compute:
-        return {}
-    return {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+def _precision(peers: Peers, bf16_compute: bool = True, offload: bool = False) -> dict:
+    """fully_shard's keywords: on a GPU under bf16 compute (`dtype bfloat16`: float32 master
+    weights, bf16 autocast) the layers are gathered in bfloat16 and the gradients reduced in float32
+    (MixedPrecisionPolicy), else in the parameters' dtype; `offload` (`dist.offload`, GPU only): the
+    shards, gradients and AdamW state in CPU memory (CPUOffloadPolicy)."""
+    kwargs: dict = {}
+    if peers.device.type == "cuda" and offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    if peers.device.type == "cuda" and bf16_compute:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return kwargs
 
 
 def _point_optimizer_at_shards(
@@ -118,17 +128,21 @@ FORWARD_METHODS = ("sample", "score")
 
 
 def shard_layers(
-    root: nn.Module, peers: Peers, optimizer: torch.optim.Optimizer | None = None, bf16_compute: bool = False
+    root: nn.Module,
+    peers: Peers,
+    optimizer: torch.optim.Optimizer | None = None,
+    bf16_compute: bool = False,
+    offload: bool = False,
 ) -> FSDPModule:
     """Shard `root` in place per layer: `fully_shard` each decoder layer, then `root` (the rest: the
     embeddings, the final norm, the heads), every unit resharded after its forward, gradients
     reduce-scattered as sums (divide factor 1). Every rank must hold the same parameters (and
     optimizer state) first; `optimizer` (None for a frozen role) is pointed at the shards.
-    `bf16_compute`: on a GPU, layers gathered in bfloat16 (`_precision`).
+    `bf16_compute`: on a GPU, layers gathered in bfloat16; `offload`: state in CPU memory (`_precision`).
     `root` is what the role calls: its `forward` and FORWARD_METHODS gather its own parameters (and
     make it FSDP's root); a submodule called directly would bypass them."""
     before = dict(root.named_parameters())
-    precision = _precision(peers, bf16_compute)
+    precision = _precision(peers, bf16_compute, offload)
     for block in transformer_blocks(root):
         fully_shard(block, reshard_after_forward=True, **precision)
     fully_shard(root, reshard_after_forward=True, **precision)
@@ -143,7 +157,11 @@ def shard_layers(
 
 
 def shard_from_rank0(
-    root: nn.Module, peers: Peers, optimizer: torch.optim.Optimizer | None = None, bf16_compute: bool = False
+    root: nn.Module,
+    peers: Peers,
+    optimizer: torch.optim.Optimizer | None = None,
+    bf16_compute: bool = False,
+    offload: bool = False,
 ) -> FSDPModule:
     """`shard_layers`, every rank's rows of the parameters, buffers and AdamW state sent by rank 0:
     the only rank that must hold the whole module (the others may have built it on the meta device,
@@ -153,9 +171,10 @@ def shard_from_rank0(
     moments = {n: dict(optimizer.state.get(p, {})) for n, p in whole.items()} if optimizer is not None else {}
     if optimizer is not None and peers.rank != 0:
         optimizer.state.clear()  # a meta rank's (a resume loads its state on rank 0 alone)
-    shard_layers(root, peers, optimizer, bf16_compute)
+    shard_layers(root, peers, optimizer, bf16_compute, offload)
+    device = torch.device("cpu") if offload else peers.device  # where the shards live
     if any(p.to_local().is_meta for p in root.parameters()) or any(b.is_meta for b in root.buffers()):
-        root.to_empty(device=peers.device)
+        root.to_empty(device=device)
     shards = dict(root.named_parameters())
     with torch.no_grad():
         for name, param in whole.items():
@@ -173,7 +192,11 @@ def _local_of(param: torch.Tensor) -> torch.Tensor:
 
 def _rows_from_rank0(param: torch.Tensor, peers: Peers) -> torch.Tensor:
     """This rank's dim-0 chunk of rank 0's whole `param`: broadcast whole (one tensor in transit)."""
-    whole = param.detach() if peers.rank == 0 else torch.empty(param.shape, dtype=param.dtype, device=peers.device)
+    whole = (
+        param.detach()
+        if peers.rank == 0
+        else torch.empty(param.shape, dtype=param.dtype, device=peers.device)
+    )
     whole = whole.to(peers.device).contiguous()
     dist.broadcast(whole, src=0, group=peers.group)
     return _local_rows(whole, peers.rank, peers.world_size)
@@ -193,7 +216,8 @@ def _optimizer_state_from_rank0(optimizer, moments: dict, shards: dict, peers: P
             mine = moments.get(name, {}).get(key)
             carrier = mine if peers.rank == 0 else torch.empty(shape, dtype=dtype)
             if len(shape) > 0 and tuple(shape) == tuple(shard.shape):  # per element: this rank's rows
-                state[key] = _as_shard_of(_rows_from_rank0(carrier, peers).clone(), shard)
+                rows = _rows_from_rank0(carrier, peers).to(_local_of(shard).device)
+                state[key] = _as_shard_of(rows.clone(), shard)
             else:  # AdamW's step count
                 value = carrier.detach().to(peers.device).clone()
                 dist.broadcast(value, src=0, group=peers.group)
@@ -314,7 +338,7 @@ def whole_copies(modules: Sequence[nn.Module]) -> Iterator[None]:
                 if not isinstance(param, DTensor):
                     continue
                 if id(param) not in copies:
-                    whole = param.full_tensor()
+                    whole = _full_tensor(param)
                     if whole.is_inference():  # one rank: the local shard itself, made by a rollout
                         with torch.inference_mode(False):
                             whole = whole.clone()
@@ -332,6 +356,20 @@ def whole_copies(modules: Sequence[nn.Module]) -> Iterator[None]:
             unit.__dict__.update(hooks)
         for owner, name, param in sharded.values():
             owner._parameters[name] = param
+
+
+def _full_tensor(param: DTensor) -> torch.Tensor:
+    """The whole of a sharded parameter; an offloaded shard (CPU memory, a GPU mesh: dist.offload)
+    goes to the GPU for the all-gather and the whole comes back to the CPU."""
+    local = param.to_local()
+    mesh_device = param.device_mesh.device_type
+    if local.device.type == mesh_device:
+        return param.full_tensor()
+    on_mesh = DTensor.from_local(
+        local.to(mesh_device), param.device_mesh, param.placements, run_check=False, shape=param.shape,
+        stride=param.stride(),
+    )  # fmt: skip
+    return on_mesh.full_tensor().to(local.device)
 
 
 def _take_hooks(module: nn.Module) -> dict:

@@ -49,12 +49,12 @@ class Learner:
             if strategy == "fsdp2":
                 self.sharded = fsdp.shard_module(module, self.optimizer, peers)
 
-    def shard_per_layer(self, peers: Peers, bf16_compute: bool = False) -> None:
+    def shard_per_layer(self, peers: Peers, bf16_compute: bool = False, offload: bool = False) -> None:
         """Shard the module per decoder layer over `peers` (rlhf/runtime/fsdp.py), AdamW's state with
         it, every rank's shards filled from rank 0's module and state (the others' may be on the
         meta device)."""
         self.peers = peers
-        self.sharded = fsdp.shard_from_rank0(self.module, peers, self.optimizer, bf16_compute)
+        self.sharded = fsdp.shard_from_rank0(self.module, peers, self.optimizer, bf16_compute, offload)
         self.per_layer = True
 
     @property

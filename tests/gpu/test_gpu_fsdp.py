@@ -40,8 +40,8 @@ def one_nccl_rank():
         dist.destroy_process_group()
 
 
-def sharded_trainer(preset, run_dir, dtype):
-    trainer = trainer_for(preset, run_dir, dtype=dtype, dist={"strategy": "fsdp2"})
+def sharded_trainer(preset, run_dir, dtype, offload=False):
+    trainer = trainer_for(preset, run_dir, dtype=dtype, dist={"strategy": "fsdp2", "offload": offload})
     trainer.runtime = runtime_for(trainer.roles, trainer.config)
     return trainer
 
@@ -65,3 +65,18 @@ def test_fsdp2_on_one_nccl_rank_trains_in_bf16(one_nccl_rank, tmp_path):
     assert trainer.roles.policy.per_layer
     assert all(math.isfinite(v) for v in last.values() if isinstance(v, float))
     assert (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_fsdp2_with_offload_gives_the_same_metrics_with_its_state_in_cpu_memory(one_nccl_rank, tmp_path):
+    """dist.offload: the shards, gradients and AdamW state in CPU memory (CPUOffloadPolicy), each
+    layer copied to the GPU for its use; the float32 metrics of the run without offload."""
+    plain = sharded_trainer("ppo_max", tmp_path / "plain", "float32")
+    plain.train()
+    offloaded = sharded_trainer("ppo_max", tmp_path / "offload", "float32", offload=True)
+    offloaded.train()
+    assert all(p.to_local().device.type == "cpu" for p in offloaded.roles.policy.module.parameters())
+    for got, expected in zip(records(tmp_path / "offload"), records(tmp_path / "plain"), strict=True):
+        for key, value in expected.items():
+            if isinstance(value, float):
+                assert got[key] == pytest.approx(value, abs=1e-3, rel=1e-3), key
+    assert (tmp_path / "offload" / "model.safetensors").exists()

@@ -146,6 +146,13 @@ def test_a_multi_process_launch_without_a_strategy_exits_2_naming_the_rank(monke
     assert "Fix: add --dist.strategy ddp" in err
 
 
+def test_offload_without_fsdp2_is_a_config_error_naming_the_fix():
+    from rlhf.config import ConfigError, RLConfig, load_config
+
+    with pytest.raises(ConfigError, match=r"dist\.offload .*Fix: --dist\.strategy fsdp2"):
+        load_config(RLConfig, preset="ppo_max", overrides={"dist": {"strategy": "ddp", "offload": True}})
+
+
 def test_an_unknown_strategy_is_a_config_error():
     from rlhf.config import ConfigError, RLConfig, load_config
 

@@ -124,7 +124,9 @@ def assemble_roles(
     precision.prepare(policy, place)
     if reward_model is not None:
         rm_meta = any(p.is_meta for p in reward_model.parameters())
-        precision.prepare(reward_model.eval().requires_grad_(False), torch.device("meta") if rm_meta else home)
+        precision.prepare(
+            reward_model.eval().requires_grad_(False), torch.device("meta") if rm_meta else home
+        )
     torch.manual_seed(c.seed)
     critic_mode = c.model.critic_mode if c.uses_critic else None  # critic-free estimators build none
     if critic_mode == "separate":

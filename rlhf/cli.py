@@ -306,6 +306,7 @@ def _plan_parser(sub) -> None:
     plan.add_argument("--prompt-tokens", type=int, default=512)
     plan.add_argument("--response-tokens", type=int, default=512)
     plan.add_argument("--gradient-checkpointing", action="store_true")
+    plan.add_argument("--offload", action="store_true", help="fsdp2: shards and AdamW state in CPU memory")
     plan.add_argument(
         "--rollout-gather", default="whole", help="fsdp2 sampling: whole | per-layer (planned only)"
     )
@@ -576,6 +577,7 @@ def run_plan_command(args, rest, ctx) -> int:
             response_tokens=args.response_tokens,
             gradient_checkpointing=args.gradient_checkpointing,
             rollout_gather=args.rollout_gather,
+            offload=args.offload,
             gpu_memory=parse_bytes(args.gpu_memory),
         )
         result = plan(job)

@@ -138,6 +138,8 @@ class Job:
     # fsdp2: the policy gathered whole for sampling ("whole", in the compute dtype, once per
     # rollout) or a layer at a time in every decoding step ("per-layer": for a policy too big to hold)
     rollout_gather: str = "whole"
+    # fsdp2: every role's shards, gradients and AdamW state in CPU memory (`dist.offload`)
+    offload: bool = False
     gpu_memory: int = 80 * GIB
 
     def validate(self) -> None:
@@ -145,6 +147,8 @@ class Job:
             raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.dtype not in PRECISIONS:
             raise ValueError(f"--dtype must be one of {', '.join(PRECISIONS)}, got {self.dtype!r}")
+        if self.offload and self.strategy != "fsdp2":
+            raise ValueError(f"--offload needs --strategy fsdp2, got {self.strategy!r}")
         if self.rollout_gather not in ("whole", "per-layer"):
             raise ValueError(f"--rollout-gather must be whole or per-layer, got {self.rollout_gather!r}")
         if self.critic not in ("separate", "shared", "none"):
@@ -174,6 +178,7 @@ class Plan:
     per_rank_peak_bytes: int
     fits: bool
     advice: list[str] = field(default_factory=list)
+    host_bytes_per_rank: int = 0  # --offload: the shards and AdamW state held in CPU memory
 
     def as_json(self) -> dict:
         out = asdict(self)
@@ -287,6 +292,10 @@ def plan(job: Job, *, with_advice: bool = True) -> Plan:
     roles = role_memory(job)
     extras = phase_extras(job, roles)
     resident = sum(r.weights + r.optimizer for r in roles)
+    host = 0
+    if job.offload:  # the shards, their gradients and AdamW state live in CPU memory
+        host = resident + extras["update: gradients of the largest role"]
+        resident, extras = 0, {**extras, "update: gradients of the largest role": 0}
     phases = {phase: resident + sum(extras[k] for k in keys) for phase, keys in PHASE_EXTRAS.items()}
     peak_phase = max(phases, key=phases.get)
     peak = phases[peak_phase]
@@ -300,6 +309,7 @@ def plan(job: Job, *, with_advice: bool = True) -> Plan:
         per_rank_peak_bytes=peak,
         fits=fits,
         advice=advice(job) if with_advice and not fits else [],
+        host_bytes_per_rank=host,
     )
 
 
@@ -312,6 +322,7 @@ def advice(job: Job) -> list[str]:
             "--rollout-gather per-layer (sample without the whole policy)",
             {"strategy": "fsdp2", "rollout_gather": "per-layer"},
         ),
+        ("--offload (shards and AdamW state in CPU memory)", {"strategy": "fsdp2", "offload": True}),
         ("--lora (train adapters; the reference is the adapter off)", {"lora": True}),
         ("--gradient-checkpointing", {"gradient_checkpointing": True}),
         ("--micro-batch 1", {"micro_batch": 1}),
@@ -337,7 +348,9 @@ def render(result: Plan) -> str:
     lines = [
         f"rlhf plan: {j['shape']['name']} ({j['parameters'] / 1e9:.2f}B parameters), critic {j['critic']}, "
         f"{'LoRA r=' + str(j['lora_rank']) if j['lora'] else 'full'}, {j['dtype']}, {j['strategy']} on "
-        f"{j['ranks']} ranks{' (rollout gathered per layer)' if j['rollout_gather'] == 'per-layer' else ''}, micro-batch {j['micro_batch']}, {j['prompt_tokens']}+{j['response_tokens']} tokens",
+        f"{j['ranks']} ranks{' (rollout gathered per layer)' if j['rollout_gather'] == 'per-layer' else ''}"
+        f"{' (offloaded)' if j['offload'] else ''}, micro-batch {j['micro_batch']}, "
+        f"{j['prompt_tokens']}+{j['response_tokens']} tokens",
         "",
         f"{'role':<14}{'parameters':>14}{'trained':>14}{'weights':>12}{'gradients':>12}{'AdamW':>12}   (per rank)",
     ]
@@ -358,6 +371,8 @@ def render(result: Plan) -> str:
     lines.append(
         f"{verdict}: {gib(result.per_rank_peak_bytes)} per rank at its peak ({result.peak_phase}) of {gib(gpu)}"
     )
+    if result.host_bytes_per_rank:
+        lines.append(f"offloaded: {gib(result.host_bytes_per_rank)} per rank in CPU memory")
     for line in result.advice:
         lines.append(f"  try {line}")
     return "\n".join(lines)

@@ -162,6 +162,12 @@ def run_supervised(
     writer = peers is None or peers.rank == 0
     if resume and not stage.resumable:
         raise ConfigError(f"`{stage.title}` runs cannot resume. Fix: start a new run (another --out).")
+    if config.dist.offload:  # the supervised stages shard the model whole (fsdp2-whole), without offload
+        raise ConfigError(
+            f"dist.offload is true, but `{stage.title}` does not offload (only `rlhf train` shards per layer "
+            "and offloads). Fix: drop --dist.offload.",
+            "dist.offload",
+        )
     out, tokenizer = start_run(config, tokenizer, writer=writer, resume=resume, resumable=stage.resumable)
     model = stage.build_model(model, precision)
     if peers is not None:

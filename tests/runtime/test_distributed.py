@@ -153,6 +153,22 @@ def test_offload_without_fsdp2_is_a_config_error_naming_the_fix():
         load_config(RLConfig, preset="ppo_max", overrides={"dist": {"strategy": "ddp", "offload": True}})
 
 
+def test_the_supervised_stages_refuse_offload_they_do_not_do(tmp_path):
+    from rlhf.config import ConfigError, SFTConfig, load_config
+    from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
+    from rlhf.stages.sft import run_sft
+
+    tok = word_tokenizer(["a b c"])
+    config = load_config(
+        SFTConfig,
+        overrides={"out": str(tmp_path / "sft"), "model": "unused", "data": {"path": "unused"},
+                   "dist": {"strategy": "fsdp2", "offload": True}},
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="does not offload"):
+        run_sft(config, model=tiny_causal_lm(tok), tokenizer=tok, quiet=True)
+    assert not (tmp_path / "sft").exists()
+
+
 def test_an_unknown_strategy_is_a_config_error():
     from rlhf.config import ConfigError, RLConfig, load_config
 

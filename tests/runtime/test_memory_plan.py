@@ -150,3 +150,17 @@ def test_prediction_is_within_15_percent_of_the_measured_two_rank_fsdp2_peak():
               prompt_tokens=16, response_tokens=8)  # fmt: skip
     predicted = plan(job).per_rank_peak_bytes / 2**20
     assert predicted == pytest.approx(measured["largest_rank_peak_above_interpreter_mib"], rel=0.15)
+
+
+def test_offload_moves_the_resident_shards_to_cpu_memory():
+    """--offload: the sharded weights, AdamW state and gradients leave the GPU's count (whole, to
+    the byte) and are reported as host memory; the phases' transients stay."""
+    on_gpu = plan(Job(NAMED_SHAPES["7b"], strategy="fsdp2", ranks=8))
+    offloaded = plan(Job(NAMED_SHAPES["7b"], strategy="fsdp2", ranks=8, offload=True))
+    resident = sum(r.weights + r.optimizer for r in on_gpu.roles)
+    gradients = on_gpu.extras["update: gradients of the largest role"]
+    assert offloaded.host_bytes_per_rank == resident + gradients
+    assert offloaded.phases["update"] == on_gpu.phases["update"] - resident - gradients
+    assert offloaded.phases["rollout"] == on_gpu.phases["rollout"] - resident
+    with pytest.raises(ValueError, match="--offload needs --strategy fsdp2"):
+        plan(Job(NAMED_SHAPES["7b"], strategy="ddp", ranks=8, offload=True))

@@ -147,6 +147,12 @@ def _demo_parsers(sub) -> None:
         action="store_true",
         help="run vanilla PPO, PPO-max, APA, AWR, GRPO and RLOO side by side",
     )
+    demo.add_argument(
+        "--compare-only",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        metavar="NAMES",
+        help="--compare with only these runs, comma-separated (e.g. ppo_max,dpo)",
+    )
     demo.add_argument("--seeds", type=int, default=1, help="seeds per algorithm")
     demo.add_argument("--config", help="YAML file of demo settings")
 
@@ -532,7 +538,12 @@ def run_demo_command(args, rest, ctx) -> int:
 
     with run_dir_lock(args.out) as ctx.run_dir:
         return run_demo(
-            out=args.out, compare=args.compare, seeds=args.seeds, config_file=args.config, overrides=rest
+            out=args.out,
+            compare=args.compare,
+            seeds=args.seeds,
+            config_file=args.config,
+            overrides=rest,
+            compare_only=args.compare_only,
         )
 
 

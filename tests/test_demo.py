@@ -163,3 +163,31 @@ def test_the_demo_keeps_the_settings_it_was_measured_with():
         assert got == measured[algorithm], algorithm
         assert (c.train.minibatches, c.policy_optim.lr, c.critic_optim.lr) == (2, 3e-4, 1e-3)
         assert c.policy_optim.warmup_fraction == c.critic_optim.warmup_fraction == 0.0
+
+
+@pytest.mark.slow
+def test_compare_only_trains_just_the_named_runs_with_the_same_figures(demo_dir, tmp_path, capsys):
+    from rlhf.cli import main
+
+    out = tmp_path / "only"
+    assert main(["demo", "--compare-only", "ppo_max,dpo", "--out", str(out), *TINY]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["algorithm"] for r in summary["runs"]] == ["ppo_max", "dpo"]
+    assert set(summary["equal_kl"]["algorithms"]) == {"ppo_max", "dpo"}
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["dpo-seed0", "ppo_max-seed0"]
+    full = json.loads((demo_dir / "summary.json").read_text())  # --compare with every run
+    for algorithm in ("ppo_max", "dpo"):
+        (mine,) = [r for r in summary["runs"] if r["algorithm"] == algorithm]
+        (theirs,) = [r for r in full["runs"] if r["algorithm"] == algorithm]
+        assert mine["final"] == pytest.approx(theirs["final"], rel=1e-5), algorithm
+        for key in ("gold_gain_at_kl", "gold_gain_end", "kl_end"):
+            mine_kl, theirs_kl = (s["equal_kl"]["algorithms"][algorithm][key] for s in (summary, full))
+            assert mine_kl["mean"] == pytest.approx(theirs_kl["mean"], rel=1e-5), (algorithm, key)
+
+
+def test_compare_only_refuses_a_name_that_is_not_a_run(tmp_path):
+    from rlhf.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ppo_mx.*Fix: a comma-separated subset of vanilla_ppo,"):
+        run_demo(out=str(tmp_path / "bad"), compare_only=["ppo_mx", "dpo"], overrides=TINY, quiet=True)
+    assert not (tmp_path / "bad").exists()  # refused before anything was written

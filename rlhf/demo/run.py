@@ -2,7 +2,8 @@
 
 1. build the world and a tiny Llama model; SFT it on base responses;
 2. train the proxy reward model on the world's noisy preference pairs (held-out label and gold accuracy);
-3. run PPO-max (or, with --compare, vanilla PPO, PPO-max, APA, AWR, GRPO and RLOO, over --seeds seeds)
+3. run PPO-max (or, with --compare, vanilla PPO, PPO-max, APA, AWR, GRPO and RLOO, over --seeds seeds;
+   --compare-only NAMES trains only those of them and DPO, e.g. ppo_max,dpo)
    against the proxy, every run sampling the same number of responses per iteration, evaluating proxy and gold reward, KL, perplexity, length and distinct-2 on held-out prompts;
    with --compare also DPO (docs/algorithms.md §32) per seed, from the same SFT model on the same
    noisy pairs the proxy was trained on, evaluated the same way every `dpo_eval_every` optimizer steps;
@@ -232,8 +233,11 @@ def run_demo(
     config_file: str | None = None,
     overrides: list[str] | None = None,
     quiet: bool = False,
+    compare_only: list[str] | None = None,
 ) -> int:
     cfg = demo_config(config_file, overrides or [])
+    only = check_compare_only(compare_only)
+    compare = compare or only is not None
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     out_dir = Path(out)
@@ -246,7 +250,7 @@ def run_demo(
     sft_summary, rm_summary = stage.sft_summary, stage.rm_summary
 
     # 3. RL runs ---------------------------------------------------------------------------------
-    algorithms = list(ALGORITHMS) if compare else list(cfg.algorithms)
+    algorithms = [a for a in ALGORITHMS if only is None or a in only] if compare else list(cfg.algorithms)
     runs, run_summaries = [], []
     total = len(algorithms) * seeds
     for k, (algorithm, seed) in enumerate((a, s) for a in algorithms for s in range(seeds)):
@@ -256,7 +260,7 @@ def run_demo(
         )
         runs.append(run)
         run_summaries.append(summary)
-    if compare:  # DPO from the same SFT model on the proxy reward model's pairs, per seed
+    if compare and (only is None or "dpo" in only):  # DPO from the same SFT model on the RM's pairs
         for seed in range(seeds):
             say(f"[3/4] DPO run {seed + 1}/{seeds}: seed {seed} ...")
             run, summary = run_dpo_one(
@@ -282,6 +286,20 @@ def run_demo(
     if not quiet:
         print_demo_summary(summary, out_dir)
     return 0
+
+
+def check_compare_only(names: list[str] | None) -> list[str] | None:
+    """`--compare-only`: the subset of --compare's runs (ALGORITHMS and "dpo") to train, or None (all)."""
+    if names is None:
+        return None
+    known = (*ALGORITHMS, "dpo")
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ConfigError(
+            f"--compare-only {','.join(names)}: {', '.join(unknown) or 'nothing'} is not one of --compare's "
+            f"runs. Fix: a comma-separated subset of {','.join(known)}."
+        )
+    return list(names)
 
 
 @dataclass

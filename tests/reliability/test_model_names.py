@@ -30,6 +30,13 @@ def no_network(monkeypatch):
     monkeypatch.setattr(huggingface_hub, "model_info", refuse)
 
 
+def online(monkeypatch):
+    """Offline mode off, whatever the suite's environment (the hub client reads it at import)."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
 @pytest.mark.parametrize("name", ["typo_dir", "runs/typo"])
 def test_a_name_that_is_no_directory_stops_at_once_in_offline_mode(
     capsys, files, tmp_path, monkeypatch, name
@@ -42,7 +49,7 @@ def test_a_name_that_is_no_directory_stops_at_once_in_offline_mode(
 
 
 def test_a_name_that_cannot_be_a_hub_id_stops_at_once(capsys, files, tmp_path, monkeypatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE")
+    online(monkeypatch)
     result, _ = sft(capsys, files, tmp_path, "my model--v2")
     assert_user_error(result, "no directory 'my model--v2'", "is not a hub id", "Fix:")
 
@@ -52,7 +59,7 @@ class ConnectError(Exception):
 
 
 def test_an_unreachable_hub_is_asked_once(capsys, files, tmp_path, monkeypatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE")
+    online(monkeypatch)
     calls = []
 
     def unreachable(name, timeout=None, **kwargs):
@@ -68,7 +75,7 @@ def test_an_unreachable_hub_is_asked_once(capsys, files, tmp_path, monkeypatch):
 def test_a_model_the_hub_does_not_have_stops_at_once(capsys, files, tmp_path, monkeypatch):
     from huggingface_hub.errors import RepositoryNotFoundError
 
-    monkeypatch.delenv("HF_HUB_OFFLINE")
+    online(monkeypatch)
 
     class NotFound(RepositoryNotFoundError):
         def __init__(self, message: str) -> None:

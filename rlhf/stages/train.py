@@ -80,8 +80,8 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     if not quiet:
         shown = {k: v for k, v in final.items() if isinstance(v, (int, float)) and not k.startswith("time/")}
         print_summary(f"RL run finished: {config.out}", kl_first(shown))
-        print(f"report: {report}")  # a line of its own: the table would cut a long path
-        print(footprint_line(config.out, config.checkpoint.keep))
+        print(footprint_line(config.out, config.checkpoint.keep))  # what the directory keeps, and why
+        print(f"report: {report}")  # last, a line of its own: the table would cut a long path
     return final
 
 

@@ -623,8 +623,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     from rlhf.models.trust import set_load_policy
+    from rlhf.runtime.threads import limit_threads
 
     hf_logging.disable_progress_bar()  # our own progress display replaces transformers' load/save bars
+    limit_threads()  # OMP_NUM_THREADS, else the cores this process may use (affinity, cgroup quota)
     set_load_policy(
         trust_remote_code=getattr(args, "trust_remote_code", False),
         allow_pickle=getattr(args, "allow_pickle", False),

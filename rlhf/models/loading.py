@@ -99,7 +99,8 @@ def _check_source(path: str | os.PathLike, gguf_file: str | None, needs_model_co
             raise ModelLoadingError(
                 f"Model path {str(path)!r} does not exist. Fix: pass an existing directory."
             )
-        return  # a hub id: let transformers resolve it (needs network or the local cache)
+        check_hub_id(str(path))  # a hub id: transformers resolves it (network or the local cache)
+        return
     if p.is_file() and gguf_file is None:
         raise ModelLoadingError(
             f"{str(path)!r} is a file; a model is loaded from a directory. Fix: for a GGUF file pass "
@@ -122,6 +123,72 @@ def _check_source(path: str | os.PathLike, gguf_file: str | None, needs_model_co
             f"{str(path)!r} has no config.json: it is not a save_pretrained directory. Fix: point to the "
             "directory written by save_pretrained, or pass gguf_file= for a GGUF checkpoint."
         )
+
+
+HUB_PROBE_TIMEOUT = 10.0  # seconds for the one request that asks the hub whether a model exists
+
+
+def hub_offline() -> bool:
+    """Hugging Face's offline mode: HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set to 1/true/yes/on."""
+    from huggingface_hub import constants
+
+    flags = (os.environ.get(name, "").strip().lower() for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(flag in ("1", "true", "yes", "on") for flag in flags) or bool(constants.HF_HUB_OFFLINE)
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds a download of model `repo_id`."""
+    from huggingface_hub import constants
+
+    return (Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}").is_dir()
+
+
+def _unreachable(err: BaseException) -> bool:
+    """A failure to reach the hub at all (DNS, refused connection, timeout), not an HTTP answer."""
+    names = {cls.__name__ for cls in type(err).__mro__}
+    return bool(names & {"TransportError", "ConnectError", "ConnectionError", "Timeout", "TimeoutError"})
+
+
+def check_hub_id(name: str) -> None:
+    """`name` names no local path, so it must be a hub id: stop at once, naming the path and the
+    fix, when it cannot be one (`validate_repo_id`), when offline mode is on and the cache lacks
+    it, or when one request to the hub says there is no such model or gets no answer; otherwise
+    transformers retries an unreachable hub for about a minute before giving up."""
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    here = f"There is no directory {name!r} (looked in {os.getcwd()})"
+    fix = "Fix: pass the path of an existing save_pretrained directory (check its spelling and the working directory)"
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ModelLoadingError(f"{here}, and {name!r} is not a hub id (owner/name). {fix}.") from None
+    if in_hub_cache(name):
+        return
+    if hub_offline():
+        raise ModelLoadingError(
+            f"{here}, and offline mode is on (HF_HUB_OFFLINE) with no hub model {name!r} in the cache. "
+            f"{fix}, or download the model once while online."
+        )
+    from huggingface_hub import model_info
+
+    try:
+        model_info(name, timeout=HUB_PROBE_TIMEOUT)
+    except RepositoryNotFoundError:
+        raise ModelLoadingError(
+            f"{here}, and the hub has no model {name!r} (or it is private: `hf auth login`). {fix}, "
+            "or a hub id such as HuggingFaceTB/SmolLM2-135M."
+        ) from None
+    except HfHubHTTPError:
+        return  # the hub answered (gated, rate-limited, ...): transformers says what it needs
+    except Exception as err:  # noqa: BLE001 (only a hub that cannot be reached stops here)
+        if not _unreachable(err):
+            return
+        raise ModelLoadingError(
+            f"{here}, and the hub cannot be reached to look for {name!r} ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else 'no answer'}). {fix}; for a hub id, connect "
+            "to the network (or set HF_HUB_OFFLINE=1 to use only the local cache)."
+        ) from None
 
 
 def _wrap_os_error(path: str | os.PathLike, err: OSError) -> ModelLoadingError:

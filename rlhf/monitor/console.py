@@ -4,6 +4,12 @@ On a terminal: a rich progress bar (done/total, elapsed, ETA) followed by the la
 key metric, redrawn in place. Not on a terminal (CI logs, `> file`): plain lines, at most one per
 `plain_interval` seconds plus one per `1/plain_milestones` of the total, plus the first and the
 last, so a log never floods whatever the iteration speed.
+
+A run of several phases counts each in its own units (`total={"pretrain": 20, "iteration": 200}`:
+`pretrain 3/20`, then `iteration 1/200`, each with its own ETA). `status(...)` names the part of a
+step under way (`iteration 1/200: sampling`): on a terminal at once, in plain lines for the first
+step of each phase and for a step that has printed nothing for `plain_interval` seconds, so a long
+first step is never silent.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ DEFAULT_KEY_METRICS: dict[str, str] = {
 }
 
 KeyMetrics = Mapping[str, str] | Sequence[str | tuple[str, str]]
+Totals = int | Mapping[str, int] | None  # the steps of the run, or of each phase (kind -> steps)
 
 
 def normalize_key_metrics(spec: KeyMetrics) -> list[tuple[str, str]]:
@@ -69,11 +76,15 @@ def format_duration(seconds: float | None) -> str:
 
 
 class ConsoleSink:
-    """Progress display on `console` (stdout by default); see the module docstring."""
+    """Progress display on `console` (stdout by default); see the module docstring.
+
+    `total`: the steps of the run, or {kind: steps} for a run of phases (each counted in its own
+    units). `indexed`: the logged steps are 0-based indexes (the RL loop's `iteration`), so step i
+    means i + 1 done."""
 
     def __init__(
         self,
-        total: int | None = None,
+        total: Totals = None,
         key_metrics: KeyMetrics = DEFAULT_KEY_METRICS,
         run_name: str | None = None,
         *,
@@ -83,9 +94,13 @@ class ConsoleSink:
         plain_interval: float = 30.0,
         plain_milestones: int = 10,
         clock: Callable[[], float] = time.monotonic,
+        indexed: bool = False,
+        start_kind: str = "iteration",
     ) -> None:
         self.console = console if console is not None else Console()
-        self.total = total
+        self._totals = dict(total) if isinstance(total, Mapping) else None
+        self._one_total = None if isinstance(total, Mapping) else total
+        self.indexed = indexed
         self.key_metrics = normalize_key_metrics(key_metrics)
         self.name = run_name or "run"
         self.live = self.console.is_terminal if live is None else live
@@ -94,11 +109,14 @@ class ConsoleSink:
         self.clock = clock
         self._start_time = clock()
         self._latest: dict[str, Any] = {}  # label -> last logged value (sticky across records)
-        self._step = start_step
-        self._kind = "iteration"
-        self._first: tuple[int, float] | None = None  # (step, time) of the first record this session
+        self._step = start_step  # steps done in the current phase
+        self._kind = start_kind
+        self._first: tuple[int, float] | None = None  # (step, time) of the phase's first record this session
         self._printed_time: float | None = None
         self._printed_step: int | None = None
+        self._printed_kind: str | None = None
+        self._logged_kinds: set[str] = set()  # phases with a record this session
+        self._status = ""  # the part of a step under way, shown until the step's record
         self._dirty = False  # a record arrived since the last plain line
         self._progress: Progress | None = None
         if self.live:
@@ -109,12 +127,22 @@ class ConsoleSink:
                 TimeElapsedColumn(),
                 TextColumn("eta"),
                 TimeRemainingColumn(),
-                TextColumn("{task.fields[metrics]}"),
+                TextColumn("{task.fields[status]}{task.fields[metrics]}"),
                 console=self.console,
                 refresh_per_second=2,
             )
             self._progress.start()
-            self._task = self._progress.add_task(self.name, total=total, completed=start_step, metrics="")
+            self._task = self._progress.add_task(
+                self._description(), total=self.total, completed=start_step, metrics="", status=""
+            )
+
+    @property
+    def total(self) -> int | None:
+        """The steps of the current phase (None: unknown)."""
+        return self._totals.get(self._kind) if self._totals is not None else self._one_total
+
+    def _description(self) -> str:
+        return f"{self.name} {self._kind}" if self._totals is not None else self.name
 
     def metrics_line(self) -> str:
         return "  ".join(
@@ -144,8 +172,8 @@ class ConsoleSink:
         return f"{line} | {metrics}" if metrics else line
 
     def _plain_due(self, step: int, now: float) -> bool:
-        if self._printed_time is None:
-            return True
+        if self._printed_time is None or self._printed_kind != self._kind:
+            return True  # the first line of the run, or of a phase
         if self.total and step >= self.total and (self._printed_step or 0) < self.total:
             return True
         if now - self._printed_time >= self.plain_interval:
@@ -158,26 +186,64 @@ class ConsoleSink:
     def _print_plain(self, now: float) -> None:
         self.console.print(escape(self.plain_line(now)), highlight=False, soft_wrap=True)
         self._printed_time, self._printed_step, self._dirty = now, self._step, False
+        self._printed_kind = self._kind
+
+    def _enter_phase(self, kind: str, done: int) -> None:
+        """Switch the display to phase `kind` (its own total, ETA and milestones)."""
+        if kind == self._kind:
+            return
+        if self._progress is None and self._dirty:
+            self._print_plain(self.clock())  # the previous phase's last count
+        self._kind, self._step, self._first = kind, done, None
+        if self._progress is not None:
+            self._progress.reset(
+                self._task, total=self.total, completed=done, description=self._description()
+            )
 
     def log(self, step: int, kind: str, record: dict[str, Any]) -> None:
+        done = step + 1 if self.indexed else step
+        self._enter_phase(kind, done)
         now = self.clock()
         if self._first is None:
-            self._first = (step, now)
-        self._step, self._kind = step, kind
+            self._first = (done, now)
+        self._step, self._status = done, ""
+        self._logged_kinds.add(kind)
         for label, key in self.key_metrics:
             value = record.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._latest[label] = value
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, metrics=escape(self.metrics_line()))
+            self._progress.update(self._task, completed=done, metrics=escape(self.metrics_line()), status="")
             return
         self._dirty = True
-        if self._plain_due(step, now):
+        if self._plain_due(done, now):
             self._print_plain(now)
 
+    def status(self, what: str, done: int, kind: str) -> None:
+        """Say that step `done + 1` of phase `kind` is at `what` ("sampling", "updating", ...)."""
+        self._enter_phase(kind, done)
+        self._step, self._status = done, what
+        if self._first is None:  # the phase starts: its ETA counts from here
+            self._first = (done, self.clock())
+        if self._progress is not None:
+            label = f"{self._kind} {done + 1}: {what}  "
+            self._progress.update(self._task, completed=done, status=escape(label))
+            return
+        now = self.clock()
+        long_step = self._printed_time is not None and now - self._printed_time >= self.plain_interval
+        if kind in self._logged_kinds and not long_step:
+            return  # a later step: its record follows soon
+        progress = f"{kind} {done + 1}" + (f"/{self.total}" if self.total else "")
+        line = f"[{self.name}] {progress}: {what} ... | elapsed {format_duration(now - self._start_time)}"
+        self.console.print(escape(line), highlight=False, soft_wrap=True)
+        self._printed_time = now
+
     def warn(self, record: dict[str, Any]) -> None:
-        step = record.get(self._kind, record.get("iteration", record.get("step")))
-        where = f" ({self._kind} {step})" if step is not None else ""
+        kind = next((k for k in (self._kind, "iteration", "step") if k in record), self._kind)
+        step = record.get(kind)
+        if self.indexed and isinstance(step, int):
+            step += 1  # counted as the progress line counts: the (i+1)-th
+        where = f" ({kind} {step})" if step is not None else ""
         self.console.print(
             f"[bold black on yellow] WARNING [/]{escape(where)} [yellow]{escape(str(record.get('message', '')))}[/]",
             highlight=False,

@@ -28,7 +28,7 @@ from typing import Any
 
 from rich.console import Console
 
-from rlhf.monitor.console import DEFAULT_KEY_METRICS, ConsoleSink, KeyMetrics
+from rlhf.monitor.console import DEFAULT_KEY_METRICS, ConsoleSink, KeyMetrics, Totals
 from rlhf.monitor.records import flatten_metrics, read_metrics
 from rlhf.monitor.sinks import JsonlSink, Sink, TensorBoardSink, WandbSink
 
@@ -46,7 +46,8 @@ class MetricsLogger:
         run_dir: the run directory; `metrics.jsonl` is written in it (created if missing).
         sinks: names among "console", "jsonl", "tensorboard" (into run_dir/tensorboard), "wandb"
             (offline unless WANDB_MODE says otherwise), or objects with log/warn/close methods.
-        total: the number of steps of the run, for the progress bar and ETA (None: unknown).
+        total: the number of steps of the run, for the progress bar and ETA (None: unknown), or
+            {kind: steps} for a run of phases, each counted in its own units.
         key_metrics: the metrics shown on the console line, {label: key} or a list of keys.
         run_name: shown on the console and given to wandb.
         config: the resolved run configuration, given to tensorboard (as text) and wandb.
@@ -54,13 +55,14 @@ class MetricsLogger:
             records of steps > resume_step first (they were written after the checkpoint).
         overwrite: start over, replacing an existing metrics.jsonl (otherwise that is an error).
         console: the rich Console to draw on (default: stdout).
+        indexed: the steps logged are 0-based indexes (step i: i + 1 done), as the RL loop's.
     """
 
     def __init__(
         self,
         run_dir: str | os.PathLike,
         sinks: Sequence[str | Sink] = ("console", "jsonl"),
-        total: int | None = None,
+        total: Totals = None,
         key_metrics: KeyMetrics = DEFAULT_KEY_METRICS,
         run_name: str | None = None,
         config: Mapping[str, Any] | None = None,
@@ -69,6 +71,7 @@ class MetricsLogger:
         resume_step: int | None = None,
         overwrite: bool = False,
         console: Console | None = None,
+        indexed: bool = False,
     ) -> None:
         if isinstance(sinks, str):
             sinks = (sinks,)
@@ -99,9 +102,14 @@ class MetricsLogger:
                     self.last_step = jsonl.last_step if resume_step is None else resume_step
                     self.sinks.append(jsonl)
                 elif sink == "console":
-                    start = resume_step or 0
+                    if resume_step is None:
+                        start = 0
+                    else:  # steps done when the run resumes
+                        start = max(0, resume_step + 1) if indexed else resume_step
                     self.sinks.append(
-                        ConsoleSink(total, key_metrics, run_name, console=console, start_step=start)
+                        ConsoleSink(
+                            total, key_metrics, run_name, console=console, start_step=start, indexed=indexed
+                        )
                     )
                 elif sink == "tensorboard":
                     self.sinks.append(TensorBoardSink(self.run_dir / "tensorboard", config=config_dict))
@@ -157,8 +165,11 @@ class MetricsLogger:
             record = {kind: int(step), **{k: v for k, v in flatten_metrics(row).items() if k != kind}}
             self._samples.log(int(step), kind, record)
 
-    def warn(self, message: str, step: int | None = None, kind: str | None = None) -> dict[str, Any]:
-        """Show `message` highlighted and record `{"event": "warning", kind: step, "message": ...}`.
+    def warn(
+        self, message: str, step: int | None = None, kind: str | None = None, code: str | None = None
+    ) -> dict[str, Any]:
+        """Show `message` highlighted and record `{"event": "warning", kind: step, "message": ...}`
+        (with `"code": code` when given: a name for programs, e.g. "policy_not_moving").
 
         `step` defaults to the last logged step, `kind` to the last logged kind.
         """
@@ -168,10 +179,21 @@ class MetricsLogger:
         record: dict[str, Any] = {"event": "warning"}
         if step is not None:
             record[kind] = step
+        if code is not None:
+            record["code"] = str(code)
         record["message"] = str(message)
         for sink in self.sinks:
             sink.warn(record)
         return record
+
+    def status(self, what: str, done: int, kind: str = "iteration") -> None:
+        """Show that the step after the `done` first of phase `kind` is at `what` ("sampling", ...):
+        a sign of life during a long step, on the sinks that display one (the console); not recorded."""
+        self._check_open()
+        for sink in self.sinks:
+            show = getattr(sink, "status", None)
+            if callable(show):
+                show(what, done, kind)
 
     def close(self) -> None:
         """Close every sink (idempotent): flushes files, stops the progress bar, finishes wandb."""

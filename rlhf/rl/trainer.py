@@ -36,12 +36,14 @@ from rlhf.core import (
 )
 from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
+from rlhf.monitor.stillness import CODE as STILL_POLICY
+from rlhf.monitor.stillness import StillPolicyCheck
 from rlhf.rl.experience import Experience, concat_experiences
 from rlhf.rl.groups import group_metrics, sample_groups
 from rlhf.rl.metrics import rollout_metrics
 from rlhf.rl.prompts import PromptStream
 from rlhf.rl.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
-from rlhf.rl.roles.assemble import Roles
+from rlhf.rl.roles.assemble import Roles, optimizer_steps
 from rlhf.rl.roles.learner import mean_over_steps
 from rlhf.rl.roles.policy import PtxObjective
 from rlhf.rl.sample_log import SampleLog
@@ -53,7 +55,8 @@ from rlhf.rundir.termination import finish_first
 from rlhf.runtime import LocalRuntime
 from rlhf.train.guards import require_finite_scores
 
-KEY_METRICS = ("reward/raw_mean", "kl/ref", "policy_ppl", "response/length_mean", "policy/clip_fraction")
+# on the console line; the KL is k3's, never negative (kl/ref, the configured estimator, may be: k1)
+KEY_METRICS = ("reward/raw_mean", "kl/k3", "policy_ppl", "response/length_mean", "policy/clip_fraction")
 Evaluator = Callable[["RLTrainer", int], dict]
 
 
@@ -114,6 +117,10 @@ class RLTrainer:
         self.pretrain_done = c.critic.pretrain_iterations == 0
         self.pretrain_state = {"iterations": 0, "best": math.inf, "stale": 0}
         self.detector = collapse_detector(c)
+        # a policy that does not move (a learning rate far too small): said once, with the fix
+        self.still_check = StillPolicyCheck(
+            c.policy_optim.lr, lora=c.model.lora.enabled, start=warmup_iterations(c)
+        )
         self.samples = SampleLog(c, roles.tokenizer)  # samples.jsonl rows of the logged iterations
         notes: list[str] = []  # said once the logger is open
         if resume:
@@ -130,7 +137,9 @@ class RLTrainer:
             self.run_dir,
             resumable=True,
             sinks=tuple(c.log.sinks) if not quiet else ("jsonl",),
-            total=c.train.iterations,
+            # each phase in its own units: `pretrain i/P`, then `iteration i/N`
+            total={"pretrain": c.critic.pretrain_iterations, "iteration": c.train.iterations},
+            indexed=True,  # `iteration` and `pretrain` are 0-based: record i is the (i+1)-th done
             key_metrics=KEY_METRICS,
             resume=resume,
             resume_step=self.iteration - 1 if resume else None,
@@ -179,6 +188,7 @@ class RLTrainer:
         experience, metrics = self.make_experience()
         # experience buffer (PPO paper §5.3.2)
         self.buffer = (self.buffer + [experience])[-c.train.buffer_size :]
+        self.status("updating")
         t0 = time.perf_counter()
         metrics.update(self.update(concat_experiences(self.buffer)))
         metrics["time/update"] = time.perf_counter() - t0
@@ -187,11 +197,15 @@ class RLTrainer:
         # adaptive KL (Ziegler et al.): e = clip(KL/target - 1, +-0.2); beta *= 1 + e * n / horizon
         self.kl_controller.update(metrics["kl/ref"], experience.batch_size)
         if self.evaluator and c.log.eval_every and (self.iteration % c.log.eval_every == 0):
+            self.status("evaluating")
             metrics.update({f"eval/{k}": v for k, v in self.evaluator(self, self.iteration).items()})
         warnings = self.detector.update(self.iteration, metrics)  # the collapse signature (PPO paper §5.2)
         metrics["collapse"] = bool(warnings) or bool(self.detector.fired)
         for message in warnings:
             self.logger.warn(message, step=self.iteration)
+        still = self.still_check.update(self.iteration, metrics)
+        if still is not None:
+            self.logger.warn(still, step=self.iteration, code=STILL_POLICY)
         if self.iteration % c.log.every == 0 or self.iteration == c.train.iterations - 1:
             self.logger.log(self.iteration, metrics)
             self.samples.write(self.logger, self.iteration)
@@ -202,10 +216,18 @@ class RLTrainer:
             metrics["stop"] = True
         return metrics
 
+    def status(self, what: str) -> None:
+        """Show the part of the step under way (a sign of life in a long step; console only)."""
+        if self.pretrain_done:
+            self.logger.status(what, self.iteration, "iteration")
+        else:
+            self.logger.status(what, self.pretrain_state["iterations"], "pretrain")
+
     def pretrain_step(self) -> None:
         """One critic pre-training iteration; stops early when the value loss plateaus."""
         c, state = self.config, self.pretrain_state
         experience, _ = self.make_experience()
+        self.status("updating the critic")
         stats = self.update(experience, train_policy=False)
         loss = stats["value/loss"]
         state["iterations"] += 1
@@ -237,12 +259,15 @@ class RLTrainer:
         prompts, group = sample_groups(
             self.prompts.next_batch(c.rollout.batch_size), c.rollout.samples_per_prompt
         )
+        self.status("sampling")
         rollout = run.generate(r.policy, prompts, self.sample_generator, c.rollout.logprobs_from_sampler)
         t1 = time.perf_counter()
+        self.status("scoring")
         raw_scores, scores, keep = self.score(rollout)
         self.samples.keep(rollout, raw_scores)
         mask = rollout.response_mask.float() * keep[:, None].float()  # dropped responses train nothing
         t2 = time.perf_counter()
+        self.status("forwards")
         old_logp, ref_logp, values = self.forwards(rollout, mask)
         t3 = time.perf_counter()
         # score reparameterization (PPO paper §5.3.1): running moments updated with this batch first
@@ -418,6 +443,14 @@ def roles_state_of_v1(state: dict) -> dict:
     if "critic_opt" in state:
         roles["critic"] = {"optimizer": state["critic_opt"], "scheduler": state["critic_sched"]}
     return roles
+
+
+def warmup_iterations(config: RLConfig) -> int:
+    """The RL iterations during which the policy's learning rate still warms up (rlhf/train/optim.py)."""
+    steps, _ = optimizer_steps(config)
+    o = config.policy_optim
+    warmup = max(0, o.warmup_steps, math.ceil(o.warmup_fraction * steps))
+    return math.ceil(warmup / max(1, config.train.ppo_epochs * config.train.minibatches))
 
 
 def collapse_detector(config: RLConfig) -> CollapseDetector:

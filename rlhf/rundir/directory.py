@@ -53,10 +53,15 @@ class SilentLogger:
     def log(self, step: int, metrics: dict, kind: str = "iteration") -> dict:
         return {kind: step, **metrics}
 
-    def warn(self, message: str, step: int | None = None, kind: str | None = None) -> dict:
+    def warn(
+        self, message: str, step: int | None = None, kind: str | None = None, code: str | None = None
+    ) -> dict:
         return {"event": "warning", "message": str(message)}
 
     def log_samples(self, step: int, rows, kind: str = "iteration") -> None:
+        pass
+
+    def status(self, what: str, done: int, kind: str = "iteration") -> None:
         pass
 
     def close(self) -> None:

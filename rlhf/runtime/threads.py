@@ -7,31 +7,76 @@ giving each model its own share of the cores keeps every core busy on large-enou
 release the GIL, so two Python threads are enough. The side with more work runs on the caller's
 thread and takes every core for its last steps, once the other side is done (`handover_step`
 predicts when from FLOP counts, flops.py). Measured in bench/NOTES.md.
+
+On a shared machine the threads follow what the process is given: OMP_NUM_THREADS when set (the
+two sides together never use more), else the cores of its affinity mask within its cgroup's CPU
+quota (`thread_budget`); `limit_threads` caps torch's own count to the same at a command's start.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD", or "max PERIOD"
+
+
+def omp_num_threads() -> int | None:
+    """OMP_NUM_THREADS as a positive number, or None when it is unset or not one."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip().split(",")[0]  # "4,2": nested levels
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def cgroup_cpus(path: Path | None = None) -> int | None:
+    """The CPUs a cgroup v2 quota allows (quota / period, rounded up, at least 1), or None: no
+    quota ("max"), no such file (cgroup v1, macOS), or a file that cannot be read."""
+    try:
+        quota, period = (path or CGROUP_CPU_MAX).read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if not quota.isdigit() or not period.isdigit() or int(period) == 0:
+        return None
+    return max(1, math.ceil(int(quota) / int(period)))
+
 
 def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS reports one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """CPU cores this process may run on: its affinity mask (`taskset`, a batch scheduler's CPU
+    set) where the OS reports one, else every core, capped by a cgroup CPU quota (a container's
+    `--cpus`)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_cpus()
+    return max(1, min(cores, quota) if quota is not None else cores)
+
+
+def thread_budget() -> int:
+    """The threads this process may use in all: OMP_NUM_THREADS when set, else `available_cores()`."""
+    return omp_num_threads() or available_cores()
+
+
+def limit_threads() -> int:
+    """Lower torch's intra-op threads to `thread_budget()` where they exceed it (torch's default is
+    every core of the machine, whatever the affinity mask or the container's quota); never raises
+    them. Returns the count in effect."""
+    budget = thread_budget()
+    if torch.get_num_threads() > budget:
+        torch.set_num_threads(budget)
+    return torch.get_num_threads()
 
 
 def side_by_side_threads() -> int | None:
     """Intra-op threads per side when two CPU jobs run side by side, or None when they should not:
-    one core only (two threads would just take turns). The current intra-op threads are split
+    a budget of one thread (one core, or OMP_NUM_THREADS=1: two threads would just take turns, or
+    exceed what the user allowed). The current intra-op threads, at most the budget, are split
     evenly, at least one each, so one torch thread on a multi-core machine becomes one per side."""
-    if available_cores() < 2:
+    budget = thread_budget()
+    if budget < 2:
         return None
-    return max(1, torch.get_num_threads() // 2)
+    return max(1, min(torch.get_num_threads(), budget) // 2)
 
 
 def run_side_by_side(

@@ -11,6 +11,7 @@ from rlhf.monitor import print_summary
 from rlhf.rl.roles.assemble import load_roles
 from rlhf.rl.trainer import RLTrainer
 from rlhf.rundir.final_report import write_final_report
+from rlhf.rundir.footprint import footprint_line
 from rlhf.rundir.run_inputs import model_inputs, record_models
 from rlhf.runtime import runtime_for
 from rlhf.runtime.process_group import is_writer_process, sharded_launch
@@ -80,9 +81,24 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     report = write_final_report(config.out)
     if not quiet:
         shown = {k: v for k, v in final.items() if isinstance(v, (int, float)) and not k.startswith("time/")}
-        print_summary(f"RL run finished: {config.out}", shown)
-        print(f"report: {report}")  # a line of its own: the table would cut a long path
+        print_summary(f"RL run finished: {config.out}", kl_first(shown))
+        print(footprint_line(config.out, config.checkpoint.keep))  # what the directory keeps, and why
+        print(f"report: {report}")  # last, a line of its own: the table would cut a long path
     return final
+
+
+def kl_first(shown: dict) -> dict:
+    """The summary's rows with the KL to the reference led by k3 (`kl/k3`, never negative), then
+    the configured estimator's `kl/ref` (k1 by default: unbiased, but negative when the sampled
+    tokens happen to be likelier under the reference)."""
+    if "kl/k3" not in shown:
+        return shown
+    rows: dict = {}
+    for key, value in shown.items():
+        if key.startswith("kl/") and "kl/k3" not in rows:
+            rows["kl/k3"] = shown["kl/k3"]
+        rows.setdefault(key, value)
+    return rows
 
 
 def check_reward_model_tokenizer(config: RLConfig) -> None:

@@ -93,6 +93,42 @@ def test_live_bar_on_a_terminal_shows_progress_and_metrics():
     assert "[bold]not markup[/bold]" in text  # the message is escaped, not interpreted
 
 
+def test_phases_count_their_own_units_with_their_own_eta():
+    sink, clock, out = _plain_sink({"pretrain": 4, "iteration": 10}, 1.0, indexed=True)
+    for kind, steps in (("pretrain", 4), ("iteration", 10)):
+        for index in range(steps):
+            clock.tick()
+            sink.log(index, kind, {kind: index})
+    sink.close()
+    heads = [line.split(" |")[0] for line in out.getvalue().splitlines()]
+    assert heads[0] == "[ppo] pretrain 1/4 (25%)" and "[ppo] pretrain 4/4 (100%)" in heads
+    assert heads[heads.index("[ppo] pretrain 4/4 (100%)") + 1] == "[ppo] iteration 1/10 (10%)"
+    assert heads[-1] == "[ppo] iteration 10/10 (100%)"
+
+
+def test_status_names_the_part_of_a_first_or_long_step():
+    sink, clock, out = _plain_sink(5, 1.0, indexed=True, plain_interval=30.0)
+    sink.status("sampling", 0, "iteration")  # the first step: said at once
+    clock.tick()
+    sink.log(0, "iteration", {"iteration": 0})
+    sink.status("sampling", 1, "iteration")  # a short later step: nothing
+    clock.now += 40  # ... but one that has printed nothing for plain_interval: said
+    sink.status("updating", 1, "iteration")
+    sink.close()
+    heads = [line.split(" |")[0] for line in out.getvalue().splitlines()]
+    assert heads == [
+        "[ppo] iteration 1/5: sampling ...",
+        "[ppo] iteration 1/5 (20%)",
+        "[ppo] iteration 2/5: updating ...",
+    ]
+    live_out = io.StringIO()
+    live = ConsoleSink(5, console=Console(file=live_out, force_terminal=True, width=160), indexed=True)
+    live.status("scoring", 0, "iteration")
+    live._progress.refresh()
+    live.close()
+    assert "iteration 1: scoring" in live_out.getvalue() and "0/5" in live_out.getvalue()
+
+
 def test_key_metrics_accept_mapping_keys_and_pairs():
     assert normalize_key_metrics({"r": "reward/mean"}) == [("r", "reward/mean")]
     assert normalize_key_metrics(["loss", ("acc", "eval/accuracy")]) == [

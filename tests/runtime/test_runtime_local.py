@@ -26,6 +26,13 @@ from tests.support.train_testing import rl_config
 # -- the trainer's update beside the critic's --------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _no_omp_limit(monkeypatch):
+    """The tests set the cores they need (available_cores); OMP_NUM_THREADS in the environment
+    of the suite would cap the side-by-side threads under them (threads.thread_budget)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+
 def one_update(make_trainer, monkeypatch, tmp_path, *, cores: int, **overrides):
     """A trainer's first iteration with the machine reporting `cores` cores; returns its metrics,
     its parameters, and how many times the side-by-side update ran."""

@@ -21,6 +21,13 @@ from rlhf.runtime.threads import by_row_halves, run_side_by_side, side_by_side_t
 # -- run_side_by_side ------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _no_omp_limit(monkeypatch):
+    """The tests set the cores they need (available_cores); OMP_NUM_THREADS in the environment
+    of the suite would cap the side-by-side threads under them (threads.thread_budget)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+
 def test_side_by_side_runs_every_step_in_order_on_two_threads_and_restores_threads():
     torch.set_num_threads(1)
     seen: dict[str, list] = {"here": [], "beside": []}

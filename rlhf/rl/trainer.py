@@ -88,9 +88,6 @@ class RLTrainer:
         self.prompt_rows = prompt_rows  # the prompt file's records, for reward functions
         self.reward_functions = load_reward_functions(c.reward.functions)  # only those named
         self.reward_parts: dict[str, float] = {}
-        self.sample_generator = torch.Generator(roles.policy.device).manual_seed(
-            c.seed + 1
-        )  # draws where it samples
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)
         if ptx_batches is not None and c.policy.ptx_coef > 0:
             roles.policy.ptx = PtxObjective(
@@ -181,6 +178,11 @@ class RLTrainer:
             self.logger.close()
         return last
 
+    @property
+    def sample_generator(self) -> torch.Generator:
+        """The rollouts' random state: the policy's own (checkpointed as "sample")."""
+        return self.roles.policy.generator
+
     def step(self) -> dict:
         """One iteration: rollout, experience, update, metrics."""
         c = self.config
@@ -253,14 +255,14 @@ class RLTrainer:
     @torch.inference_mode()
     def make_experience(self) -> tuple[Experience, dict]:
         """Sample, score, run the no-grad forwards, and turn scores into advantages."""
-        c, r, run = self.config, self.roles, self.runtime
+        c, run = self.config, self.runtime
         t0 = time.perf_counter()
         # each prompt sampled samples_per_prompt times, its rows one group (docs/algorithms.md §27)
         prompts, group = sample_groups(
             self.prompts.next_batch(c.rollout.batch_size), c.rollout.samples_per_prompt
         )
         self.status("sampling")
-        rollout = run.generate(r.policy, prompts, self.sample_generator, c.rollout.logprobs_from_sampler)
+        rollout = run.generate(prompts, c.rollout.logprobs_from_sampler)
         t1 = time.perf_counter()
         self.status("scoring")
         raw_scores, scores, keep = self.score(rollout)
@@ -295,10 +297,9 @@ class RLTrainer:
         if rollout.logprobs is not None:  # rollout.logprobs_from_sampler: no policy forward
             old_logp = rollout.logprobs * mask
         else:
-            old_logp = run.map_rows(r.policy.logprobs, sequences)
-        with r.reference.session() as reference_logprobs:  # a LoRA adapter is switched off once
-            ref_logp = run.map_rows(reference_logprobs, sequences)
-        values = run.map_rows(r.critic.values, sequences) if r.critic is not None else None
+            old_logp = run.forward("policy", sequences)
+        ref_logp = run.forward("reference", sequences)
+        values = run.forward("critic", sequences) if r.critic is not None else None
         return old_logp, ref_logp, values
 
     def experience_metrics(self, rollout, experience, raw_scores, processed, keep, kl, final_scores) -> dict:
@@ -315,9 +316,7 @@ class RLTrainer:
         """(raw scores [B]: the reward model's and/or the reward functions' weighted sum, scores after
         the truncation policy [B], rows kept [B])."""
         c, r = self.config, self.roles
-        raw_scores = (
-            self.runtime.map_rows(r.reward_model.score, rollout.sequences) if r.reward_model else None
-        )
+        raw_scores = self.runtime.forward("reward_model", rollout.sequences) if r.reward_model else None
         if raw_scores is not None and not bool(torch.isfinite(raw_scores).all()):  # a broken RM stops the run
             texts = r.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             require_finite_scores(
@@ -378,7 +377,7 @@ class RLTrainer:
                 elif c.advantage.clip is not None:
                     minibatch.advantages = minibatch.advantages.clamp(-c.advantage.clip, c.advantage.clip)
                 minibatches.append(minibatch)
-        steps = self.runtime.train(self.roles.learners(train_policy), minibatches)
+        steps = self.runtime.train(self.roles.learner_names(train_policy), minibatches)
         return {**mean_over_steps(steps), **self.roles.learning_rates()}
 
     # ----------------------------------------------------------------------------------------

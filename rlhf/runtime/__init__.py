@@ -5,8 +5,15 @@ for all of them.
     distributed  torchrun: every rank holds every role and a share of the rows; gradients summed
     ray          (later) role groups on Ray actors across machines
 
-A runtime offers `map_rows(forward, sequences)` for a rollout's no-grad forwards and
-`train(learners, minibatches)` for the optimizer steps of an update.
+The loop calls a runtime's roles by name, on plain batches (no callables or generators cross):
+
+    generate(prompts, return_logprobs)   the policy's rollout (its own random state draws)
+    forward(role, sequences)             a no-grad forward: "policy", "reference", "critic",
+                                         "reward_model" (rlhf/rl/roles/assemble.py Roles.forward_of)
+    train(roles, minibatches)            the optimizer steps of "policy" and/or "critic"
+    whole_models(), whole_model(model)   the whole parameters, for saving and exporting
+
+and schedules the rows inside (`map_rows`: threads here, ranks under torchrun).
 """
 
 from rlhf.runtime.distributed import DistributedRuntime, runtime_for

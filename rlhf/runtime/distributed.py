@@ -96,15 +96,18 @@ class DistributedRuntime(LocalRuntime):
                 f"some would have no row. Fix: --rollout.batch_size {self.peers.world_size} or more."
             )
 
-    def generate(self, policy, prompts: list[list[int]], generator: torch.Generator, return_logprobs: bool):
+    def generate(self, prompts: list[list[int]], return_logprobs: bool):
         """This rank's share of the rollout, joined with the other ranks' into the whole batch's."""
         self.check_rows(len(prompts))
         share = row_share(self.peers, len(prompts))
         self.shard_roles()
+        policy = self.roles.policy
         with fsdp.unsharded([policy.module]):  # fsdp2: gathered once, not per decoding step
-            mine = policy.generate(prompts, generator, return_logprobs, share=share)
+            mine = policy.generate(prompts, return_logprobs, share=share)
         sampled = policy.sampling.do_sample
-        return join_rollouts(self.peers, mine, share, generator, sampled, policy.tokenizer.pad_token_id)
+        return join_rollouts(
+            self.peers, mine, share, policy.generator, sampled, policy.tokenizer.pad_token_id
+        )
 
     def map_rows(self, forward: Callable[[Sequences], torch.Tensor], sequences: Sequences) -> torch.Tensor:
         rows = sequences.batch_size
@@ -122,12 +125,12 @@ class DistributedRuntime(LocalRuntime):
             mine = forward(sequences.rows(torch.tensor(index)))[: share.stop - share.start]
         return self.peers.gather_rows(mine, rows)
 
-    def train(self, learners: Sequence, minibatches: Sequence) -> list[dict[str, float]]:
-        """Each learner's steps on this rank's rows of every minibatch, the loss denominator the whole
-        minibatch's; the stats (summed over the ranks inside the step) of every step."""
+    def train(self, roles: Sequence[str], minibatches: Sequence) -> list[dict[str, float]]:
+        """Each named learner's steps on this rank's rows of every minibatch, the loss denominator the
+        whole minibatch's; the stats (summed over the ranks inside the step) of every step."""
         self.shard_roles()
         steps = []
-        for learner in learners:
+        for learner in [self.roles.learner(name) for name in roles]:
             for minibatch in minibatches:
                 mine = torch.arange(minibatch.batch_size)[self.peers.rows(minibatch.batch_size)]
                 denominator = learner.loss_denominator(minibatch)

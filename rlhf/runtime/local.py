@@ -59,11 +59,17 @@ class LocalRuntime:
         return contextlib.nullcontext()
 
     # -- sampling ------------------------------------------------------------------------------
-    def generate(self, policy, prompts: list[list[int]], generator: torch.Generator, return_logprobs: bool):
-        """The policy's rollout of the whole batch of `prompts`."""
-        return policy.generate(prompts, generator, return_logprobs)
+    def generate(self, prompts: list[list[int]], return_logprobs: bool):
+        """The policy's rollout of the whole batch of `prompts` (its own random state draws)."""
+        return self.roles.policy.generate(prompts, return_logprobs)
 
     # -- no-grad forwards ----------------------------------------------------------------------
+    def forward(self, role: str, sequences: Sequences) -> torch.Tensor:
+        """The no-grad forward of the role named `role` ("policy", "reference", "critic",
+        "reward_model": Roles.forward_of) on a rollout's `sequences`, its rows scheduled by `map_rows`."""
+        with self.roles.forward_of(role) as forward:
+            return self.map_rows(forward, sequences)
+
     def map_rows(self, forward: Callable[[Sequences], torch.Tensor], sequences: Sequences) -> torch.Tensor:
         """`forward(sequences)`, each row's result independent of the others, joined along dim 0."""
         split = self.split_forward_threads(sequences.input_ids.numel())
@@ -87,8 +93,10 @@ class LocalRuntime:
         return side_by_side_threads()
 
     # -- optimizer steps -----------------------------------------------------------------------
-    def train(self, learners: Sequence, minibatches: Sequence) -> list[dict[str, float]]:
-        """Each learner's `train_step` on every minibatch, in order; the stats of every step."""
+    def train(self, roles: Sequence[str], minibatches: Sequence) -> list[dict[str, float]]:
+        """Each named learner's `train_step` on every minibatch ("policy", "critic": Roles.learner),
+        in order; the stats of every step."""
+        learners = [self.roles.learner(name) for name in roles]
         steps = [[partial(self._step, learner, m) for m in minibatches] for learner in learners]
         results: list[dict[str, float]] = []
         threads = self.overlap_threads(learners)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel, init_critic
+from rlhf.models.sequences import Sequences
 from rlhf.rl.roles.critic import Critic, SharedCritic
 from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.frozen import Reference, RewardModel
@@ -44,6 +47,40 @@ class Roles:
     def separate_critic(self) -> Critic | None:
         """The critic when it is a network of its own (not a head on the policy, not absent)."""
         return self.critic if isinstance(self.critic, Critic) else None
+
+    def learner(self, name: str) -> Policy | Critic | SharedCritic:
+        """The role that trains under `name`: "policy", or "critic" (separate or on the policy's trunk)."""
+        role = {"policy": self.policy, "critic": self.critic}.get(name)
+        if role is None:
+            raise ValueError(f"no trained role {name!r} in this run (its learners: {self.learner_names()})")
+        return role
+
+    def learner_names(self, train_policy: bool = True) -> list[str]:
+        """The names of `learners(train_policy)`, what a runtime's `train` takes."""
+        return [
+            learner.prefix if learner.prefix == "policy" else "critic"
+            for learner in self.learners(train_policy)
+        ]
+
+    @contextmanager
+    def forward_of(self, name: str) -> Iterator[Callable[[Sequences], torch.Tensor]]:
+        """The rollout's no-grad forward of the role `name`, for the body: "policy" and "reference"
+        give response log-probs [B, T] at the sampling temperature, "critic" values [B, T],
+        "reward_model" scores [B]; each row's result depends on that row alone, so a runtime may
+        split the rows (between threads or ranks). The reference's weights are set once for the
+        body (a LoRA adapter switched off)."""
+        if name == "reference":
+            with self.reference.session() as logprobs:
+                yield logprobs
+            return
+        forwards = {
+            "policy": self.policy.logprobs,
+            "critic": self.critic and self.critic.values,
+            "reward_model": self.reward_model and self.reward_model.score,
+        }
+        if not forwards.get(name):
+            raise ValueError(f"no role {name!r} with a forward in this run")
+        yield forwards[name]
 
     def learners(self, train_policy: bool = True) -> list[Policy | Critic | SharedCritic]:
         """The roles that take an optimizer step on each minibatch: the policy (a shared critic's
@@ -167,6 +204,7 @@ def assemble_roles(
         precision=precision,
         sort_by_length=c.runtime.sort_by_length,
         device=device,
+        sample_seed=c.seed + 1,
     )
     # a chat model's response also ends at its template's end-of-turn token (data.chat_template)
     policy_role.stop_ids = stop_token_ids(tokenizer, c.data.chat_template)

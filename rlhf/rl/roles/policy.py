@@ -71,6 +71,7 @@ class Policy(RoleLearner):
         precision: Precision | None = None,
         sort_by_length: bool = True,
         device: torch.device | None = None,
+        sample_seed: int = 0,
     ) -> None:
         self.model = model  # the causal LM (a PEFT model when LoRA is on)
         self.home = device  # where its batches go (None: its parameters' device)
@@ -86,6 +87,9 @@ class Policy(RoleLearner):
         # with the value head on its trunk when the critic is shared (`self.module(..., part="value")`)
         trained = self.forward if joint_value is None else JointForward(self.forward, joint_value.forward)
         super().__init__(trained, optim, total_steps, micro_batch_size, sort_by_length)
+        # the rollouts' random draws, on the device where it samples: the policy's own state, saved
+        # in checkpoints ("sample"), never passed in by a caller
+        self.generator = torch.Generator(self.device).manual_seed(sample_seed)
 
     @property
     def device(self) -> torch.device:
@@ -95,11 +99,7 @@ class Policy(RoleLearner):
 
     # -- inference -----------------------------------------------------------------------------
     def generate(
-        self,
-        prompts: list[list[int]],
-        generator: torch.Generator,
-        return_logprobs: bool,
-        share: RowShare | None = None,
+        self, prompts: list[list[int]], return_logprobs: bool, share: RowShare | None = None
     ) -> Rollout:
         """One sampled response per prompt (token ids), in the rollout layout; with `share`, for
         those rows only (padded as the whole batch, drawing the whole batch's uniforms)."""
@@ -113,7 +113,7 @@ class Policy(RoleLearner):
             self.sampling,
             eos_token_id=self.stop_ids or tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
-            generator=generator,
+            generator=self.generator,
             return_logprobs=return_logprobs,
             share=share,
         )

@@ -42,30 +42,14 @@ def run_eval(config: EvalConfig) -> dict:
     precision = Precision.resolve(config.dtype, device, key="dtype")
     check_result_path(config)  # before any work: --out is a new file or an earlier eval.json
     tokenizer = prepare_tokenizer(load_tokenizer(config.policy))
-    for flag, other in (("--baseline", config.baseline), ("--judge", config.judge)):
-        if other and not str(other).startswith("world:"):  # both read the policy tokenizer's ids
-            check_same_tokenizer(
-                tokenizer,
-                f"--policy {config.policy}",
-                other,
-                f"{flag} {other}",
-                fix=f"compare models trained from one base model: pass a {flag} whose tokenizer is the policy's",
-            )
+    _check_tokenizers(config, tokenizer)
     skip = data.skip_invalid
     chat = data.chat_template
     examples = load_examples(data.prompts, kind="prompt", skip_invalid=skip).examples[: data.n]
     budget = eval_prompt_budget(config)
     prompts = [encode_prompt(tokenizer, ex.prompt, budget, chat_template=chat) for ex in examples]
     sources = [ex.source for ex in examples]
-    greedy = rollout.temperature == 0  # temperature 0: the most likely answer, as other tools read it
-    sampling = SamplingConfig(
-        max_new_tokens=rollout.max_new_tokens,
-        temperature=1.0 if greedy else rollout.temperature,
-        top_p=rollout.top_p,
-        do_sample=not greedy,
-    )
-    if rollout.sampling == "paper":  # PPO paper §6.1
-        sampling = SamplingConfig.ppo_paper(max_new_tokens=rollout.max_new_tokens)
+    sampling = eval_sampling(rollout)
     reward_fns = config.reward_functions
     if reward_fns:  # Python reward functions added to the judge's score (docs/algorithms.md §31)
         from rlhf.rl.reward_functions import check_row_fields, judge_with_functions, load_reward_functions
@@ -92,22 +76,21 @@ def run_eval(config: EvalConfig) -> dict:
             model_name=f"--{name} {path}",
             fix="shorten that prompt (at most {budget} tokens) or remove it, or lower --max-new-tokens",
         )
-        with WorkProgress(f"eval --{name}: sampling", len(prompts), "prompt") as progress:
-            rollouts, texts[name] = sample_responses(
-                model,
-                tokenizer,
-                prompts,
-                sampling,
-                seed=config.seed,
-                precision=precision,
-                on_batch=progress.advance,
-                stop_ids=stop_token_ids(tokenizer, chat),
-            )
-        with WorkProgress(f"eval --{name}: scoring", len(prompts), "response") as progress:
-            s = score_rollouts(rollouts, texts[name], judge, on_batch=progress.advance)
-        check_finite_scores(s, judge_name, f"--{name} {path}")
-        scores[name] = s
-        results[name] = {"path": str(path), **mean_with_ci(s)}
+        stop_ids = stop_token_ids(tokenizer, chat)
+        texts[name], scores[name] = _answer_and_score(
+            name,
+            path,
+            model,
+            tokenizer,
+            prompts,
+            sampling,
+            judge,
+            judge_name,
+            config,
+            precision,
+            stop_ids,
+        )
+        results[name] = {"path": str(path), **mean_with_ci(scores[name])}
     results["comparison"] = compare_scores(scores["policy"], scores["baseline"])
     results["length"] = judge_length_bias(
         texts["policy"],
@@ -124,12 +107,71 @@ def run_eval(config: EvalConfig) -> dict:
     results["samples"] = paired_samples([ex.prompt for ex in examples], sources, texts, scores)
     out = eval_result_path(config)
     write_result(out, results)
+    _print_eval_summary(config, results, judge_name, out)
+    return results
+
+
+def _check_tokenizers(config: EvalConfig, tokenizer) -> None:
+    """The baseline and the judge read the policy tokenizer's ids: their tokenizers must be its."""
+    for flag, other in (("--baseline", config.baseline), ("--judge", config.judge)):
+        if other and not str(other).startswith("world:"):
+            check_same_tokenizer(
+                tokenizer,
+                f"--policy {config.policy}",
+                other,
+                f"{flag} {other}",
+                fix=f"compare models trained from one base model: pass a {flag} whose tokenizer is the policy's",
+            )
+
+
+def eval_sampling(rollout) -> SamplingConfig:
+    """How both policies answer: temperature 0 is greedy (the most likely answer, as other tools read
+    it); `rollout.sampling paper` is the PPO paper's §6.1 settings."""
+    if rollout.sampling == "paper":
+        return SamplingConfig.ppo_paper(max_new_tokens=rollout.max_new_tokens)
+    greedy = rollout.temperature == 0
+    return SamplingConfig(
+        max_new_tokens=rollout.max_new_tokens,
+        temperature=1.0 if greedy else rollout.temperature,
+        top_p=rollout.top_p,
+        do_sample=not greedy,
+    )
+
+
+def _answer_and_score(
+    name, path, model, tokenizer, prompts, sampling, judge, judge_name, config, precision, stop_ids
+):
+    """(response texts, judge scores) of the `--name` policy on the prompts, with progress for each part."""
+    with WorkProgress(f"eval --{name}: sampling", len(prompts), "prompt") as progress:
+        rollouts, texts = sample_responses(
+            model,
+            tokenizer,
+            prompts,
+            sampling,
+            seed=config.seed,
+            precision=precision,
+            on_batch=progress.advance,
+            stop_ids=stop_ids,
+        )
+    with WorkProgress(f"eval --{name}: scoring", len(prompts), "response") as progress:
+        scores = score_rollouts(rollouts, texts, judge, on_batch=progress.advance)
+    check_finite_scores(scores, judge_name, f"--{name} {path}")
+    return texts, scores
+
+
+def _print_eval_summary(config: EvalConfig, results: dict, judge_name: str, out: Path) -> None:
+    """The one-screen summary, and the warning when the judge's preference follows length."""
     cmp = results["comparison"]
+
+    def reward(name: str) -> str:
+        mean, low = results[name]["mean"], results[name]["ci95"][0]
+        return f"{mean:.4f} ± {mean - low:.4f}"
+
     print_summary(
         f"eval: {config.policy} vs {config.baseline} (judge {judge_name}, n={cmp['n']})",
         {
-            "policy reward": f"{results['policy']['mean']:.4f} ± {results['policy']['mean'] - results['policy']['ci95'][0]:.4f}",
-            "baseline reward": f"{results['baseline']['mean']:.4f} ± {results['baseline']['mean'] - results['baseline']['ci95'][0]:.4f}",
+            "policy reward": reward("policy"),
+            "baseline reward": reward("baseline"),
             "win / tie / loss": f"{cmp['win']:.3f} / {cmp['tie']:.3f} / {cmp['loss']:.3f}",
             "win rate (ties half)": f"{cmp['win_rate']:.3f} [{cmp['win_rate_ci95'][0]:.3f}, {cmp['win_rate_ci95'][1]:.3f}]",
             **length_summary(results["length"]),
@@ -138,7 +180,6 @@ def run_eval(config: EvalConfig) -> dict:
     )
     if results["length"]["warning"]:
         print(f"warning: {results['length']['warning']}", file=sys.stderr)
-    return results
 
 
 EVAL_KEYS = ("policy", "baseline", "comparison", "judge")  # what makes a JSON file an earlier eval.json

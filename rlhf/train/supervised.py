@@ -176,15 +176,7 @@ def run_supervised(
         gradient_checkpointing(model)
     stats = TruncationStats()
     if train_rows is None:
-        d = config.data
-        loaded = load_examples(d.path, kind=stage.data_kind, format=d.format, skip_invalid=d.skip_invalid)
-        train_ex, test_ex = split_examples(loaded.examples, d.test_fraction, seed=config.seed)
-        train_rows = stage.encode(tokenizer, train_ex, stats)
-        read = list(zip(train_ex, train_rows))
-        if test_rows is None:
-            test_rows = stage.encode(tokenizer, test_ex, stats)
-            read += zip(test_ex, test_rows)
-        _check_rows_fit(stage, model, read)
+        train_rows, test_rows = _read_rows(stage, tokenizer, model, stats, test_rows)
     test_rows = test_rows or []
     if not train_rows:
         raise ValueError(f"no {stage.empty_data}: the data left nothing to train on. Fix: check data.path.")
@@ -192,7 +184,6 @@ def run_supervised(
     steps, batches = stage.schedule(train_rows, generator)
     learner = Learner(model, config.optim, steps, peers=peers, strategy=config.dist.strategy)
     run = SupervisedRun(out, tokenizer, model, learner, precision, peers, writer)
-    t = config.train
     done = _resume(run, stage, batches, train_rows, test_rows) if resume else 0
     logger = open_metrics_logger(
         out,
@@ -203,36 +194,18 @@ def run_supervised(
         writer=writer,
         **({"resume": True, "resume_step": done - 1} if resume else {}),
     )
-    final: dict = {}
     stage.before_training(run, train_rows, test_rows)
     if resume:  # after the stage's own setup, which may draw numbers (none of DPO's does)
         ckpt.set_rng_state(run.resumed_rng)
-    every = config.checkpoint.every if stage.resumable else 0
     with logger:
         if test_rows and stage.baseline_eval and not resume:  # held-out figures before any update
             with learner.gathered():
                 before = stage.evaluate(run, test_rows)
             logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step")
             stage.baseline = before
-        for step, indices in zip(range(done, steps), batches):
-            model.train()
-            with learner.gathered():  # fsdp2: the whole model for the step's micro-batches
-                metrics = stage.train_step(run, [train_rows[i] for i in indices])
-                metrics["train/grad_norm"] = learner.optimizer_step()
-            metrics["train/lr"] = learner.lr
-            last = step == steps - 1
-            if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
-                with learner.gathered():
-                    result = stage.evaluate(run, test_rows)
-                metrics.update({f"eval/{k}": v for k, v in result.items()})
-                stage.on_evaluation(run, step, result)
-            if last or step % t.log_every == 0 or any(k.startswith("eval/") for k in metrics):
-                logger.log(step, metrics, kind="step")
-            final = metrics
-            if every and (step + 1) % every == 0 and not last:
-                if writer:  # every rank holds the same state (ddp): rank 0 writes it
-                    state = stage.checkpoint_state(train_rows, test_rows)
-                    save_supervised_checkpoint(run, step + 1, state, config.checkpoint.keep)
+        final = _train_steps(
+            run, stage, logger, zip(range(done, steps), batches), steps, train_rows, test_rows
+        )
     model.eval()
     final = stage.finish(run, final, stats)
     if not writer:
@@ -242,6 +215,60 @@ def run_supervised(
         shown = {k: v for k, v in final.items() if not isinstance(v, list)}
         print_summary(f"{stage.title} finished: {out}", shown)
         print(f"report: {report}")  # a line of its own: the table would cut a long path
+    return final
+
+
+def _read_rows(stage: SupervisedStage, tokenizer, model: nn.Module, stats, test_rows: list | None) -> tuple:
+    """(train rows, test rows) from `config.data.path`, split by `data.test_fraction` (given test
+    rows kept as they are), encoded, every row checked against the model's positions."""
+    d, seed = stage.config.data, stage.config.seed
+    loaded = load_examples(d.path, kind=stage.data_kind, format=d.format, skip_invalid=d.skip_invalid)
+    train_ex, test_ex = split_examples(loaded.examples, d.test_fraction, seed=seed)
+    train_rows = stage.encode(tokenizer, train_ex, stats)
+    read = list(zip(train_ex, train_rows))
+    if test_rows is None:
+        test_rows = stage.encode(tokenizer, test_ex, stats)
+        read += zip(test_ex, test_rows)
+    _check_rows_fit(stage, model, read)
+    return train_rows, test_rows
+
+
+def _train_steps(
+    run: SupervisedRun,
+    stage: SupervisedStage,
+    logger,
+    numbered_batches,
+    steps: int,
+    train_rows: list,
+    test_rows: list,
+) -> dict:
+    """The optimizer steps of `numbered_batches` ((step, row indices) pairs), evaluated every
+    `train.eval_every` steps and at the last, logged every `train.log_every`, a checkpoint every
+    `checkpoint.every` (a resumable stage); the last step's metrics."""
+    config, learner = stage.config, run.learner
+    t = config.train
+    every = config.checkpoint.every if stage.resumable else 0
+    final: dict = {}
+    for step, indices in numbered_batches:
+        run.model.train()
+        with learner.gathered():  # fsdp2: the whole model for the step's micro-batches
+            metrics = stage.train_step(run, [train_rows[i] for i in indices])
+            metrics["train/grad_norm"] = learner.optimizer_step()
+        metrics["train/lr"] = learner.lr
+        last = step == steps - 1
+        if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
+            with learner.gathered():
+                result = stage.evaluate(run, test_rows)
+            metrics.update({f"eval/{k}": v for k, v in result.items()})
+            stage.on_evaluation(run, step, result)
+        if last or step % t.log_every == 0 or any(k.startswith("eval/") for k in metrics):
+            logger.log(step, metrics, kind="step")
+        final = metrics
+        if every and (step + 1) % every == 0 and not last and run.writer:
+            # every rank holds the same state (ddp): rank 0 writes it
+            save_supervised_checkpoint(
+                run, step + 1, stage.checkpoint_state(train_rows, test_rows), config.checkpoint.keep
+            )
     return final
 
 

@@ -147,7 +147,8 @@ class _AtomicDirectory:
 DONE = "DONE"
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes, read a MiB at a time."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -162,7 +163,7 @@ def write_done(directory: Path, iteration: int) -> None:
     """
     directory = Path(directory)
     files = {
-        str(f.relative_to(directory)): {"size": f.stat().st_size, "sha256": _sha256(f)}
+        str(f.relative_to(directory)): {"size": f.stat().st_size, "sha256": sha256_file(f)}
         for f in sorted(directory.rglob("*"))
         if f.is_file() and f.name != DONE
     }
@@ -204,7 +205,7 @@ def verify(path: Path) -> str | None:
         size = f.stat().st_size
         if size != info["size"]:
             return f"{name} has {size} bytes, {info['size']} were written"
-        if _sha256(f) != info["sha256"]:
+        if sha256_file(f) != info["sha256"]:
             return f"{name} was changed after it was written (sha256 differs)"
     return None
 

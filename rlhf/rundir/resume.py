@@ -40,6 +40,17 @@ RESUMABLE_KEYS = (
 )
 
 
+def changed_keys(recorded: dict, config, allowed: tuple[str, ...]) -> list[str]:
+    """Every key whose value in `config` differs from the recorded run's and that a resume may not
+    change, as "key (old -> new)"."""
+    before, after = flatten_keys(recorded), flatten_keys(to_dict(config))
+    return [
+        f"{key} ({before.get(key)!r} -> {after[key]!r})"
+        for key in after
+        if after[key] != before.get(key) and key not in allowed
+    ]
+
+
 def flatten_keys(data, prefix: str = "") -> dict:
     """A nested config dict as {"group.key": value} (a non-dict `data` under `prefix` itself)."""
     if not isinstance(data, dict):
@@ -85,12 +96,7 @@ def resume_config(
         from_dict(RLConfig, deep_merge(recorded, overrides), origin="command line")
         requested = deep_merge(requested, overrides)
     config = from_dict(RLConfig, requested, origin="command line")
-    before, after = flatten_keys(recorded), flatten_keys(to_dict(config))
-    refused = [
-        f"{key} ({before.get(key)!r} -> {after[key]!r})"
-        for key in after
-        if after[key] != before.get(key) and key not in RESUMABLE_KEYS
-    ]
+    refused = changed_keys(recorded, config, RESUMABLE_KEYS)
     if refused:
         raise ConfigError(
             f"rlhf train --resume {run_dir}: a resumed run keeps its algorithm, models and data, but these "

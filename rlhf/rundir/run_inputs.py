@@ -16,7 +16,6 @@ rewrites `config.yaml` only when its text changes (a resume that changes nothing
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -26,20 +25,13 @@ import yaml
 
 from rlhf.config import ConfigError, RLConfig, config_from_yaml, migrate_renamed_keys, read_yaml, to_dict
 from rlhf.models.files import model_files
+from rlhf.rundir.checkpoint import sha256_file
 from rlhf.rundir.resume import flatten_keys
 
 RECORD = "run_inputs.json"
 CONFIG = "config.yaml"
 ALLOW_CHANGED_MODELS_FLAG = "--resume-allow-changed-models"
 FORMAT = 1
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def model_inputs(config: RLConfig) -> dict[str, dict]:

@@ -20,7 +20,7 @@ from rlhf.config import (
     read_yaml,
     to_dict,
 )
-from rlhf.rundir.resume import flatten_keys
+from rlhf.rundir.resume import changed_keys
 
 # Keys a resumed supervised run may change: what it logs where and how often it evaluates and saves.
 SUPERVISED_RESUMABLE_KEYS = (
@@ -55,12 +55,7 @@ def supervised_resume_config(
         from_dict(config_class, deep_merge(recorded, data), origin=origin)  # a wrong key names its origin
         requested = deep_merge(requested, data)
     config = from_dict(config_class, requested, origin="command line")
-    before, after = flatten_keys(recorded), flatten_keys(to_dict(config))
-    refused = [
-        f"{key} ({before.get(key)!r} -> {after[key]!r})"
-        for key in after
-        if after[key] != before.get(key) and key not in SUPERVISED_RESUMABLE_KEYS
-    ]
+    refused = changed_keys(recorded, config, SUPERVISED_RESUMABLE_KEYS)
     if refused:
         raise ConfigError(
             f"rlhf {stage} --resume {run_dir}: a resumed run keeps its model, data, optimizer and schedule, "

@@ -41,26 +41,12 @@ from torch.distributed.tensor import DTensor
 from rlhf.runtime.peers import Peers
 
 
-class ShardRoot(nn.Module):
-    """The root that fully_shard needs for a container of modules (a policy with its value head:
-    nn.ModuleList). Its parameters are used through the inner modules, gathered (`gathered`)."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args, **kwargs):
-        raise NotImplementedError("call the inner modules, inside rlhf.runtime.fsdp.gathered")
-
-
 def shard_module(module: nn.Module, optimizer: torch.optim.Optimizer, peers: Peers) -> FSDPModule:
     """Shard `module` in place (every rank must hold the same parameters and optimizer state first)
-    and point `optimizer` at the shards; the sharded root (`module`, or a ShardRoot around a
-    container) is what `gathered`, `whole_copies` and `step` take. Optimizer state already there (a
-    resumed run's) is cut to each shard's rows. On a GPU the forwards run in bfloat16
-    (MixedPrecisionPolicy; untested here); on the CPU in the parameters' dtype."""
-    if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
-        module = ShardRoot(module)
+    and point `optimizer` at the shards; `module`, now the sharded root, is what `gathered`,
+    `whole_copies` and `step` take. Optimizer state already there (a resumed run's) is cut to each
+    shard's rows. On a GPU the forwards run in bfloat16 (MixedPrecisionPolicy); on the CPU in the
+    parameters' dtype."""
     before = dict(module.named_parameters())
     fully_shard(module, reshard_after_forward=False, **_precision(peers))
     _point_optimizer_at_shards(optimizer, before, dict(module.named_parameters()), peers)
@@ -389,18 +375,16 @@ def step(
     scheduler,
     peers: Peers,
     max_grad_norm: float | None,
-    summed: bool = False,
 ) -> float:
     """The optimizer step of a gathered sharded module after its micro-batches' backwards: sum the
     gradients over the ranks, keep this rank's shard, shard the parameters again, clip by the global
-    norm, step; the pre-clip norm. `summed`: the caller has summed the gradients already."""
+    norm, step; the pre-clip norm."""
     whole = dict(module.named_parameters())  # while gathered: the whole parameters, with gradients
     trained = [p for p in whole.values() if p.requires_grad]
     for p in trained:  # sums in float32 (the MixedPrecisionPolicy's reduce dtype on a GPU)
         if p.grad is not None and p.grad.dtype != torch.float32:
             p.grad = p.grad.float()
-    if not summed:
-        peers.sum_gradients(trained)
+    peers.sum_gradients(trained)
     local = {}
     for name, p in whole.items():
         if p.requires_grad and p.grad is not None:
@@ -426,13 +410,3 @@ def global_norm(params: Sequence[torch.Tensor], peers: Peers) -> float:
     """The L2 norm of the gradients of every shard of `params` (DTensor parameters) over the ranks."""
     local = sum(float(p.grad.to_local().double().square().sum()) for p in params)
     return math.sqrt(peers.sum(local))
-
-
-def shard_trained(
-    strategy: str, model: nn.Module, optimizer: torch.optim.Optimizer, peers: Peers | None
-) -> list:
-    """[model], sharded, under `dist.strategy fsdp2` in a process group; else [] (nothing to gather):
-    what SFT and reward-model training pass to `gathered`, `whole_copies` and `step`."""
-    if peers is None or strategy != "fsdp2":
-        return []
-    return [shard_module(model, optimizer, peers)]

@@ -56,11 +56,12 @@ class Roles:
         return role
 
     def learner_names(self, train_policy: bool = True) -> list[str]:
-        """The names of `learners(train_policy)`, what a runtime's `train` takes."""
-        return [
-            learner.prefix if learner.prefix == "policy" else "critic"
-            for learner in self.learners(train_policy)
-        ]
+        """The roles that take an optimizer step on each minibatch, what a runtime's `train` takes:
+        the policy (a shared critic's value loss is part of its step) and a separate critic; in
+        critic pre-training the critic only."""
+        if not train_policy:
+            return ["critic"]
+        return ["policy"] + (["critic"] if self.separate_critic else [])
 
     @contextmanager
     def forward_of(self, name: str) -> Iterator[Callable[[Sequences], torch.Tensor]]:
@@ -83,12 +84,8 @@ class Roles:
         yield forwards[name]
 
     def learners(self, train_policy: bool = True) -> list[Policy | Critic | SharedCritic]:
-        """The roles that take an optimizer step on each minibatch: the policy (a shared critic's
-        value loss is part of its step) and a separate critic; in critic pre-training the critic only."""
-        if not train_policy:
-            assert self.critic is not None, "critic pre-training needs a critic"
-            return [self.critic]
-        return [self.policy] + ([self.separate_critic] if self.separate_critic else [])
+        """The roles of `learner_names`."""
+        return [self.learner(name) for name in self.learner_names(train_policy)]
 
     def learning_rates(self) -> dict[str, float]:
         rates = {"policy/lr": self.policy.lr}

@@ -118,7 +118,7 @@ class SharedCritic:
             (weight * self.joint.coef * loss).backward()
         self.policy.drop_weightless_gradients(total_tokens, lockstep)
         head = {id(q) for q in self.model.head.parameters()}
-        for q in self.policy.module.parameters():  # under fsdp2: the gathered ones, holding the gradients
+        for q in self.policy.module.parameters():  # under fsdp2: the shards, holding their reduced gradients
             if id(q) not in head:
                 q.grad = None
         grad_norm = self.policy.optimizer_step()

@@ -3,6 +3,9 @@
 
     .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 2 --strategies ddp fsdp2
     .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 --strategies fsdp2 --device cuda
+    .venv/bin/python -m bench.dist_memory compare --ranks 2 --strategies fsdp2 fsdp2+per_layer --malloc live
+
+A strategy `S+G` runs `--dist.strategy S --dist.rollout_gather G` (the rollout's policy whole or per layer).
 
 The workload: PPO-max with a separate critic (from the reward model), a frozen reference and
 reward model, all four of the same shape (bench/gpu_memory.py's `m84`: hidden 1024, 8 layers, 92M
@@ -56,8 +59,11 @@ def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
             "--train.device", device, "--train.iterations", "1", "--rollout.batch_size", "8",
             "--rollout.max_new_tokens", "8", "--train.minibatches", "2", "--critic.pretrain_iterations", "0",
             "--train.micro_batch_size", "4", "--checkpoint.every", "0"]  # fmt: skip
+    strategy, _, gather = strategy.partition("+")  # fsdp2+per_layer: dist.rollout_gather per_layer
     if strategy != "none":
         args += ["--dist.strategy", strategy]
+    if gather:
+        args += ["--dist.rollout_gather", gather]
     if device == "cuda":
         args += ["--dtype", "bfloat16"]
     start = time.perf_counter()

@@ -314,7 +314,7 @@ def _plan_parser(sub) -> None:
     plan.add_argument("--gradient-checkpointing", action="store_true")
     plan.add_argument("--offload", action="store_true", help="fsdp2: shards and AdamW state in CPU memory")
     plan.add_argument(
-        "--rollout-gather", default="whole", help="fsdp2 sampling: whole | per-layer (planned only)"
+        "--rollout-gather", default="whole", help="fsdp2 sampling: whole | per_layer (dist.rollout_gather)"
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 

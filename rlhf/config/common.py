@@ -75,6 +75,11 @@ class DistConfig:
     # layer copied to the GPU for its use (torch's CPUOffloadPolicy): for a GPU that cannot hold its
     # shards, at the cost of a host-device copy per use and AdamW on the CPU
     offload: bool = False
+    # fsdp2 in rlhf train, the rollout's policy: "whole": gathered once per rollout and sampled with
+    # whole (fastest; the whole policy in the compute dtype on every rank while sampling) | "per_layer":
+    # every decoding step gathers one layer at a time (a policy too big to hold whole, e.g. 70B on
+    # 80 GB GPUs; one all-gather per layer per token, every rank stepping until all ranks' rows ended)
+    rollout_gather: Literal["whole", "per_layer"] = "whole"
 
     def validate(self, prefix: str) -> None:
         positive(self.timeout, f"{prefix}timeout", 600, " seconds")
@@ -85,4 +90,12 @@ class DistConfig:
             f"needs {prefix}strategy fsdp2 (it moves sharded state to the CPU; the strategy is "
             f"{self.strategy!r})",
             f"--{prefix}strategy fsdp2, or --{prefix}offload false",
+        )
+        require(
+            self.rollout_gather == "whole" or self.strategy == "fsdp2",
+            f"{prefix}rollout_gather",
+            self.rollout_gather,
+            f"needs {prefix}strategy fsdp2 (only sharded policies are gathered; the strategy is "
+            f"{self.strategy!r})",
+            f"--{prefix}strategy fsdp2, or --{prefix}rollout_gather whole",
         )

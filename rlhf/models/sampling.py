@@ -13,13 +13,18 @@ there, the rollout stays there). On an accelerator the decode loop never waits f
 within a step: whether every row has ended (the only host decision) is read every
 `finished_check_every` steps; rows that ended meanwhile keep emitting the pad id with mask 0, so the
 tokens drawn are the same as with a check at every step.
+
+Lockstep (`all_ranks_done`): when every decoding step's forward runs collectives (FSDP2 gathering
+each layer of a sharded policy in turn, rlhf/runtime/distributed.py), every rank must run the same
+forwards. The loop then exits only once every rank's rows have ended, and a rank whose rows all
+ended keeps stepping one of them (its tokens masked as any ended row's): the tokens are unchanged.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -330,6 +335,7 @@ def _sample_loop(
     generator: torch.Generator | None,
     return_logprobs: bool = False,
     share: RowShare | None = None,
+    all_ranks_done: Callable[[bool], bool] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None, int]:
     """(tokens [B, max_new], mask [B, P + max_new], T, log-probs [B, max_new] or None, steps run),
     T the longest response; runs under inference mode. With `share`, the B rows are the share's
@@ -339,7 +345,9 @@ def _sample_loop(
     that ended leave it once a quarter of it has ended (amortizing the KV-cache copy). Each step
     still draws one uniform for every row of the batch, so the random stream, and the tokens, are
     those of a loop that keeps every row. Which rows ended is read on the host (a device sync) only
-    every `config.check_every(device)` steps: the loop's only sync besides the last line."""
+    every `config.check_every(device)` steps: the loop's only sync besides the last line.
+    `all_ranks_done` (lockstep): given whether this rank's rows have all ended, whether every
+    rank's have; called at those checks on every rank (a collective), the loop exits on its answer."""
     decoder, _ = causal_lm_parts(model)
     head = output_head(model)
     batch, prompt_len = prompt_ids.shape
@@ -390,10 +398,12 @@ def _sample_loop(
             running &= ~torch.isin(chosen, eos_ids)
         if config.stop_at_eos and steps % check_every == 0:
             still = int(running.sum())
-            if still == 0:
-                break  # every row has ended: exit early, T = longest response
-            if config.drop_finished_rows and 4 * still <= 3 * len(active):
+            if still == 0 if all_ranks_done is None else all_ranks_done(still == 0):
+                break  # every row has ended (on every rank): exit early, T = longest response
+            if config.drop_finished_rows and 4 * still <= 3 * len(active) and len(active) > 1:
                 keep = running.nonzero().squeeze(1)
+                if len(keep) == 0:  # lockstep: the other ranks still decode, one ended row steps along
+                    keep = keep.new_zeros(1)
                 cache.reorder_cache(keep)
                 active, running, chosen, next_position = (
                     active[keep],
@@ -436,6 +446,7 @@ def generate(
     generator: torch.Generator | None = None,
     return_logprobs: bool = False,
     share: RowShare | None = None,
+    all_ranks_done: Callable[[bool], bool] | None = None,
 ) -> Rollout:
     """Sample one response per left-padded prompt. The model runs in eval mode (restored after).
 
@@ -448,6 +459,8 @@ def generate(
     log-probs at `config.temperature`), which saves the trainer a forward pass for the old log-probs.
     `share`: the prompts are rows `share.start:share.stop` of a larger batch sampled by several
     processes (their tokens are the whole batch's; rlhf/runtime/rollout_share.py joins the shares).
+    `all_ranks_done`: the processes decode in lockstep, each running as many steps as the longest
+    (`_sample_loop`); `decode_steps` is then the same on every one.
     """
     device = model_device(model)
     if generator is not None and not same_device(generator.device, device):
@@ -474,6 +487,7 @@ def generate(
             generator,
             return_logprobs,
             share,
+            all_ranks_done,
         )
     # Clone outside inference mode: the trainer uses these tensors in autograd graphs.
     prompt_len = prompt_ids.shape[1]

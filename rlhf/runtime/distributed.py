@@ -19,7 +19,8 @@ copy and the reward model, each rank holding 1/N of every one. Their forwards an
 one layer at a time and reduce-scatter the gradients, so every rank runs the same ones: the rows of
 a no-grad forward are padded to the largest rank's share, and the micro-batches of an optimizer step
 to the largest rank's count with fillers that weigh nothing (`Lockstep`). The rollout unshards the
-policy once. Checkpoints are written as each rank's shards (rlhf/rundir/sharded_checkpoint.py).
+policy once, or (`dist.rollout_gather per_layer`) gathers a layer at a time in every decoding step,
+every rank stepping until every rank's rows have ended. Checkpoints are written as each rank's shards (rlhf/rundir/sharded_checkpoint.py).
 Rank 0 alone writes the run directory (`writer`).
 """
 
@@ -42,13 +43,20 @@ class DistributedRuntime(LocalRuntime):
     """The local runtime's scheduling on this rank's share of the rows, joined over the ranks."""
 
     def __init__(
-        self, roles, config: RuntimeConfig, group=None, strategy: str = "ddp", offload: bool = False
+        self,
+        roles,
+        config: RuntimeConfig,
+        group=None,
+        strategy: str = "ddp",
+        offload: bool = False,
+        rollout_gather: str = "whole",
     ) -> None:
         super().__init__(roles, config)
         self.peers = Peers(group)
         self.learners = roles.learners()  # the policy, and a critic of its own (none: critic-free)
         self.sharded = strategy == "fsdp2"
         self.offload = offload  # dist.offload: the shards and AdamW state in CPU memory
+        self.rollout_gather = rollout_gather  # dist.rollout_gather: the sampled policy whole or per layer
         for learner in self.learners:
             learner.peers = self.peers
             if not self.sharded:  # fsdp2: every rank's shards come from rank 0 (shard_roles)
@@ -102,8 +110,12 @@ class DistributedRuntime(LocalRuntime):
         share = row_share(self.peers, len(prompts))
         self.shard_roles()
         policy = self.roles.policy
-        with fsdp.unsharded([policy.module]):  # fsdp2: gathered once, not per decoding step
-            mine = policy.generate(prompts, return_logprobs, share=share)
+        if self.sharded and self.rollout_gather == "per_layer":  # a layer at a time, ranks in lockstep
+            with fsdp.gathered_per_layer(policy.module):
+                mine = policy.generate(prompts, return_logprobs, share=share, all_ranks_done=self.peers.all)
+        else:
+            with fsdp.unsharded([policy.module]):  # fsdp2: gathered once, not per decoding step
+                mine = policy.generate(prompts, return_logprobs, share=share)
         sampled = policy.sampling.do_sample
         return join_rollouts(
             self.peers, mine, share, policy.generator, sampled, policy.tokenizer.pad_token_id
@@ -156,7 +168,8 @@ def runtime_for(roles, config) -> LocalRuntime:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        d = config.dist
         return DistributedRuntime(
-            roles, config.runtime, strategy=config.dist.strategy, offload=config.dist.offload
+            roles, config.runtime, strategy=d.strategy, offload=d.offload, rollout_gather=d.rollout_gather
         )
     return LocalRuntime(roles, config.runtime)

@@ -12,7 +12,8 @@ a whole gradient. Every rank must then run the same forwards and backwards: the 
 whose rows run out with micro-batches that weigh nothing (rlhf/runtime/distributed.py). The step
 clips by the global norm over the shards (PPO paper §5.4) and steps AdamW on each rank's shard
 (`step_shards`). The rollout unshards the policy once and samples with its whole parameters
-(`unsharded`).
+(`unsharded`), or, for a policy too big to hold whole, gathers one layer at a time in every decoding
+step (`gathered_per_layer`, `dist.rollout_gather per_layer`).
 
 Whole (the supervised stages, `shard_module`): the root alone is sharded and gathered explicitly
 for each use (`gathered`); `step` sums the whole gradients over the ranks and keeps this rank's
@@ -232,6 +233,22 @@ def unsharded(roots: Sequence[nn.Module]) -> Iterator[None]:
         for unit in units:
             unit.reshard()
             unit.set_reshard_after_forward(True, recurse=False)
+
+
+@contextlib.contextmanager
+def gathered_per_layer(root: nn.Module) -> Iterator[None]:
+    """The rollout of `dist.rollout_gather per_layer`: the sharded `root` left sharded, so that every
+    decoding step's forward gathers one layer at a time through FSDP2's own hooks and frees it after
+    (the root unit, embeddings and heads, held through the `sample` call); every rank must then run
+    the same forwards (rlhf.models.sampling, `all_ranks_done`). Each unit is first gathered and freed
+    once outside inference mode, one at a time: FSDP2 keeps the gathered parameters' tensors for its
+    later gathers, which the training steps must be able to use (an inference tensor made by the
+    first gather, under the sampler's inference mode, could not be saved for a backward)."""
+    with torch.inference_mode(False):
+        for unit in fsdp_units(root) if is_sharded(root) else []:
+            unit.unshard()
+            unit.reshard()
+    yield
 
 
 def step_shards(

@@ -13,7 +13,8 @@ training, a precision policy, a strategy and a number of ranks. The phases of on
 Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is `rlhf train
 --dist.strategy fsdp2` (rlhf/runtime/fsdp.py): per-layer sharding, every role 1/N, one gathered
 decoder layer at a time (and the next, prefetched), the policy unsharded in the compute dtype only
-while sampling; `fsdp2-whole` is the supervised stages' sharding (the trained model's parameters and
+while sampling (`rollout_gather per_layer`, `dist.rollout_gather`: one decoder layer and the root
+unit instead); `fsdp2-whole` is the supervised stages' sharding (the trained model's parameters and
 AdamW state sharded at rest, gathered whole for every use, whole gradients summed). The per-token activation count is
 calibrated on measured peaks (bench/results/gpu_h200_session10.json; docs/scale.md).
 """
@@ -136,7 +137,8 @@ class Job:
     response_tokens: int = 512
     gradient_checkpointing: bool = False
     # fsdp2: the policy gathered whole for sampling ("whole", in the compute dtype, once per
-    # rollout) or a layer at a time in every decoding step ("per-layer": for a policy too big to hold)
+    # rollout) or a layer at a time in every decoding step ("per_layer", `dist.rollout_gather`: for a
+    # policy too big to hold whole)
     rollout_gather: str = "whole"
     # fsdp2: every role's shards, gradients and AdamW state in CPU memory (`dist.offload`)
     offload: bool = False
@@ -149,8 +151,10 @@ class Job:
             raise ValueError(f"--dtype must be one of {', '.join(PRECISIONS)}, got {self.dtype!r}")
         if self.offload and self.strategy != "fsdp2":
             raise ValueError(f"--offload needs --strategy fsdp2, got {self.strategy!r}")
-        if self.rollout_gather not in ("whole", "per-layer"):
-            raise ValueError(f"--rollout-gather must be whole or per-layer, got {self.rollout_gather!r}")
+        if self.rollout_gather not in ("whole", "per_layer"):
+            raise ValueError(f"--rollout-gather must be whole or per_layer, got {self.rollout_gather!r}")
+        if self.rollout_gather == "per_layer" and self.strategy != "fsdp2":
+            raise ValueError(f"--rollout-gather per_layer needs --strategy fsdp2, got {self.strategy!r}")
         if self.critic not in ("separate", "shared", "none"):
             raise ValueError(f"critic must be separate, shared or none, got {self.critic!r}")
         for name in ("ranks", "micro_batch", "rollout_rows", "prompt_tokens", "response_tokens"):
@@ -243,10 +247,15 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
     tokens = job.prompt_tokens + job.response_tokens
     layers_gathered = 2 * s.layer_parameters * compute_bytes  # this layer and the next (prefetch)
     policy = roles[0].parameters
-    # the policy's whole parameters while sampling (per-layer: in the compute dtype, once per rollout;
-    # fsdp2-whole: gathered whole in the parameter dtype for every use)
+    # the policy's whole parameters while sampling (fsdp2: in the compute dtype, once per rollout; with
+    # rollout_gather per_layer one decoder layer at a time and the root unit, embeddings and output
+    # head, held through the rollout; fsdp2-whole: gathered whole in the parameter dtype for every use)
     if job.strategy == "fsdp2":
-        gathered_policy = policy * compute_bytes if job.rollout_gather == "whole" else layers_gathered
+        if job.rollout_gather == "whole":
+            gathered_policy = policy * compute_bytes
+        else:
+            root = s.parameters - s.layers * s.layer_parameters  # embeddings, final norm (, head)
+            gathered_policy = (s.layer_parameters + root) * compute_bytes
         gathered_trained = layers_gathered
     elif job.strategy == "fsdp2-whole":
         gathered_policy = policy * param_bytes
@@ -313,15 +322,17 @@ def plan(job: Job, *, with_advice: bool = True) -> Plan:
     )
 
 
+PER_LAYER_ADVICE = "--rollout-gather per_layer (sample a layer at a time, without the whole policy)"
+
+
 def advice(job: Job) -> list[str]:
-    """What would bring the peak under the GPU's memory, most effective first (each re-planned)."""
+    """What would bring the peak under the GPU's memory, most effective first (each re-planned); the
+    per-layer rollout first, with the reason, when it alone makes the job fit (the whole policy
+    gathered for sampling is then what does not fit)."""
     tries = []
     options = [
         ("--strategy fsdp2 (shard every role per layer)", {"strategy": "fsdp2"}),
-        (
-            "--rollout-gather per-layer (sample without the whole policy)",
-            {"strategy": "fsdp2", "rollout_gather": "per-layer"},
-        ),
+        (PER_LAYER_ADVICE, {"strategy": "fsdp2", "rollout_gather": "per_layer"}),
         ("--offload (shards and AdamW state in CPU memory)", {"strategy": "fsdp2", "offload": True}),
         ("--lora (train adapters; the reference is the adapter off)", {"lora": True}),
         ("--gradient-checkpointing", {"gradient_checkpointing": True}),
@@ -333,9 +344,14 @@ def advice(job: Job) -> list[str]:
         if all(getattr(job, k) == v for k, v in change.items()):
             continue
         trial = plan(Job(**{**asdict(job), "shape": job.shape, **change}), with_advice=False)
-        tries.append((trial.per_rank_peak_bytes, label, trial.fits))
+        first = label == PER_LAYER_ADVICE and trial.fits and job.strategy == "fsdp2"
+        if first:
+            whole = phase_extras(job, role_memory(job))["rollout: gathered policy"]
+            reason = f"the whole policy gathered for sampling, {gib(whole)}, is what does not fit"
+            label = f"{label[:-1]}; {reason})"
+        tries.append((not first, trial.per_rank_peak_bytes, label, trial.fits))
     tries.sort()
-    return [f"{label}: {gib(peak)} per rank{' (fits)' if ok else ''}" for peak, label, ok in tries[:4]]
+    return [f"{label}: {gib(peak)} per rank{' (fits)' if ok else ''}" for _, peak, label, ok in tries[:4]]
 
 
 def gib(n: int) -> str:
@@ -348,7 +364,7 @@ def render(result: Plan) -> str:
     lines = [
         f"rlhf plan: {j['shape']['name']} ({j['parameters'] / 1e9:.2f}B parameters), critic {j['critic']}, "
         f"{'LoRA r=' + str(j['lora_rank']) if j['lora'] else 'full'}, {j['dtype']}, {j['strategy']} on "
-        f"{j['ranks']} ranks{' (rollout gathered per layer)' if j['rollout_gather'] == 'per-layer' else ''}"
+        f"{j['ranks']} ranks{' (rollout gathered per layer)' if j['rollout_gather'] == 'per_layer' else ''}"
         f"{' (offloaded)' if j['offload'] else ''}, micro-batch {j['micro_batch']}, "
         f"{j['prompt_tokens']}+{j['response_tokens']} tokens",
         "",

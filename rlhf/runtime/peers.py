@@ -64,6 +64,10 @@ class Peers:
         dist.all_reduce(total, group=self.group)
         return total.tolist()
 
+    def all(self, flag: bool) -> bool:
+        """Whether `flag` holds on every rank."""
+        return self.sum(0.0 if flag else 1.0) == 0
+
     def gather(self, value) -> list:
         """Every rank's `value` (a small picklable object), in rank order."""
         out: list = [None] * self.world_size

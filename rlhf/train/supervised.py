@@ -168,6 +168,12 @@ def run_supervised(
             "and offloads). Fix: drop --dist.offload.",
             "dist.offload",
         )
+    if config.dist.rollout_gather != "whole":  # no rollout here: the setting would do nothing
+        raise ConfigError(
+            f"dist.rollout_gather is {config.dist.rollout_gather}, but `{stage.title}` samples no rollout "
+            "(only `rlhf train` does). Fix: drop --dist.rollout_gather.",
+            "dist.rollout_gather",
+        )
     out, tokenizer = start_run(config, tokenizer, writer=writer, resume=resume, resumable=stage.resumable)
     model = stage.build_model(model, precision)
     if peers is not None:

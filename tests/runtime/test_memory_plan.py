@@ -164,3 +164,45 @@ def test_offload_moves_the_resident_shards_to_cpu_memory():
     assert offloaded.phases["rollout"] == on_gpu.phases["rollout"] - resident
     with pytest.raises(ValueError, match="--offload needs --strategy fsdp2"):
         plan(Job(NAMED_SHAPES["7b"], strategy="ddp", ranks=8, offload=True))
+
+
+def test_per_layer_rollout_holds_one_layer_and_the_root_unit_instead_of_the_whole_policy():
+    """--rollout-gather per_layer (`dist.rollout_gather`): the rollout's gathered policy is one
+    decoder layer and the root unit (embeddings, final norm) in the compute dtype, not the whole
+    policy; nothing else changes."""
+    for tied in (False, True):
+        shape = Shape(**{**TINY.__dict__, "tied_embeddings": tied})
+        whole = plan(Job(shape, dtype="bfloat16", strategy="fsdp2", ranks=2))
+        per_layer = plan(Job(shape, dtype="bfloat16", strategy="fsdp2", ranks=2, rollout_gather="per_layer"))
+        root = shape.vocab * shape.hidden * (1 if tied else 2) + shape.hidden
+        assert whole.extras["rollout: gathered policy"] == 2 * shape.parameters  # bf16
+        assert per_layer.extras["rollout: gathered policy"] == 2 * (shape.layer_parameters + root)
+        assert shape.parameters == shape.layers * shape.layer_parameters + root
+        saved = 2 * (shape.layers - 1) * shape.layer_parameters
+        assert per_layer.phases["rollout"] == whole.phases["rollout"] - saved
+        assert {k: v for k, v in per_layer.phases.items() if k != "rollout"} == {
+            k: v for k, v in whole.phases.items() if k != "rollout"
+        }
+    with pytest.raises(ValueError, match="--rollout-gather per_layer needs --strategy fsdp2"):
+        plan(Job(TINY, strategy="ddp", ranks=2, rollout_gather="per_layer"))
+    with pytest.raises(ValueError, match="whole or per_layer"):
+        plan(Job(TINY, ranks=2, rollout_gather="per-token"))
+
+
+def test_the_verdict_names_the_per_layer_rollout_first_when_the_whole_policy_is_what_does_not_fit(capsys):
+    job = dict(strategy="fsdp2", ranks=32, gpu_memory=80 * GIB, gradient_checkpointing=True)
+    too_big = plan(Job(NAMED_SHAPES["70b"], **job))
+    assert not too_big.fits and too_big.peak_phase == "rollout"
+    assert too_big.advice[0].startswith("--rollout-gather per_layer") and "(fits)" in too_big.advice[0]
+    assert "is what does not fit" in too_big.advice[0]
+    assert plan(Job(NAMED_SHAPES["70b"], **job, rollout_gather="per_layer")).fits
+    # where it is not enough alone (70B on 8 GPUs), it is one remedy among the others, ranked by peak
+    eight = plan(Job(NAMED_SHAPES["70b"], strategy="fsdp2", ranks=8, gpu_memory=80 * GIB))
+    assert not any("is what does not fit" in line for line in eight.advice)
+    args = ["plan", "--model", "70b", "--nodes", "4", "--gpus", "8", "--gradient-checkpointing"]
+    assert main(args) == 0
+    assert "try --rollout-gather per_layer" in capsys.readouterr().out
+    assert main([*args, "--rollout-gather", "per_layer"]) == 0
+    out = capsys.readouterr().out
+    assert "(rollout gathered per layer)" in out and out.rstrip().splitlines()[-1].startswith("fits")
+    assert main([*args, "--rollout-gather", "per_layer", "--strategy", "ddp"]) == 2

@@ -99,10 +99,15 @@ class Policy(RoleLearner):
 
     # -- inference -----------------------------------------------------------------------------
     def generate(
-        self, prompts: list[list[int]], return_logprobs: bool, share: RowShare | None = None
+        self,
+        prompts: list[list[int]],
+        return_logprobs: bool,
+        share: RowShare | None = None,
+        all_ranks_done: Callable[[bool], bool] | None = None,
     ) -> Rollout:
         """One sampled response per prompt (token ids), in the rollout layout; with `share`, for
-        those rows only (padded as the whole batch, drawing the whole batch's uniforms)."""
+        those rows only (padded as the whole batch, drawing the whole batch's uniforms);
+        `all_ranks_done`: the ranks decode in lockstep (rlhf.models.sampling.generate)."""
         tok, device = self.tokenizer, self.device
         ids, mask = left_pad(prompts, tok.pad_token_id)
         if share is not None:
@@ -116,6 +121,7 @@ class Policy(RoleLearner):
             generator=self.generator,
             return_logprobs=return_logprobs,
             share=share,
+            all_ranks_done=all_ranks_done,
         )
 
     @torch.no_grad()

@@ -11,7 +11,8 @@ The workload: PPO-max with a separate critic (from the reward model), a frozen r
 reward model, all four of the same shape (bench/gpu_memory.py's `m84`: hidden 1024, 8 layers, 92M
 parameters each); one iteration, 8 rollouts x 8 new tokens, 2 minibatches, no critic pre-training.
 Each rank measures its own peak resident memory (ru_maxrss) and, before any work, the interpreter's
-(torch, transformers and rlhf imported); on a GPU also `torch.cuda.max_memory_allocated`. The one
+(torch, transformers and rlhf imported); on a GPU also `torch.cuda.max_memory_allocated`; and each
+rollout's seconds and peak resident memory above the resident set before it (`watch_rollouts`). The one
 process reference is `--ranks 1 --strategies none` (every case runs it first). The last stdout
 line is JSON.
 
@@ -46,6 +47,33 @@ def current_rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def status_mib(key: str) -> float:
+    """A VmRSS/VmHWM line of /proc/self/status, in MiB."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(key + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def watch_rollouts(rollouts: list[dict]) -> None:
+    """Each rollout's seconds and peak resident memory above the resident set before it (the kernel's
+    high-water mark, reset before the rollout through /proc/self/clear_refs), appended to `rollouts`."""
+    from rlhf.runtime.distributed import DistributedRuntime
+    from rlhf.runtime.local import LocalRuntime
+
+    for cls in (LocalRuntime, DistributedRuntime):
+
+        def generate(self, *args, _inner=cls.generate, **kwargs):
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current resident set
+            before, start = status_mib("VmRSS"), time.perf_counter()
+            rollout = _inner(self, *args, **kwargs)
+            seconds = time.perf_counter() - start
+            rollouts.append({"seconds": seconds, "peak_above_before_mib": status_mib("VmHWM") - before})
+            return rollout
+
+        cls.generate = generate
+
+
 def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
     """One rank (or the one process): `rlhf train` in this process, then its memory as a tagged line."""
     import torch
@@ -54,6 +82,8 @@ def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
     from rlhf.cli import main
 
     interpreter = current_rss_mb()
+    rollouts: list[dict] = []
+    watch_rollouts(rollouts)
     args = ["train", "--preset", "ppo_max", "--policy", str(models / "policy"), "--reward-model",
             str(models / "rm"), "--prompts", str(models / "prompts.jsonl"), "--out", str(out),
             "--train.device", device, "--train.iterations", "1", "--rollout.batch_size", "8",
@@ -74,6 +104,7 @@ def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
         "seconds": time.perf_counter() - start,
         "interpreter_mib": interpreter,
         "peak_rss_mib": peak_rss_mb(),
+        "rollouts": rollouts,
     }
     if device == "cuda":
         result["cuda_peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
@@ -100,6 +131,10 @@ def run_case(models: Path, ranks: int, strategy: str, device: str, work: Path, m
         "ranks": ranks,
         "largest_rank_peak_above_interpreter_mib": round(max(above), 1),
         "seconds": round(max(r["seconds"] for r in per_rank), 1),
+        "rollout_seconds": round(max(sum(x["seconds"] for x in r["rollouts"]) for r in per_rank), 2),
+        "largest_rank_rollout_peak_above_before_mib": round(
+            max(x["peak_above_before_mib"] for r in per_rank for x in r["rollouts"]), 1
+        ),
         "per_rank": per_rank,
     }
     if device == "cuda":
@@ -126,7 +161,9 @@ def compare(workload: str, ranks: list[int], strategies: list[str], device: str,
                     3,
                 )
                 print(f"{strategy} x{n}: {case['largest_rank_peak_above_interpreter_mib']} MiB "
-                      f"({case['of_one_process']} of one process), {case['seconds']} s", flush=True)  # fmt: skip
+                      f"({case['of_one_process']} of one process), {case['seconds']} s; the rollout: "
+                      f"{case['largest_rank_rollout_peak_above_before_mib']} MiB above the resident set "
+                      f"before it, {case['rollout_seconds']} s", flush=True)  # fmt: skip
                 cases.append(case)
     return {"workload": workload, "device": device, "malloc": malloc, "cases": cases}
 

@@ -12,7 +12,8 @@ reward model, all four of the same shape (bench/gpu_memory.py's `m84`: hidden 10
 parameters each); one iteration, 8 rollouts x 8 new tokens, 2 minibatches, no critic pre-training.
 Each rank measures its own peak resident memory (ru_maxrss) and, before any work, the interpreter's
 (torch, transformers and rlhf imported); on a GPU also `torch.cuda.max_memory_allocated`; and each
-rollout's seconds and peak resident memory above the resident set before it (`watch_rollouts`). The one
+rollout's seconds and peak resident memory above the resident set before it, fsdp2's sharding at
+the first use done before (`watch_rollouts`). The one
 process reference is `--ranks 1 --strategies none` (every case runs it first). The last stdout
 line is JSON.
 
@@ -63,6 +64,8 @@ def watch_rollouts(rollouts: list[dict]) -> None:
     for cls in (LocalRuntime, DistributedRuntime):
 
         def generate(self, *args, _inner=cls.generate, **kwargs):
+            if hasattr(self, "shard_roles"):
+                self.shard_roles()  # fsdp2, at the first use: the roles cut into shards, not counted
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # resets VmHWM to the current resident set
             before, start = status_mib("VmRSS"), time.perf_counter()

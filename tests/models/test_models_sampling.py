@@ -576,20 +576,30 @@ def test_checking_finished_rows_every_few_steps_draws_the_same_rollout(lm, confi
 
 
 @pytest.mark.parametrize("drop", [True, False], ids=["drop", "keep"])
-def test_in_lockstep_the_loop_steps_on_until_every_rank_has_ended_with_the_same_rollout(lm, drop):
+@pytest.mark.parametrize(
+    "config,prompts",
+    [
+        (SamplingConfig(max_new_tokens=30, temperature=1.2, repetition_penalty=1.2), MIXED_PROMPTS),
+        # every row the same: they all end at one step, when the decoder's batch still holds them all
+        (SamplingConfig(max_new_tokens=30, do_sample=False), [MIXED_PROMPTS[3]] * 6),
+    ],
+    ids=["sample-mixed", "greedy-ending-together"],
+)
+def test_in_lockstep_the_loop_steps_on_until_every_rank_has_ended_with_the_same_rollout(
+    lm, config, prompts, drop
+):
     """`all_ranks_done` (fsdp2's per-layer rollout: every rank runs the same forwards): this
     process's rows have all ended at step L, the other ranks' (simulated) at step L + 5. The loop
-    decodes on to L + 5, one ended row in the decoder's batch (drop_finished_rows) or all of them,
-    and the rollout is the one of the loop alone; the generator has drawn the 5 steps more that
-    `skip_draws` would have drawn for a rank that stopped at L."""
+    decodes on to L + 5 with one ended row in the decoder's batch (drop_finished_rows) or all of
+    them, and the rollout is the one of the loop alone; the generator has drawn the 5 steps more
+    that `skip_draws` would have drawn for a rank that stopped at L."""
     from dataclasses import replace
 
     from rlhf.models.sampling import skip_draws
 
     with torch.no_grad():
         lm.lm_head.weight[EOS] += 3.0  # every row ends well before max_new_tokens
-    ids, mask = left_pad(MIXED_PROMPTS, PAD)
-    config = SamplingConfig(max_new_tokens=30, temperature=1.2, repetition_penalty=1.2)
+    ids, mask = left_pad(prompts, PAD)
     config = replace(config, drop_finished_rows=drop)
     behind = torch.Generator().manual_seed(5)
     alone = generate(lm, ids, mask, config, EOS, PAD, behind, return_logprobs=True)
@@ -612,12 +622,19 @@ def test_in_lockstep_the_loop_steps_on_until_every_rank_has_ended_with_the_same_
     assert asked == [False] * (longest - 1) + [True] * 6  # asked at every step (a CPU checks each)
     assert (alone.decode_steps, stepped.decode_steps) == (longest, longest + 5)
     assert len(batch_sizes) == longest + 5  # the prefill, then a forward per step but the last
-    assert batch_sizes[-5:] == [1] * 5 if drop else set(batch_sizes) == {len(MIXED_PROMPTS)}
+    rows = len(prompts)
+    if not drop:
+        assert set(batch_sizes) == {rows}
+    elif not config.do_sample:  # the whole batch ended at once: one of its rows steps along
+        assert alone.response_lengths.min() == longest and batch_sizes == [rows] * longest + [1] * 5
+    else:
+        assert batch_sizes[-5:] == [1] * 5
     assert torch.equal(stepped.input_ids, alone.input_ids)  # T trimmed to the longest response
     assert torch.equal(stepped.attention_mask, alone.attention_mask)
     assert torch.equal(stepped.ended_with_eos, alone.ended_with_eos)
     torch.testing.assert_close(stepped.logprobs, alone.logprobs, rtol=0, atol=0)
-    skip_draws(behind, len(MIXED_PROMPTS), 5, torch.device("cpu"))
+    if config.do_sample:
+        skip_draws(behind, rows, 5, torch.device("cpu"))
     assert torch.equal(generator.get_state(), behind.get_state())
 
 

@@ -115,7 +115,7 @@ def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
 
 
 def run_case(models: Path, ranks: int, strategy: str, device: str, work: Path, malloc: str) -> dict:
-    out = work / f"run_{strategy}_{ranks}"
+    out = work / f"run_{strategy}_{ranks}_{len(list(work.glob('run_*')))}"  # a case may repeat
     me = [sys.executable, "-m", "bench.dist_memory", "rank", "--models", str(models), "--strategy", strategy,
           "--device", device, "--out", str(out)]  # fmt: skip
     if ranks > 1 or strategy != "none":

@@ -254,8 +254,10 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
         if job.rollout_gather == "whole":
             gathered_policy = policy * compute_bytes
         else:
+            # one layer gathered at a time, twice while FSDP2 copies its all-gather buffer out
+            # (measured: bench/NOTES.md, session 12); the root unit held through the rollout
             root = s.parameters - s.layers * s.layer_parameters  # embeddings, final norm (, head)
-            gathered_policy = (s.layer_parameters + root) * compute_bytes
+            gathered_policy = layers_gathered + root * compute_bytes
         gathered_trained = layers_gathered
     elif job.strategy == "fsdp2-whole":
         gathered_policy = policy * param_bytes

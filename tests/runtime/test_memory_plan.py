@@ -168,17 +168,17 @@ def test_offload_moves_the_resident_shards_to_cpu_memory():
 
 def test_per_layer_rollout_holds_one_layer_and_the_root_unit_instead_of_the_whole_policy():
     """--rollout-gather per_layer (`dist.rollout_gather`): the rollout's gathered policy is one
-    decoder layer and the root unit (embeddings, final norm) in the compute dtype, not the whole
-    policy; nothing else changes."""
+    decoder layer (twice: its all-gather buffer and the parameters copied out of it) and the root
+    unit (embeddings, final norm) in the compute dtype, not the whole policy; nothing else changes."""
     for tied in (False, True):
         shape = Shape(**{**TINY.__dict__, "tied_embeddings": tied})
         whole = plan(Job(shape, dtype="bfloat16", strategy="fsdp2", ranks=2))
         per_layer = plan(Job(shape, dtype="bfloat16", strategy="fsdp2", ranks=2, rollout_gather="per_layer"))
         root = shape.vocab * shape.hidden * (1 if tied else 2) + shape.hidden
         assert whole.extras["rollout: gathered policy"] == 2 * shape.parameters  # bf16
-        assert per_layer.extras["rollout: gathered policy"] == 2 * (shape.layer_parameters + root)
+        assert per_layer.extras["rollout: gathered policy"] == 2 * (2 * shape.layer_parameters + root)
         assert shape.parameters == shape.layers * shape.layer_parameters + root
-        saved = 2 * (shape.layers - 1) * shape.layer_parameters
+        saved = 2 * (shape.layers - 2) * shape.layer_parameters
         assert per_layer.phases["rollout"] == whole.phases["rollout"] - saved
         assert {k: v for k, v in per_layer.phases.items() if k != "rollout"} == {
             k: v for k, v in whole.phases.items() if k != "rollout"

@@ -47,6 +47,7 @@ COMPANIONS = {
     "reward.discounted": {"reward.scale": True, "reward.normalize": False},
     "kl.adaptive": {"kl.beta": 0.05},  # vanilla_ppo has beta 0
     "dist.offload": {"dist.strategy": "fsdp2"},  # offloads fsdp2's shards
+    "dist.rollout_gather": {"dist.strategy": "fsdp2"},  # gathers fsdp2's shards per layer
     # the first other choice is a group estimator with no critic (and so no critic pre-training)
     "advantage.estimator": {"rollout.samples_per_prompt": 2, "critic.pretrain_iterations": 0},
 }

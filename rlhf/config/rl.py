@@ -13,8 +13,9 @@ from typing import Literal
 
 from rlhf.config import presets
 from rlhf.config.checks import at_least, refuse, validate_groups, warn
-from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
+from rlhf.config.common import LoraConfig, OptimConfig
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype
+from rlhf.config.ray import RayConfig, RLDistConfig
 from rlhf.config.rl_algorithm import (
     AdvantageConfig,
     CriticConfig,
@@ -169,7 +170,8 @@ class RLConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: RLTrainConfig = field(default_factory=RLTrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    dist: DistConfig = field(default_factory=DistConfig)  # torchrun: data-parallel ranks
+    dist: RLDistConfig = field(default_factory=RLDistConfig)  # torchrun: data-parallel ranks; or Ray
+    ray: RayConfig = field(default_factory=RayConfig)  # dist.runtime ray: the roles' actor groups
     policy_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
     critic_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-6))
     log: LogConfig = field(default_factory=LogConfig)

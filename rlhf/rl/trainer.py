@@ -45,12 +45,11 @@ from rlhf.rl.prompts import PromptStream
 from rlhf.rl.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
 from rlhf.rl.roles.assemble import Roles, optimizer_steps
 from rlhf.rl.roles.learner import mean_over_steps
-from rlhf.rl.roles.policy import PtxObjective
 from rlhf.rl.sample_log import SampleLog
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import open_metrics_logger
 from rlhf.rundir.run_inputs import write_config
-from rlhf.rundir.sharded_checkpoint import has_shards, load_sharded_weights, save_sharded_checkpoint
+from rlhf.rundir.sharded_checkpoint import save_sharded_checkpoint
 from rlhf.rundir.termination import finish_first
 from rlhf.runtime import LocalRuntime
 from rlhf.train.guards import require_finite_scores
@@ -90,9 +89,7 @@ class RLTrainer:
         self.reward_parts: dict[str, float] = {}
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)
         if ptx_batches is not None and c.policy.ptx_coef > 0:
-            roles.policy.ptx = PtxObjective(
-                ptx_batches, c.policy.ptx_coef, torch.Generator().manual_seed(c.seed + 3)
-            )
+            self.runtime.use_ptx(ptx_batches, c.policy.ptx_coef, seed=c.seed + 3)
         self.ptx_note = (
             "PPO-ptx is off: policy.ptx_coef > 0 but no data.ptx was given."
             if ptx_batches is None and c.policy.ptx_coef > 0
@@ -118,7 +115,7 @@ class RLTrainer:
         self.still_check = StillPolicyCheck(
             c.policy_optim.lr, lora=c.model.lora.enabled, start=warmup_iterations(c)
         )
-        self.samples = SampleLog(c, roles.tokenizer)  # samples.jsonl rows of the logged iterations
+        self.samples = SampleLog(c, self.runtime.tokenizer)  # samples.jsonl rows of the logged iterations
         notes: list[str] = []  # said once the logger is open
         if resume:
             if self.runtime.writer:
@@ -171,16 +168,17 @@ class RLTrainer:
             with finish_first():
                 self.save_checkpoint()
                 if self.runtime.sharded_checkpoints:  # fsdp2: the moments are in the checkpoint's shards
-                    self.roles.release_optimizer_state()
-                # fsdp2: every rank gathers each model in turn, rank 0 writes
-                self.roles.export(self.run_dir, whole=self.runtime.whole_model, write=self.runtime.writer)
+                    self.runtime.release_optimizer_state()
+                self.runtime.export(
+                    self.run_dir
+                )  # fsdp2: every rank gathers each model in turn, rank 0 writes
         finally:
             self.logger.close()
         return last
 
     @property
     def sample_generator(self) -> torch.Generator:
-        """The rollouts' random state: the policy's own (checkpointed as "sample")."""
+        """The rollouts' random state: the policy's own (in its checkpointed state); in this process."""
         return self.roles.policy.generator
 
     def step(self) -> dict:
@@ -293,20 +291,20 @@ class RLTrainer:
     def forwards(self, rollout, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The no-grad forwards: old log-probs (the sampler's when it kept them), reference
         log-probs, and the critic's values (None for a critic-free estimator)."""
-        r, run, sequences = self.roles, self.runtime, rollout.sequences
+        run, sequences = self.runtime, rollout.sequences
         if rollout.logprobs is not None:  # rollout.logprobs_from_sampler: no policy forward
             old_logp = rollout.logprobs * mask
         else:
             old_logp = run.forward("policy", sequences)
         ref_logp = run.forward("reference", sequences)
-        values = run.forward("critic", sequences) if r.critic is not None else None
+        values = run.forward("critic", sequences) if run.has_role("critic") else None
         return old_logp, ref_logp, values
 
     def experience_metrics(self, rollout, experience, raw_scores, processed, keep, kl, final_scores) -> dict:
         """The rollout monitors, group statistics when prompts are sampled in groups, reward parts."""
         c = self.config
         metrics = rollout_metrics(rollout, experience, raw_scores, processed, keep, kl, c.kl.estimator,
-                                  self.kl_controller.value, with_values=self.roles.critic is not None)  # fmt: skip
+                                  self.kl_controller.value, with_values=self.runtime.has_role("critic"))  # fmt: skip
         if c.rollout.samples_per_prompt > 1:
             metrics.update(group_metrics(final_scores, experience.group, keep))
         metrics.update(self.reward_parts)
@@ -315,10 +313,10 @@ class RLTrainer:
     def score(self, rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(raw scores [B]: the reward model's and/or the reward functions' weighted sum, scores after
         the truncation policy [B], rows kept [B])."""
-        c, r = self.config, self.roles
-        raw_scores = self.runtime.forward("reward_model", rollout.sequences) if r.reward_model else None
+        c, run = self.config, self.runtime
+        raw_scores = run.forward("reward_model", rollout.sequences) if run.has_role("reward_model") else None
         if raw_scores is not None and not bool(torch.isfinite(raw_scores).all()):  # a broken RM stops the run
-            texts = r.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+            texts = run.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             require_finite_scores(
                 raw_scores,
                 model=f"the reward model {c.model.reward_model or '(given in code)'}",
@@ -346,7 +344,7 @@ class RLTrainer:
         n = self.config.rollout.samples_per_prompt
         indices = [i for i in self.prompts.last_indices for _ in range(n)]
         rows = [dict(self.prompt_rows[i]) if self.prompt_rows else {} for i in indices]
-        prompts, responses, token_ids = rollout_texts(self.roles.tokenizer, rollout)
+        prompts, responses, token_ids = rollout_texts(self.runtime.tokenizer, rollout)
         total, parts = weighted_reward(
             self.reward_functions,
             model_scores,
@@ -377,8 +375,8 @@ class RLTrainer:
                 elif c.advantage.clip is not None:
                     minibatch.advantages = minibatch.advantages.clamp(-c.advantage.clip, c.advantage.clip)
                 minibatches.append(minibatch)
-        steps = self.runtime.train(self.roles.learner_names(train_policy), minibatches)
-        return {**mean_over_steps(steps), **self.roles.learning_rates()}
+        steps = self.runtime.train(self.runtime.learner_names(train_policy), minibatches)
+        return {**mean_over_steps(steps), **self.runtime.learning_rates()}
 
     # ----------------------------------------------------------------------------------------
     # checkpoints
@@ -388,12 +386,12 @@ class RLTrainer:
             "iteration": self.iteration,
             "pretrain_done": self.pretrain_done,
             "pretrain_state": {k: (v if math.isfinite(v) else None) for k, v in self.pretrain_state.items()},
-            "roles": self.roles.state_dict(),
+            "roles": self.runtime.role_state(),  # the policy's sampling generator among them
             "score_processor": self.score_processor.state_dict(),
             "kl_controller": self.kl_controller.state_dict(),
             "prompts": self.prompts.state_dict(),
             "detector": self.detector.state_dict(),
-            "rng": ckpt.rng_state({"sample": self.sample_generator, "shuffle": self.shuffle_generator}),
+            "rng": ckpt.rng_state({"shuffle": self.shuffle_generator}),
             "buffer": [asdict(e) for e in self.buffer],
         }
 
@@ -406,30 +404,35 @@ class RLTrainer:
             if not self.runtime.writer:  # every rank holds the same state: rank 0 writes it
                 return target
             with ckpt.atomic_directory(target) as tmp:
-                self.roles.save_weights(tmp)
+                self.runtime.save_weights(tmp)
                 ckpt.save_state(state, tmp, "trainer")
                 ckpt.write_done(tmp, self.iteration)  # sizes and checksums: verified on resume
         ckpt.prune_checkpoints(self.run_dir, self.config.checkpoint.keep)
         return target
 
     def load_checkpoint(self, path: Path) -> None:
-        if self.roles.on_meta:
-            pass  # a sharded rank but 0: its shards come from rank 0's loaded weights (rlhf/runtime/fsdp.py)
-        elif has_shards(path):  # an fsdp2 run's checkpoint: loads at any number of ranks or in one process
-            load_sharded_weights(self.roles, path)
-        else:
-            self.roles.load_weights(path)
+        self.runtime.load_weights(path)  # an fsdp2 run's shards load at any number of ranks too
         state = ckpt.load_state(path, "trainer")
         self.iteration = state["iteration"]
         self.pretrain_done = state["pretrain_done"]
         self.pretrain_state = {k: (math.inf if v is None else v) for k, v in state["pretrain_state"].items()}
-        self.roles.load_state_dict(state["roles"] if "roles" in state else roles_state_of_v1(state))
+        self.runtime.load_role_state(roles_state(state))
         self.score_processor.load_state_dict(state["score_processor"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.prompts.load_state_dict(state["prompts"])
         self.detector.load_state_dict(state["detector"])
-        ckpt.set_rng_state(state["rng"], {"sample": self.sample_generator, "shuffle": self.shuffle_generator})
-        self.buffer = [Experience(**e).to(self.roles.policy.device) for e in state["buffer"]]
+        ckpt.set_rng_state(state["rng"], {"shuffle": self.shuffle_generator})
+        self.buffer = [Experience(**e).to(self.runtime.device) for e in state["buffer"]]
+
+
+def roles_state(state: dict) -> dict:
+    """The roles' state of a checkpoint; one written before the policy kept its sampling generator
+    (the trainer's rng "sample" then) or before the roles held their own state is converted."""
+    roles = state["roles"] if "roles" in state else roles_state_of_v1(state)
+    sample = state["rng"]["generators"].get("sample")
+    if sample is not None and "sample_generator" not in roles["policy"]:
+        roles["policy"]["sample_generator"] = sample
+    return roles
 
 
 def roles_state_of_v1(state: dict) -> dict:

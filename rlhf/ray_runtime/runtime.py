@@ -21,11 +21,12 @@ from rlhf.ray_runtime.hosts import group_of, role_hosts
 from rlhf.ray_runtime.placement import place
 from rlhf.ray_runtime.worker import RoleWorker
 from rlhf.rundir.checkpoint import atomic_export
+from rlhf.runtime.process_group import LostWorker
 
 LEARNERS = ("policy", "critic")
 
 
-class ActorFailed(RuntimeError):
+class ActorFailed(LostWorker):
     """A role's actor died: the message names the role, the actor and its node."""
 
 
@@ -123,8 +124,9 @@ class RayRuntime:
             nodes = self.nodes.get(group) or ["?"]
             raise ActorFailed(
                 f"an actor of the Ray role group {group!r} (roles {', '.join(self.hosts[group])}; node "
-                f"{nodes[0]}) died: {str(e).splitlines()[0]}. The run stops; resume from its last checkpoint "
-                f"with `rlhf train --resume --out {self.config.out} --dist.runtime ray`."
+                f"{nodes[0]}) died: {str(e).splitlines()[0]}. The run stops. Fix: find why in the actor's log "
+                f"(--ray.show_logs true shows them), then continue from the last checkpoint with "
+                f"`rlhf train --resume {self.config.out}` (no checkpoint yet: start again)."
             ) from None
 
     def _call(self, group: str, method: str, *args) -> list:

@@ -47,8 +47,10 @@ class Roles:
 
     @property
     def on_meta(self) -> bool:
-        """Built on the meta device (a sharded run's ranks but 0): no weights until sharded."""
-        return any(p.is_meta for p in self.policy.module.parameters())
+        """Built on the meta device (a sharded run's ranks but 0): no weights until sharded (the
+        trained roles hosted here; those hosted elsewhere are on the meta device anyway)."""
+        trained = self._trained(separate_only=False).values()
+        return any(p.is_meta for role in trained for p in role.model.parameters())
 
     @property
     def separate_critic(self) -> Critic | None:

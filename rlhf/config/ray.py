@@ -19,8 +19,8 @@ class RoleGroupConfig:
     num_cpus: float = 1.0  # CPUs each actor reserves (and its intra-op threads, at least 1)
     num_gpus: float = 0.0  # GPUs each actor reserves; a fraction shares one GPU among colocated roles
 
-    def validate(self, prefix: str) -> None:
-        at_least(self.num_actors, 1, f"{prefix}num_actors")
+    def validate(self, prefix: str, fewest: int = 1) -> None:
+        at_least(self.num_actors, fewest, f"{prefix}num_actors")
         at_least(self.num_cpus, 0, f"{prefix}num_cpus")
         at_least(self.num_gpus, 0, f"{prefix}num_gpus")
 
@@ -39,6 +39,9 @@ class RayConfig:
     critic: RoleGroupConfig = field(default_factory=RoleGroupConfig)  # a separate critic
     reference: RoleGroupConfig = field(default_factory=RoleGroupConfig)  # a copy of the SFT policy
     reward_model: RoleGroupConfig = field(default_factory=RoleGroupConfig)
+    # actors sampling the rollouts with a copy of the policy, its weights sent from the policy's
+    # group after each update (0: the policy's own actors sample)
+    rollout: RoleGroupConfig = field(default_factory=lambda: RoleGroupConfig(num_actors=0))
 
     def validate(self, prefix: str) -> None:
         require(
@@ -50,6 +53,7 @@ class RayConfig:
         )
         for name in ("policy", "critic", "reference", "reward_model"):
             getattr(self, name).validate(f"{prefix}{name}.")
+        self.rollout.validate(f"{prefix}rollout.", fewest=0)
 
 
 @dataclass

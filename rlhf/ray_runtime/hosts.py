@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlhf.config import RLConfig
 
-GROUPS = ("policy", "critic", "reference", "reward_model")
+GROUPS = ("policy", "critic", "reference", "reward_model", "rollout")
 
 
 def role_hosts(config: RLConfig) -> dict[str, list[str]]:
@@ -25,12 +25,17 @@ def role_hosts(config: RLConfig) -> dict[str, list[str]]:
         hosts["reference"] = ["reference"]
     if m.reward_model:
         hosts["reward_model"] = ["reward_model"]
+    if config.ray.rollout.num_actors > 0:
+        hosts["rollout"] = ["policy"]  # a copy of the policy that samples (ROLLOUT)
     return hosts
+
+
+ROLLOUT = "rollout"  # the group sampling with a copy of the policy (`ray.rollout.num_actors` > 0)
 
 
 def group_of(hosts: dict[str, list[str]], role: str) -> str:
     """The group serving `role`."""
-    for group, roles in hosts.items():
+    for group, roles in hosts.items():  # the policy's own group comes before the rollout's copy
         if role in roles:
             return group
     raise ValueError(

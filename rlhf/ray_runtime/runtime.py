@@ -17,7 +17,7 @@ import torch
 from rlhf.config import ConfigError, RLConfig
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.sequences import Sequences
-from rlhf.ray_runtime.hosts import group_of, role_hosts
+from rlhf.ray_runtime.hosts import ROLLOUT, group_of, role_hosts
 from rlhf.ray_runtime.placement import place
 from rlhf.ray_runtime.worker import RoleWorker
 from rlhf.rundir.checkpoint import atomic_export
@@ -79,6 +79,7 @@ class RayRuntime:
         )
         self.device = torch.device("cpu")  # the loop's tensors stay on the driver's CPU
         self.facts = self._first("policy", "facts")
+        self.policy_version = 0  # the policy's updates the rollout group's copy has received
 
     def _launch(self, config: RLConfig, strategies: dict[str, list], remote_worker) -> None:
         """Start every group's actors (each group's members meet at its first actor's address)."""
@@ -138,10 +139,22 @@ class RayRuntime:
         return self._call(group, method, *args)[0]
 
     def _learner_groups(self) -> list[str]:
-        return [g for g in self.hosts if any(r in LEARNERS for r in self.hosts[g])]
+        return [g for g in self.hosts if g != ROLLOUT and any(r in LEARNERS for r in self.hosts[g])]
 
     def generate(self, prompts: list[list[int]], return_logprobs: bool):
-        return self._first("policy", "generate", prompts, return_logprobs)
+        """The rollout: sampled by the rollout group when there is one, else by the policy's."""
+        group = ROLLOUT if ROLLOUT in self.actors else "policy"
+        return self._first(group, "generate", prompts, return_logprobs)
+
+    def sync_rollout(self) -> None:
+        """The policy group's trained parameters copied into every rollout actor's policy (through
+        Ray's object store: sent once, read by each), after each update of the policy."""
+        if ROLLOUT not in self.actors:
+            return
+        # a reference: the weights pass from the policy's actor to the rollout's, never to the driver
+        weights = self.actors["policy"][0].policy_weights.remote()
+        self._call(ROLLOUT, "load_policy_weights", weights)
+        self.policy_version += 1
 
     def forward(self, role: str, sequences: Sequences) -> torch.Tensor:
         return self._first(group_of(self.hosts, role), "forward", role, sequences)
@@ -158,6 +171,8 @@ class RayRuntime:
         results: list[dict[str, float]] = []
         for group, refs in calls:
             results += self._get(group, refs)[0]
+        if "policy" in roles:
+            self.sync_rollout()
         return results
 
     # -- facts, state, weights, export -----------------------------------------------------------
@@ -185,11 +200,15 @@ class RayRuntime:
         state: dict = {}
         for group in self._learner_groups():
             state.update(self._first(group, "role_state"))
+        if ROLLOUT in self.actors:  # the generator that drew the rollouts is the rollout group's
+            state["policy"]["sample_generator"] = self._first(ROLLOUT, "sampler_state")
         return state
 
     def load_role_state(self, state: dict) -> None:
         for group in self._learner_groups():
             self._call(group, "load_role_state", state)
+        if ROLLOUT in self.actors and "sample_generator" in state["policy"]:
+            self._call(ROLLOUT, "load_sampler_state", state["policy"]["sample_generator"])
 
     def save_weights(self, directory) -> None:
         for group in self._learner_groups():
@@ -198,6 +217,7 @@ class RayRuntime:
     def load_weights(self, directory) -> None:
         for group in self._learner_groups():
             self._call(group, "load_weights", str(directory))
+        self.sync_rollout()
 
     def export(self, directory) -> None:
         """The trained models and the tokenizer, committed at once (rlhf/rundir/export.py's layout)."""

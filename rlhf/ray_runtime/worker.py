@@ -5,6 +5,7 @@ returns plain data (token ids, tensors, dataclasses of tensors, dicts): no calla
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -105,3 +106,32 @@ class RoleWorker:
 
     def release_optimizer_state(self) -> None:
         self.runtime.release_optimizer_state()
+
+    # -- a rollout group's copy of the policy --------------------------------------------------
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's trained parameters (a LoRA policy: its adapters), by name."""
+        return {n: p.detach() for n, p in self.roles.policy.model.named_parameters() if p.requires_grad}
+
+    def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy the policy group's trained parameters into this copy of the policy."""
+        mine = dict(self.roles.policy.model.named_parameters())
+        missing = sorted(set(weights) - set(mine))
+        if missing:
+            raise RuntimeError(f"the rollout's policy has no parameter {missing[0]} the trainer sent")
+        with torch.no_grad():
+            for name, value in weights.items():
+                mine[name].copy_(value)
+
+    def weights_digest(self) -> str:
+        """sha256 of every policy parameter's bytes, in name order (tests: a sync is exact)."""
+        digest = hashlib.sha256()
+        for name, param in sorted(self.roles.policy.model.named_parameters()):
+            digest.update(name.encode())
+            digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    def sampler_state(self) -> torch.Tensor:
+        return self.roles.policy.generator.get_state()
+
+    def load_sampler_state(self, state: torch.Tensor) -> None:
+        self.roles.policy.generator.set_state(state)

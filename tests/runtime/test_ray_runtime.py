@@ -86,6 +86,39 @@ def test_two_actor_groups_run_data_parallel_inside_and_give_one_processs_numbers
     assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=1e-5)
 
 
+def test_a_rollout_group_samples_with_the_trainers_weights_synced_after_every_update(
+    models, local_run, cluster, tmp_path, monkeypatch
+):
+    """A rollout group of its own (`ray.rollout.num_actors 1`): after each policy update the rollout
+    actor's policy equals the policy group's bit for bit (a sha256 over every parameter's bytes),
+    and the run's metrics equal the local run's exactly."""
+    from rlhf.ray_runtime.runtime import RayRuntime
+
+    sync, checked = RayRuntime.sync_rollout, []
+
+    def checked_sync(self):
+        sync(self)
+        trainer = self._first("policy", "weights_digest")
+        checked.append((self.policy_version, trainer, self._call("rollout", "weights_digest")))
+
+    monkeypatch.setattr(RayRuntime, "sync_rollout", checked_sync)
+    out = tmp_path / "rollout"
+    args = [
+        "--dist.runtime",
+        "ray",
+        *HALF_A_CPU,
+        "--ray.rollout.num_actors",
+        "1",
+        "--ray.rollout.num_cpus",
+        "0.5",
+    ]
+    assert main(train_args(models, out, *args)) == 0
+    assert [version for version, *_ in checked] == [1, 2, 3]  # one sync per iteration's update
+    assert all(rollout == [trainer] for _, trainer, rollout in checked)
+    assert len({trainer for _, trainer, _ in checked}) == 3  # the weights changed at every update
+    assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=0.0)
+
+
 def test_asking_for_more_cpus_than_the_cluster_has_stops_before_loading_naming_the_keys(
     models, cluster, tmp_path, capsys
 ):

@@ -210,6 +210,27 @@ class RLConfig:
             )
         self._validate_estimator(prefix)
         self._validate_critic_keys(prefix)
+        self._validate_staleness(prefix)
+
+    def _validate_staleness(self, prefix: str) -> None:
+        """Asynchronous rollouts need a rollout group of their own and PPO's clipped objective."""
+        if self.rollout.max_staleness == 0:
+            return
+        key = f"{prefix}rollout.max_staleness"
+        if self.dist.runtime != "ray" or self.ray.rollout.num_actors < 1:
+            refuse(
+                f"{key} {self.rollout.max_staleness} samples the next rollout while the policy updates, on "
+                f"actors of their own: it needs {prefix}dist.runtime ray and {prefix}ray.rollout.num_actors >= 1 "
+                f"(got {self.dist.runtime!r} and {self.ray.rollout.num_actors}). Fix: --{prefix}dist.runtime ray "
+                f"--{prefix}ray.rollout.num_actors 1, or --{key} 0.",
+                key,
+            )
+        if self.policy.loss != "ppo":
+            refuse(
+                f"{key} corrects stale rollouts with decoupled PPO, which needs {prefix}policy.loss ppo, got "
+                f"{self.policy.loss!r}. Fix: --{prefix}policy.loss ppo, or --{key} 0.",
+                key,
+            )
 
     def _validate_estimator(self, prefix: str) -> None:
         """The advantage estimator, its groups and its loss settings (docs/algorithms.md §27-§30)."""

@@ -47,6 +47,16 @@ def start_ray(config: RLConfig) -> bool:
     return config.ray.address is None
 
 
+class PendingCall:
+    """A call running on a group's actors; `result()` is its first actor's answer."""
+
+    def __init__(self, runtime: RayRuntime, group: str, refs: list) -> None:
+        self.runtime, self.group, self.refs = runtime, group, refs
+
+    def result(self):
+        return self.runtime._get(self.group, self.refs)[0]
+
+
 class RayRuntime:
     """The runtime of `rlhf train --dist.runtime ray` (rlhf/runtime/__init__.py names its calls)."""
 
@@ -145,6 +155,12 @@ class RayRuntime:
         """The rollout: sampled by the rollout group when there is one, else by the policy's."""
         group = ROLLOUT if ROLLOUT in self.actors else "policy"
         return self._first(group, "generate", prompts, return_logprobs)
+
+    def submit_generate(self, prompts: list[list[int]], return_logprobs: bool) -> PendingCall:
+        """The rollout group's sampling of `prompts`, started now; `.result()` waits for it (the
+        driver goes on meanwhile: asynchronous rollouts, rollout.max_staleness)."""
+        refs = [a.generate.remote(prompts, return_logprobs) for a in self.actors[ROLLOUT]]
+        return PendingCall(self, ROLLOUT, refs)
 
     def sync_rollout(self) -> None:
         """The policy group's trained parameters copied into every rollout actor's policy (through

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
     ScoreProcessor,
+    decoupled_is_weights,
     estimate_advantages,
     estimator_params,
     estimator_spec,
@@ -34,6 +35,7 @@ from rlhf.core import (
     token_rewards,
     whiten_advantages,
 )
+from rlhf.models.sampling import Rollout
 from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
 from rlhf.monitor.stillness import CODE as STILL_POLICY
@@ -57,6 +59,27 @@ from rlhf.train.guards import require_finite_scores
 # on the console line; the KL is k3's, never negative (kl/ref, the configured estimator, may be: k1)
 KEY_METRICS = ("reward/raw_mean", "kl/k3", "policy_ppl", "response/length_mean", "policy/clip_fraction")
 Evaluator = Callable[["RLTrainer", int], dict]
+
+
+@dataclass
+class PendingRollout:
+    """A rollout submitted to the rollout actors (asynchronous): its prompts' group ids and rows of
+    the prompt file, the handle whose `result()` is the Rollout, the policy version that samples it."""
+
+    group: torch.Tensor
+    indices: list[int]
+    handle: object
+    version: int
+
+
+@dataclass
+class Ready:
+    """A handle whose result is already here (a pending rollout restored from a checkpoint)."""
+
+    rollout: Rollout
+
+    def result(self) -> Rollout:
+        return self.rollout
 
 
 class RLTrainer:
@@ -108,6 +131,10 @@ class RLTrainer:
         )
         self.buffer: list[Experience] = []
         self.iteration = 0
+        # rollout.max_staleness > 0: the next rollout, sampled while the policy updates (PendingRollout)
+        self.asynchronous = c.rollout.max_staleness > 0
+        self.pending: PendingRollout | None = None
+        self.batch_indices: list[int] = []  # the prompt file's rows of the rollout being scored
         self.pretrain_done = c.critic.pretrain_iterations == 0
         self.pretrain_state = {"iterations": 0, "best": math.inf, "stale": 0}
         self.detector = collapse_detector(c)
@@ -188,6 +215,8 @@ class RLTrainer:
         experience, metrics = self.make_experience()
         # experience buffer (PPO paper §5.3.2)
         self.buffer = (self.buffer + [experience])[-c.train.buffer_size :]
+        if self.asynchronous and self.iteration + 1 < c.train.iterations:
+            self.pending = self.submit_rollout()  # sampled by the rollout actors during the update
         self.status("updating")
         t0 = time.perf_counter()
         metrics.update(self.update(concat_experiences(self.buffer)))
@@ -253,14 +282,10 @@ class RLTrainer:
     @torch.inference_mode()
     def make_experience(self) -> tuple[Experience, dict]:
         """Sample, score, run the no-grad forwards, and turn scores into advantages."""
-        c, run = self.config, self.runtime
+        c = self.config
         t0 = time.perf_counter()
-        # each prompt sampled samples_per_prompt times, its rows one group (docs/algorithms.md §27)
-        prompts, group = sample_groups(
-            self.prompts.next_batch(c.rollout.batch_size), c.rollout.samples_per_prompt
-        )
         self.status("sampling")
-        rollout = run.generate(prompts, c.rollout.logprobs_from_sampler)
+        group, rollout, behind = self.take_rollout()
         t1 = time.perf_counter()
         self.status("scoring")
         raw_scores, scores, keep = self.score(rollout)
@@ -269,6 +294,12 @@ class RLTrainer:
         t2 = time.perf_counter()
         self.status("forwards")
         old_logp, ref_logp, values = self.forwards(rollout, mask)
+        is_weights, async_metrics = None, {}
+        if self.asynchronous:  # decoupled PPO: the sampler's policy was `behind` updates old (§34)
+            is_weights, async_metrics = decoupled_is_weights(
+                old_logp, rollout.logprobs, mask, self.config.policy.is_truncation
+            )
+            async_metrics["async/staleness"] = behind
         t3 = time.perf_counter()
         # score reparameterization (PPO paper §5.3.1): running moments updated with this batch first
         processed = self.score_processor(scores[keep]) if bool(keep.any()) else scores[keep]
@@ -283,16 +314,45 @@ class RLTrainer:
         )
         old_values = values if values is not None else torch.zeros_like(mask)
         experience = Experience.of(rollout.sequences, mask, old_logp=old_logp, ref_logp=ref_logp,
-                                   old_values=old_values, advantages=advantages, returns=returns, group=group)  # fmt: skip
+                                   old_values=old_values, advantages=advantages, returns=returns, group=group,
+                                   is_weights=is_weights)  # fmt: skip
         metrics = self.experience_metrics(rollout, experience, raw_scores, processed, keep, kl, final_scores)
+        metrics.update(async_metrics)
         metrics.update({"time/generate": t1 - t0, "time/score": t2 - t1, "time/forward": t3 - t2})
         return experience, metrics
+
+    def draw_prompts(self) -> tuple[list[list[int]], torch.Tensor, list[int]]:
+        """The next batch of prompts, each repeated samples_per_prompt times, its rows one group
+        (docs/algorithms.md §27); (prompts, group ids, the prompt file's rows)."""
+        c = self.config
+        prompts, group = sample_groups(
+            self.prompts.next_batch(c.rollout.batch_size), c.rollout.samples_per_prompt
+        )
+        return prompts, group, list(self.prompts.last_indices)
+
+    def submit_rollout(self) -> PendingRollout:
+        """The next rollout, sampled by the rollout actors while this process goes on (asynchronous)."""
+        prompts, group, indices = self.draw_prompts()
+        handle = self.runtime.submit_generate(prompts, True)  # the behaviour log-probs with it
+        return PendingRollout(group, indices, handle, self.runtime.policy_version)
+
+    def take_rollout(self):
+        """(group ids, the rollout, updates its sampler's policy was behind): the pending one
+        (asynchronous), or sampled now by the current policy."""
+        if self.pending is None and self.asynchronous:
+            self.pending = self.submit_rollout()
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.batch_indices = pending.indices
+            return pending.group, pending.handle.result(), self.runtime.policy_version - pending.version
+        prompts, group, self.batch_indices = self.draw_prompts()
+        return group, self.runtime.generate(prompts, self.config.rollout.logprobs_from_sampler), 0
 
     def forwards(self, rollout, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The no-grad forwards: old log-probs (the sampler's when it kept them), reference
         log-probs, and the critic's values (None for a critic-free estimator)."""
         run, sequences = self.runtime, rollout.sequences
-        if rollout.logprobs is not None:  # rollout.logprobs_from_sampler: no policy forward
+        if rollout.logprobs is not None and not self.asynchronous:  # logprobs_from_sampler: no forward
             old_logp = rollout.logprobs * mask
         else:
             old_logp = run.forward("policy", sequences)
@@ -342,7 +402,7 @@ class RLTrainer:
     def function_rewards(self, rollout, model_scores: torch.Tensor | None) -> torch.Tensor:
         """``reward.model_weight * RM + sum_k weight_k * fn_k`` [B]; each part's mean kept for the metrics."""
         n = self.config.rollout.samples_per_prompt
-        indices = [i for i in self.prompts.last_indices for _ in range(n)]
+        indices = [i for i in self.batch_indices for _ in range(n)]
         rows = [dict(self.prompt_rows[i]) if self.prompt_rows else {} for i in indices]
         prompts, responses, token_ids = rollout_texts(self.runtime.tokenizer, rollout)
         total, parts = weighted_reward(
@@ -374,6 +434,8 @@ class RLTrainer:
                     )
                 elif c.advantage.clip is not None:
                     minibatch.advantages = minibatch.advantages.clamp(-c.advantage.clip, c.advantage.clip)
+                if self.asynchronous:  # decoupled PPO: each token's surrogate weighted (§34)
+                    minibatch.advantages = minibatch.advantages * minibatch.is_weights
                 minibatches.append(minibatch)
         steps = self.runtime.train(self.runtime.learner_names(train_policy), minibatches)
         return {**mean_over_steps(steps), **self.runtime.learning_rates()}
@@ -393,7 +455,19 @@ class RLTrainer:
             "detector": self.detector.state_dict(),
             "rng": ckpt.rng_state({"shuffle": self.shuffle_generator}),
             "buffer": [asdict(e) for e in self.buffer],
+            "pending": self.pending_state(),
         }
+
+    def pending_state(self) -> dict | None:
+        """The rollout sampled ahead (asynchronous), waited for: a resumed run trains on it as the
+        uninterrupted one does."""
+        if self.pending is None:
+            return None
+        p = self.pending
+        rollout = p.handle.result()
+        self.pending = PendingRollout(p.group, p.indices, Ready(rollout), p.version)
+        behind = self.runtime.policy_version - p.version
+        return {"group": p.group, "indices": p.indices, "rollout": asdict(rollout), "behind": behind}
 
     def save_checkpoint(self) -> Path:
         target = self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}"
@@ -423,6 +497,11 @@ class RLTrainer:
         self.detector.load_state_dict(state["detector"])
         ckpt.set_rng_state(state["rng"], {"shuffle": self.shuffle_generator})
         self.buffer = [Experience(**e).to(self.runtime.device) for e in state["buffer"]]
+        pending = state.get("pending")
+        if pending is not None:
+            version = self.runtime.policy_version - pending["behind"]
+            ready = Ready(Rollout(**pending["rollout"]))
+            self.pending = PendingRollout(pending["group"], list(pending["indices"]), ready, version)
 
 
 def roles_state(state: dict) -> dict:

@@ -119,6 +119,48 @@ def test_a_rollout_group_samples_with_the_trainers_weights_synced_after_every_up
     assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=0.0)
 
 
+def test_asynchronous_rollouts_stay_one_update_behind_and_resume_with_the_rollout_in_flight(
+    models, cluster, tmp_path, monkeypatch, capsys
+):
+    """rollout.max_staleness 1: each iteration after the first trains on a rollout the previous
+    policy sampled during the previous update (staleness 1, recorded), corrected by decoupled PPO
+    (its weights logged); a run interrupted after a checkpoint, whose next rollout was in flight,
+    resumes to the uninterrupted run's metrics exactly (the rollout is kept in the checkpoint)."""
+    from rlhf.ray_runtime.runtime import RayRuntime
+
+    ahead = [
+        "--dist.runtime",
+        "ray",
+        *HALF_A_CPU,
+        "--ray.rollout.num_actors",
+        "1",
+        "--ray.rollout.num_cpus",
+        "0.5",
+    ]
+    ahead += ["--rollout.max_staleness", "1", "--checkpoint.every", "1"]
+    whole = tmp_path / "whole"
+    assert main(train_args(models, whole, *ahead)) == 0
+    rows = [r for r in metric_rows(whole) if "iteration" in r]
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1]
+    assert all(0 < r["async/is_weight_mean"] <= r["async/is_weight_max"] <= 2.0 for r in rows)
+    assert rows[0]["async/is_weight_max"] == pytest.approx(1.0, abs=1e-4)  # no update yet: pi_prox = pi_behav
+
+    calls, train = {"n": 0}, RayRuntime.train
+
+    def interrupting(self, roles, minibatches):
+        calls["n"] += 1
+        if calls["n"] == 3:  # pre-training, iteration 0, then iteration 1's update: stop there
+            raise KeyboardInterrupt
+        return train(self, roles, minibatches)
+
+    monkeypatch.setattr(RayRuntime, "train", interrupting)
+    split = tmp_path / "split"
+    assert main(train_args(models, split, *ahead)) == 130, capsys.readouterr().err
+    monkeypatch.setattr(RayRuntime, "train", train)
+    assert main(["train", "--resume", str(split)]) == 0
+    assert_same_rows(metric_rows(whole), metric_rows(split), tolerance=0.0)
+
+
 def test_asking_for_more_cpus_than_the_cluster_has_stops_before_loading_naming_the_keys(
     models, cluster, tmp_path, capsys
 ):

@@ -84,10 +84,9 @@ class RayRuntime:
         except BaseException:
             self.shutdown()
             raise
-        self.tokenizer = prepare_tokenizer(
+        self._tokenizer = prepare_tokenizer(
             load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
         )
-        self.device = torch.device("cpu")  # the loop's tensors stay on the driver's CPU
         self.facts = self._first("policy", "facts")
         self.policy_version = 0  # the policy's updates the rollout group's copy has received
 
@@ -192,6 +191,15 @@ class RayRuntime:
         return results
 
     # -- facts, state, weights, export -----------------------------------------------------------
+    @property
+    def tokenizer(self):
+        """The policy's tokenizer, read by the driver itself (prompts, texts for reward functions)."""
+        return self._tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")  # the loop's tensors stay on the driver's CPU
+
     def has_role(self, name: str) -> bool:
         return any(name in roles for roles in self.hosts.values())
 
@@ -240,7 +248,7 @@ class RayRuntime:
         with atomic_export(directory) as tmp:
             for group in self._learner_groups():
                 self._call(group, "export_into", str(tmp))
-            self.tokenizer.save_pretrained(tmp)
+            self._tokenizer.save_pretrained(tmp)
 
     def release_optimizer_state(self) -> None:
         for group in self._learner_groups():

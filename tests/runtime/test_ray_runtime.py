@@ -22,6 +22,15 @@ models = dist_cli.models  # the tiny SFT policy, reward model and prompts (a mod
 
 HALF_A_CPU = [f"--ray.{group}.num_cpus=0.5" for group in ("policy", "critic", "reference", "reward_model")]
 
+# and a rollout actor (ray.rollout), on half a CPU too
+WITH_A_ROLLOUT_ACTOR = [
+    "--dist.runtime",
+    "ray",
+    *HALF_A_CPU,
+    "--ray.rollout.num_actors=1",
+    "--ray.rollout.num_cpus=0.5",
+]
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -103,16 +112,7 @@ def test_a_rollout_group_samples_with_the_trainers_weights_synced_after_every_up
 
     monkeypatch.setattr(RayRuntime, "sync_rollout", checked_sync)
     out = tmp_path / "rollout"
-    args = [
-        "--dist.runtime",
-        "ray",
-        *HALF_A_CPU,
-        "--ray.rollout.num_actors",
-        "1",
-        "--ray.rollout.num_cpus",
-        "0.5",
-    ]
-    assert main(train_args(models, out, *args)) == 0
+    assert main(train_args(models, out, *WITH_A_ROLLOUT_ACTOR)) == 0
     assert [version for version, *_ in checked] == [1, 2, 3]  # one sync per iteration's update
     assert all(rollout == [trainer] for _, trainer, rollout in checked)
     assert len({trainer for _, trainer, _ in checked}) == 3  # the weights changed at every update
@@ -128,16 +128,7 @@ def test_asynchronous_rollouts_stay_one_update_behind_and_resume_with_the_rollou
     resumes to the uninterrupted run's metrics exactly (the rollout is kept in the checkpoint)."""
     from rlhf.ray_runtime.runtime import RayRuntime
 
-    ahead = [
-        "--dist.runtime",
-        "ray",
-        *HALF_A_CPU,
-        "--ray.rollout.num_actors",
-        "1",
-        "--ray.rollout.num_cpus",
-        "0.5",
-    ]
-    ahead += ["--rollout.max_staleness", "1", "--checkpoint.every", "1"]
+    ahead = [*WITH_A_ROLLOUT_ACTOR, "--rollout.max_staleness", "1", "--checkpoint.every", "1"]
     whole = tmp_path / "whole"
     assert main(train_args(models, whole, *ahead)) == 0
     rows = [r for r in metric_rows(whole) if "iteration" in r]

@@ -268,6 +268,33 @@ def test_fsdp2_holds_half_of_every_role_and_never_a_whole_model(tmp_path):
 
 
 @pytest.mark.slow
+def test_fsdp2_supervised_stages_hold_half_of_the_model_and_never_a_whole_one(tmp_path):
+    """`rlhf sft`, `rm` and `dpo` under fsdp2 shard per layer: after every optimizer step each rank
+    holds about half of the model's parameters and of the AdamW moments (DPO: of the reference copy
+    too); no op of a step's forwards and backwards, of the optimizer step or of an evaluation creates a
+    tensor as large as half the model (a whole-model gather or gradient would be the whole model)."""
+    from tests.support.dist_cases import supervised_accounting, write_supervised_data
+
+    data = write_supervised_data(tmp_path)
+    cases = [(stage, str(tmp_path / stage), data[stage]) for stage in ("sft", "rm", "dpo")]
+    per_rank = run_ranks(each_case, supervised_accounting, cases)
+    for rank, results in enumerate(per_rank):
+        for (stage, *_), got in zip(cases, results):
+            assert len(got["between_steps"]) == 2, f"rank {rank} {stage}"
+            for counts in got["between_steps"]:
+                assert counts["sharded"], f"rank {rank} {stage}: not sharded"
+                # dim-0 chunks of odd sizes (a [1, H] scalar head whole on rank 0): slack over 1/2
+                assert counts["local"] <= 0.52 * counts["whole"], f"rank {rank} {stage}: {counts}"
+                assert 0 < counts["moments_local"] <= 2 * 0.52 * counts["whole"], f"rank {rank} {stage}"
+            whole = got["between_steps"][0]["whole"]
+            for phase in ("train", "step", "eval"):
+                assert 0 < got["largest"][phase] < whole / 2, f"rank {rank} {stage}: {phase} {got['largest']}"
+            if stage == "dpo":
+                ref = got["reference"]
+                assert ref["sharded"] and ref["local"] <= 0.52 * ref["whole"], f"rank {rank}: reference {ref}"
+
+
+@pytest.mark.slow
 def test_under_fsdp2_rank_1_never_holds_a_whole_model_and_gets_rank_0s_weights(tmp_path):
     """Sharded loading: rank 1 builds every role on the meta device (no weight read) and receives its
     shards from rank 0, one whole tensor in transit at a time (never a role's whole parameters), and

@@ -250,18 +250,17 @@ def write_supervised_data(directory: Path) -> dict[str, str]:
     }
 
 
-def supervised_run(stage: str, run_dir: str, data_path: str, strategy: str = "ddp") -> dict:
-    """A 2-step SFT, reward-model or DPO run on 5 rows per step (ranks hold 3 and 2: uneven tokens,
-    2 and 1 micro-batches of 2), clipping on, evaluation every step; its final metrics, parameters
-    and (rank 0) written metrics."""
+def supervised_stage(stage: str, run_dir: str, data_path: str, strategy: str = "ddp", num_layers: int = 1):
+    """(the stage, its tiny model, tokenizer) of a 2-step SFT, reward-model or DPO run on 5 rows per
+    step (ranks hold 3 and 2: uneven tokens, 2 and 1 micro-batches of 2), clipping on, evaluation
+    every step."""
     from rlhf.config import DPOConfig, RewardConfig, SFTConfig, load_config
-    from rlhf.runtime.peers import current_peers
-    from rlhf.stages.dpo import run_dpo
-    from rlhf.stages.rm import run_reward_training
-    from rlhf.stages.sft import run_sft
+    from rlhf.stages.dpo import DPOStage
+    from rlhf.stages.rm import RewardModelStage
+    from rlhf.stages.sft import SFTStage
 
     tok = word_tokenizer([" ".join(WORDS)])
-    policy, reward_model = tiny_models(tok)
+    policy, reward_model = tiny_models(tok, num_layers=num_layers)
     overrides = {
         "out": run_dir,
         "model": "unused",
@@ -272,20 +271,24 @@ def supervised_run(stage: str, run_dir: str, data_path: str, strategy: str = "dd
         "dist": {"strategy": strategy},
     }
     if stage == "sft":
-        config, model = load_config(SFTConfig, overrides=overrides), policy
-        final = run_sft(config, model=model, tokenizer=tok, quiet=True)
-    elif stage == "dpo":  # the reference a frozen copy of the policy; its log-probs cached, shares joined
-        config, model = load_config(DPOConfig, overrides=overrides), policy
-        final = run_dpo(config, model=model, tokenizer=tok, quiet=True)
-    else:
-        config, model = load_config(RewardConfig, overrides=overrides), reward_model
-        final = run_reward_training(config, model=model, tokenizer=tok, quiet=True)
+        return SFTStage(load_config(SFTConfig, overrides=overrides)), policy, tok
+    if stage == "dpo":  # the reference a frozen copy of the policy; its log-probs cached, shares joined
+        return DPOStage(load_config(DPOConfig, overrides=overrides)), policy, tok
+    return RewardModelStage(load_config(RewardConfig, overrides=overrides)), reward_model, tok
+
+
+def supervised_run(stage: str, run_dir: str, data_path: str, strategy: str = "ddp") -> dict:
+    """`supervised_stage`'s run: its final metrics, parameters and (rank 0) written metrics and export."""
     from safetensors.torch import load_file
 
-    from rlhf.runtime.fsdp import is_sharded, whole_copies
+    from rlhf.runtime.fsdp import whole_copies
+    from rlhf.runtime.peers import current_peers
+    from rlhf.train.supervised import run_supervised
 
+    stage_, model, tok = supervised_stage(stage, run_dir, data_path, strategy)
+    final = run_supervised(stage_, model=model, tokenizer=tok, quiet=True)
     peers = current_peers()
-    sharded = is_sharded(model)
+    sharded = all(isinstance(p, DTensor) for p in model.parameters())  # per layer: the model's every one
     with whole_copies([model]):  # fsdp2: the whole parameters, gathered on every rank
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
     writer = peers is None or peers.rank == 0
@@ -405,4 +408,58 @@ def sample_batches(case: str, batch_size: int = 5, batches: int = 3) -> list[dic
                 "steps": mine.decode_steps,
             }
         )
+    return out
+
+
+def supervised_accounting(stage: str, run_dir: str, data_path: str) -> dict:
+    """An fsdp2 SFT, reward-model or DPO run (`supervised_stage`, 4 decoder layers) watched by
+    LargestTensors: the largest tensor any op created in the step's forwards/backwards ("train"), in
+    the optimizer steps ("step") and in the evaluations ("eval"); after each optimizer step, the
+    model's whole and local parameter elements and the local AdamW moments'; DPO: the reference
+    copy's."""
+    from rlhf.train.learner import Learner
+    from rlhf.train.supervised import run_supervised
+
+    stage_, model, tok = supervised_stage(stage, run_dir, data_path, "fsdp2", num_layers=4)
+    watch = LargestTensors()
+    between: list[dict] = []
+
+    def phase(name, fn):
+        def watched(*args, **kwargs):
+            watch.phase = name
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                watch.phase = "other"
+
+        return watched
+
+    def counted_step(learner):
+        norm = phase("step", learner_step)(learner)
+        params = list(model.parameters())
+        moments = [v for state in learner.optimizer.state.values() for v in state.values() if v.dim() > 0]
+        between.append({
+            "whole": sum(p.numel() for p in params),
+            "local": sum(p.to_local().numel() for p in params),
+            "moments_local": sum(m.to_local().numel() for m in moments),
+            "sharded": all(isinstance(p, DTensor) for p in params),
+        })  # fmt: skip
+        return norm
+
+    stage_.train_step = phase("train", stage_.train_step)
+    stage_.evaluate = phase("eval", stage_.evaluate)
+    learner_step, Learner.optimizer_step = Learner.optimizer_step, counted_step
+    try:
+        with watch:
+            run_supervised(stage_, model=model, tokenizer=tok, quiet=True)
+    finally:
+        Learner.optimizer_step = learner_step
+    out = {"largest": watch.largest, "between_steps": between}
+    if stage == "dpo":
+        params = list(stage_.reference.model.parameters())
+        out["reference"] = {
+            "whole": sum(p.numel() for p in params),
+            "local": sum(p.to_local().numel() for p in params),
+            "sharded": all(isinstance(p, DTensor) for p in params),
+        }
     return out

@@ -250,10 +250,19 @@ def write_supervised_data(directory: Path) -> dict[str, str]:
     }
 
 
-def supervised_stage(stage: str, run_dir: str, data_path: str, strategy: str = "ddp", num_layers: int = 1):
+def supervised_stage(
+    stage: str,
+    run_dir: str,
+    data_path: str,
+    strategy: str = "ddp",
+    num_layers: int = 1,
+    batch_size: int = 5,
+    model_dir: str | None = None,
+):
     """(the stage, its tiny model, tokenizer) of a 2-step SFT, reward-model or DPO run on 5 rows per
-    step (ranks hold 3 and 2: uneven tokens, 2 and 1 micro-batches of 2), clipping on, evaluation
-    every step."""
+    step (ranks hold 3 and 2: uneven tokens, 2 and 1 micro-batches of 2; `batch_size` 1: rank 1 holds
+    none), clipping on, evaluation every step. `model_dir`: the stage loads it (model and tokenizer
+    None)."""
     from rlhf.config import DPOConfig, RewardConfig, SFTConfig, load_config
     from rlhf.stages.dpo import DPOStage
     from rlhf.stages.rm import RewardModelStage
@@ -263,13 +272,21 @@ def supervised_stage(stage: str, run_dir: str, data_path: str, strategy: str = "
     policy, reward_model = tiny_models(tok, num_layers=num_layers)
     overrides = {
         "out": run_dir,
-        "model": "unused",
-        "train": {"max_steps": 2, "batch_size": 5, "micro_batch_size": 2, "eval_every": 1, "log_every": 1},
+        "model": model_dir or "unused",
+        "train": {
+            "max_steps": 2,
+            "batch_size": batch_size,
+            "micro_batch_size": 2,
+            "eval_every": 1,
+            "log_every": 1,
+        },
         "optim": {"lr": 1e-3, "max_grad_norm": 0.5, "warmup_steps": 0},
         "data": {"test_fraction": 0.3, "path": data_path},
         "sinks": ["jsonl"],
         "dist": {"strategy": strategy},
     }
+    if model_dir is not None:
+        policy = reward_model = tok = None
     if stage == "sft":
         return SFTStage(load_config(SFTConfig, overrides=overrides)), policy, tok
     if stage == "dpo":  # the reference a frozen copy of the policy; its log-probs cached, shares joined
@@ -277,16 +294,31 @@ def supervised_stage(stage: str, run_dir: str, data_path: str, strategy: str = "
     return RewardModelStage(load_config(RewardConfig, overrides=overrides)), reward_model, tok
 
 
-def supervised_run(stage: str, run_dir: str, data_path: str, strategy: str = "ddp") -> dict:
-    """`supervised_stage`'s run: its final metrics, parameters and (rank 0) written metrics and export."""
+def supervised_run(
+    stage: str, run_dir: str, data_path: str, strategy: str = "ddp", batch_size: int = 5, model_dir=None
+) -> dict:
+    """`supervised_stage`'s run: its final metrics, parameters and (rank 0) written metrics and export;
+    `model_dir`: loaded by the stage; `built_on_meta`: every parameter of the model it built (and of
+    DPO's reference copy) on the meta device."""
     from safetensors.torch import load_file
 
     from rlhf.runtime.fsdp import whole_copies
     from rlhf.runtime.peers import current_peers
     from rlhf.train.supervised import run_supervised
 
-    stage_, model, tok = supervised_stage(stage, run_dir, data_path, strategy)
+    stage_, model, tok = supervised_stage(stage, run_dir, data_path, strategy, batch_size=batch_size,
+                                          model_dir=model_dir)  # fmt: skip
+    built, build_model = [], stage_.build_model
+
+    def watched_build(*args):
+        built.append(build_model(*args))
+        frozen = stage_.reference.model.parameters() if stage == "dpo" else ()
+        built.append(all(p.is_meta for p in [*built[0].parameters(), *frozen]))
+        return built[0]
+
+    stage_.build_model = watched_build
     final = run_supervised(stage_, model=model, tokenizer=tok, quiet=True)
+    model = built[0]
     peers = current_peers()
     sharded = all(isinstance(p, DTensor) for p in model.parameters())  # per layer: the model's every one
     with whole_copies([model]):  # fsdp2: the whole parameters, gathered on every rank
@@ -298,6 +330,7 @@ def supervised_run(stage: str, run_dir: str, data_path: str, strategy: str = "dd
         "sharded": sharded,
         "exported": load_file(str(Path(run_dir) / "model.safetensors")) if writer else None,
         "written": metric_rows(run_dir, kinds=("step",)) if peers is None or peers.rank == 0 else None,
+        "built_on_meta": built[1],
     }
 
 

@@ -156,7 +156,9 @@ class DPOStage(SupervisedStage):
         size = self.config.train.micro_batch_size
         groups = pair_micro_batches(mine, size, self._by_length())
         for group in with_fillers(groups, len(rows), size, run.peers, run.per_layer):
-            chosen, rejected = self.reference_logprobs(run, [mine[i] for i in group] if group else rows[:1])
+            chosen, rejected = self.reference_logprobs(
+                run, [mine[i] for i in group] if group is not None else rows[:1]
+            )
             if group is not None:  # a filler's figures are dropped
                 local[group] = torch.stack([chosen, rejected], dim=1).double().cpu()
         if run.peers is not None:

@@ -89,10 +89,11 @@ def train_steps(
     total = sum(len(r.response_ids) for r in rows)  # every response token is scored (prompts are never empty)
     mine = rows if peers is None else rows[peers.rows(len(rows))]
     loss_sum = 0.0
-    for micro in with_fillers(micro_batches(mine, micro_batch_size, by_length), len(rows), micro_batch_size,
-                              peers, per_layer):  # fmt: skip
-        nll, count = _batch_nll(model, micro or rows[:1], pad_id, precision)
-        weight = 1.0 if micro else 0.0  # a filler joins the collectives and weighs nothing
+    groups = micro_batches(mine, micro_batch_size, by_length)
+    for micro in with_fillers(groups, len(rows), micro_batch_size, peers, per_layer):
+        filler = micro is None  # the batch's first row: it joins the collectives and weighs nothing
+        nll, count = _batch_nll(model, rows[:1] if filler else micro, pad_id, precision)
+        weight = 0.0 if filler else 1.0
         (nll * weight / total).backward()  # token mean over the whole batch, however it is split
         loss_sum += float(nll.detach()) * weight
     return (loss_sum if peers is None else peers.sum(loss_sum)), total
@@ -117,11 +118,10 @@ def evaluate_nll(
     model.eval()
     mine = rows if peers is None else rows[peers.rows(len(rows))]
     nll_sum, count = 0.0, 0
-    for micro in with_fillers(
-        micro_batches(mine, batch_size, by_length), len(rows), batch_size, peers, per_layer
-    ):
-        nll, n = _batch_nll(model, micro or rows[:1], pad_id, precision)
-        if micro:
+    groups = micro_batches(mine, batch_size, by_length)
+    for micro in with_fillers(groups, len(rows), batch_size, peers, per_layer):
+        nll, n = _batch_nll(model, rows[:1] if micro is None else micro, pad_id, precision)
+        if micro is not None:  # a filler's figures are dropped
             nll_sum, count = nll_sum + float(nll), count + n
     if peers is not None:
         nll_sum, count = peers.sums([nll_sum, count])

@@ -208,7 +208,7 @@ def supervised_on_two_ranks(tmp_path_factory) -> tuple[dict[str, str], dict[str,
     root = tmp_path_factory.mktemp("supervised_two_ranks")
     data = write_supervised_data(root)
     cases = [
-        (stage, str(root / f"{stage}-{strategy}-{batch}"), data[stage], strategy, batch)
+        (stage, str(root / f"{stage}-{strategy}-{batch}"), data[stage.split("-")[0]], strategy, batch)
         for stage, strategy, batch in SUPERVISED
     ]
     per_rank = run_ranks(each_case, supervised_run, cases)
@@ -226,6 +226,8 @@ SUPERVISED = [
     ("dpo", "fsdp2", 5),
     ("sft", "fsdp2", 1),
     ("rm", "fsdp2", 1),
+    ("dpo-live", "fsdp2", 5),  # the sharded reference copy in every step
+    ("dpo-lora", "fsdp2", 5),  # the reference: the sharded LoRA policy, its adapter off
 ]
 
 
@@ -237,7 +239,7 @@ def test_two_ranks_train_sft_reward_and_dpo_models_as_one_process(
     from tests.support.dist_cases import supervised_run
 
     data, two = supervised_on_two_ranks
-    one = one_thread(supervised_run, stage, str(tmp_path / "one"), data[stage], "ddp", batch)
+    one = one_thread(supervised_run, stage, str(tmp_path / "one"), data[stage.split("-")[0]], "ddp", batch)
     ranks = two[(stage, strategy, batch)]
     # the exported model (rank 0 writes it; under fsdp2 from the gathered shards) is the one-process one
     assert_close_dicts(ranks[0]["exported"], one["exported"], "exported model.safetensors")

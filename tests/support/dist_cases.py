@@ -262,7 +262,8 @@ def supervised_stage(
     """(the stage, its tiny model, tokenizer) of a 2-step SFT, reward-model or DPO run on 5 rows per
     step (ranks hold 3 and 2: uneven tokens, 2 and 1 micro-batches of 2; `batch_size` 1: rank 1 holds
     none), clipping on, evaluation every step. `model_dir`: the stage loads it (model and tokenizer
-    None)."""
+    None). Stage "dpo-live": the reference copy's log-probs in every step (not cached); "dpo-lora": a
+    LoRA policy, its reference the adapter switched off, in every step."""
     from rlhf.config import DPOConfig, RewardConfig, SFTConfig, load_config
     from rlhf.stages.dpo import DPOStage
     from rlhf.stages.rm import RewardModelStage
@@ -289,7 +290,12 @@ def supervised_stage(
         policy = reward_model = tok = None
     if stage == "sft":
         return SFTStage(load_config(SFTConfig, overrides=overrides)), policy, tok
-    if stage == "dpo":  # the reference a frozen copy of the policy; its log-probs cached, shares joined
+    if stage == "dpo-live":
+        overrides["dpo"] = {"precompute_reference": False}
+    if stage == "dpo-lora":
+        overrides.update(dpo={"precompute_reference": False}, lora={"enabled": True, "r": 4})
+        overrides["optim"]["lr"] = 1e-2  # the adapters move the log-probs
+    if stage.startswith("dpo"):  # "dpo": the reference a frozen copy; its log-probs cached, shares joined
         return DPOStage(load_config(DPOConfig, overrides=overrides)), policy, tok
     return RewardModelStage(load_config(RewardConfig, overrides=overrides)), reward_model, tok
 

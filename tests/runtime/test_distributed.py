@@ -228,6 +228,7 @@ SUPERVISED = [
     ("rm", "fsdp2", 1),
     ("dpo-live", "fsdp2", 5),  # the sharded reference copy in every step
     ("dpo-lora", "fsdp2", 5),  # the reference: the sharded LoRA policy, its adapter off
+    ("sft-checkpointed", "fsdp2", 5),  # each layer gathered again for its recomputation
 ]
 
 

@@ -263,7 +263,8 @@ def supervised_stage(
     step (ranks hold 3 and 2: uneven tokens, 2 and 1 micro-batches of 2; `batch_size` 1: rank 1 holds
     none), clipping on, evaluation every step. `model_dir`: the stage loads it (model and tokenizer
     None). Stage "dpo-live": the reference copy's log-probs in every step (not cached); "dpo-lora": a
-    LoRA policy, its reference the adapter switched off, in every step."""
+    LoRA policy, its reference the adapter switched off, in every step; "sft-checkpointed": with
+    gradient checkpointing."""
     from rlhf.config import DPOConfig, RewardConfig, SFTConfig, load_config
     from rlhf.stages.dpo import DPOStage
     from rlhf.stages.rm import RewardModelStage
@@ -288,7 +289,9 @@ def supervised_stage(
     }
     if model_dir is not None:
         policy = reward_model = tok = None
-    if stage == "sft":
+    if stage == "sft-checkpointed":  # gradient checkpointing: each layer's forward run again in the backward
+        overrides["gradient_checkpointing"] = True
+    if stage.startswith("sft"):
         return SFTStage(load_config(SFTConfig, overrides=overrides)), policy, tok
     if stage == "dpo-live":
         overrides["dpo"] = {"precompute_reference": False}

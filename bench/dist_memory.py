@@ -3,10 +3,13 @@
 
     .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 2 --strategies ddp fsdp2
     .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 --strategies fsdp2 --device cuda
+    .venv/bin/python -m bench.dist_memory compare --stage sft --workload m512 --ranks 1 2 --strategies fsdp2
 
 The workload: PPO-max with a separate critic (from the reward model), a frozen reference and
 reward model, all four of the same shape (bench/gpu_memory.py's `m84`: hidden 1024, 8 layers, 92M
 parameters each); one iteration, 8 rollouts x 8 new tokens, 2 minibatches, no critic pre-training.
+`--stage sft`: `rlhf sft` of the policy instead, 4 optimizer steps of 16 rows (micro-batches of 4,
+prompts and responses of 8 to 16 words) and a held-out evaluation of 6 rows before and after.
 Each rank measures its own peak resident memory (ru_maxrss) and, before any work, the interpreter's
 (torch, transformers and rlhf imported); on a GPU also `torch.cuda.max_memory_allocated`. The one
 process reference is `--ranks 1 --strategies none` (every case runs it first). The last stdout
@@ -43,7 +46,14 @@ def current_rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
+def sft_args(models: Path, out: Path, device: str) -> list[str]:
+    """`rlhf sft`'s arguments for the `--stage sft` workload."""
+    return ["sft", "--model", str(models / "policy"), "--data", str(models / "sft.jsonl"), "--out", str(out),
+            "--train.device", device, "--train.max_steps", "4", "--train.batch_size", "16",
+            "--train.micro_batch_size", "4", "--data.test_fraction", "0.1"]  # fmt: skip
+
+
+def rank_main(models: Path, strategy: str, device: str, out: Path, stage: str = "train") -> None:
     """One rank (or the one process): `rlhf train` in this process, then its memory as a tagged line."""
     import torch
     import transformers  # noqa: F401
@@ -56,6 +66,8 @@ def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
             "--train.device", device, "--train.iterations", "1", "--rollout.batch_size", "8",
             "--rollout.max_new_tokens", "8", "--train.minibatches", "2", "--critic.pretrain_iterations", "0",
             "--train.micro_batch_size", "4", "--checkpoint.every", "0"]  # fmt: skip
+    if stage == "sft":
+        args = sft_args(models, out, device)
     if strategy != "none":
         args += ["--dist.strategy", strategy]
     if device == "cuda":
@@ -74,10 +86,12 @@ def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
     print(TAG + json.dumps(result), flush=True)
 
 
-def run_case(models: Path, ranks: int, strategy: str, device: str, work: Path, malloc: str) -> dict:
+def run_case(
+    models: Path, ranks: int, strategy: str, device: str, work: Path, malloc: str, stage: str = "train"
+) -> dict:
     out = work / f"run_{strategy}_{ranks}"
     me = [sys.executable, "-m", "bench.dist_memory", "rank", "--models", str(models), "--strategy", strategy,
-          "--device", device, "--out", str(out)]  # fmt: skip
+          "--device", device, "--out", str(out), "--stage", stage]  # fmt: skip
     if ranks > 1 or strategy != "none":
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
         me = torchrun + me[1:]
@@ -101,19 +115,21 @@ def run_case(models: Path, ranks: int, strategy: str, device: str, work: Path, m
     return case
 
 
-def compare(workload: str, ranks: list[int], strategies: list[str], device: str, malloc: str) -> dict:
+def compare(
+    workload: str, ranks: list[int], strategies: list[str], device: str, malloc: str, stage: str = "train"
+) -> dict:
     from bench.gpu_models import write
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write(workload, work / "models")
-        one = run_case(work / "models", 1, "none", device, work, malloc)
+        one = run_case(work / "models", 1, "none", device, work, malloc, stage)
         print(f"1 process: {one['largest_rank_peak_above_interpreter_mib']} MiB above the interpreter, "
               f"{one['seconds']} s", flush=True)  # fmt: skip
         cases = [one]
         for strategy in strategies:
             for n in ranks:
-                case = run_case(work / "models", n, strategy, device, work, malloc)
+                case = run_case(work / "models", n, strategy, device, work, malloc, stage)
                 case["of_one_process"] = round(
                     case["largest_rank_peak_above_interpreter_mib"]
                     / one["largest_rank_peak_above_interpreter_mib"],
@@ -122,7 +138,7 @@ def compare(workload: str, ranks: list[int], strategies: list[str], device: str,
                 print(f"{strategy} x{n}: {case['largest_rank_peak_above_interpreter_mib']} MiB "
                       f"({case['of_one_process']} of one process), {case['seconds']} s", flush=True)  # fmt: skip
                 cases.append(case)
-    return {"workload": workload, "device": device, "malloc": malloc, "cases": cases}
+    return {"stage": stage, "workload": workload, "device": device, "malloc": malloc, "cases": cases}
 
 
 def main() -> None:
@@ -136,16 +152,18 @@ def main() -> None:
     c.add_argument("--strategies", nargs="+", default=["ddp", "fsdp2"])
     c.add_argument("--device", default="cpu")
     c.add_argument("--malloc", choices=["default", "live"], default="default")
+    c.add_argument("--stage", choices=["train", "sft"], default="train")
     r = sub.add_parser("rank")
     r.add_argument("--models", type=Path, required=True)
     r.add_argument("--strategy", required=True)
     r.add_argument("--device", default="cpu")
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--stage", choices=["train", "sft"], default="train")
     args = parser.parse_args()
     if args.mode == "rank":
-        rank_main(args.models, args.strategy, args.device, args.out)
+        rank_main(args.models, args.strategy, args.device, args.out, args.stage)
     else:
-        emit(compare(args.workload, args.ranks, args.strategies, args.device, args.malloc))
+        emit(compare(args.workload, args.ranks, args.strategies, args.device, args.malloc, args.stage))
 
 
 if __name__ == "__main__":

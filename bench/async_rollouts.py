@@ -90,7 +90,7 @@ def one_run(cfg: DemoConfig, built, root: Path, mode: str, seed: int) -> dict:
         "seed": seed,
         "seconds": seconds,
         "seconds_per_iteration": sum(r["time/iteration"] for r in iterations) / len(iterations),
-        "gold_gain": record["gold"] - built.sft_summary["gold"],
+        "gold_gain": record["gold"] - built.sft_summary["gold_mean"],
         "kl": record["kl"],
         "staleness": [r.get("async/staleness") for r in iterations][:3],
     }

@@ -4,12 +4,15 @@
     .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 2 --strategies ddp fsdp2
     .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 --strategies fsdp2 --device cuda
     .venv/bin/python -m bench.dist_memory compare --ranks 2 --strategies fsdp2 fsdp2+per_layer --malloc live
+    .venv/bin/python -m bench.dist_memory compare --stage sft --workload m512 --ranks 1 2 --strategies fsdp2
 
 A strategy `S+G` runs `--dist.strategy S --dist.rollout_gather G` (the rollout's policy whole or per layer).
 
 The workload: PPO-max with a separate critic (from the reward model), a frozen reference and
 reward model, all four of the same shape (bench/gpu_memory.py's `m84`: hidden 1024, 8 layers, 92M
 parameters each); one iteration, 8 rollouts x 8 new tokens, 2 minibatches, no critic pre-training.
+`--stage sft`: `rlhf sft` of the policy instead, 4 optimizer steps of 16 rows (micro-batches of 4,
+prompts and responses of 8 to 16 words) and a held-out evaluation of 6 rows before and after.
 Each rank measures its own peak resident memory (ru_maxrss) and, before any work, the interpreter's
 (torch, transformers and rlhf imported); on a GPU also `torch.cuda.max_memory_allocated`; and each
 rollout's seconds and peak resident memory above the resident set before it, fsdp2's sharding at
@@ -77,7 +80,14 @@ def watch_rollouts(rollouts: list[dict]) -> None:
         cls.generate = generate
 
 
-def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
+def sft_args(models: Path, out: Path, device: str) -> list[str]:
+    """`rlhf sft`'s arguments for the `--stage sft` workload."""
+    return ["sft", "--model", str(models / "policy"), "--data", str(models / "sft.jsonl"), "--out", str(out),
+            "--train.device", device, "--train.max_steps", "4", "--train.batch_size", "16",
+            "--train.micro_batch_size", "4", "--data.test_fraction", "0.1"]  # fmt: skip
+
+
+def rank_main(models: Path, strategy: str, device: str, out: Path, stage: str = "train") -> None:
     """One rank (or the one process): `rlhf train` in this process, then its memory as a tagged line."""
     import torch
     import transformers  # noqa: F401
@@ -92,6 +102,8 @@ def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
             "--train.device", device, "--train.iterations", "1", "--rollout.batch_size", "8",
             "--rollout.max_new_tokens", "8", "--train.minibatches", "2", "--critic.pretrain_iterations", "0",
             "--train.micro_batch_size", "4", "--checkpoint.every", "0"]  # fmt: skip
+    if stage == "sft":
+        args = sft_args(models, out, device)
     strategy, _, gather = strategy.partition("+")  # fsdp2+per_layer: dist.rollout_gather per_layer
     if strategy != "none":
         args += ["--dist.strategy", strategy]
@@ -114,10 +126,12 @@ def rank_main(models: Path, strategy: str, device: str, out: Path) -> None:
     print(TAG + json.dumps(result), flush=True)
 
 
-def run_case(models: Path, ranks: int, strategy: str, device: str, work: Path, malloc: str) -> dict:
+def run_case(
+    models: Path, ranks: int, strategy: str, device: str, work: Path, malloc: str, stage: str = "train"
+) -> dict:
     out = work / f"run_{strategy}_{ranks}_{len(list(work.glob('run_*')))}"  # a case may repeat
     me = [sys.executable, "-m", "bench.dist_memory", "rank", "--models", str(models), "--strategy", strategy,
-          "--device", device, "--out", str(out)]  # fmt: skip
+          "--device", device, "--out", str(out), "--stage", stage]  # fmt: skip
     if ranks > 1 or strategy != "none":
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
         me = torchrun + me[1:]
@@ -134,41 +148,46 @@ def run_case(models: Path, ranks: int, strategy: str, device: str, work: Path, m
         "ranks": ranks,
         "largest_rank_peak_above_interpreter_mib": round(max(above), 1),
         "seconds": round(max(r["seconds"] for r in per_rank), 1),
-        "rollout_seconds": round(max(sum(x["seconds"] for x in r["rollouts"]) for r in per_rank), 2),
-        "largest_rank_rollout_peak_above_before_mib": round(
-            max(x["peak_above_before_mib"] for r in per_rank for x in r["rollouts"]), 1
-        ),
         "per_rank": per_rank,
     }
+    if per_rank[0]["rollouts"]:  # rlhf train
+        case["rollout_seconds"] = round(max(sum(x["seconds"] for x in r["rollouts"]) for r in per_rank), 2)
+        case["largest_rank_rollout_peak_above_before_mib"] = round(
+            max(x["peak_above_before_mib"] for r in per_rank for x in r["rollouts"]), 1
+        )
     if device == "cuda":
         case["largest_rank_cuda_peak_mib"] = round(max(r["cuda_peak_allocated_mib"] for r in per_rank), 1)
     return case
 
 
-def compare(workload: str, ranks: list[int], strategies: list[str], device: str, malloc: str) -> dict:
+def compare(
+    workload: str, ranks: list[int], strategies: list[str], device: str, malloc: str, stage: str = "train"
+) -> dict:
     from bench.gpu_models import write
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write(workload, work / "models")
-        one = run_case(work / "models", 1, "none", device, work, malloc)
+        one = run_case(work / "models", 1, "none", device, work, malloc, stage)
         print(f"1 process: {one['largest_rank_peak_above_interpreter_mib']} MiB above the interpreter, "
               f"{one['seconds']} s", flush=True)  # fmt: skip
         cases = [one]
         for strategy in strategies:
             for n in ranks:
-                case = run_case(work / "models", n, strategy, device, work, malloc)
+                case = run_case(work / "models", n, strategy, device, work, malloc, stage)
                 case["of_one_process"] = round(
                     case["largest_rank_peak_above_interpreter_mib"]
                     / one["largest_rank_peak_above_interpreter_mib"],
                     3,
                 )
+                rollout = ""
+                if "rollout_seconds" in case:
+                    rollout = (f"; the rollout: {case['largest_rank_rollout_peak_above_before_mib']} MiB above "
+                               f"the resident set before it, {case['rollout_seconds']} s")  # fmt: skip
                 print(f"{strategy} x{n}: {case['largest_rank_peak_above_interpreter_mib']} MiB "
-                      f"({case['of_one_process']} of one process), {case['seconds']} s; the rollout: "
-                      f"{case['largest_rank_rollout_peak_above_before_mib']} MiB above the resident set "
-                      f"before it, {case['rollout_seconds']} s", flush=True)  # fmt: skip
+                      f"({case['of_one_process']} of one process), {case['seconds']} s{rollout}", flush=True)  # fmt: skip
                 cases.append(case)
-    return {"workload": workload, "device": device, "malloc": malloc, "cases": cases}
+    return {"stage": stage, "workload": workload, "device": device, "malloc": malloc, "cases": cases}
 
 
 def main() -> None:
@@ -182,16 +201,18 @@ def main() -> None:
     c.add_argument("--strategies", nargs="+", default=["ddp", "fsdp2"])
     c.add_argument("--device", default="cpu")
     c.add_argument("--malloc", choices=["default", "live"], default="default")
+    c.add_argument("--stage", choices=["train", "sft"], default="train")
     r = sub.add_parser("rank")
     r.add_argument("--models", type=Path, required=True)
     r.add_argument("--strategy", required=True)
     r.add_argument("--device", default="cpu")
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--stage", choices=["train", "sft"], default="train")
     args = parser.parse_args()
     if args.mode == "rank":
-        rank_main(args.models, args.strategy, args.device, args.out)
+        rank_main(args.models, args.strategy, args.device, args.out, args.stage)
     else:
-        emit(compare(args.workload, args.ranks, args.strategies, args.device, args.malloc))
+        emit(compare(args.workload, args.ranks, args.strategies, args.device, args.malloc, args.stage))
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.rundir.export import export_models
 from rlhf.runtime.peers import Peers
 from rlhf.train.lm_loss import hidden_token_nll
+from rlhf.train.lockstep import with_fillers
+from rlhf.train.model_call import call_model
 from rlhf.train.setup import with_lora
-from rlhf.train.supervised import SupervisedRun, SupervisedStage, run_supervised
+from rlhf.train.supervised import SupervisedRun, SupervisedStage, placed, run_supervised
 
 
 @dataclass
@@ -77,20 +79,29 @@ def pair_forward(
     precision: Precision | None = None,
 ):
     """Rewards of chosen and rejected ([b] each, float32) and the LM NLL sum (float32) and count on the
-    chosen responses; the batch on the model's device, forwards under `precision`."""
+    chosen responses; the batch on the model's device, forwards under `precision` (`model`: a
+    ScalarHeadModel, or its ModelCall)."""
     batch = collate_pairs(
         [r.prompt_ids for r in rows], [r.chosen_ids for r in rows], [r.rejected_ids for r in rows], pad_id
     )
     batch = to_device(batch, model_device(model))
-    ids, attn = batch["input_ids"], batch["attention_mask"]  # 2b rows, chosen first
     with precision.autocast() if precision is not None else contextlib.nullcontext():
-        hidden = model.hidden_states(ids, attn)
-        rewards = model.values_from_hidden(hidden).gather(1, last_token_index(attn).unsqueeze(1)).squeeze(1)
-        b = len(rows)
-        nll, count = rewards.new_zeros(()), 0
-        if with_lm:  # the LM head only on the chosen rows' response tokens, in chunks (lm_loss.py)
-            nll, count = hidden_token_nll(model.causal_lm, hidden[:b], ids[:b], batch["response_mask"][:b])
-    return rewards[:b], rewards[b:], nll, count
+        rewards, nll, count = call_model(model, _pair_outputs, batch, len(rows), with_lm)
+    return rewards[: len(rows)], rewards[len(rows) :], nll, count
+
+
+def _pair_outputs(model: ScalarHeadModel, batch: dict, b: int, with_lm: bool):
+    """The rewards [2b] of a collated pair batch (chosen rows first) and, `with_lm`, the LM NLL sum and
+    count on the chosen responses: one forward of the trunk, both heads on its hidden states."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    hidden = model.hidden_states(ids, attn)
+    # the reward at each row's last real token; a sum over that one column, not a view (FSDP2 warns
+    # of a view returned from a sharded module's forward)
+    rewards = model.values_from_hidden(hidden).gather(1, last_token_index(attn).unsqueeze(1)).sum(1)
+    nll, count = rewards.new_zeros(()), 0
+    if with_lm:  # the LM head only on the chosen rows' response tokens, in chunks (lm_loss.py)
+        nll, count = hidden_token_nll(model.causal_lm, hidden[:b], ids[:b], batch["response_mask"][:b])
+    return rewards, nll, count
 
 
 def pair_step(
@@ -102,6 +113,7 @@ def pair_step(
     precision: Precision | None = None,
     by_length: bool = False,
     peers: Peers | None = None,
+    per_layer: bool = False,
 ) -> dict:
     """Forward/backward one optimizer step's pairs in micro-batches (no optimizer step); its metrics.
 
@@ -109,12 +121,18 @@ def pair_step(
     summed over the step's chosen tokens / their count: exact whatever the micro-batches
     (`by_length`: pairs sorted by length before the split, rlhf.data.length_grouping). With `peers`
     (data parallelism) this rank takes its share of the pairs; the sums cover every rank's.
+    `per_layer` (fsdp2): zero-weight fillers up to the largest rank's micro-batches (lockstep.py).
     """
     with_lm = lm_coef > 0
     chosen_tokens = sum(len(r.chosen_ids) for r in rows)
     rank_sum, lm_sum, correct, margin_sum = 0.0, 0.0, 0, 0.0
     mine = rows if peers is None else rows[peers.rows(len(rows))]  # the means stay over `rows`
-    for group in pair_micro_batches(mine, micro_batch_size, by_length):
+    groups = pair_micro_batches(mine, micro_batch_size, by_length)
+    for group in with_fillers(groups, len(rows), micro_batch_size, peers, per_layer):
+        if group is None:  # a filler: the step's first pair, weighing nothing
+            chosen, rejected, nll, _ = pair_forward(model, rows[:1], pad_id, with_lm, precision)
+            ((ranking_loss(chosen, rejected) + nll) * 0.0).backward()
+            continue
         chosen, rejected, nll, _ = pair_forward(model, [mine[i] for i in group], pad_id, with_lm, precision)
         rank = ranking_loss(chosen, rejected)
         loss = rank / len(rows) + (lm_coef * nll / chosen_tokens if with_lm else 0.0)
@@ -217,12 +235,11 @@ class RewardModelStage(SupervisedStage):
 
     def build_model(self, model, precision: Precision):
         if model is None:
-            lm = with_lora(
-                load_causal_lm(self.config.model, gguf_file=self.config.gguf_file), self.config.lora
+            loaded = load_causal_lm(
+                self.config.model, gguf_file=self.config.gguf_file, on_meta=self.load_on_meta
             )
-            model = ScalarHeadModel.from_causal_lm(lm)
-        precision.prepare(model)
-        return model
+            model = ScalarHeadModel.from_causal_lm(with_lora(loaded, self.config.lora))
+        return placed(precision, model)
 
     def encode(self, tokenizer, examples, stats: TruncationStats) -> list[EncodedPair]:
         return encode_pairs(tokenizer, examples, self.config, stats)
@@ -243,7 +260,7 @@ class RewardModelStage(SupervisedStage):
     def train_step(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:
         t = self.config.train
         return pair_step(
-            run.model,
+            run.call,
             rows,
             run.pad_id,
             t.micro_batch_size,
@@ -251,12 +268,13 @@ class RewardModelStage(SupervisedStage):
             run.precision,
             self._by_length(),
             run.peers,
+            run.per_layer,
         )
 
     def evaluate(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:
-        t = self.config.train  # every rank evaluates every pair (the margins keep their order)
+        t = self.config.train  # every rank evaluates every pair (the margins keep their order; in lockstep)
         return evaluate_pairs(
-            run.model, rows, run.pad_id, t.micro_batch_size, t.lm_coef > 0, run.precision, self._by_length()
+            run.call, rows, run.pad_id, t.micro_batch_size, t.lm_coef > 0, run.precision, self._by_length()
         )
 
     def on_evaluation(self, run: SupervisedRun, step: int, result: dict) -> None:

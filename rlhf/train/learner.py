@@ -2,9 +2,10 @@
 and schedule, the data-parallel ranks and sharding it trains under, and the optimizer step
 (the ranks' gradients summed, global gradient clipping, step, zeroed gradients).
 
-A learner gets its parallel strategy when it is built (`peers`, `strategy`); the RL runtime of
-torchrun still sets `peers` on its roles and shards them per layer (`shard_per_layer`) after they
-are built (rlhf/runtime/distributed.py), which the Ray issue replaces.
+A learner gets its parallel strategy when it is built (`peers`, `strategy`: the supervised stages,
+sharded per layer at once); the RL runtime of torchrun still sets `peers` on its roles and shards
+them per layer (`shard_per_layer`) at their first use (rlhf/runtime/distributed.py), which the Ray
+issue replaces.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ class Learner:
     """`module` trained by AdamW over its trainable parameters with a warmup/decay schedule over
     `total_steps` and global gradient clipping (PPO paper §5.4, appendix C.2). With `peers`
     (data-parallel ranks, rlhf/runtime/peers.py) the gradients are summed over the ranks before
-    clipping; with `strategy` "fsdp2" the module and its AdamW state are sharded over them."""
+    clipping; with `strategy` "fsdp2" the module and its AdamW state are sharded over them per layer
+    (every rank's shards from rank 0's module, `shard_per_layer`; `bf16_compute`: gathered in bf16)."""
 
     peers: Peers | None = None  # data-parallel ranks: gradients and stats summed over them
     sharded = None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/runtime/fsdp.py)
-    per_layer = False  # sharded per layer (the RL roles): gradients arrive reduce-scattered
+    per_layer = False  # sharded per layer: gradients arrive reduce-scattered
     released = False  # the AdamW moments freed at the end of a sharded run (release_optimizer_state)
 
     def __init__(
@@ -40,6 +42,7 @@ class Learner:
         *,
         peers: Peers | None = None,
         strategy: str = "none",
+        bf16_compute: bool = False,
     ) -> None:
         self.module = module
         self.max_grad_norm = optim.max_grad_norm
@@ -47,7 +50,7 @@ class Learner:
         if peers is not None:
             self.peers = peers
             if strategy == "fsdp2":
-                self.sharded = fsdp.shard_module(module, self.optimizer, peers)
+                self.shard_per_layer(peers, bf16_compute)
 
     def shard_per_layer(self, peers: Peers, bf16_compute: bool = False, offload: bool = False) -> None:
         """Shard the module per decoder layer over `peers` (rlhf/runtime/fsdp.py), AdamW's state with
@@ -65,12 +68,6 @@ class Learner:
         return [q for group in self.optimizer.param_groups for q in group["params"]]
 
     @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
-        """The whole module for the body (fsdp2: gathered on every rank, sharded again after)."""
-        with fsdp.gathered([self.sharded] if self.sharded is not None else []):
-            yield
-
-    @contextlib.contextmanager
     def whole_copies(self) -> Iterator[None]:
         """The whole module as plain tensors for the body: what saving and exporting need."""
         with fsdp.whole_copies([self.sharded] if self.sharded is not None else []):
@@ -79,7 +76,7 @@ class Learner:
     def optimizer_step(self) -> float:
         """Clip the global gradient norm (when set), step, zero the gradients; the pre-clip norm.
         Under data parallelism the ranks' gradients are summed first: the norm is the global one.
-        fsdp2: called while gathered (`gathered`), after the micro-batches' backwards."""
+        fsdp2: the backwards reduce-scattered them, the norm is over every rank's shards."""
         if self.released:
             raise RuntimeError(
                 "the optimizer state was released at the end of the run: resume from its checkpoint"
@@ -88,8 +85,6 @@ class Learner:
             return fsdp.step_shards(
                 self.sharded, self.optimizer, self.scheduler, self.peers, self.max_grad_norm
             )
-        if self.sharded is not None:
-            return fsdp.step(self.sharded, self.optimizer, self.scheduler, self.peers, self.max_grad_norm)
         if self.peers is not None:
             self.peers.sum_gradients(self.trainable())
         return clip_and_step(self.optimizer, self.scheduler, self.trainable(), self.max_grad_norm)

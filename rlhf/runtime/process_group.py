@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 from rlhf.config import ConfigError, DistConfig
 from rlhf.models.device import resolve_device
-from rlhf.runtime.threads import available_cores
+from rlhf.runtime.threads import oversubscription_note, thread_budget
 
 
 def launch_rank() -> int:
@@ -70,11 +71,14 @@ def data_parallel(config: DistConfig, device: str = "auto") -> Iterator[bool]:
         yield False  # one process: the local runtime is the data-parallel run at world size 1
         return
     backend = backend_for(device)
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" is this rank's GPU
     else:
-        torch.set_num_threads(max(1, available_cores() // local_world))  # the host's cores, shared
+        # this rank's share of the node's cores, an explicit OMP_NUM_THREADS when lower (threads.py)
+        torch.set_num_threads(thread_budget())
+        note = oversubscription_note()
+        if note and launch_rank() == 0:
+            print(f"note: {note}", file=sys.stderr)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=config.timeout))
     try:
         yield True

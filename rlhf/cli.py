@@ -356,7 +356,7 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     from rlhf.config import load_config
     from rlhf.rundir.directory import check_out_dir
     from rlhf.rundir.lock import writer_lock
-    from rlhf.runtime.process_group import data_parallel, is_writer_process
+    from rlhf.runtime.process_group import agreed_on_rank0, data_parallel
 
     named = {
         "model": args.model,
@@ -371,8 +371,7 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
             config_class, args.resume, stage=ctx.stage, file=args.config, overrides=_overrides(rest, named)
         )
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
-            if is_writer_process():
-                _prepare_resume(ctx.run_dir)
+            agreed_on_rank0(lambda: _prepare_resume(ctx.run_dir))  # every rank stops if rank 0 refuses
             run(config, resume=True)
         return 0
     config = load_config(config_class, file=args.config, overrides=_overrides(rest, named))
@@ -409,7 +408,7 @@ def run_train_command(args, rest, ctx) -> int:
     from rlhf.config import RLConfig, load_config
     from rlhf.rundir.directory import check_out_dir
     from rlhf.rundir.lock import writer_lock
-    from rlhf.runtime.process_group import data_parallel, is_writer_process
+    from rlhf.runtime.process_group import agreed_on_rank0, data_parallel
     from rlhf.stages.train import run_rl
 
     named = {
@@ -429,9 +428,8 @@ def run_train_command(args, rest, ctx) -> int:
             args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named)
         )
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
-            if is_writer_process():
-                _prepare_resume(ctx.run_dir)
-                _check_resumed_models(config, ctx.run_dir, args.resume_allow_changed_models)
+            # rank 0 checks (and tidies) the run directory; every rank stops if it refuses
+            agreed_on_rank0(lambda: _check_resume(config, ctx.run_dir, args.resume_allow_changed_models))
             run_rl(config, resume=True)
         return 0
     if args.resume_allow_changed_models:
@@ -462,6 +460,11 @@ def _refuse_reward_model_as_policy(policy: str) -> None:
             f"--policy {policy} is a reward-model directory (it holds {HEAD_WEIGHTS_NAME}); the policy is "
             "a causal LM. Fix: pass the --out directory of `rlhf sft` as --policy, and this one as --reward-model."
         )
+
+
+def _check_resume(config, run_dir, allow_changed: bool) -> None:
+    _prepare_resume(run_dir)
+    _check_resumed_models(config, run_dir, allow_changed)
 
 
 def _prepare_resume(run_dir) -> None:

@@ -13,7 +13,8 @@ import contextlib
 import datetime
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -84,6 +85,45 @@ def data_parallel(config: DistConfig, device: str = "auto") -> Iterator[bool]:
         yield True
     finally:
         dist.destroy_process_group()
+
+
+T = TypeVar("T")
+
+
+def agreed_on_rank0(check: Callable[[], T]) -> T | None:
+    """`check()` on rank 0 alone (it may write the run directory), its verdict shared by every rank:
+    when it raises, rank 0 re-raises the error and every other rank raises a `ConfigError` with the
+    same message (a user mistake) or naming rank 0's failure, so that no rank waits at its next
+    collective for a peer that stopped, or runs on alone. Returns `check()`'s result on rank 0 and
+    None elsewhere; without a process group it is just `check()`."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return check()
+    result, verdict, failure = None, [None], None
+    if dist.get_rank() == 0:
+        try:
+            result = check()
+        except Exception as err:  # noqa: BLE001 (shared with the other ranks, then re-raised)
+            failure = err
+            verdict = [(str(err), _is_user_mistake(err))]
+    dist.broadcast_object_list(verdict, src=0)
+    if failure is not None:
+        raise failure
+    if verdict[0] is not None:
+        message, user_error = verdict[0]
+        if user_error:
+            raise ConfigError(message)
+        raise RuntimeError(f"rank 0 stopped ({message}); this rank stops with it")
+    return result
+
+
+def _is_user_mistake(err: Exception) -> bool:
+    """The errors the command line reports as the user's (exit 2; rlhf/cli_errors.is_user_error)."""
+    from rlhf.data.errors import DataError
+    from rlhf.models.loading import ModelLoadingError
+
+    if isinstance(err, (ConfigError, DataError, ModelLoadingError)):
+        return True
+    return isinstance(err, ValueError) and "Fix:" in str(err)
 
 
 def is_lost_peer(err: BaseException) -> bool:

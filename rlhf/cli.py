@@ -651,7 +651,9 @@ def _run_with_one_error_path(parser, args, rest) -> int:
         with handle_sigterm():  # SIGTERM (a scheduler's preemption) ends the run as Ctrl-C does
             return _dispatch(parser, args, rest, ctx)
     except Terminated:
-        message, code = cli_errors.interrupted_message(ctx, "terminated (SIGTERM)"), cli_errors.TERMINATED
+        how = "terminated (SIGTERM)"
+        message = _resumable_supervised_interrupt(ctx, how) or cli_errors.interrupted_message(ctx, how)
+        code = cli_errors.TERMINATED
     except KeyboardInterrupt:
         message = _resumable_supervised_interrupt(ctx) or cli_errors.interrupted_message(ctx)
         code = cli_errors.INTERRUPTED
@@ -683,9 +685,9 @@ def _run_with_one_error_path(parser, args, rest) -> int:
 RESUMABLE_SUPERVISED = ("dpo",)  # supervised stages with --resume (checkpoint.every)
 
 
-def _resumable_supervised_interrupt(ctx) -> str | None:
-    """Ctrl-C in `rlhf dpo` after a checkpoint: the command that continues the run (None otherwise:
-    cli_errors' message, which says the run cannot resume)."""
+def _resumable_supervised_interrupt(ctx, how: str = "interrupted") -> str | None:
+    """Ctrl-C (or SIGTERM) in `rlhf dpo` after a checkpoint: the command that continues the run (None
+    otherwise: cli_errors' message, which says the run cannot resume)."""
     if ctx.stage not in RESUMABLE_SUPERVISED or ctx.run_dir is None:
         return None
     from rlhf.rundir.checkpoint import latest_verified
@@ -695,7 +697,7 @@ def _resumable_supervised_interrupt(ctx) -> str | None:
         return None
     steps = int(found.name.split("_")[1])
     return (
-        f"interrupted; the newest checkpoint holds the first {steps} steps. Resume with: "
+        f"{how}; the newest checkpoint holds the first {steps} steps. Resume with: "
         f"rlhf {ctx.stage} --resume {ctx.run_dir}"
     )
 

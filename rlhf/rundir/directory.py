@@ -50,7 +50,7 @@ class SilentLogger:
 
     last_step = None
 
-    def log(self, step: int, metrics: dict, kind: str = "iteration") -> dict:
+    def log(self, step: int, metrics: dict, kind: str = "iteration", *, done: int | None = None) -> dict:
         return {kind: step, **metrics}
 
     def warn(

@@ -61,8 +61,11 @@ def rl_config(cfg: DemoConfig, root: Path, mode: str, seed: int) -> RLConfig:
     for group, cpus in TRAINER.items():
         getattr(config.ray, group).num_cpus = cpus
     for key, value in MODES[mode]:
-        group, name = key.split(".")
-        setattr(getattr(config, group), name, value)
+        *groups, name = key.split(".")
+        target = config
+        for group in groups:
+            target = getattr(target, group)
+        setattr(target, name, value)
     config.validate()
     return config
 

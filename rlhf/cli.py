@@ -360,7 +360,7 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     from rlhf.config import load_config
     from rlhf.rundir.directory import check_out_dir
     from rlhf.rundir.lock import writer_lock
-    from rlhf.runtime.process_group import data_parallel, is_writer_process
+    from rlhf.runtime.process_group import agreed_on_rank0, data_parallel
 
     named = {
         "model": args.model,
@@ -375,8 +375,7 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
             config_class, args.resume, stage=ctx.stage, file=args.config, overrides=_overrides(rest, named)
         )
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
-            if is_writer_process():
-                _prepare_resume(ctx.run_dir)
+            agreed_on_rank0(lambda: _prepare_resume(ctx.run_dir))  # every rank stops if rank 0 refuses
             run(config, resume=True)
         return 0
     config = load_config(config_class, file=args.config, overrides=_overrides(rest, named))
@@ -413,7 +412,7 @@ def run_train_command(args, rest, ctx) -> int:
     from rlhf.config import RLConfig, load_config
     from rlhf.rundir.directory import check_out_dir
     from rlhf.rundir.lock import writer_lock
-    from rlhf.runtime.process_group import data_parallel, is_writer_process
+    from rlhf.runtime.process_group import agreed_on_rank0, data_parallel
     from rlhf.stages.train import run_rl
 
     named = {
@@ -433,9 +432,8 @@ def run_train_command(args, rest, ctx) -> int:
             args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named)
         )
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
-            if is_writer_process():
-                _prepare_resume(ctx.run_dir)
-                _check_resumed_models(config, ctx.run_dir, args.resume_allow_changed_models)
+            # rank 0 checks (and tidies) the run directory; every rank stops if it refuses
+            agreed_on_rank0(lambda: _check_resume(config, ctx.run_dir, args.resume_allow_changed_models))
             run_rl(config, resume=True)
         return 0
     if args.resume_allow_changed_models:
@@ -466,6 +464,11 @@ def _refuse_reward_model_as_policy(policy: str) -> None:
             f"--policy {policy} is a reward-model directory (it holds {HEAD_WEIGHTS_NAME}); the policy is "
             "a causal LM. Fix: pass the --out directory of `rlhf sft` as --policy, and this one as --reward-model."
         )
+
+
+def _check_resume(config, run_dir, allow_changed: bool) -> None:
+    _prepare_resume(run_dir)
+    _check_resumed_models(config, run_dir, allow_changed)
 
 
 def _prepare_resume(run_dir) -> None:
@@ -654,7 +657,9 @@ def _run_with_one_error_path(parser, args, rest) -> int:
         with handle_sigterm():  # SIGTERM (a scheduler's preemption) ends the run as Ctrl-C does
             return _dispatch(parser, args, rest, ctx)
     except Terminated:
-        message, code = cli_errors.interrupted_message(ctx, "terminated (SIGTERM)"), cli_errors.TERMINATED
+        how = "terminated (SIGTERM)"
+        message = _resumable_supervised_interrupt(ctx, how) or cli_errors.interrupted_message(ctx, how)
+        code = cli_errors.TERMINATED
     except KeyboardInterrupt:
         message = _resumable_supervised_interrupt(ctx) or cli_errors.interrupted_message(ctx)
         code = cli_errors.INTERRUPTED
@@ -686,9 +691,9 @@ def _run_with_one_error_path(parser, args, rest) -> int:
 RESUMABLE_SUPERVISED = ("dpo",)  # supervised stages with --resume (checkpoint.every)
 
 
-def _resumable_supervised_interrupt(ctx) -> str | None:
-    """Ctrl-C in `rlhf dpo` after a checkpoint: the command that continues the run (None otherwise:
-    cli_errors' message, which says the run cannot resume)."""
+def _resumable_supervised_interrupt(ctx, how: str = "interrupted") -> str | None:
+    """Ctrl-C (or SIGTERM) in `rlhf dpo` after a checkpoint: the command that continues the run (None
+    otherwise: cli_errors' message, which says the run cannot resume)."""
     if ctx.stage not in RESUMABLE_SUPERVISED or ctx.run_dir is None:
         return None
     from rlhf.rundir.checkpoint import latest_verified
@@ -698,7 +703,7 @@ def _resumable_supervised_interrupt(ctx) -> str | None:
         return None
     steps = int(found.name.split("_")[1])
     return (
-        f"interrupted; the newest checkpoint holds the first {steps} steps. Resume with: "
+        f"{how}; the newest checkpoint holds the first {steps} steps. Resume with: "
         f"rlhf {ctx.stage} --resume {ctx.run_dir}"
     )
 

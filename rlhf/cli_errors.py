@@ -108,6 +108,11 @@ def interrupted_message(ctx: RunContext, how: str = "interrupted") -> str:
         )
     step = _last_logged(ctx.run_dir, "step")
     at = f" (last logged step {step})" if step is not None else ""
+    if (ctx.run_dir / "config.json").is_file():  # the signal waited for the final export (atomic)
+        return (
+            f"{how}{at} after the trained model was exported to {ctx.run_dir}; its report was not "
+            f"written. Fix: `rlhf report {ctx.run_dir}` writes it."
+        )
     return (
         f"{how}{at}; no model was exported to {ctx.run_dir} and `rlhf {ctx.stage}` cannot resume. "
         f"Fix: run the same command again with another --out (or delete {ctx.run_dir})."

@@ -122,6 +122,8 @@ def coerce(tp: Any, value: Any, key: str, origin: str, example: Any = None) -> A
             value = number if math.isfinite(number) else value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad("a number", example if isinstance(example, (int, float)) else None)
+        if not math.isfinite(float(value)):  # `--kl.beta inf`, `--optim.lr 1e400`: no setting means it
+            raise bad("a finite number", example if isinstance(example, (int, float)) else None)
         return float(value)
     if tp is str:
         if not isinstance(value, str):

@@ -54,6 +54,7 @@ _FORMAT_KEYS = {
     "pairs": '"prompt", "chosen" and "rejected"',
     "hh": '"chosen" and "rejected" (whole HH dialogues)',
 }
+ROLES = ("system", "developer", "user", "assistant", "tool")  # the roles chat templates render
 _SHAREGPT_ROLES = {
     "human": "user",
     "user": "user",
@@ -349,6 +350,12 @@ def _messages(value: Any, key: str, source: Source) -> list[Message]:
                 source,
                 f"message {i} of '{key}' must be an object with a string 'role'",
                 'write each message as {"role": "user", "content": "..."}',
+            )
+        if message["role"] not in ROLES:  # a typo ("assitant") would render as another speaker's turn
+            raise DataError(
+                source,
+                f"message {i} of '{key}' has role {message['role']!r}, which no chat template knows",
+                "use one of " + ", ".join(ROLES),
             )
         content = message.get("content")
         if not isinstance(content, str):

@@ -52,3 +52,42 @@ def model_files(directory: str | Path, gguf_file: str | None = None) -> list[Pat
         if gguf.is_file():
             found.append(gguf)
     return sorted(found)
+
+
+def damaged_safetensors(path: Path) -> str | None:
+    """What is wrong with the safetensors file `path`, or None: its header (8 bytes of length, then
+    JSON) cut short or unreadable, or its data shorter than the header says (a copy or download cut
+    short). Reads the header only."""
+    import json
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            if size < 8 or length > size - 8:
+                return f"it has {size} bytes, too few for the header it starts"
+            header = json.loads(handle.read(length))
+    except (OSError, ValueError) as err:
+        return f"its header cannot be read ({err})"
+    if not isinstance(header, dict):
+        return "its header is not a table of tensors"
+    ends = [v["data_offsets"][1] for k, v in header.items() if isinstance(v, dict) and "data_offsets" in v]
+    needed = 8 + length + max(ends, default=0)
+    return f"it has {size} bytes, its header describes {needed}" if needed > size else None
+
+
+def check_weights_whole(directory: str | Path) -> None:
+    """Raise ModelLoadingError naming the first damaged `*.safetensors` file of the local directory
+    `directory` (a hub id or a missing directory: nothing to check)."""
+    from rlhf.models.loading import ModelLoadingError
+
+    root = Path(directory)
+    if not root.is_dir():
+        return
+    for path in sorted(root.glob("*.safetensors")):
+        problem = damaged_safetensors(path)
+        if problem is not None:
+            raise ModelLoadingError(
+                f"{path} is damaged: {problem}. Fix: copy or save the model again (save_pretrained), "
+                "or point at an intact model directory."
+            )

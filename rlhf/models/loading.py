@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlhf.models.files import check_weights_whole
 from rlhf.models.trust import check_model_directory, safe_load_kwargs, unsafe_pickle_error
 
 logger = logging.getLogger(__name__)
@@ -249,6 +250,8 @@ def load_causal_lm(
     device, no weight read (a sharded run's ranks but 0, filled from rank 0: rlhf/runtime/fsdp.py)."""
     _check_source(path, gguf_file)
     check_model_directory(path, weights=gguf_file is None)
+    if not on_meta:
+        check_weights_whole(path)  # a file cut short: named here, not a SafetensorError mid-load
     if on_meta and gguf_file is None:
         return _causal_lm_on_meta(path, dtype or torch.float32)
     kwargs = _gguf_kwargs(gguf_file)

@@ -33,6 +33,7 @@ from rlhf.models.backbone import (
     peft_wrapping,
     unwrap_causal_lm,
 )
+from rlhf.models.files import check_weights_whole
 from rlhf.models.loading import ModelLoadingError, load_causal_lm
 from rlhf.models.trust import check_model_directory
 
@@ -146,6 +147,7 @@ class ScalarHeadModel(nn.Module):
                 "critic) directory. Fix: pass the --out directory of `rlhf rm` (as --reward-model or "
                 "--judge); in Python, ScalarHeadModel.from_causal_lm(path) puts a fresh head on a causal LM."
             )
+        check_weights_whole(path)  # the head's file (and the adapter's) whole, named if not
         info = json.loads(meta.read_text()) if meta.is_file() else {}
         if (path / "adapter_config.json").is_file():
             from peft import PeftConfig, PeftModel

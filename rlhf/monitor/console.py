@@ -200,8 +200,11 @@ class ConsoleSink:
                 self._task, total=self.total, completed=done, description=self._description()
             )
 
-    def log(self, step: int, kind: str, record: dict[str, Any]) -> None:
-        done = step + 1 if self.indexed else step
+    def log(self, step: int, kind: str, record: dict[str, Any], done: int | None = None) -> None:
+        """Show record `step` of phase `kind`; `done`: the steps done when it was made, when not
+        the usual (`step`, or `step + 1` when indexed), e.g. 0 for an evaluation before step 0."""
+        if done is None:
+            done = step + 1 if self.indexed else step
         self._enter_phase(kind, done)
         now = self.clock()
         if self._first is None:

@@ -123,11 +123,15 @@ class MetricsLogger:
             self.close()
             raise
 
-    def log(self, step: int, metrics: Mapping[str, Any], kind: str = "iteration") -> dict[str, Any]:
+    def log(
+        self, step: int, metrics: Mapping[str, Any], kind: str = "iteration", *, done: int | None = None
+    ) -> dict[str, Any]:
         """Send one record `{kind: step, **metrics}` to every sink; return the record as written.
 
         Values may be floats, ints, tensors, numpy values or lists; nested dicts are flattened
-        to "outer/inner" keys; NaN and infinities are written as null.
+        to "outer/inner" keys; NaN and infinities are written as null. `done`: the steps done when
+        the record was made, for the progress display, when not the usual (e.g. 0 for held-out
+        figures before the first update, recorded at step 0).
         """
         self._check_open()
         if isinstance(step, bool) or not isinstance(step, Integral) or step < 0:
@@ -146,7 +150,10 @@ class MetricsLogger:
             )
         record = {kind: step, **{k: v for k, v in flat.items() if k != kind}}
         for sink in self.sinks:
-            sink.log(step, kind, record)
+            if done is not None and isinstance(sink, ConsoleSink):
+                sink.log(step, kind, record, done=done)
+            else:
+                sink.log(step, kind, record)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
         self._last_kind = kind
         return record

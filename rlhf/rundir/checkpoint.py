@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlhf.models.files import is_model_file
+from rlhf.rundir.termination import finish_first
 
 _TENSOR = "__tensor__"
 _TUPLE = "__tuple__"
@@ -113,34 +114,29 @@ def set_rng_state(state: dict, generators: dict[str, torch.Generator] | None = N
         g.set_state(state["generators"][k])
 
 
-def atomic_directory(final: Path):
-    """Context manager: yields a temporary sibling directory, renamed to `final` on success."""
-    return _AtomicDirectory(Path(final))
-
-
-class _AtomicDirectory:
-    def __init__(self, final: Path):
-        self.final = final
-        self.tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-
-    def __enter__(self) -> Path:
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        self.tmp.mkdir(parents=True)
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        _complete_done(self.tmp)
-        for f in self.tmp.rglob("*"):
+@contextlib.contextmanager
+def atomic_directory(final: Path) -> Iterator[Path]:
+    """Yields a temporary sibling directory, renamed to `final` when the body returns. A Ctrl-C or
+    SIGTERM meanwhile waits until the rename is done (`finish_first`): a due checkpoint is kept."""
+    final = Path(final)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    with finish_first():
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _complete_done(tmp)
+        for f in tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as handle:
                     os.fsync(handle.fileno())
-        old = self.final.with_name(f".{self.final.name}.old-{os.getpid()}")
-        if self.final.exists():
-            self.final.rename(old)
-        self.tmp.rename(self.final)
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -337,19 +333,20 @@ def atomic_export(out: Path) -> Iterator[Path]:
     out.mkdir(parents=True, exist_ok=True)
     recover_exports(out)
     tmp = out / f"{EXPORT_TMP}{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-        (tmp / EXPORT_MANIFEST).write_text(json.dumps(sorted(p.name for p in tmp.iterdir())))
-        _fsync_tree(tmp)
-        staged = out / f"{EXPORT_STAGED}{os.getpid()}"
-        shutil.rmtree(staged, ignore_errors=True)
-        os.rename(tmp, staged)  # the commit point
-        _fsync_directory(out)
-    finally:
+    with finish_first():  # a Ctrl-C or SIGTERM waits until the export is in place
         shutil.rmtree(tmp, ignore_errors=True)
-    _install_export(out, staged)
+        tmp.mkdir()
+        try:
+            yield tmp
+            (tmp / EXPORT_MANIFEST).write_text(json.dumps(sorted(p.name for p in tmp.iterdir())))
+            _fsync_tree(tmp)
+            staged = out / f"{EXPORT_STAGED}{os.getpid()}"
+            shutil.rmtree(staged, ignore_errors=True)
+            os.rename(tmp, staged)  # the commit point
+            _fsync_directory(out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _install_export(out, staged)
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -8,6 +8,8 @@ run is lost.
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,7 +52,7 @@ class SilentLogger:
 
     last_step = None
 
-    def log(self, step: int, metrics: dict, kind: str = "iteration") -> dict:
+    def log(self, step: int, metrics: dict, kind: str = "iteration", *, done: int | None = None) -> dict:
         return {kind: step, **metrics}
 
     def warn(
@@ -89,16 +91,50 @@ def quiet_hf_saves() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def check_writable_dir(out: str | Path) -> None:
+    """Raise ConfigError, before any work, when the directory `--out` names cannot be made or written:
+    under a file, on a read-only file system, without permission, a name too long. Tried for real:
+    each missing folder is made and a file written in the deepest, then all of it removed again."""
+    target = Path(out)
+    existing, missing = target, []
+    while not os.path.lexists(existing) and existing != existing.parent:
+        missing.append(existing)
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(
+            f"--out {out} is under {existing}, which is not a folder. Fix: --out a directory of its own "
+            "(e.g. runs/NAME)."
+        )
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            made.append(folder)
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename and str(err.filename) != str(out) else ""
+        raise ConfigError(
+            f"--out {out} cannot be written: {err.strerror or err}{where}. Fix: --out a directory you may "
+            "write, on a writable disk (e.g. runs/NAME)."
+        ) from None
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
 def check_out_dir(out: str | Path, inputs: dict[str, str | None]) -> None:
     """Refuse, before any work, an `--out` a run must not write: an existing file, or one of the
     model directories the run reads (`inputs`: flag -> path) or a folder inside one, where the export
     would overwrite that model. A path that names no local directory (a hub id) is not compared."""
     target = Path(out)
-    if target.exists() and not target.is_dir():
+    if os.path.lexists(target) and not os.path.isdir(target):  # os.path: no OSError (a name too long)
         raise ConfigError(
             f"--out {out} is an existing file, not a directory: the run would replace it. "
             "Fix: --out a new directory (e.g. runs/NAME)."
         )
+    check_writable_dir(out)
     resolved = target.resolve()
     for flag, path in inputs.items():
         if not path or not Path(path).is_dir():

@@ -1,4 +1,5 @@
-"""What a finished run directory keeps on disk, and why: the one line `rlhf train` prints last."""
+"""What a finished run directory keeps on disk, and why: the line `rlhf train`, `sft`, `rm`
+and `dpo` print before the report's path."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def _is_export(path: Path) -> bool:
 
 def footprint_line(run_dir: str | Path, keep: int) -> str:
     """`RUN_DIR keeps 1.2 GB: checkpoints/ 0.8 GB (...), the exported model 0.4 GB (...), records ...`:
-    each part's size and what it is for; `keep` is the run's `checkpoint.keep`."""
+    each part's size and what it is for (the checkpoints' only when there are some); `keep` is the
+    run's `checkpoint.keep`."""
     run_dir = Path(run_dir)
     checkpoints = run_dir / "checkpoints"
     ckpt_bytes = tree_bytes(checkpoints) if checkpoints.is_dir() else 0
@@ -46,9 +48,13 @@ def footprint_line(run_dir: str | Path, keep: int) -> str:
     total = tree_bytes(run_dir)
     records = max(0, total - ckpt_bytes - export_bytes)
     count = len(list_checkpoints(run_dir))
+    kept = (
+        f"checkpoints/ {human_bytes(ckpt_bytes)} ({count} kept, checkpoint.keep {keep}: to resume or extend "
+        "the run with --resume; delete them once done), "
+        if count or ckpt_bytes
+        else ""  # a run without checkpoints (sft, rm, dpo without checkpoint.every)
+    )
     return (
-        f"{run_dir} keeps {human_bytes(total)}: checkpoints/ {human_bytes(ckpt_bytes)} ({count} kept, "
-        f"checkpoint.keep {keep}: to resume or extend the run with --resume; delete them once done), the "
-        f"exported model {human_bytes(export_bytes)} (what from_pretrained loads), records "
-        f"{human_bytes(records)} (metrics, samples, report)"
+        f"{run_dir} keeps {human_bytes(total)}: {kept}the exported model {human_bytes(export_bytes)} (what "
+        f"from_pretrained loads), records {human_bytes(records)} (metrics, samples, report)"
     )

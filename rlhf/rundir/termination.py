@@ -1,49 +1,84 @@
-"""SIGTERM, what SLURM and Kubernetes send before they preempt a job, ends a run as Ctrl-C does.
+"""SIGTERM, what SLURM and Kubernetes send before they preempt a job, ends a run as Ctrl-C does;
+neither cuts a checkpoint or an export short.
 
 Python's default SIGTERM kills the process at once: no message, no resume line. `handle_sigterm`
 turns it into `Terminated` (a KeyboardInterrupt), so the command ends the way Ctrl-C ends it: the
 step under way is abandoned (its half-done update is never saved), the run's records are closed and
-the command that resumes it is printed, with exit code 143 (128 + SIGTERM). A signal that arrives
-while a checkpoint or an export is being written (`finish_first`) waits until that write is done,
-so a checkpoint that was due is kept.
+the command that resumes it is printed, with exit code 143 (128 + SIGTERM).
+
+A Ctrl-C (SIGINT) or SIGTERM that arrives while a checkpoint or an export is being written
+(`finish_first`, which `checkpoint.atomic_directory` and `atomic_export` hold) waits until that
+write is complete, then is delivered to the handler it would have reached (KeyboardInterrupt,
+`Terminated`, or the default action), so the checkpoint that was due is kept and the resume line
+names it. A second Ctrl-C during the write stops at once (the write is atomic: the previous
+checkpoint or export stays whole).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
 
 TERMINATED_EXIT = 128 + signal.SIGTERM  # 143, as a shell reports a process ended by SIGTERM
+DEFERRED = (signal.SIGINT, signal.SIGTERM)
 
 
 class Terminated(KeyboardInterrupt):
     """The process received SIGTERM."""
 
 
-_state = {"depth": 0, "pending": False}
+_state: dict = {"depth": 0, "pending": []}
 
 
 def _on_sigterm(signum, frame) -> None:
-    if _state["depth"]:
-        _state["pending"] = True  # raised once the write under way is complete
-        return
     raise Terminated()
+
+
+def _defer(signum, frame) -> None:
+    pending = _state["pending"]
+    if signum == signal.SIGINT and signal.SIGINT in pending:
+        raise KeyboardInterrupt()  # Ctrl-C twice: the user will not wait (the write is atomic)
+    if signum not in pending:
+        pending.append(signum)
+    what = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    # os.write, not print: a handler may run inside a print to stderr (a reentrant call)
+    os.write(
+        2,
+        f"\n{what}: finishing the checkpoint or export being written first (Ctrl-C again: stop now)\n".encode(),
+    )
 
 
 @contextlib.contextmanager
 def finish_first() -> Iterator[None]:
-    """A write that SIGTERM must not cut short (a checkpoint, an export): a SIGTERM received in the
-    body raises `Terminated` after it."""
+    """A write that Ctrl-C and SIGTERM must not cut short (a checkpoint, an export): a signal received
+    in the body is delivered after it, when the body completed (after a failure the error is raised
+    and the signal dropped). Nests; in a thread other than the main one it changes nothing (signals
+    reach the main thread only)."""
+    outer = _state["depth"] == 0 and threading.current_thread() is threading.main_thread()
+    previous = {}
+    if outer:
+        _state["pending"] = []
+        for signum in DEFERRED:
+            handler = signal.getsignal(signum)
+            if handler is not signal.SIG_IGN:  # an ignored signal (nohup, `&`) stays ignored
+                previous[signum] = signal.signal(signum, _defer)
     _state["depth"] += 1
+    completed = False
     try:
         yield
+        completed = True
     finally:
         _state["depth"] -= 1
-    if not _state["depth"] and _state["pending"]:  # the write is complete (a failed one raised already)
-        _state["pending"] = False
-        raise Terminated()
+        if outer:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            pending, _state["pending"] = _state["pending"], []
+    if outer and completed:
+        for signum in pending:  # the handler in place again: KeyboardInterrupt, Terminated, or the default
+            signal.raise_signal(signum)
 
 
 @contextlib.contextmanager
@@ -58,4 +93,3 @@ def handle_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _state["pending"] = False

@@ -12,14 +12,16 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from rlhf.config import ConfigError, DistConfig
 from rlhf.models.device import resolve_device
-from rlhf.runtime.threads import available_cores
+from rlhf.runtime.threads import oversubscription_note, thread_budget
 
 
 def launch_rank() -> int:
@@ -70,11 +72,14 @@ def data_parallel(config: DistConfig, device: str = "auto") -> Iterator[bool]:
         yield False  # one process: the local runtime is the data-parallel run at world size 1
         return
     backend = backend_for(device)
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" is this rank's GPU
     else:
-        torch.set_num_threads(max(1, available_cores() // local_world))  # the host's cores, shared
+        # this rank's share of the node's cores, an explicit OMP_NUM_THREADS when lower (threads.py)
+        torch.set_num_threads(thread_budget())
+        note = oversubscription_note()
+        if note and launch_rank() == 0:
+            print(f"note: {note}", file=sys.stderr)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=config.timeout))
     try:
         yield True
@@ -84,6 +89,45 @@ def data_parallel(config: DistConfig, device: str = "auto") -> Iterator[bool]:
 
 class LostWorker(RuntimeError):
     """A process of the run (a Ray actor) died; the message names it and the checkpoint to resume from."""
+
+
+T = TypeVar("T")
+
+
+def agreed_on_rank0(check: Callable[[], T]) -> T | None:
+    """`check()` on rank 0 alone (it may write the run directory), its verdict shared by every rank:
+    when it raises, rank 0 re-raises the error and every other rank raises a `ConfigError` with the
+    same message (a user mistake) or naming rank 0's failure, so that no rank waits at its next
+    collective for a peer that stopped, or runs on alone. Returns `check()`'s result on rank 0 and
+    None elsewhere; without a process group it is just `check()`."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return check()
+    result, verdict, failure = None, [None], None
+    if dist.get_rank() == 0:
+        try:
+            result = check()
+        except Exception as err:  # noqa: BLE001 (shared with the other ranks, then re-raised)
+            failure = err
+            verdict = [(str(err), _is_user_mistake(err))]
+    dist.broadcast_object_list(verdict, src=0)
+    if failure is not None:
+        raise failure
+    if verdict[0] is not None:
+        message, user_error = verdict[0]
+        if user_error:
+            raise ConfigError(message)
+        raise RuntimeError(f"rank 0 stopped ({message}); this rank stops with it")
+    return result
+
+
+def _is_user_mistake(err: Exception) -> bool:
+    """The errors the command line reports as the user's (exit 2; rlhf/cli_errors.is_user_error)."""
+    from rlhf.data.errors import DataError
+    from rlhf.models.loading import ModelLoadingError
+
+    if isinstance(err, (ConfigError, DataError, ModelLoadingError)):
+        return True
+    return isinstance(err, ValueError) and "Fix:" in str(err)
 
 
 def is_lost_peer(err: BaseException) -> bool:

@@ -11,6 +11,10 @@ predicts when from FLOP counts, flops.py). Measured in bench/NOTES.md.
 On a shared machine the threads follow what the process is given: OMP_NUM_THREADS when set (the
 two sides together never use more), else the cores of its affinity mask within its cgroup's CPU
 quota (`thread_budget`); `limit_threads` caps torch's own count to the same at a command's start.
+Under torchrun the ranks of one node share those cores: each gets `cores // ranks on the node`, or
+an explicit OMP_NUM_THREADS when lower (never more: the ranks would oversubscribe the cores). The 1
+torchrun itself puts in OMP_NUM_THREADS when the user left it unset is no user's choice
+(`launcher_default_omp`) and is ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 import torch
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD", or "max PERIOD"
+PROC = Path("/proc")  # a process's initial environment: /proc/PID/environ (Linux)
 
 
 def omp_num_threads() -> int | None:
@@ -53,9 +58,52 @@ def available_cores() -> int:
     return max(1, min(cores, quota) if quota is not None else cores)
 
 
+def _parent_started_with(name: str) -> bool | None:
+    """Whether the parent process's environment held `name` when it started (None: not known, e.g.
+    no /proc). A variable the parent set in itself later (torchrun's os.environ) is not there."""
+    try:
+        entries = (PROC / str(os.getppid()) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return any(entry.split(b"=", 1)[0] == name.encode() for entry in entries)
+
+
+def launcher_default_omp() -> bool:
+    """OMP_NUM_THREADS=1 was set by torchrun, not by the user: torchrun (torch/distributed/run.py)
+    sets it for its workers when it is unset and there are several ranks per node. Told apart by the
+    torchrun process's own environment at start (the workers' parent): it lacked the variable."""
+    if os.environ.get("OMP_NUM_THREADS", "").strip() != "1" or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    return _parent_started_with("OMP_NUM_THREADS") is False
+
+
+def local_ranks() -> int:
+    """Processes of this launch on this node (torchrun's LOCAL_WORLD_SIZE; 1 without torchrun)."""
+    value = os.environ.get("LOCAL_WORLD_SIZE", "1").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
 def thread_budget() -> int:
-    """The threads this process may use in all: OMP_NUM_THREADS when set, else `available_cores()`."""
-    return omp_num_threads() or available_cores()
+    """The threads this process may use in all: its share of `available_cores()` (all of them, or
+    under torchrun the cores divided by the ranks on this node, at least 1), lowered to an explicit
+    OMP_NUM_THREADS (one torchrun set by default is not the user's: `launcher_default_omp`)."""
+    share = max(1, available_cores() // local_ranks())
+    explicit = None if launcher_default_omp() else omp_num_threads()
+    return min(explicit, share) if explicit else share
+
+
+def oversubscription_note() -> str | None:
+    """What `thread_budget` did to an explicit OMP_NUM_THREADS it lowered (None when it did not)."""
+    explicit = None if launcher_default_omp() else omp_num_threads()
+    budget = thread_budget()
+    if explicit is None or explicit <= budget:
+        return None
+    ranks = local_ranks()
+    who = f"{ranks} ranks on this node" if ranks > 1 else "this process"
+    return (
+        f"OMP_NUM_THREADS={explicit} is more threads than {who} may use ({available_cores()} cores): "
+        f"{budget} thread(s) per process instead, so that the cores are not oversubscribed."
+    )
 
 
 def limit_threads() -> int:

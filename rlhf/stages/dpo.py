@@ -74,6 +74,7 @@ class DPOStage(SupervisedStage):
     """A preference loss on the policy's and the reference's summed log-probs of each pair."""
 
     title = "DPO"
+    command = "dpo"
     data_kind = "preference"
     empty_data = "training preference pairs"
     key_metrics = ("train/loss", "train/accuracy", "eval/accuracy", "eval/margin")
@@ -123,6 +124,9 @@ class DPOStage(SupervisedStage):
         if run.per_layer:
             shard_from_rank0(call, run.peers, bf16_compute=run.precision.uses_autocast)
         return call
+
+    def preparing(self) -> str | None:
+        return "scoring every pair with the reference" if self.config.dpo.precompute_reference else None
 
     def checkpoint_state(self, train_rows: list[DPOPair], test_rows: list[DPOPair]) -> dict:
         state: dict = {"pairs_sha256": pairs_digest(train_rows, test_rows)}

@@ -75,6 +75,7 @@ def run_eval(config: EvalConfig) -> dict:
             max_new_tokens=rollout.max_new_tokens,
             model_name=f"--{name} {path}",
             fix="shorten that prompt (at most {budget} tokens) or remove it, or lower --max-new-tokens",
+            budget_flag="--max-new-tokens",
         )
         stop_ids = stop_token_ids(tokenizer, chat)
         texts[name], scores[name] = _answer_and_score(

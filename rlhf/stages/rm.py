@@ -225,6 +225,7 @@ class RewardModelStage(SupervisedStage):
     accuracy; the best checkpoint by that accuracy is the one left in the run directory."""
 
     title = "Reward model"
+    command = "rm"
     data_kind = "preference"
     empty_data = "training preference pairs"
     key_metrics = ("train/loss", "train/accuracy", "eval/accuracy")

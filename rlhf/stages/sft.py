@@ -135,6 +135,7 @@ class SFTStage(SupervisedStage):
     """Next-token loss on response tokens, evaluated by held-out loss and perplexity."""
 
     title = "SFT"
+    command = "sft"
     data_kind = "sft"
     empty_data = "training SFT examples"
     key_metrics = ("train/loss", "eval/loss", "eval/ppl")

@@ -29,10 +29,12 @@ def check_prompts_fit(
     max_new_tokens: int,
     model_name: str,
     fix: str,
+    budget_flag: str = "--rollout.max_new_tokens",
 ) -> None:
     """Raise DataError at the first prompt whose tokens plus `max_new_tokens` exceed `context`.
 
-    `fix` is the remedy the command offers, with `{budget}` for the prompt budget that fits.
+    `fix` is the remedy the command offers, with `{budget}` for the prompt budget that fits;
+    `budget_flag` sets `max_new_tokens` (named when the response budget alone is too large).
     """
     if context is None:
         return
@@ -46,7 +48,7 @@ def check_prompts_fit(
         raise DataError(
             where,
             f"the response budget ({max_new_tokens} new tokens) alone fills the {context} positions of {model_name}",
-            f"lower the response budget below {context}",
+            f"{budget_flag} {max(1, context // 4)} (any budget below {context} leaves room for a prompt)",
         )
     raise DataError(
         where,

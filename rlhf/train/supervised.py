@@ -35,6 +35,7 @@ The run's skeleton:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from collections.abc import Iterator
@@ -52,10 +53,12 @@ from rlhf.models.device import resolve_device
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.precision import Precision, cast_parameters
 from rlhf.monitor import print_summary
+from rlhf.monitor.progress import announce
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import open_metrics_logger
 from rlhf.rundir.export import export_models
 from rlhf.rundir.final_report import write_final_report
+from rlhf.rundir.footprint import footprint_line
 from rlhf.runtime.peers import Peers, current_peers
 from rlhf.train.context_check import check_rows_fit, model_context
 from rlhf.train.learner import Learner
@@ -102,6 +105,7 @@ class SupervisedStage:
     """What one supervised stage adds to the skeleton (see the module's docstring)."""
 
     title = ""  # the summary's heading: "SFT", "Reward model"
+    command = ""  # the progress display's name: "sft", "rm", "dpo"
     data_kind = ""  # the rows `load_examples` reads: "sft" | "preference"
     empty_data = ""  # what the message says there is none of, e.g. "training SFT examples"
     key_metrics: tuple[str, ...] = ()  # shown in the progress line
@@ -129,6 +133,10 @@ class SupervisedStage:
     def before_training(self, run: SupervisedRun, train_rows: list, test_rows: list) -> None:
         """Once, after the rows are read and before the first step (DPO caches its reference
         log-probs here)."""
+
+    def preparing(self) -> str | None:
+        """What `before_training` does, for the progress display (None: nothing worth saying)."""
+        return None
 
     def train_step(self, run: SupervisedRun, rows: list) -> dict:
         raise NotImplementedError
@@ -195,7 +203,8 @@ def run_supervised(
     sharded = peers is not None and config.dist.strategy == "fsdp2"
     # fsdp2: ranks but 0 build the structure alone; every rank's shards come from rank 0's model
     stage.load_on_meta = sharded and not writer and model is None
-    model = stage.build_model(model, precision)
+    with _shown(writer and model is None, f"loading the model {config.model}"):  # a sign of life
+        model = stage.build_model(model, precision)
     if peers is not None and not sharded:
         peers.broadcast_parameters(model.parameters())  # one start for every rank
     if config.gradient_checkpointing:
@@ -223,17 +232,22 @@ def run_supervised(
         resumable=stage.resumable,
         sinks=tuple(config.sinks),  # `quiet` only drops the final summary table
         total=steps,
+        indexed=True,  # step i of metrics.jsonl is the (i+1)-th update: `step i+1/N` on the console
+        run_name=stage.command or None,
         key_metrics=stage.key_metrics,
         writer=writer,
         **({"resume": True, "resume_step": done - 1} if resume else {}),
     )
+    if stage.preparing():
+        logger.status(stage.preparing(), done, "step")
     stage.before_training(run, train_rows, test_rows)
     if resume:  # after the stage's own setup, which may draw numbers (none of DPO's does)
         ckpt.set_rng_state(run.resumed_rng)
     with logger:
         if test_rows and stage.baseline_eval and not resume:  # held-out figures before any update
+            logger.status("evaluating before training", 0, "step")
             before = stage.evaluate(run, test_rows)
-            logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step")
+            logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step", done=0)
             stage.baseline = before
         final = _train_steps(
             run, stage, logger, zip(range(done, steps), batches), steps, train_rows, test_rows
@@ -241,15 +255,23 @@ def run_supervised(
     model.eval()
     if learner.sharded is not None:  # the export gathers whole weights: without AdamW's moments beside
         learner.release_optimizer_state()
-    final = stage.finish(run, final, stats)
+    with _shown(writer, f"writing the trained model to {out}"):
+        final = stage.finish(run, final, stats)
     if not writer:
         return final  # rank 0 exports, reports and prints
     report = write_final_report(out)
     if not quiet:
         shown = {k: v for k, v in final.items() if not isinstance(v, list)}
         print_summary(f"{stage.title} finished: {out}", shown)
+        keep = config.checkpoint.keep if stage.resumable else 0
+        print(footprint_line(out, keep))  # what the directory keeps, and why (as `rlhf train`)
         print(f"report: {report}")  # a line of its own: the table would cut a long path
     return final
+
+
+def _shown(show: bool, what: str):
+    """`announce(what)` (`what ...`, then `what: done (1.2 s)`) when `show`, else nothing."""
+    return announce(what) if show else contextlib.nullcontext()
 
 
 def _read_rows(stage: SupervisedStage, tokenizer, model: nn.Module, stats, test_rows: list | None) -> tuple:
@@ -284,12 +306,14 @@ def _train_steps(
     every = config.checkpoint.every if stage.resumable else 0
     final: dict = {}
     for step, indices in numbered_batches:
+        logger.status("training", step, "step")  # the first step, and a long one, say so
         run.call.train()
         metrics = stage.train_step(run, [train_rows[i] for i in indices])
         metrics["train/grad_norm"] = learner.optimizer_step()
         metrics["train/lr"] = learner.lr
         last = step == steps - 1
         if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
+            logger.status("evaluating", step, "step")
             result = stage.evaluate(run, test_rows)
             metrics.update({f"eval/{k}": v for k, v in result.items()})
             stage.on_evaluation(run, step, result)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlhf.rundir import checkpoint as ckpt
+from rlhf.rundir.termination import finish_first
 from rlhf.rundir.weights import load_trained, save_trained
 
 MODEL = "model"
@@ -33,17 +34,18 @@ def checkpoint_path(run_dir: Path, steps_done: int) -> Path:
 def save_supervised_checkpoint(run, steps_done: int, stage_state: dict, keep: int) -> Path:
     """Write the checkpoint after `steps_done` optimizer steps (the writer only) and prune to `keep`."""
     target = checkpoint_path(run.out, steps_done)
-    with ckpt.atomic_directory(target) as tmp:
-        save_trained(run.model, tmp, MODEL)
-        state = {
-            "step": steps_done,
-            "learner": run.learner.state_dict(),
-            "rng": ckpt.rng_state(),
-            "stage": stage_state,
-        }
-        ckpt.save_state(state, tmp, STATE)
-        ckpt.write_done(tmp, steps_done)  # sizes and checksums: verified on resume
-    ckpt.prune_checkpoints(run.out, keep)
+    with finish_first():  # a Ctrl-C or SIGTERM waits for the write and the pruning
+        with ckpt.atomic_directory(target) as tmp:
+            save_trained(run.model, tmp, MODEL)
+            state = {
+                "step": steps_done,
+                "learner": run.learner.state_dict(),
+                "rng": ckpt.rng_state(),
+                "stage": stage_state,
+            }
+            ckpt.save_state(state, tmp, STATE)
+            ckpt.write_done(tmp, steps_done)  # sizes and checksums: verified on resume
+        ckpt.prune_checkpoints(run.out, keep)
     return target
 
 

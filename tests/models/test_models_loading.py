@@ -89,3 +89,32 @@ def test_bad_paths_say_what_to_do(tmp_path):
         load_causal_lm(weights)
     with pytest.raises(ModelLoadingError, match="not found"):
         load_tokenizer(tmp_path, gguf_file="other.gguf")
+
+
+def test_a_safetensors_file_cut_short_is_named_before_loading(tmp_path):
+    import struct
+
+    from safetensors.torch import save_file
+
+    from rlhf.models.files import check_weights_whole, damaged_safetensors
+    from rlhf.models.loading import ModelLoadingError
+
+    whole = tmp_path / "model.safetensors"
+    save_file({"w": torch.arange(12.0).reshape(3, 4)}, str(whole))
+    data = whole.read_bytes()
+    assert damaged_safetensors(whole) is None
+    (header_length,) = struct.unpack("<Q", data[:8])
+    for cut, says in [
+        (len(data) - 4, f"it has {len(data) - 4} bytes, its header describes {len(data)}"),  # data cut short
+        (8 + header_length // 2, "too few for the header"),  # header cut short
+        (5, "too few for the header"),
+    ]:
+        (tmp_path / "cut").mkdir(exist_ok=True)
+        damaged = tmp_path / "cut" / "model.safetensors"
+        damaged.write_bytes(data[:cut])
+        assert says in damaged_safetensors(damaged)
+        with pytest.raises(ModelLoadingError, match="model.safetensors is damaged"):
+            check_weights_whole(tmp_path / "cut")
+    damaged.write_bytes(struct.pack("<Q", 4) + b"{oop")
+    assert "header cannot be read" in damaged_safetensors(damaged)
+    check_weights_whole(tmp_path / "no-such-dir")  # a hub id: nothing to check

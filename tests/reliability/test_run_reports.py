@@ -55,10 +55,9 @@ def test_a_training_command_writes_its_report_and_names_it(runs, kind):
     run, stdout = runs[kind]
     report = run / "report.html"
     assert stdout.splitlines()[-1] == f"report: {report}"  # after the summary table, never cut short
-    if kind == "rl":  # before it: what the run directory keeps, and why
-        assert (
-            stdout.splitlines()[-2].startswith(f"{run} keeps ") and "checkpoints/" in stdout.splitlines()[-2]
-        )
+    kept = stdout.splitlines()[-2]  # before it: what the run directory keeps, and why
+    assert kept.startswith(f"{run} keeps ") and "the exported model" in kept
+    assert ("checkpoints/" in kept) == (kind == "rl")  # sft and rm keep none
     page = ReportPage.of(report)
     assert page.h2 == list(SECTIONS)
     assert page.rows("Summary", "run")["kind"][0].endswith(

@@ -417,3 +417,20 @@ def test_two_ranks_sampling_their_shares_draw_the_one_process_tokens(case, sampl
     lengths = [int(n) for r in one for n in r["attention_mask"].sum(-1)]
     assert len(set(lengths)) > 2
     assert any(r["steps"] < 12 for r in one) and any(bool(r["ended_with_eos"].all()) for r in one)
+
+
+@pytest.mark.slow
+def test_every_rank_stops_when_rank_0_refuses_a_resume_or_finds_the_run_directory_taken(tmp_path):
+    from rlhf.rundir.lock import run_dir_lock
+    from tests.support.dist_cases import rank0_verdicts
+
+    busy = tmp_path / "busy"
+    with run_dir_lock(busy):  # this process holds it: rank 0's writer_lock is refused
+        rank_0, rank_1 = run_ranks(rank0_verdicts, str(busy), collective_timeout=30.0)
+    assert rank_0[0] == ("ran", 42) and rank_1[0] == ("ran", None)  # the result is rank 0's
+    refused = "model.reward_model: rm/model.safetensors changed. Fix: --resume-allow-changed-models"
+    assert rank_0[1] == rank_1[1] == ("ConfigError", refused)  # the same message on every rank
+    assert rank_0[2] == ("KeyError", "'a bug'")
+    assert rank_1[2][0] == "RuntimeError" and "rank 0 stopped ('a bug')" in rank_1[2][1]
+    assert rank_0[3][0] == "RunDirInUse" and f"run directory {busy} is in use" in rank_0[3][1]
+    assert rank_1[3] == ("ConfigError", rank_0[3][1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,3 +177,33 @@ def rank_pid(torchrun_pid: int, rank: int) -> int:
         if f"RANK={rank}".encode() in environ:
             return int(pid)
     raise AssertionError(f"no worker of rank {rank} among {children}")
+
+
+def test_a_resume_rank_0_refuses_stops_every_rank_with_its_message(models, tmp_path):
+    """The reward model changed since the run started: rank 0 checks the recorded hashes on --resume
+    and refuses; rank 1 stops with the same message at once instead of waiting for rank 0 at its
+    first collective (dist.timeout) or running on alone."""
+    reward_model = tmp_path / "rm"
+    shutil.copytree(models["rm"], reward_model)
+    first = train_args(
+        {**models, "rm": str(reward_model)},
+        tmp_path / "run",
+        "--dist.strategy",
+        "ddp",
+        "--dist.timeout",
+        "600",
+    )
+    first[first.index("--train.iterations") + 1] = "1"
+    assert main(first) == 0
+    (reward_model / "config.json").write_text((reward_model / "config.json").read_text() + "\n")
+    started = time.monotonic()
+    job = torchrun(["train", "--resume", str(tmp_path / "run"), "--train.iterations", "2"])
+    _, err = job.communicate(timeout=TIMEOUT)
+    assert job.returncode != 0
+    assert time.monotonic() - started < 300  # not the 600 s collective timeout: no rank waited for it
+    for rank in ("rank 0 of 2", "rank 1 of 2"):
+        line = next((x for x in err.splitlines() if x.startswith(f"rlhf train ({rank}): ")), None)
+        assert line is not None and "config.json" in line and "--resume-allow-changed-models" in line, err[
+            -3000:
+        ]
+    assert "lost contact" not in err and "This is a bug" not in err, err[-3000:]

@@ -86,3 +86,57 @@ def test_side_by_side_work_stays_within_the_budget(machine):
     assert side_by_side_threads() == 2  # 4 threads in all, not 8
     machine(cores=16, quota=6)
     assert side_by_side_threads() == 3
+
+
+@pytest.fixture()
+def torchrun_rank(machine, monkeypatch, tmp_path):
+    """`torchrun_rank(cores, ranks, omp, parent_had_omp)`: a rank of a torchrun launch with `ranks`
+    processes on this node; torchrun's process (the parent) started with OMP_NUM_THREADS in its
+    environment or without it (a fake /proc/PPID/environ)."""
+
+    def setup(cores: int, ranks: int, omp: str | None, parent_had_omp: bool) -> None:
+        machine(cores=cores, omp=omp)
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
+        parent = tmp_path / "proc" / "4242"
+        parent.mkdir(parents=True, exist_ok=True)
+        start = (
+            [b"PATH=/usr/bin", b"OMP_NUM_THREADS=" + omp.encode()] if parent_had_omp else [b"PATH=/usr/bin"]
+        )
+        (parent / "environ").write_bytes(b"\0".join(start) + b"\0")
+        monkeypatch.setattr(threads, "PROC", tmp_path / "proc")
+        monkeypatch.setattr(threads.os, "getppid", lambda: 4242)
+
+    return setup
+
+
+def test_torchrun_ranks_share_the_cores_and_ignore_torchruns_own_omp_default(torchrun_rank):
+    torchrun_rank(cores=8, ranks=2, omp=None, parent_had_omp=False)
+    assert thread_budget() == 4  # 8 cores, 2 ranks on the node
+    torchrun_rank(cores=8, ranks=2, omp="1", parent_had_omp=False)  # torchrun set the 1 itself
+    assert threads.launcher_default_omp() and thread_budget() == 4
+    assert threads.oversubscription_note() is None
+    torchrun_rank(cores=8, ranks=2, omp="1", parent_had_omp=True)  # OMP_NUM_THREADS=1 torchrun ...
+    assert not threads.launcher_default_omp() and thread_budget() == 1
+    torchrun_rank(cores=8, ranks=2, omp="3", parent_had_omp=True)
+    assert thread_budget() == 3 and threads.oversubscription_note() is None
+    torchrun_rank(cores=8, ranks=4, omp="6", parent_had_omp=True)  # 4 x 6 threads on 8 cores: no
+    assert thread_budget() == 2
+    note = threads.oversubscription_note()
+    assert "OMP_NUM_THREADS=6" in note and "4 ranks on this node" in note and "2 thread(s)" in note
+    torchrun_rank(cores=2, ranks=4, omp=None, parent_had_omp=False)
+    assert thread_budget() == 1  # more ranks than cores: one thread each, never zero
+
+
+def test_without_proc_an_omp_num_threads_of_1_is_the_users(torchrun_rank, monkeypatch, tmp_path):
+    torchrun_rank(cores=8, ranks=2, omp="1", parent_had_omp=False)
+    monkeypatch.setattr(threads, "PROC", tmp_path / "no-proc")  # macOS: the parent's start unknown
+    assert not threads.launcher_default_omp() and thread_budget() == 1
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # not under torchrun: a 1 is always the user's
+    monkeypatch.setattr(threads, "PROC", tmp_path / "proc")
+    assert not threads.launcher_default_omp()
+
+
+def test_an_explicit_omp_num_threads_above_the_cores_is_lowered(machine):
+    machine(cores=2, omp="8")
+    assert thread_budget() == 2 and "OMP_NUM_THREADS=8" in threads.oversubscription_note()

@@ -505,3 +505,37 @@ def supervised_accounting(stage: str, run_dir: str, data_path: str) -> dict:
             "sharded": all(isinstance(p, DTensor) for p in params),
         }
     return out
+
+
+def rank0_verdicts(busy_run_dir: str) -> list:
+    """What each rank sees of rank 0's checks (process_group.agreed_on_rank0): a check that passes
+    (its result), one that refuses (a user mistake), one that fails (a bug), and the lock of a
+    run directory another process holds (lock.writer_lock)."""
+    from rlhf.config import ConfigError
+    from rlhf.rundir.lock import writer_lock
+    from rlhf.runtime.process_group import agreed_on_rank0
+
+    def outcome(body) -> tuple:
+        try:
+            return ("ran", body())
+        except Exception as err:  # noqa: BLE001 (what each rank raised is the point)
+            return (type(err).__name__, str(err))
+
+    def refuse():
+        raise ConfigError(
+            "model.reward_model: rm/model.safetensors changed. Fix: --resume-allow-changed-models"
+        )
+
+    def fail():
+        raise KeyError("a bug")
+
+    def lock():
+        with writer_lock(busy_run_dir):
+            return "locked"
+
+    return [
+        outcome(lambda: agreed_on_rank0(lambda: 42)),
+        outcome(lambda: agreed_on_rank0(refuse)),
+        outcome(lambda: agreed_on_rank0(fail)),
+        outcome(lock),
+    ]

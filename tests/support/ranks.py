@@ -33,8 +33,8 @@ def _rank_main(rank: int, world_size: int, port: int, out: str, collective_timeo
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
-        OMP_NUM_THREADS="1",
     )
+    os.environ.pop("OMP_NUM_THREADS", None)  # the user's choice, not the suite's, sets the ranks' threads
     from rlhf.config import DistConfig
     from rlhf.runtime.process_group import data_parallel
     from rlhf.runtime.threads import available_cores

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 from rlhf.monitor.stillness import (
     CODE,
@@ -151,6 +152,9 @@ def test_the_footprint_line_says_what_each_part_is_for(tmp_path):
     assert line.startswith(f"{run} keeps 9.2 KB: checkpoints/ 6.0 KB (2 kept, checkpoint.keep 2")
     assert "the exported model 3.1 KB" in line and "records 50 B" in line and "--resume" in line
     assert "\n" not in line
+    for old in (run / "checkpoints").iterdir():  # a run without checkpoints (sft, rm): no such part
+        shutil.rmtree(old)
+    assert footprint_line(run, keep=0).startswith(f"{run} keeps 3.1 KB: the exported model 3.1 KB (")
     assert [human_bytes(n) for n in (999, 1500, 2.5e9)] == ["999 B", "1.5 KB", "2.5 GB"]
 
 

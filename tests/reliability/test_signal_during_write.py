@@ -1,0 +1,142 @@
+"""Ctrl-C (SIGINT) or SIGTERM arriving while a checkpoint or an export is written waits until the
+write is complete (rlhf/rundir/termination.py finish_first): the checkpoint that was due is kept,
+whole, and the resume line names it; a second Ctrl-C stops at once, the write being atomic."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from rlhf.rundir import checkpoint as ckpt
+from rlhf.rundir.termination import Terminated, finish_first, handle_sigterm
+from tests.support.reliability_testing import assert_ok, env, iterations, rlhf, train_args
+
+# a child process whose first write of a checkpoint (or of an export) sends the process SIGNAL half
+# way through: after the state file, before DONE and the rename (before the tokenizer, for an export)
+CHILD = """
+import os, signal, sys
+from rlhf.rundir import checkpoint
+from rlhf.rundir import export
+
+how, where, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+sig = getattr(signal, how)
+fired = []
+
+def fire():
+    if not fired:
+        fired.append(1)
+        os.kill(os.getpid(), sig)
+
+if where == "checkpoint":
+    save_state = checkpoint.save_state
+    def patched(state, directory, name):
+        save_state(state, directory, name)
+        fire()
+    checkpoint.save_state = patched
+else:
+    export_copy = export.export_copy
+    def patched(model):
+        fire()
+        return export_copy(model)
+    export.export_copy = patched
+
+from rlhf.cli import main
+sys.exit(main(argv))
+"""
+
+
+def child(how: str, where: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, how, where, *map(str, args)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_signal_during_a_write_is_delivered_once_the_write_is_complete():
+    for signum, error in ((signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)):
+        written = []
+        with pytest.raises(error), handle_sigterm():
+            with finish_first():
+                os.kill(os.getpid(), signum)
+                with finish_first():  # nested writes: delivered after the outer one
+                    written.append("state")
+                written.append("DONE")
+            written.append("next step")  # never runs
+        assert written == ["state", "DONE"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are back
+
+
+def test_a_second_ctrl_c_during_a_write_stops_at_once_and_a_failed_write_drops_the_signal(tmp_path):
+    target = tmp_path / "checkpoints" / "iter_000002"
+    with pytest.raises(KeyboardInterrupt):
+        with ckpt.atomic_directory(target) as tmp:
+            (tmp / "state.json").write_text("{}")
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the user will not wait
+            (tmp / "more.json").write_text("{}")  # never written
+    assert not target.exists() and list(target.parent.iterdir()) == []  # nothing half-written
+    with pytest.raises(OSError, match="disk"):
+        with finish_first():
+            os.kill(os.getpid(), signal.SIGINT)
+            raise OSError("disk full")  # the failure is what the user must see
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # `nohup`, `cmd &`: SIGINT ignored
+    try:
+        with finish_first():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # still ignored, nothing raised
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_during_a_train_checkpoint_keeps_it_and_the_run_resumes_from_it(files, tmp_path, how, code):
+    out = tmp_path / "run"
+    run = child(
+        how, "checkpoint", *train_args(files, out, "--train.iterations", "4", "--checkpoint.every", "2")
+    )
+    assert run.returncode == code, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["iter_000002"]
+    assert ckpt.verify(out / "checkpoints" / "iter_000002") is None  # whole: DONE and every checksum
+    assert not list((out / "checkpoints").glob(".iter_*"))  # no temporary left
+    assert f"at iteration 2; resume with: rlhf train --resume {out}" in run.stderr, run.stderr[-2000:]
+    assert "(from its checkpoint" not in run.stderr  # the checkpoint holds every iteration done
+    assert_ok(rlhf("train", "--resume", out))
+    assert iterations(out) == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_sigterm_during_a_dpo_checkpoint_keeps_it_and_says_how_to_resume(files, tmp_path):
+    out = tmp_path / "dpo"
+    args = ["dpo", "--model", files["policy"], "--data", files["pairs"], "--out", out,
+            "--train.max_steps", "4", "--train.batch_size", "4", "--checkpoint.every", "2", "--sinks", "jsonl"]  # fmt: skip
+    run = child("SIGTERM", "checkpoint", *args)
+    assert run.returncode == 143, run.stderr[-3000:]
+    assert ckpt.verify(out / "checkpoints" / "iter_000002") is None
+    assert (
+        f"terminated (SIGTERM); the newest checkpoint holds the first 2 steps. Resume with: rlhf dpo --resume {out}"
+        in run.stderr
+    )
+    assert_ok(rlhf("dpo", "--resume", out))
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_during_the_sft_export_lets_it_finish_and_says_so(files, tmp_path):
+    out = tmp_path / "sft"
+    args = ["sft", "--model", files["policy"], "--data", files["sft"], "--out", out,
+            "--train.max_steps", "2", "--train.batch_size", "4", "--sinks", "jsonl"]  # fmt: skip
+    run = child("SIGINT", "export", *args)
+    assert run.returncode == 130, run.stderr[-3000:]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".export")]  # nothing half-moved
+    assert (
+        f"after the trained model was exported to {out}" in run.stderr and f"rlhf report {out}" in run.stderr
+    )

@@ -113,7 +113,7 @@ def test_every_stage_leaves_its_artifacts(demo_dir):
 
 @pytest.mark.slow
 def test_a_rerun_into_the_same_directory_starts_clean(demo_dir):
-    short = TINY + ["--iterations", "1"]
+    short = TINY + ["--iterations", "1", "--sft_steps", "2", "--rm_steps", "2"]  # later flags win
     assert run_demo(out=str(demo_dir / "again"), seeds=1, overrides=short, quiet=True) == 0
     assert run_demo(out=str(demo_dir / "again"), seeds=1, overrides=short, quiet=True) == 0
     summary = json.loads((demo_dir / "again" / "summary.json").read_text())

@@ -17,7 +17,6 @@ from tests.support.reliability_testing import (
     assert_ok,
     assert_user_error,
     iterations,
-    rlhf,
     train_args,
 )
 
@@ -128,14 +127,16 @@ def test_atomic_export_keeps_other_files_and_leaves_no_partial_file(tmp_path):
 @pytest.mark.slow
 def test_resume_falls_back_from_a_truncated_newest_checkpoint(files, tmp_path, capsys):
     out = tmp_path / "run"
-    assert_ok(rlhf(*train_args(files, out, "--train.iterations", "3", "--checkpoint.every", "1")))
+    assert_ok(
+        InProcess(capsys, *train_args(files, out, "--train.iterations", "3", "--checkpoint.every", "1"))
+    )
     first = iterations(out)
     newest = out / "checkpoints" / "iter_000003"
     policy = newest / "policy.trained.safetensors"
     policy.write_bytes(policy.read_bytes()[:100])
     stale = out / "checkpoints" / ".iter_000009.tmp-999999999"
     stale.mkdir()
-    result = rlhf("train", "--resume", out, "--train.iterations", "4")
+    result = InProcess(capsys, "train", "--resume", out, "--train.iterations", "4")
     assert_ok(result)
     assert (
         f"skipping damaged checkpoint {newest}" in result.stderr

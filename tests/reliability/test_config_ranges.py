@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from rlhf.cli import main
-from tests.support.reliability_testing import assert_ok, assert_user_error, iterations, rlhf, train_args
+from tests.support.reliability_testing import (
+    InProcess,
+    assert_ok,
+    assert_user_error,
+    iterations,
+    rlhf,
+    train_args,
+)
 
 SFT_BAD = [
     ("train.micro_batch_size", "0"),
@@ -76,22 +83,22 @@ def test_near_zero_temperature_warns(files, tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_sft_micro_batch_zero_through_the_cli_and_its_fix(files, tmp_path):
+def test_sft_micro_batch_zero_through_the_cli_and_its_fix(files, tmp_path, capsys):
     out = tmp_path / "sft"
     args = ["sft", "--model", files["policy"], "--data", files["sft"], "--out", out, "--sinks", "jsonl",
             "--train.max_steps", "1", "--train.batch_size", "2"]  # fmt: skip
     assert_user_error(rlhf(*args, "--train.micro_batch_size", "0"), "train.micro_batch_size must be >= 1")
     assert not out.exists()
-    assert_ok(rlhf(*args, "--train.micro_batch_size", "1"))
+    assert_ok(InProcess(capsys, *args, "--train.micro_batch_size", "1"))  # the fix (in-process: no start-up)
     assert (out / "model.safetensors").is_file()
 
 
 @pytest.mark.slow
-def test_nothing_to_train_combination_and_its_fix(files, tmp_path):
+def test_nothing_to_train_combination_and_its_fix(files, tmp_path, capsys):
     out = tmp_path / "rl"
     args = train_args(files, out, "--train.iterations", "1", "--rollout.stop_at_eos", "false")
     refused = rlhf(*args, "--rollout.truncated", "drop")
     assert_user_error(refused, "rollout.stop_at_eos", "rollout.truncated", "--rollout.truncated keep")
     assert not out.exists()
-    assert_ok(rlhf(*args, "--rollout.truncated", "keep"))
+    assert_ok(InProcess(capsys, *args, "--rollout.truncated", "keep"))
     assert iterations(out) == [0]

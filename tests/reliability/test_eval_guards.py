@@ -20,7 +20,7 @@ def eval_args(files, judge, out, *extra):
 
 
 @pytest.mark.slow
-def test_nan_judge_is_named_with_its_rows_and_another_judge_works(files, tmp_path):
+def test_nan_judge_is_named_with_its_rows_and_another_judge_works(files, tmp_path, capsys):
     broken = tmp_path / "nan-rm"
     judge = ScalarHeadModel.from_pretrained(files["rm"])
     with torch.no_grad():
@@ -33,7 +33,7 @@ def test_nan_judge_is_named_with_its_rows_and_another_judge_works(files, tmp_pat
     assert "non-finite" in stderr
     assert not out.exists()
 
-    assert_ok(rlhf(*eval_args(files, files["rm"], out, "--temperature", "0")))
+    assert_ok(InProcess(capsys, *eval_args(files, files["rm"], out, "--temperature", "0")))
     result = json.loads(out.read_text())
     assert math.isfinite(result["policy"]["mean"])
     # greedy: the same policy against itself gives identical answers, so every pair ties

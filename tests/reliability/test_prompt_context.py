@@ -12,7 +12,6 @@ from tests.support.reliability_testing import (
     assert_ok,
     assert_user_error,
     iterations,
-    rlhf,
     train_args,
     write_jsonl,
 )
@@ -39,5 +38,5 @@ def test_a_prompt_past_the_context_is_named_and_the_budget_flag_fixes_it(files, 
         refused, f"{prompts}:3", "needs 19 positions", "short-context has 12", "--data.max_prompt_tokens 8"
     )
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
-    assert_ok(rlhf(*args, "--data.max_prompt_tokens", "8"))
+    assert_ok(InProcess(capsys, *args, "--data.max_prompt_tokens", "8"))
     assert iterations(tmp_path / "run") == [0]

@@ -20,16 +20,16 @@ from tests.support.reliability_testing import (
     train_args,
 )
 
-pytestmark = pytest.mark.slow  # each test trains a tiny run in a subprocess (~5 s)
+pytestmark = pytest.mark.slow  # each test trains a tiny run and starts `rlhf` in a subprocess (~5 s)
 
 
 @pytest.fixture
-def run(files, tmp_path):
+def run(files, tmp_path, capsys):
     policy = tmp_path / "policy"  # a copy of its own: the test changes it
     shutil.copytree(files["policy"], policy)
     out = tmp_path / "run"
     args = train_args({**files, "policy": policy}, out, "--train.iterations", "1", "--checkpoint.every", "1")
-    assert_ok(rlhf(*args))
+    assert_ok(InProcess(capsys, *args))  # the run to resume (set-up: no process of its own needed)
     return out, policy
 
 

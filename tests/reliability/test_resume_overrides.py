@@ -21,8 +21,13 @@ pytestmark = pytest.mark.slow  # every test here takes over 2 s (`make test-fast
 
 @pytest.fixture(scope="module")
 def run(files, tmp_path_factory):
-    out = tmp_path_factory.mktemp("resume") / "run"
-    assert_ok(rlhf(*train_args(files, out, "--train.iterations", "2", "--checkpoint.every", "1")))
+    from rlhf.cli import main
+
+    out = tmp_path_factory.mktemp("resume") / "run"  # set up in-process: no interpreter start-up
+    assert (
+        main([str(a) for a in train_args(files, out, "--train.iterations", "2", "--checkpoint.every", "1")])
+        == 0
+    )
     return out
 
 
@@ -52,10 +57,10 @@ def test_a_config_with_a_yaml_error_is_refused(run, tmp_path):  # a subprocess: 
     assert snapshot(run) == before
 
 
-def test_the_fix_resumes_and_config_yaml_tells_the_truth(run, tmp_path):
+def test_the_fix_resumes_and_config_yaml_tells_the_truth(run, tmp_path, capsys):
     recorded = yaml.safe_load((run / "config.yaml").read_text())
     same_beta = str(recorded["kl"]["beta"])  # an override equal to the recorded value is no change
-    assert_ok(rlhf("train", "--resume", run, "--kl.beta", same_beta, "--train.iterations", "3"))
+    assert_ok(InProcess(capsys, "train", "--resume", run, "--kl.beta", same_beta, "--train.iterations", "3"))
     assert iterations(run) == [0, 1, 2]
     now = yaml.safe_load((run / "config.yaml").read_text())
     assert now["train"]["iterations"] == 3

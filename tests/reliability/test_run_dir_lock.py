@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.support.reliability_testing import (
+    InProcess,
     assert_ok,
     assert_user_error,
     iterations,
@@ -28,7 +29,7 @@ def wait_for(condition, timeout: float = 120.0) -> None:
 
 
 @pytest.mark.slow
-def test_second_writer_is_refused_and_sigint_says_how_to_resume(files, tmp_path):
+def test_second_writer_is_refused_and_sigint_says_how_to_resume(files, tmp_path, capsys):
     out = tmp_path / "run"
     first = start(*train_args(files, out, "--train.iterations", "100000", "--checkpoint.every", "1"))
     try:
@@ -56,7 +57,7 @@ def test_second_writer_is_refused_and_sigint_says_how_to_resume(files, tmp_path)
 
     # the suggested fix works: the run continues from its checkpoint to a new end
     target = done[-1] + 3
-    resumed = rlhf("train", "--resume", out, "--train.iterations", target)
+    resumed = InProcess(capsys, "train", "--resume", out, "--train.iterations", target)
     assert_ok(resumed)
     assert iterations(out) == list(range(target))
     assert all(isinstance(r, dict) for r in records(out))

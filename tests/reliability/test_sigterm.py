@@ -11,10 +11,10 @@ import pytest
 
 from rlhf.rundir.termination import Terminated, finish_first, handle_sigterm
 from tests.support.reliability_testing import (
+    InProcess,
     assert_ok,
     iterations,
     records,
-    rlhf,
     start,
     train_args,
     wait_for,
@@ -33,7 +33,7 @@ def test_a_sigterm_during_a_checkpoint_write_is_raised_once_it_is_complete():
 
 
 @pytest.mark.slow
-def test_sigterm_ends_train_with_143_and_the_resume_line_and_the_run_resumes(files, tmp_path):
+def test_sigterm_ends_train_with_143_and_the_resume_line_and_the_run_resumes(files, tmp_path, capsys):
     out = tmp_path / "run"
     run = start(*train_args(files, out, "--train.iterations", "100000", "--checkpoint.every", "1"))
     try:
@@ -51,6 +51,8 @@ def test_sigterm_ends_train_with_143_and_the_resume_line_and_the_run_resumes(fil
     assert expected in stderr, stderr[-2000:]
 
     target = done[-1] + 3
-    assert_ok(rlhf("train", "--resume", out, "--train.iterations", target))
+    assert_ok(
+        InProcess(capsys, "train", "--resume", out, "--train.iterations", target)
+    )  # the printed command
     assert iterations(out) == list(range(target))
     assert all(isinstance(r, dict) for r in records(out))

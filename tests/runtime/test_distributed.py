@@ -254,15 +254,31 @@ def test_two_ranks_train_sft_reward_and_dpo_models_as_one_process(
     assert one["last"]["train/grad_norm"] > 0.5  # the clip acts
 
 
+@pytest.fixture(scope="module")
+def fsdp2_accounting(tmp_path_factory) -> tuple[dict, dict]:
+    """Both fsdp2 accounting jobs in one spawned job: ([sharding per rank], [meta loading per rank])."""
+    from tests.support.dist_cases import (
+        each_call,
+        meta_loading_accounting,
+        save_tiny_models,
+        sharding_accounting,
+    )
+
+    root = tmp_path_factory.mktemp("fsdp2_accounting")
+    (root / "models").mkdir()
+    paths = save_tiny_models(str(root / "models"))
+    calls = [(sharding_accounting, str(root / "run")), (meta_loading_accounting, paths)]
+    per_rank = run_ranks(each_call, calls)
+    return [results[0] for results in per_rank], [results[1] for results in per_rank]
+
+
 @pytest.mark.slow
-def test_fsdp2_holds_half_of_every_role_and_never_a_whole_model(tmp_path):
+def test_fsdp2_holds_half_of_every_role_and_never_a_whole_model(fsdp2_accounting):
     """Per-layer sharding is in effect: between uses each rank holds about half of every role's
     parameters (trained and frozen) and of the AdamW moments; while sampling, scoring and stepping no
     op creates a tensor as large as half a model (the old whole-model gather, or a whole flat
     gradient bucket, would be the whole model)."""
-    from tests.support.dist_cases import sharding_accounting
-
-    for rank, got in enumerate(run_ranks(sharding_accounting, str(tmp_path / "run"))):
+    for rank, got in enumerate(fsdp2_accounting[0]):
         for role in ("policy", "critic", "reference", "reward_model"):
             counts = got[role]
             assert counts["sharded"], f"rank {rank}: {role} not sharded"
@@ -328,14 +344,11 @@ def test_sft_rm_and_dpo_under_fsdp2_build_rank_1s_model_on_meta_and_train_as_one
 
 
 @pytest.mark.slow
-def test_under_fsdp2_rank_1_never_holds_a_whole_model_and_gets_rank_0s_weights(tmp_path):
+def test_under_fsdp2_rank_1_never_holds_a_whole_model_and_gets_rank_0s_weights(fsdp2_accounting):
     """Sharded loading: rank 1 builds every role on the meta device (no weight read) and receives its
     shards from rank 0, one whole tensor in transit at a time (never a role's whole parameters), and
     every role's gathered parameters equal rank 0's (the files' values)."""
-    from tests.support.dist_cases import meta_loading_accounting, save_tiny_models
-
-    paths = save_tiny_models(str(tmp_path))
-    rank0, rank1 = run_ranks(meta_loading_accounting, paths)
+    rank0, rank1 = fsdp2_accounting[1]
     # loading: rank 0 reads every weight, rank 1 creates no tensor of a parameter's size
     assert rank0["largest"]["load"] == rank0["largest_parameter"]
     assert rank1["largest"].get("load", 0) < rank1["largest_parameter"] / 4, rank1["largest"]
@@ -345,20 +358,38 @@ def test_under_fsdp2_rank_1_never_holds_a_whole_model_and_gets_rank_0s_weights(t
         assert_close_dicts(rank1["whole"][role], params, f"{role} on rank 1")
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+RESUME_STRATEGIES = ["ddp", "fsdp2"]
+
+
+@pytest.fixture(scope="module")
+def resumed_on_two_ranks(tmp_path_factory) -> tuple[str, dict]:
+    """Every strategy's whole and interrupted-then-resumed runs, in one spawned job: (the PPO-ptx
+    file, {strategy: its root directory})."""
+    from tests.support.dist_cases import each_case, run_whole_and_interrupted
+
+    root = tmp_path_factory.mktemp("resume_two_ranks")
+    ptx = ptx_rows_file(root)
+    roots = {strategy: root / strategy for strategy in RESUME_STRATEGIES}
+    for directory in roots.values():
+        directory.mkdir()
+    run_ranks(each_case, run_whole_and_interrupted, [(str(roots[s]), ptx, s) for s in RESUME_STRATEGIES])
+    return ptx, roots
+
+
+@pytest.mark.parametrize("strategy", RESUME_STRATEGIES)
 @pytest.mark.slow
-def test_a_two_rank_run_resumes_at_two_ranks_and_in_one_process(strategy, tmp_path):
+def test_a_two_rank_run_resumes_at_two_ranks_and_in_one_process(strategy, resumed_on_two_ranks):
     """fsdp2: every rank writes its shards of the weights and optimizer moments (DCP); they load at
     2 ranks and into one process."""
-    from tests.support.dist_cases import resume_run, run_whole_and_interrupted
+    from tests.support.dist_cases import resume_run
     from tests.support.train_testing import metric_rows
 
-    ptx = ptx_rows_file(tmp_path)
-    run_ranks(run_whole_and_interrupted, str(tmp_path), ptx, strategy)
-    whole = metric_rows(tmp_path / "whole")
+    ptx, roots = resumed_on_two_ranks
+    root = roots[strategy]
+    whole = metric_rows(root / "whole")
     assert [r.get("iteration", r.get("pretrain")) for r in whole] == [0, 0, 1, 2]
     if strategy == "fsdp2":  # each rank wrote its shards (DCP): no whole weights in the checkpoint
-        checkpoint = tmp_path / "split_copy" / "checkpoints" / "iter_000002"
+        checkpoint = root / "split_copy" / "checkpoints" / "iter_000002"
         assert sorted(p.name for p in (checkpoint / "shards").glob("*.distcp")) == [
             "__0_0.distcp",
             "__1_0.distcp",
@@ -367,9 +398,9 @@ def test_a_two_rank_run_resumes_at_two_ranks_and_in_one_process(strategy, tmp_pa
             checkpoint.glob("critic*.safetensors")
         )
     # the 2-rank checkpoint, continued by one process
-    one_thread(resume_run, str(tmp_path / "split_copy"), ptx, strategy)
+    one_thread(resume_run, str(root / "split_copy"), ptx, strategy)
     for resumed in ("split", "split_copy"):
-        rows = metric_rows(tmp_path / resumed)
+        rows = metric_rows(root / resumed)
         assert len(rows) == len(whole), resumed
         for got, expected in zip(rows, whole):
             assert_close_dicts(got, expected, f"{resumed} metrics.jsonl")

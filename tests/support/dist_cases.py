@@ -41,6 +41,11 @@ def each_case(run, cases: list[tuple]) -> list:
     return [run(*case) for case in cases]
 
 
+def each_call(calls: list[tuple]) -> list:
+    """`fn(*args)` for every `(fn, *args)`, in order (several checks of their own in one spawned job)."""
+    return [fn(*args) for fn, *args in calls]
+
+
 def tiny_models(tok, num_layers: int = 1):
     policy = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=num_layers, num_heads=2)
     with torch.no_grad():  # about half the responses end within 5 tokens (as in tests/train)

@@ -59,13 +59,28 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
-def test_colocated_actors_give_the_local_runs_numbers_and_files_bit_for_bit(
-    models, local_run, cluster, tmp_path
+def test_colocated_actors_and_a_rollout_actor_give_the_local_runs_numbers_and_files_bit_for_bit(
+    models, local_run, cluster, tmp_path, monkeypatch
 ):
-    """One actor per role, colocated: every metric of 3 iterations (critic pre-training included)
-    and the exported policy and critic equal the local run's exactly (CPU, one thread each)."""
+    """One actor per role, colocated, and a rollout actor sampling with a copy of the policy: after
+    each policy update the copy equals the policy group's bit for bit (a sha256 over every
+    parameter's bytes); every metric of 3 iterations (critic pre-training included) and the exported
+    policy and critic equal the local run's exactly (CPU, one thread each)."""
+    from rlhf.ray_runtime.runtime import RayRuntime
+
+    sync, checked = RayRuntime.sync_rollout, []
+
+    def checked_sync(self):
+        sync(self)
+        trainer = self._first("policy", "weights_digest")
+        checked.append((self.policy_version, trainer, self._call("rollout", "weights_digest")))
+
+    monkeypatch.setattr(RayRuntime, "sync_rollout", checked_sync)
     out = tmp_path / "ray"
-    assert main(train_args(models, out, "--dist.runtime", "ray", *HALF_A_CPU)) == 0
+    assert main(train_args(models, out, *WITH_A_ROLLOUT_ACTOR)) == 0
+    assert [version for version, *_ in checked] == [1, 2, 3]  # one sync per iteration's update
+    assert all(rollout == [trainer] for _, trainer, rollout in checked)
+    assert len({trainer for _, trainer, _ in checked}) == 3  # the weights changed at every update
     assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=0.0)
     for part in ("model.safetensors", "critic/model.safetensors", "critic/scalar_head.safetensors"):
         want, got = tensors(local_run / part), tensors(out / part)
@@ -95,37 +110,15 @@ def test_two_actor_groups_run_data_parallel_inside_and_give_one_processs_numbers
     assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=1e-5)
 
 
-def test_a_rollout_group_samples_with_the_trainers_weights_synced_after_every_update(
-    models, local_run, cluster, tmp_path, monkeypatch
-):
-    """A rollout group of its own (`ray.rollout.num_actors 1`): after each policy update the rollout
-    actor's policy equals the policy group's bit for bit (a sha256 over every parameter's bytes),
-    and the run's metrics equal the local run's exactly."""
-    from rlhf.ray_runtime.runtime import RayRuntime
-
-    sync, checked = RayRuntime.sync_rollout, []
-
-    def checked_sync(self):
-        sync(self)
-        trainer = self._first("policy", "weights_digest")
-        checked.append((self.policy_version, trainer, self._call("rollout", "weights_digest")))
-
-    monkeypatch.setattr(RayRuntime, "sync_rollout", checked_sync)
-    out = tmp_path / "rollout"
-    assert main(train_args(models, out, *WITH_A_ROLLOUT_ACTOR)) == 0
-    assert [version for version, *_ in checked] == [1, 2, 3]  # one sync per iteration's update
-    assert all(rollout == [trainer] for _, trainer, rollout in checked)
-    assert len({trainer for _, trainer, _ in checked}) == 3  # the weights changed at every update
-    assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=0.0)
-
-
-def test_asynchronous_rollouts_stay_one_update_behind_and_resume_with_the_rollout_in_flight(
+def test_asynchronous_rollouts_stay_one_update_behind_and_a_dead_actors_run_resumes_exactly(
     models, cluster, tmp_path, monkeypatch, capsys
 ):
     """rollout.max_staleness 1: each iteration after the first trains on a rollout the previous
     policy sampled during the previous update (staleness 1, recorded), corrected by decoupled PPO
-    (its weights logged); a run interrupted after a checkpoint, whose next rollout was in flight,
-    resumes to the uninterrupted run's metrics exactly (the rollout is kept in the checkpoint)."""
+    (its weights logged). The critic's actor killed in the second iteration's update ends the run
+    (exit 1, no traceback) with a message naming the role group and the resume command; the resumed
+    Ray run, whose checkpoint holds the rollout that was in flight, gives the uninterrupted run's
+    metrics exactly."""
     from rlhf.ray_runtime.runtime import RayRuntime
 
     ahead = [*WITH_A_ROLLOUT_ACTOR, "--rollout.max_staleness", "1", "--checkpoint.every", "1"]
@@ -138,15 +131,21 @@ def test_asynchronous_rollouts_stay_one_update_behind_and_resume_with_the_rollou
 
     calls, train = {"n": 0}, RayRuntime.train
 
-    def interrupting(self, roles, minibatches):
+    def killing(self, roles, minibatches):
         calls["n"] += 1
-        if calls["n"] == 3:  # pre-training, iteration 0, then iteration 1's update: stop there
-            raise KeyboardInterrupt
+        if calls["n"] == 3:  # critic pre-training, iteration 0, then iteration 1's update
+            ray.kill(self.actors["critic"][0])
         return train(self, roles, minibatches)
 
-    monkeypatch.setattr(RayRuntime, "train", interrupting)
+    monkeypatch.setattr(RayRuntime, "train", killing)
     split = tmp_path / "split"
-    assert main(train_args(models, split, *ahead)) == 130, capsys.readouterr().err
+    code = main(train_args(models, split, *ahead))
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert (
+        "Ray role group 'critic'" in err and f"rlhf train --resume {split}" in err and "Traceback" not in err
+    )
+    assert (split / "checkpoints" / "iter_000001" / "DONE").is_file()
     monkeypatch.setattr(RayRuntime, "train", train)
     assert main(["train", "--resume", str(split)]) == 0
     assert_same_rows(metric_rows(whole), metric_rows(split), tolerance=0.0)
@@ -163,39 +162,3 @@ def test_asking_for_more_cpus_than_the_cluster_has_stops_before_loading_naming_t
     assert not ray.util.placement_group_table() or all(
         p["state"] == "REMOVED" for p in ray.util.placement_group_table().values()
     )
-
-
-def test_an_actor_that_dies_ends_the_run_naming_it_and_the_run_resumes_under_ray(
-    models,
-    local_run,
-    cluster,
-    tmp_path,
-    monkeypatch,
-    capsys,
-):
-    """The critic's actor killed before the second iteration's update: the run ends (exit 1, no
-    traceback) with a message naming the role group and the resume command. The resumed Ray run
-    (each learner group loading its weights and optimizer state from the checkpoint the groups
-    wrote) gives the uninterrupted local run's metrics exactly."""
-    from rlhf.ray_runtime.runtime import RayRuntime
-
-    calls = {"n": 0}
-    train = RayRuntime.train
-
-    def killing(self, roles, minibatches):
-        calls["n"] += 1
-        if calls["n"] == 3:  # critic pre-training, the first iteration, then the second's update
-            ray.kill(self.actors["critic"][0])
-        return train(self, roles, minibatches)
-
-    monkeypatch.setattr(RayRuntime, "train", killing)
-    out = tmp_path / "dies"
-    code = main(train_args(models, out, "--dist.runtime", "ray", "--checkpoint.every", "1", *HALF_A_CPU))
-    err = capsys.readouterr().err
-    assert code == 1, err
-    assert "Ray role group 'critic'" in err and f"rlhf train --resume {out}" in err and "Traceback" not in err
-    assert (out / "checkpoints" / "iter_000001" / "DONE").is_file()
-    monkeypatch.setattr(RayRuntime, "train", train)
-    assert main(["train", "--resume", str(out)]) == 0
-    assert [r.get("iteration", r.get("pretrain")) for r in metric_rows(out)] == [0, 0, 1, 2]
-    assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=0.0)

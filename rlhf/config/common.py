@@ -75,6 +75,10 @@ class DistConfig:
     # layer copied to the GPU for its use (torch's CPUOffloadPolicy): for a GPU that cannot hold its
     # shards, at the cost of a host-device copy per use and AdamW on the CPU
     offload: bool = False
+    # fsdp2 in rlhf train: the gradients reduce-scattered after every micro-batch's backward
+    # (micro_batch), or accumulated whole on each rank and reduced in a step's last one (step);
+    # ddp always reduces once per step (DDP's no_sync before)
+    grad_sync: Literal["micro_batch", "step"] = "micro_batch"
 
     def validate(self, prefix: str) -> None:
         positive(self.timeout, f"{prefix}timeout", 600, " seconds")

@@ -69,6 +69,7 @@ class DPOStage(SupervisedStage):
     empty_data = "training preference pairs"
     key_metrics = ("train/loss", "train/accuracy", "eval/accuracy", "eval/margin")
     resumable = True
+    uses_every_parameter = True  # the decoder and the output head in every pass
 
     def build_model(self, model, precision: Precision):
         c = self.config
@@ -162,16 +163,26 @@ class DPOStage(SupervisedStage):
         d, size = self.config.dpo, self.config.train.micro_batch_size
         mine = rows if run.peers is None else rows[run.peers.rows(len(rows))]
         sums = dict.fromkeys(("loss", *STATS), 0.0)
-        for group in pair_micro_batches(mine, size, self._by_length()):
-            micro = [mine[i] for i in group]
+        micros = [[mine[i] for i in group] for group in pair_micro_batches(mine, size, self._by_length())]
+        learner = run.learner
+        # training: every rank as many micro-batches (ddp pads with fillers of weight 0)
+        passes = (
+            learner.padded_passes(micros, rows[:1], len(rows), size) if train else ((m, 1.0) for m in micros)
+        )
+        for micro, weight in passes:
             ref_chosen, ref_rejected = self.reference_logprobs(run, micro)
             with contextlib.nullcontext() if train else torch.no_grad():
-                chosen, rejected = pair_logprobs(run.model, micro, run.pad_id, run.precision)
+                args = (micro, run.pad_id, run.precision)  # training: through the learner (ddp: DDP)
+                chosen, rejected = (
+                    learner.apply(pair_logprobs, *args) if train else pair_logprobs(run.model, *args)
+                )
                 loss, stats = preference_loss(
                     d.loss, chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing
                 )
             if train:
-                (loss * (len(micro) / len(rows))).backward()  # the mean over the step's pairs
+                (loss * (weight * len(micro) / len(rows))).backward()  # the mean over the step's pairs
+            if weight == 0:  # a filler (ddp): it only joins the passes
+                continue
             for key, value in (("loss", loss), *stats.items()):
                 sums[key] += float(value.detach()) * len(micro)
         values = list(sums.values())

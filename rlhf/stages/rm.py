@@ -32,7 +32,7 @@ from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.rundir.export import export_models
-from rlhf.runtime.peers import Peers
+from rlhf.train.learner import Learner
 from rlhf.train.lm_loss import hidden_token_nll
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import SupervisedRun, SupervisedStage, run_supervised
@@ -94,31 +94,36 @@ def pair_forward(
 
 
 def pair_step(
-    model: ScalarHeadModel,
+    learner: Learner,
     rows: list[EncodedPair],
     pad_id: int,
     micro_batch_size: int,
     lm_coef: float,
     precision: Precision | None = None,
     by_length: bool = False,
-    peers: Peers | None = None,
 ) -> dict:
-    """Forward/backward one optimizer step's pairs in micro-batches (no optimizer step); its metrics.
+    """Forward/backward one optimizer step's pairs through `learner`'s reward model in micro-batches
+    (no optimizer step); its metrics.
 
     The loss is the ranking loss summed over the step's pairs / their count, plus `lm_coef` x the NLL
     summed over the step's chosen tokens / their count: exact whatever the micro-batches
-    (`by_length`: pairs sorted by length before the split, rlhf.data.length_grouping). With `peers`
-    (data parallelism) this rank takes its share of the pairs; the sums cover every rank's.
+    (`by_length`: pairs sorted by length before the split, rlhf.data.length_grouping). With data
+    parallelism (`learner.peers`) this rank takes its share of the pairs, every rank running as many
+    micro-batches (`Learner.padded_passes`); the sums cover every rank's.
     """
     with_lm = lm_coef > 0
+    peers = learner.peers
     chosen_tokens = sum(len(r.chosen_ids) for r in rows)
     rank_sum, lm_sum, correct, margin_sum = 0.0, 0.0, 0, 0.0
     mine = rows if peers is None else rows[peers.rows(len(rows))]  # the means stay over `rows`
-    for group in pair_micro_batches(mine, micro_batch_size, by_length):
-        chosen, rejected, nll, _ = pair_forward(model, [mine[i] for i in group], pad_id, with_lm, precision)
+    micros = [[mine[i] for i in group] for group in pair_micro_batches(mine, micro_batch_size, by_length)]
+    for micro, weight in learner.padded_passes(micros, rows[:1], len(rows), micro_batch_size):
+        chosen, rejected, nll, _ = learner.apply(pair_forward, micro, pad_id, with_lm, precision)
         rank = ranking_loss(chosen, rejected)
         loss = rank / len(rows) + (lm_coef * nll / chosen_tokens if with_lm else 0.0)
-        loss.backward()  # pair mean and chosen-token mean over the whole step
+        (weight * loss).backward()  # pair mean and chosen-token mean over the whole step
+        if weight == 0:  # a filler (ddp): it only joins the passes
+            continue
         rank_sum += float(rank.detach())
         lm_sum += float(nll.detach())
         correct += int((chosen > rejected).sum())
@@ -243,14 +248,7 @@ class RewardModelStage(SupervisedStage):
     def train_step(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:
         t = self.config.train
         return pair_step(
-            run.model,
-            rows,
-            run.pad_id,
-            t.micro_batch_size,
-            t.lm_coef,
-            run.precision,
-            self._by_length(),
-            run.peers,
+            run.learner, rows, run.pad_id, t.micro_batch_size, t.lm_coef, run.precision, self._by_length()
         )
 
     def evaluate(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:

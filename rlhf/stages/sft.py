@@ -21,6 +21,7 @@ from rlhf.models.device import model_device, to_device
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.runtime.peers import Peers
+from rlhf.train.learner import Learner
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import (
@@ -66,25 +67,27 @@ def micro_batches(rows: list[EncodedSFT], size: int, by_length: bool) -> list[li
 
 
 def train_steps(
-    model,
+    learner: Learner,
     rows: list[EncodedSFT],
     pad_id: int,
     micro_batch_size: int,
     precision: Precision | None = None,
     by_length: bool = False,
-    peers: Peers | None = None,
 ) -> tuple[float, int]:
-    """Forward/backward one optimizer batch with token-weighted gradient accumulation: the loss is
-    the NLL summed over the batch's response tokens / their count, whatever the micro-batches
-    (`by_length`: rows sorted by length before the split, rlhf.data.length_grouping); with `peers`
-    (data parallelism) on this rank's share of the rows, the mean over every rank's tokens."""
+    """Forward/backward one optimizer batch of `learner`'s model with token-weighted gradient
+    accumulation: the loss is the NLL summed over the batch's response tokens / their count, whatever
+    the micro-batches (`by_length`: rows sorted by length before the split, rlhf.data.length_grouping);
+    with data parallelism (`learner.peers`) on this rank's share of the rows, the mean over every
+    rank's tokens, every rank running as many micro-batches (`Learner.padded_passes`)."""
     total = sum(len(r.response_ids) for r in rows)  # every response token is scored (prompts are never empty)
+    peers = learner.peers
     mine = rows if peers is None else rows[peers.rows(len(rows))]
+    micros = micro_batches(mine, micro_batch_size, by_length)
     loss_sum = 0.0
-    for micro in micro_batches(mine, micro_batch_size, by_length):
-        nll, count = _batch_nll(model, micro, pad_id, precision)
-        (nll / total).backward()  # token mean over the whole batch, however it is split
-        loss_sum += float(nll.detach())
+    for micro, weight in learner.padded_passes(micros, rows[:1], len(rows), micro_batch_size):
+        nll, count = learner.apply(_batch_nll, micro, pad_id, precision)
+        (weight * nll / total).backward()  # token mean over the whole batch, however it is split
+        loss_sum += weight * float(nll.detach())
     return (loss_sum if peers is None else peers.sum(loss_sum)), total
 
 
@@ -124,6 +127,7 @@ class SFTStage(SupervisedStage):
     empty_data = "training SFT examples"
     key_metrics = ("train/loss", "eval/loss", "eval/ppl")
     baseline_eval = True  # the first record: held-out loss and perplexity before any update
+    uses_every_parameter = True  # the decoder and the output head in every pass
 
     def build_model(self, model, precision: Precision):
         if model is None:
@@ -148,7 +152,7 @@ class SFTStage(SupervisedStage):
     def train_step(self, run: SupervisedRun, rows: list[EncodedSFT]) -> dict:
         t = self.config.train
         loss_sum, tokens = train_steps(
-            run.model, rows, run.pad_id, t.micro_batch_size, run.precision, self._by_length(), run.peers
+            run.learner, rows, run.pad_id, t.micro_batch_size, run.precision, self._by_length()
         )
         return {"train/loss": loss_sum / max(tokens, 1), "train/tokens": tokens}
 

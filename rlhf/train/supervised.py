@@ -19,7 +19,7 @@ schedule and RNGs goes through `checkpoint_state` / `restore_state`.
 The run's skeleton:
 
     run_dir, tokenizer <- start_run; model <- build_model; rows <- load, split, encode
-    learner <- Learner(model, optim, steps, peers, dist.strategy)
+    learner <- Learner(model, optim, steps, peers, dist.strategy)   (every rank from rank 0's weights)
     [resume: the newest checkpoint's weights, optimizer, schedule, stage state; its N steps' batches
      drawn and dropped; its RNG states; metrics.jsonl cut after step N - 1]
     [evaluate before the first update: step 0's eval/ record]
@@ -92,6 +92,7 @@ class SupervisedStage:
     baseline_eval = False  # evaluate the held-out rows before the first update (step 0's record)
     baseline: dict | None = None  # that evaluation's figures, when it ran
     resumable = False  # checkpoints every `config.checkpoint.every` steps; `resume=True` continues
+    uses_every_parameter = False  # every training pass reaches every trained parameter (ddp: no unused walk)
 
     def __init__(self, config) -> None:
         self.config = config
@@ -170,8 +171,6 @@ def run_supervised(
         )
     out, tokenizer = start_run(config, tokenizer, writer=writer, resume=resume, resumable=stage.resumable)
     model = stage.build_model(model, precision)
-    if peers is not None:
-        peers.broadcast_parameters(model.parameters())  # one start for every rank
     if config.gradient_checkpointing:
         gradient_checkpointing(model)
     stats = TruncationStats()
@@ -182,7 +181,14 @@ def run_supervised(
         raise ValueError(f"no {stage.empty_data}: the data left nothing to train on. Fix: check data.path.")
     generator = torch.Generator().manual_seed(config.seed)  # data order: on the CPU, the same everywhere
     steps, batches = stage.schedule(train_rows, generator)
-    learner = Learner(model, config.optim, steps, peers=peers, strategy=config.dist.strategy)
+    learner = Learner(
+        model,
+        config.optim,
+        steps,
+        peers=peers,
+        strategy=config.dist.strategy,
+        uses_every_parameter=stage.uses_every_parameter,
+    )
     run = SupervisedRun(out, tokenizer, model, learner, precision, peers, writer)
     done = _resume(run, stage, batches, train_rows, test_rows) if resume else 0
     logger = open_metrics_logger(

@@ -132,7 +132,7 @@ def run_case(case: Case, ranks: int, strategy: str) -> dict:
         "ranks": ranks,
         "largest_rank_peak_above_interpreter_mib": round(max(above), 1),
         "seconds": round(max(r["seconds"] for r in per_rank), 1),
-        "iteration_s": per_rank[0]["iteration_s"],
+        "iteration_s": next(r["iteration_s"] for r in per_rank if r["rank"] == 0),  # rank 0 writes them
         "per_rank": per_rank,
     }
     if case.device == "cuda":
@@ -140,27 +140,29 @@ def run_case(case: Case, ranks: int, strategy: str) -> dict:
     return result
 
 
-def compare(workload: str, ranks: list[int], strategies: list[str], options: dict) -> dict:
+def compare(
+    workload: str, ranks: list[int], strategies: list[str], options: dict, one_process: bool = True
+) -> dict:
     from bench.gpu_models import write
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write(workload, work / "models")
         setup = Case(work / "models", work=work, **options)
-        one = run_case(Case(**{**vars(setup), "rlhf": None}), 1, "none")  # this checkout's one process
-        print(f"1 process: {one['largest_rank_peak_above_interpreter_mib']} MiB above the interpreter, "
-              f"{one['seconds']} s, iterations {one['iteration_s']} s", flush=True)  # fmt: skip
-        cases = [one]
+        cases = []
+        if one_process:
+            one = run_case(Case(**{**vars(setup), "rlhf": None}), 1, "none")  # this checkout's one process
+            print(f"1 process: {one['largest_rank_peak_above_interpreter_mib']} MiB above the interpreter, "
+                  f"{one['seconds']} s, iterations {one['iteration_s']} s", flush=True)  # fmt: skip
+            cases.append(one)
         for strategy in strategies:
             for n in ranks:
                 case = run_case(setup, n, strategy)
-                case["of_one_process"] = round(
-                    case["largest_rank_peak_above_interpreter_mib"]
-                    / one["largest_rank_peak_above_interpreter_mib"],
-                    3,
-                )
+                if one_process:
+                    peak = case["largest_rank_peak_above_interpreter_mib"]
+                    case["of_one_process"] = round(peak / one["largest_rank_peak_above_interpreter_mib"], 3)
                 print(f"{strategy} x{n}: {case['largest_rank_peak_above_interpreter_mib']} MiB "
-                      f"({case['of_one_process']} of one process), {case['seconds']} s, "
+                      f"({case.get('of_one_process')} of one process), {case['seconds']} s, "
                       f"iterations {case['iteration_s']} s", flush=True)  # fmt: skip
                 cases.append(case)
     shown = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()}
@@ -181,6 +183,7 @@ def main() -> None:
     c.add_argument(
         "--rlhf", type=Path, default=None, help="the rlhf package to run (default: this checkout's)"
     )
+    c.add_argument("--no-one-process", action="store_true", help="skip the one-process reference run")
     r = sub.add_parser("rank")
     r.add_argument("--models", type=Path, required=True)
     r.add_argument("--strategy", required=True)
@@ -195,7 +198,7 @@ def main() -> None:
     else:
         options = {"device": args.device, "malloc": args.malloc, "micro_batch": args.micro_batch,
                    "iterations": args.iterations, "rlhf": args.rlhf}  # fmt: skip
-        emit(compare(args.workload, args.ranks, args.strategies, options))
+        emit(compare(args.workload, args.ranks, args.strategies, options, not args.no_one_process))
 
 
 if __name__ == "__main__":

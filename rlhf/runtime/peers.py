@@ -1,11 +1,11 @@
 """What a learner needs from the other data-parallel ranks: the sum of their gradients and of their
 step statistics, and the rows they computed.
 
-Every rank holds the whole model and a share of each minibatch's rows; each micro-batch's loss is
-weighted by its tokens over the whole minibatch's tokens (rlhf/rl/roles/learner.py), so the sum of
-the ranks' gradients is the gradient of the one-process token mean, and clipping the summed gradient
-clips by the global norm (PPO paper §5.4). The sums run on flat buckets, once per optimizer step
-(DDP's bucketed all-reduce without its hooks: ranks may hold different numbers of micro-batches).
+Each micro-batch's loss is weighted by its tokens over the whole minibatch's tokens
+(rlhf/rl/roles/learner.py), so the sum of the ranks' gradients is the gradient of the one-process
+token mean, and clipping the summed gradient clips by the global norm (PPO paper §5.4). Under `ddp`
+DistributedDataParallel sums them (rlhf/runtime/replicated.py); `sum_gradients` (flat buckets, once
+per optimizer step) serves the supervised stages' whole-model fsdp2 step (rlhf/runtime/fsdp.py).
 """
 
 from __future__ import annotations

@@ -22,6 +22,14 @@ Choices (issue 26):
 - A comm hook that sums (DDP divides by the world size by default): each pass's loss is already
   weighted by its tokens over the whole minibatch's (rlhf/rl/roles/learner.py), so the sum of the
   ranks' gradients is the one-process gradient.
+- `gradient_as_bucket_view=True`, the gradients zeroed in place after each step (not dropped): each
+  gradient is a view of DDP's bucket (which DDP keeps for the whole run), accumulated there by every
+  pass, instead of a second copy beside it until the step (the whole trained model's gradients
+  once more). A parameter no rank used is still left without a gradient
+  (None), as is one whose gradients a role dropped (a shared critic's pre-training keeps the value
+  head's only; a step without a valid token, `drop_weightless_gradients`). Only a parameter used in
+  an earlier step and by no rank in this one would be stepped with a zero gradient where one
+  process skips it; every role uses the same parameters in each of its steps.
 - `forward_sync_buffers=False`: the buffers (rotary frequencies) never change, and a broadcast in
   every forward would put a collective in the no-grad forwards, which ranks run on uneven rows.
 """
@@ -64,6 +72,7 @@ def replicate(module: nn.Module, peers: Peers, uses_every_parameter: bool = Fals
         process_group=peers.group,
         find_unused_parameters=not uses_every_parameter,
         forward_sync_buffers=False,
+        gradient_as_bucket_view=True,
     )
     ddp.register_comm_hook(peers.group, sum_hook)
     return ddp

@@ -161,7 +161,9 @@ class Learner:
             return fsdp.step(self.sharded, self.optimizer, self.scheduler, self.peers, self.max_grad_norm)
         if self.peers is not None and self.replicated is None:
             raise RuntimeError("data parallel without a strategy: the gradients would not be summed")
-        return clip_and_step(self.optimizer, self.scheduler, self.trainable(), self.max_grad_norm)
+        # ddp: the gradients stay views of DDP's buckets, zeroed (rlhf/runtime/replicated.py)
+        keep = self.replicated is not None
+        return clip_and_step(self.optimizer, self.scheduler, self.trainable(), self.max_grad_norm, keep)
 
     def release_optimizer_state(self) -> None:
         """Free AdamW's moments once the run is over and its checkpoint holds them (a sharded run's

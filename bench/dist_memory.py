@@ -4,6 +4,7 @@ iteration (`time/iteration` of metrics.jsonl; the first iteration also shards or
 
     .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 2 --strategies ddp fsdp2
     .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 --strategies fsdp2 --device cuda
+    .venv/bin/python -m bench.dist_memory compare --stage sft --workload m512 --ranks 1 2 --strategies fsdp2
     # fsdp2's gradient reduction once per optimizer step against after every micro-batch, 2 micro-
     # batches per rank and step; ddp (DistributedDataParallel) against an older checkout's rlhf
     .venv/bin/python -m bench.dist_memory compare --ranks 2 --strategies fsdp2:micro_batch fsdp2:step \
@@ -16,6 +17,10 @@ A strategy `fsdp2:step` runs `--dist.strategy fsdp2 --dist.grad_sync step`. `--r
 The workload: PPO-max with a separate critic (from the reward model), a frozen reference and
 reward model, all four of the same shape (bench/gpu_memory.py's `m84`: hidden 1024, 8 layers, 92M
 parameters each); one iteration, 8 rollouts x 8 new tokens, 2 minibatches, no critic pre-training.
+`--stage sft`: `rlhf sft` of the policy instead, 4 optimizer steps of 16 rows (micro-batches of 4,
+prompts and responses of 8 to 16 words) and a held-out evaluation of 6 rows before and after.
+`--stage sft`: `rlhf sft` of the policy instead, 4 optimizer steps of 16 rows (micro-batches of 4,
+prompts and responses of 8 to 16 words) and a held-out evaluation of 6 rows before and after.
 Each rank measures its own peak resident memory (ru_maxrss) and, before any work, the interpreter's
 (torch, transformers and rlhf imported); on a GPU also `torch.cuda.max_memory_allocated`. The one
 process reference is `--ranks 1 --strategies none` (every case runs it first). The last stdout
@@ -53,7 +58,22 @@ def current_rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def rank_main(models: Path, strategy: str, device: str, out: Path, micro_batch: int, iterations: int) -> None:
+def sft_args(models: Path, out: Path, device: str) -> list[str]:
+    """`rlhf sft`'s arguments for the `--stage sft` workload."""
+    return ["sft", "--model", str(models / "policy"), "--data", str(models / "sft.jsonl"), "--out", str(out),
+            "--train.device", device, "--train.max_steps", "4", "--train.batch_size", "16",
+            "--train.micro_batch_size", "4", "--data.test_fraction", "0.1"]  # fmt: skip
+
+
+def rank_main(
+    models: Path,
+    strategy: str,
+    device: str,
+    out: Path,
+    micro_batch: int,
+    iterations: int,
+    stage: str = "train",
+) -> None:
     """One rank (or the one process): `rlhf train` in this process, then its memory as a tagged line."""
     import torch
     import transformers  # noqa: F401
@@ -66,6 +86,8 @@ def rank_main(models: Path, strategy: str, device: str, out: Path, micro_batch: 
             "--train.device", device, "--train.iterations", str(iterations), "--rollout.batch_size", "8",
             "--rollout.max_new_tokens", "8", "--train.minibatches", "2", "--critic.pretrain_iterations", "0",
             "--train.micro_batch_size", str(micro_batch), "--checkpoint.every", "0"]  # fmt: skip
+    if stage == "sft":
+        args = sft_args(models, out, device)
     if strategy != "none":
         name, _, grad_sync = strategy.partition(":")
         args += ["--dist.strategy", name] + (["--dist.grad_sync", grad_sync] if grad_sync else [])
@@ -79,7 +101,9 @@ def rank_main(models: Path, strategy: str, device: str, out: Path, micro_batch: 
         "seconds": time.perf_counter() - start,
         "interpreter_mib": interpreter,
         "peak_rss_mib": peak_rss_mb(),
-        "iteration_s": iteration_seconds(out) if int(os.environ.get("RANK", "0")) == 0 else [],
+        "iteration_s": iteration_seconds(out)
+        if int(os.environ.get("RANK", "0")) == 0 and stage == "train"
+        else [],
     }
     if device == "cuda":
         result["cuda_peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
@@ -103,13 +127,14 @@ class Case:
     micro_batch: int
     iterations: int
     rlhf: Path | None  # another checkout's rlhf package, or None: this one's
+    stage: str = "train"  # or "sft"
 
 
 def run_case(case: Case, ranks: int, strategy: str) -> dict:
     out = case.work / f"run_{strategy.replace(':', '_')}_{ranks}"
     me = [sys.executable, "-m", "bench.dist_memory", "rank", "--models", str(case.models), "--strategy", strategy,
           "--device", case.device, "--out", str(out), "--micro-batch", str(case.micro_batch),
-          "--iterations", str(case.iterations)]  # fmt: skip
+          "--iterations", str(case.iterations), "--stage", case.stage]  # fmt: skip
     if ranks > 1 or strategy != "none":
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
         me = torchrun + me[1:]
@@ -184,20 +209,24 @@ def main() -> None:
         "--rlhf", type=Path, default=None, help="the rlhf package to run (default: this checkout's)"
     )
     c.add_argument("--no-one-process", action="store_true", help="skip the one-process reference run")
+    c.add_argument("--stage", choices=["train", "sft"], default="train")
     r = sub.add_parser("rank")
     r.add_argument("--models", type=Path, required=True)
     r.add_argument("--strategy", required=True)
     r.add_argument("--device", default="cpu")
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--stage", choices=["train", "sft"], default="train")
     for p in (c, r):
         p.add_argument("--micro-batch", type=int, default=4, help="train.micro_batch_size")
         p.add_argument("--iterations", type=int, default=1, help="train.iterations")
     args = parser.parse_args()
     if args.mode == "rank":
-        rank_main(args.models, args.strategy, args.device, args.out, args.micro_batch, args.iterations)
+        rank_main(
+            args.models, args.strategy, args.device, args.out, args.micro_batch, args.iterations, args.stage
+        )
     else:
         options = {"device": args.device, "malloc": args.malloc, "micro_batch": args.micro_batch,
-                   "iterations": args.iterations, "rlhf": args.rlhf}  # fmt: skip
+                   "iterations": args.iterations, "rlhf": args.rlhf, "stage": args.stage}  # fmt: skip
         emit(compare(args.workload, args.ranks, args.strategies, options, not args.no_one_process))
 
 

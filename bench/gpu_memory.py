@@ -29,11 +29,13 @@ SHAPES = {
     "m84": dict(
         hidden_size=1024, num_layers=8, num_heads=16, kv_heads=16, intermediate_size=2048, vocab=4000
     ),
+    # `rlhf sft` under torchrun (bench/dist_memory.py --stage sft): hidden 512, 8 layers, 29M parameters
+    "m512": dict(hidden_size=512, num_layers=8, num_heads=8, kv_heads=8, intermediate_size=1376, vocab=4000),
     "smollm2": dict(
         hidden_size=576, num_layers=30, num_heads=9, kv_heads=3, intermediate_size=1536, vocab=49152
     ),
 }
-ROLLOUT = {"m84": (8, 8), "smollm2": (8, 64)}  # prompts per iteration, response tokens
+ROLLOUT = {"m84": (8, 8), "smollm2": (8, 64), "m512": (8, 8)}  # prompts per iteration, response tokens
 
 
 def causal_lm(name: str, tokenizer, seed: int) -> torch.nn.Module:

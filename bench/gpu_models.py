@@ -2,7 +2,7 @@
 directory, as `rlhf train` reads them (save_pretrained directories with their tokenizer), so the
 CLI path (torchrun, loading, export) runs on a GPU machine without downloading anything.
 
-    python -m bench.gpu_models --workload m84 --out /tmp/m84    # policy/ rm/ prompts.jsonl
+    python -m bench.gpu_models --workload m84 --out /tmp/m84    # policy/ rm/ prompts.jsonl sft.jsonl
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ def write(name: str, out: Path, seed: int = 0) -> None:
     with open(out / "prompts.jsonl", "w") as f:
         for _ in range(64):
             f.write(json.dumps({"prompt": " ".join(rng.choices(words, k=rng.randint(8, 16)))}) + "\n")
+    with open(out / "sft.jsonl", "w") as f:  # `rlhf sft`'s rows (bench/dist_memory.py --stage sft)
+        for _ in range(64):
+            prompt, response = (" ".join(rng.choices(words, k=rng.randint(8, 16))) for _ in range(2))
+            f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
 
 
 def main() -> None:
@@ -40,7 +44,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     write(args.workload, args.out)
-    print(f"wrote {args.out}/policy, {args.out}/rm, {args.out}/prompts.jsonl")
+    print(f"wrote {args.out}/policy, {args.out}/rm, {args.out}/prompts.jsonl, {args.out}/sft.jsonl")
 
 
 if __name__ == "__main__":

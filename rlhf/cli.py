@@ -295,14 +295,18 @@ def _plan_parser(sub) -> None:
     plan = sub.add_parser("plan", help=STAGES["plan"], description=STAGES["plan"] + " (docs/scale.md)")
     plan.add_argument("--model", required=True, help="a named shape (0.5b 1.5b 7b 13b 70b smollm2-135m m84), "
                       "or a model directory / config.json")  # fmt: skip
-    plan.add_argument("--preset", default="ppo_max", help="its roles: a critic (separate or shared) or none")
+    plan.add_argument(
+        "--preset",
+        default="ppo_max",
+        help="an rlhf train preset (its roles: a critic, separate or shared, or none), or sft | rm | dpo",
+    )
     plan.add_argument("--lora", action="store_true", help="train LoRA adapters (the reference: adapter off)")
     plan.add_argument("--lora-rank", type=int, default=16)
     plan.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | bfloat16-pure")
     plan.add_argument(
         "--strategy",
         default="fsdp2",
-        help="none | ddp | fsdp2 (rlhf train's: per layer) | fsdp2-whole (sft/rm/dpo's)",
+        help="none | ddp | fsdp2 (every role sharded per layer)",
     )
     plan.add_argument("--nodes", type=int, default=1)
     plan.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) per node")
@@ -567,15 +571,17 @@ def run_plan_command(args, rest, ctx) -> int:
     import json
 
     from rlhf.config import ConfigError, RLConfig, load_config
-    from rlhf.runtime.memory_plan import Job, parse_bytes, plan, render, shape_of
+    from rlhf.runtime.memory_plan import STAGES, Job, parse_bytes, plan, render, shape_of
 
     if rest:
         raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf plan --help`.")
-    preset = load_config(RLConfig, preset=args.preset)
-    critic = preset.model.critic_mode if preset.uses_critic else "none"
+    stage = args.preset if args.preset in STAGES[1:] else "rl"  # sft | rm | dpo: a supervised stage
+    preset = load_config(RLConfig, preset="ppo_max" if stage != "rl" else args.preset)
+    critic = preset.model.critic_mode if preset.uses_critic and stage == "rl" else "none"
     try:
         job = Job(
             shape=shape_of(args.model),
+            stage=stage,
             critic=critic,
             lora=args.lora,
             lora_rank=args.lora_rank,

@@ -47,6 +47,8 @@ COMPANIONS = {
     "reward.discounted": {"reward.scale": True, "reward.normalize": False},
     "kl.adaptive": {"kl.beta": 0.05},  # vanilla_ppo has beta 0
     "dist.offload": {"dist.strategy": "fsdp2"},  # offloads fsdp2's shards
+    # samples on a Ray rollout group, corrected by decoupled PPO
+    "rollout.max_staleness": {"dist.runtime": "ray", "ray.rollout.num_actors": 1, "policy.loss": "ppo"},
     # the first other choice is a group estimator with no critic (and so no critic pre-training)
     "advantage.estimator": {"rollout.samples_per_prompt": 2, "critic.pretrain_iterations": 0},
 }

@@ -21,6 +21,7 @@ LAYERS = (
     "train",
     "evaluation",
     "rl",
+    "ray_runtime",
     "stages",
     "demo",
     "cli",  # rlhf/cli.py, cli_errors.py, report_command.py, __main__.py, __init__.py

@@ -13,8 +13,9 @@ from typing import Literal
 
 from rlhf.config import presets
 from rlhf.config.checks import at_least, refuse, validate_groups, warn
-from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
+from rlhf.config.common import LoraConfig, OptimConfig
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype
+from rlhf.config.ray import RayConfig, RLDistConfig
 from rlhf.config.rl_algorithm import (
     AdvantageConfig,
     CriticConfig,
@@ -169,7 +170,8 @@ class RLConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: RLTrainConfig = field(default_factory=RLTrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    dist: DistConfig = field(default_factory=DistConfig)  # torchrun: data-parallel ranks
+    dist: RLDistConfig = field(default_factory=RLDistConfig)  # torchrun: data-parallel ranks; or Ray
+    ray: RayConfig = field(default_factory=RayConfig)  # dist.runtime ray: the roles' actor groups
     policy_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
     critic_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-6))
     log: LogConfig = field(default_factory=LogConfig)
@@ -208,6 +210,27 @@ class RLConfig:
             )
         self._validate_estimator(prefix)
         self._validate_critic_keys(prefix)
+        self._validate_staleness(prefix)
+
+    def _validate_staleness(self, prefix: str) -> None:
+        """Asynchronous rollouts need a rollout group of their own and PPO's clipped objective."""
+        if self.rollout.max_staleness == 0:
+            return
+        key = f"{prefix}rollout.max_staleness"
+        if self.dist.runtime != "ray" or self.ray.rollout.num_actors < 1:
+            refuse(
+                f"{key} {self.rollout.max_staleness} samples the next rollout while the policy updates, on "
+                f"actors of their own: it needs {prefix}dist.runtime ray and {prefix}ray.rollout.num_actors >= 1 "
+                f"(got {self.dist.runtime!r} and {self.ray.rollout.num_actors}). Fix: --{prefix}dist.runtime ray "
+                f"--{prefix}ray.rollout.num_actors 1, or --{key} 0.",
+                key,
+            )
+        if self.policy.loss != "ppo":
+            refuse(
+                f"{key} corrects stale rollouts with decoupled PPO, which needs {prefix}policy.loss ppo, got "
+                f"{self.policy.loss!r}. Fix: --{prefix}policy.loss ppo, or --{key} 0.",
+                key,
+            )
 
     def _validate_estimator(self, prefix: str) -> None:
         """The advantage estimator, its groups and its loss settings (docs/algorithms.md §27-§30)."""

@@ -97,9 +97,13 @@ class PolicyLossConfig:
     kl_loss_estimator: KLEstimator = "k3"  # estimator of the KL in the loss (GRPO: k3)
     # "token_mean": loss / valid tokens | "fixed_length": loss / (rows * rollout.max_new_tokens) (Dr. GRPO)
     loss_aggregation: Literal["token_mean", "fixed_length"] = "token_mean"
+    # rollout.max_staleness > 0: the decoupled PPO weight pi_prox / pi_behav of each token truncated
+    # at this value (docs/algorithms.md §34)
+    is_truncation: float = 2.0
 
     def validate(self, prefix: str) -> None:
         positive(self.clip_eps, f"{prefix}clip_eps", 0.2)
+        positive(self.is_truncation, f"{prefix}is_truncation", 2.0)
         require(
             self.dual_clip is None or self.dual_clip > 1,
             f"{prefix}dual_clip",

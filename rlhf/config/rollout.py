@@ -35,8 +35,13 @@ class RolloutConfig:
     # responses that hit max_new_tokens: kept as they are, given truncation_penalty as score, or dropped
     truncated: Literal["keep", "penalize", "drop"] = "keep"
     truncation_penalty: float = -1.0  # score given to truncated responses when truncated == "penalize"
+    # asynchronous rollouts: the next batch is sampled while the policy updates on this one, by a
+    # policy at most this many updates old, corrected by decoupled PPO (docs/algorithms.md §34;
+    # needs dist.runtime ray with ray.rollout.num_actors >= 1). 0: the synchronous loop, exactly
+    max_staleness: int = 0
 
     def validate(self, prefix: str) -> None:
+        at_least(self.max_staleness, 0, f"{prefix}max_staleness", " (0: synchronous)")
         at_least(self.batch_size, 1, f"{prefix}batch_size", " (prompts sampled per iteration)")
         at_least(self.samples_per_prompt, 1, f"{prefix}samples_per_prompt")
         at_least(self.max_new_tokens, 1, f"{prefix}max_new_tokens")

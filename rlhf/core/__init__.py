@@ -30,6 +30,7 @@ from rlhf.core.losses import (
 )
 from rlhf.core.preference import PREFERENCE_LOSSES, preference_loss
 from rlhf.core.rewards import ScoreProcessor, token_rewards, whiten_advantages
+from rlhf.core.staleness import decoupled_is_weights
 from rlhf.core.stats import (
     RunningMoments,
     explained_variance,
@@ -47,6 +48,7 @@ __all__ = [
     "POLICY_LOSSES",
     "POLICY_LOSS_SOURCES",
     "PREFERENCE_LOSSES",
+    "decoupled_is_weights",
     "AdaptiveKLController",
     "FixedKLController",
     "RunningMoments",

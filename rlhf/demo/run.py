@@ -573,8 +573,7 @@ class DemoDPOStage(DPOStage):
         was_training = run.model.training
         run.model.eval()
         try:
-            with run.learner.gathered():
-                self.evaluator(run.model, self.reference, steps, pairs)
+            self.evaluator(run.model, self.reference, steps, pairs)  # one process: the model whole
         finally:
             run.model.train(was_training)
 

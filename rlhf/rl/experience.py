@@ -29,6 +29,13 @@ class Experience:
     # [B] long: rows sampled from one prompt share an id (rollout.samples_per_prompt); None in
     # checkpoints written before groups existed
     group: torch.Tensor | None = None
+    # [B, T] decoupled PPO's weight of each token, pi_prox / pi_behav truncated (docs/algorithms.md
+    # §34), for rollouts sampled by an older policy (rollout.max_staleness); None: 1 everywhere
+    is_weights: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.is_weights is None:
+            self.is_weights = torch.ones_like(self.response_mask)
 
     @classmethod
     def of(cls, sequences: Sequences, response_mask: torch.Tensor, **per_token: torch.Tensor) -> Experience:

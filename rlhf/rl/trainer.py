@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
     ScoreProcessor,
+    decoupled_is_weights,
     estimate_advantages,
     estimator_params,
     estimator_spec,
@@ -34,6 +35,7 @@ from rlhf.core import (
     token_rewards,
     whiten_advantages,
 )
+from rlhf.models.sampling import Rollout
 from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
 from rlhf.monitor.stillness import CODE as STILL_POLICY
@@ -45,12 +47,11 @@ from rlhf.rl.prompts import PromptStream
 from rlhf.rl.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
 from rlhf.rl.roles.assemble import Roles, optimizer_steps
 from rlhf.rl.roles.learner import mean_over_steps
-from rlhf.rl.roles.policy import PtxObjective
 from rlhf.rl.sample_log import SampleLog
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import open_metrics_logger
 from rlhf.rundir.run_inputs import write_config
-from rlhf.rundir.sharded_checkpoint import has_shards, load_sharded_weights, save_sharded_checkpoint
+from rlhf.rundir.sharded_checkpoint import save_sharded_checkpoint
 from rlhf.rundir.termination import finish_first
 from rlhf.runtime import LocalRuntime
 from rlhf.train.guards import require_finite_scores
@@ -58,6 +59,27 @@ from rlhf.train.guards import require_finite_scores
 # on the console line; the KL is k3's, never negative (kl/ref, the configured estimator, may be: k1)
 KEY_METRICS = ("reward/raw_mean", "kl/k3", "policy_ppl", "response/length_mean", "policy/clip_fraction")
 Evaluator = Callable[["RLTrainer", int], dict]
+
+
+@dataclass
+class PendingRollout:
+    """A rollout submitted to the rollout actors (asynchronous): its prompts' group ids and rows of
+    the prompt file, the handle whose `result()` is the Rollout, the policy version that samples it."""
+
+    group: torch.Tensor
+    indices: list[int]
+    handle: object
+    version: int
+
+
+@dataclass
+class Ready:
+    """A handle whose result is already here (a pending rollout restored from a checkpoint)."""
+
+    rollout: Rollout
+
+    def result(self) -> Rollout:
+        return self.rollout
 
 
 class RLTrainer:
@@ -90,9 +112,7 @@ class RLTrainer:
         self.reward_parts: dict[str, float] = {}
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)
         if ptx_batches is not None and c.policy.ptx_coef > 0:
-            roles.policy.ptx = PtxObjective(
-                ptx_batches, c.policy.ptx_coef, torch.Generator().manual_seed(c.seed + 3)
-            )
+            self.runtime.use_ptx(ptx_batches, c.policy.ptx_coef, seed=c.seed + 3)
         self.ptx_note = (
             "PPO-ptx is off: policy.ptx_coef > 0 but no data.ptx was given."
             if ptx_batches is None and c.policy.ptx_coef > 0
@@ -111,6 +131,10 @@ class RLTrainer:
         )
         self.buffer: list[Experience] = []
         self.iteration = 0
+        # rollout.max_staleness > 0: the next rollout, sampled while the policy updates (PendingRollout)
+        self.asynchronous = c.rollout.max_staleness > 0
+        self.pending: PendingRollout | None = None
+        self.batch_indices: list[int] = []  # the prompt file's rows of the rollout being scored
         self.pretrain_done = c.critic.pretrain_iterations == 0
         self.pretrain_state = {"iterations": 0, "best": math.inf, "stale": 0}
         self.detector = collapse_detector(c)
@@ -118,7 +142,7 @@ class RLTrainer:
         self.still_check = StillPolicyCheck(
             c.policy_optim.lr, lora=c.model.lora.enabled, start=warmup_iterations(c)
         )
-        self.samples = SampleLog(c, roles.tokenizer)  # samples.jsonl rows of the logged iterations
+        self.samples = SampleLog(c, self.runtime.tokenizer)  # samples.jsonl rows of the logged iterations
         notes: list[str] = []  # said once the logger is open
         if resume:
             if self.runtime.writer:
@@ -171,16 +195,17 @@ class RLTrainer:
             with finish_first():
                 self.save_checkpoint()
                 if self.runtime.sharded_checkpoints:  # fsdp2: the moments are in the checkpoint's shards
-                    self.roles.release_optimizer_state()
-                # fsdp2: every rank gathers each model in turn, rank 0 writes
-                self.roles.export(self.run_dir, whole=self.runtime.whole_model, write=self.runtime.writer)
+                    self.runtime.release_optimizer_state()
+                self.runtime.export(
+                    self.run_dir
+                )  # fsdp2: every rank gathers each model in turn, rank 0 writes
         finally:
             self.logger.close()
         return last
 
     @property
     def sample_generator(self) -> torch.Generator:
-        """The rollouts' random state: the policy's own (checkpointed as "sample")."""
+        """The rollouts' random state: the policy's own (in its checkpointed state); in this process."""
         return self.roles.policy.generator
 
     def step(self) -> dict:
@@ -190,6 +215,8 @@ class RLTrainer:
         experience, metrics = self.make_experience()
         # experience buffer (PPO paper §5.3.2)
         self.buffer = (self.buffer + [experience])[-c.train.buffer_size :]
+        if self.asynchronous and self.iteration + 1 < c.train.iterations:
+            self.pending = self.submit_rollout()  # sampled by the rollout actors during the update
         self.status("updating")
         t0 = time.perf_counter()
         metrics.update(self.update(concat_experiences(self.buffer)))
@@ -255,14 +282,10 @@ class RLTrainer:
     @torch.inference_mode()
     def make_experience(self) -> tuple[Experience, dict]:
         """Sample, score, run the no-grad forwards, and turn scores into advantages."""
-        c, run = self.config, self.runtime
+        c = self.config
         t0 = time.perf_counter()
-        # each prompt sampled samples_per_prompt times, its rows one group (docs/algorithms.md §27)
-        prompts, group = sample_groups(
-            self.prompts.next_batch(c.rollout.batch_size), c.rollout.samples_per_prompt
-        )
         self.status("sampling")
-        rollout = run.generate(prompts, c.rollout.logprobs_from_sampler)
+        group, rollout, behind = self.take_rollout()
         t1 = time.perf_counter()
         self.status("scoring")
         raw_scores, scores, keep = self.score(rollout)
@@ -271,6 +294,12 @@ class RLTrainer:
         t2 = time.perf_counter()
         self.status("forwards")
         old_logp, ref_logp, values = self.forwards(rollout, mask)
+        is_weights, async_metrics = None, {}
+        if self.asynchronous:  # decoupled PPO: the sampler's policy was `behind` updates old (§34)
+            is_weights, async_metrics = decoupled_is_weights(
+                old_logp, rollout.logprobs, mask, self.config.policy.is_truncation
+            )
+            async_metrics["async/staleness"] = behind
         t3 = time.perf_counter()
         # score reparameterization (PPO paper §5.3.1): running moments updated with this batch first
         processed = self.score_processor(scores[keep]) if bool(keep.any()) else scores[keep]
@@ -285,28 +314,57 @@ class RLTrainer:
         )
         old_values = values if values is not None else torch.zeros_like(mask)
         experience = Experience.of(rollout.sequences, mask, old_logp=old_logp, ref_logp=ref_logp,
-                                   old_values=old_values, advantages=advantages, returns=returns, group=group)  # fmt: skip
+                                   old_values=old_values, advantages=advantages, returns=returns, group=group,
+                                   is_weights=is_weights)  # fmt: skip
         metrics = self.experience_metrics(rollout, experience, raw_scores, processed, keep, kl, final_scores)
+        metrics.update(async_metrics)
         metrics.update({"time/generate": t1 - t0, "time/score": t2 - t1, "time/forward": t3 - t2})
         return experience, metrics
+
+    def draw_prompts(self) -> tuple[list[list[int]], torch.Tensor, list[int]]:
+        """The next batch of prompts, each repeated samples_per_prompt times, its rows one group
+        (docs/algorithms.md §27); (prompts, group ids, the prompt file's rows)."""
+        c = self.config
+        prompts, group = sample_groups(
+            self.prompts.next_batch(c.rollout.batch_size), c.rollout.samples_per_prompt
+        )
+        return prompts, group, list(self.prompts.last_indices)
+
+    def submit_rollout(self) -> PendingRollout:
+        """The next rollout, sampled by the rollout actors while this process goes on (asynchronous)."""
+        prompts, group, indices = self.draw_prompts()
+        handle = self.runtime.submit_generate(prompts, True)  # the behaviour log-probs with it
+        return PendingRollout(group, indices, handle, self.runtime.policy_version)
+
+    def take_rollout(self):
+        """(group ids, the rollout, updates its sampler's policy was behind): the pending one
+        (asynchronous), or sampled now by the current policy."""
+        if self.pending is None and self.asynchronous:
+            self.pending = self.submit_rollout()
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.batch_indices = pending.indices
+            return pending.group, pending.handle.result(), self.runtime.policy_version - pending.version
+        prompts, group, self.batch_indices = self.draw_prompts()
+        return group, self.runtime.generate(prompts, self.config.rollout.logprobs_from_sampler), 0
 
     def forwards(self, rollout, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The no-grad forwards: old log-probs (the sampler's when it kept them), reference
         log-probs, and the critic's values (None for a critic-free estimator)."""
-        r, run, sequences = self.roles, self.runtime, rollout.sequences
-        if rollout.logprobs is not None:  # rollout.logprobs_from_sampler: no policy forward
+        run, sequences = self.runtime, rollout.sequences
+        if rollout.logprobs is not None and not self.asynchronous:  # logprobs_from_sampler: no forward
             old_logp = rollout.logprobs * mask
         else:
             old_logp = run.forward("policy", sequences)
         ref_logp = run.forward("reference", sequences)
-        values = run.forward("critic", sequences) if r.critic is not None else None
+        values = run.forward("critic", sequences) if run.has_role("critic") else None
         return old_logp, ref_logp, values
 
     def experience_metrics(self, rollout, experience, raw_scores, processed, keep, kl, final_scores) -> dict:
         """The rollout monitors, group statistics when prompts are sampled in groups, reward parts."""
         c = self.config
         metrics = rollout_metrics(rollout, experience, raw_scores, processed, keep, kl, c.kl.estimator,
-                                  self.kl_controller.value, with_values=self.roles.critic is not None)  # fmt: skip
+                                  self.kl_controller.value, with_values=self.runtime.has_role("critic"))  # fmt: skip
         if c.rollout.samples_per_prompt > 1:
             metrics.update(group_metrics(final_scores, experience.group, keep))
         metrics.update(self.reward_parts)
@@ -315,10 +373,10 @@ class RLTrainer:
     def score(self, rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(raw scores [B]: the reward model's and/or the reward functions' weighted sum, scores after
         the truncation policy [B], rows kept [B])."""
-        c, r = self.config, self.roles
-        raw_scores = self.runtime.forward("reward_model", rollout.sequences) if r.reward_model else None
+        c, run = self.config, self.runtime
+        raw_scores = run.forward("reward_model", rollout.sequences) if run.has_role("reward_model") else None
         if raw_scores is not None and not bool(torch.isfinite(raw_scores).all()):  # a broken RM stops the run
-            texts = r.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+            texts = run.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             require_finite_scores(
                 raw_scores,
                 model=f"the reward model {c.model.reward_model or '(given in code)'}",
@@ -344,9 +402,9 @@ class RLTrainer:
     def function_rewards(self, rollout, model_scores: torch.Tensor | None) -> torch.Tensor:
         """``reward.model_weight * RM + sum_k weight_k * fn_k`` [B]; each part's mean kept for the metrics."""
         n = self.config.rollout.samples_per_prompt
-        indices = [i for i in self.prompts.last_indices for _ in range(n)]
+        indices = [i for i in self.batch_indices for _ in range(n)]
         rows = [dict(self.prompt_rows[i]) if self.prompt_rows else {} for i in indices]
-        prompts, responses, token_ids = rollout_texts(self.roles.tokenizer, rollout)
+        prompts, responses, token_ids = rollout_texts(self.runtime.tokenizer, rollout)
         total, parts = weighted_reward(
             self.reward_functions,
             model_scores,
@@ -376,9 +434,11 @@ class RLTrainer:
                     )
                 elif c.advantage.clip is not None:
                     minibatch.advantages = minibatch.advantages.clamp(-c.advantage.clip, c.advantage.clip)
+                if self.asynchronous:  # decoupled PPO: each token's surrogate weighted (§34)
+                    minibatch.advantages = minibatch.advantages * minibatch.is_weights
                 minibatches.append(minibatch)
-        steps = self.runtime.train(self.roles.learner_names(train_policy), minibatches)
-        return {**mean_over_steps(steps), **self.roles.learning_rates()}
+        steps = self.runtime.train(self.runtime.learner_names(train_policy), minibatches)
+        return {**mean_over_steps(steps), **self.runtime.learning_rates()}
 
     # ----------------------------------------------------------------------------------------
     # checkpoints
@@ -388,14 +448,26 @@ class RLTrainer:
             "iteration": self.iteration,
             "pretrain_done": self.pretrain_done,
             "pretrain_state": {k: (v if math.isfinite(v) else None) for k, v in self.pretrain_state.items()},
-            "roles": self.roles.state_dict(),
+            "roles": self.runtime.role_state(),  # the policy's sampling generator among them
             "score_processor": self.score_processor.state_dict(),
             "kl_controller": self.kl_controller.state_dict(),
             "prompts": self.prompts.state_dict(),
             "detector": self.detector.state_dict(),
-            "rng": ckpt.rng_state({"sample": self.sample_generator, "shuffle": self.shuffle_generator}),
+            "rng": ckpt.rng_state({"shuffle": self.shuffle_generator}),
             "buffer": [asdict(e) for e in self.buffer],
+            "pending": self.pending_state(),
         }
+
+    def pending_state(self) -> dict | None:
+        """The rollout sampled ahead (asynchronous), waited for: a resumed run trains on it as the
+        uninterrupted one does."""
+        if self.pending is None:
+            return None
+        p = self.pending
+        rollout = p.handle.result()
+        self.pending = PendingRollout(p.group, p.indices, Ready(rollout), p.version)
+        behind = self.runtime.policy_version - p.version
+        return {"group": p.group, "indices": p.indices, "rollout": asdict(rollout), "behind": behind}
 
     def save_checkpoint(self) -> Path:
         target = self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}"
@@ -406,30 +478,40 @@ class RLTrainer:
             if not self.runtime.writer:  # every rank holds the same state: rank 0 writes it
                 return target
             with ckpt.atomic_directory(target) as tmp:
-                self.roles.save_weights(tmp)
+                self.runtime.save_weights(tmp)
                 ckpt.save_state(state, tmp, "trainer")
                 ckpt.write_done(tmp, self.iteration)  # sizes and checksums: verified on resume
         ckpt.prune_checkpoints(self.run_dir, self.config.checkpoint.keep)
         return target
 
     def load_checkpoint(self, path: Path) -> None:
-        if self.roles.on_meta:
-            pass  # a sharded rank but 0: its shards come from rank 0's loaded weights (rlhf/runtime/fsdp.py)
-        elif has_shards(path):  # an fsdp2 run's checkpoint: loads at any number of ranks or in one process
-            load_sharded_weights(self.roles, path)
-        else:
-            self.roles.load_weights(path)
+        self.runtime.load_weights(path)  # an fsdp2 run's shards load at any number of ranks too
         state = ckpt.load_state(path, "trainer")
         self.iteration = state["iteration"]
         self.pretrain_done = state["pretrain_done"]
         self.pretrain_state = {k: (math.inf if v is None else v) for k, v in state["pretrain_state"].items()}
-        self.roles.load_state_dict(state["roles"] if "roles" in state else roles_state_of_v1(state))
+        self.runtime.load_role_state(roles_state(state))
         self.score_processor.load_state_dict(state["score_processor"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.prompts.load_state_dict(state["prompts"])
         self.detector.load_state_dict(state["detector"])
-        ckpt.set_rng_state(state["rng"], {"sample": self.sample_generator, "shuffle": self.shuffle_generator})
-        self.buffer = [Experience(**e).to(self.roles.policy.device) for e in state["buffer"]]
+        ckpt.set_rng_state(state["rng"], {"shuffle": self.shuffle_generator})
+        self.buffer = [Experience(**e).to(self.runtime.device) for e in state["buffer"]]
+        pending = state.get("pending")
+        if pending is not None:
+            version = self.runtime.policy_version - pending["behind"]
+            ready = Ready(Rollout(**pending["rollout"]))
+            self.pending = PendingRollout(pending["group"], list(pending["indices"]), ready, version)
+
+
+def roles_state(state: dict) -> dict:
+    """The roles' state of a checkpoint; one written before the policy kept its sampling generator
+    (the trainer's rng "sample" then) or before the roles held their own state is converted."""
+    roles = state["roles"] if "roles" in state else roles_state_of_v1(state)
+    sample = state["rng"]["generators"].get("sample")
+    if sample is not None and "sample_generator" not in roles["policy"]:
+        roles["policy"]["sample_generator"] = sample
+    return roles
 
 
 def roles_state_of_v1(state: dict) -> dict:

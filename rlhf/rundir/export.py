@@ -31,13 +31,25 @@ def export_models(
     """Save each of `models` (`{subdirectory: model}`, "" for `directory` itself) with its
     `save_pretrained`, and the tokenizer into `directory`. Sharded (fsdp2): `whole(model)` holds
     one model's whole parameters at a time, on every rank (each calls this; `write` on rank 0 only)."""
-    whole = whole or (lambda _: contextlib.nullcontext())
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(atomic_export(Path(directory))) if write else None
         stack.enter_context(quiet_hf_saves())
-        for where, model in models.items():
-            with whole(model):
-                if write:
-                    export_copy(model).save_pretrained(tmp / where if where else tmp)
+        write_models(tmp, models, whole=whole)
         if write:
             tokenizer.save_pretrained(tmp)
+
+
+def write_models(
+    tmp: Path | None,
+    models: dict[str, nn.Module],
+    *,
+    whole: Callable[[nn.Module], AbstractContextManager] | None = None,
+) -> None:
+    """Each of `models` into `tmp` (an export under way; None: a rank that gathers but does not
+    write), for `export_models` or a Ray actor writing its roles' part of one (rlhf/ray_runtime/)."""
+    whole = whole or (lambda _: contextlib.nullcontext())
+    with quiet_hf_saves():
+        for where, model in models.items():
+            with whole(model):
+                if tmp is not None:
+                    export_copy(model).save_pretrained(Path(tmp) / where if where else tmp)

@@ -37,6 +37,8 @@ RESUMABLE_KEYS = (
     "log.sinks",
     "log.eval_every",
     "log.samples_to_log",
+    "dist.runtime",  # local or Ray: the same numbers (tests/runtime/test_ray_runtime.py)
+    "ray.",  # every key of the group: where the roles run
 )
 
 
@@ -47,8 +49,13 @@ def changed_keys(recorded: dict, config, allowed: tuple[str, ...]) -> list[str]:
     return [
         f"{key} ({before.get(key)!r} -> {after[key]!r})"
         for key in after
-        if after[key] != before.get(key) and key not in allowed
+        if after[key] != before.get(key) and not allowed_change(key, allowed)
     ]
+
+
+def allowed_change(key: str, allowed: tuple[str, ...]) -> bool:
+    """`key` is one of `allowed`, or inside an allowed group ("ray." allows every ray key)."""
+    return any(key == a or (a.endswith(".") and key.startswith(a)) for a in allowed)
 
 
 def flatten_keys(data, prefix: str = "") -> dict:
@@ -101,7 +108,7 @@ def resume_config(
         raise ConfigError(
             f"rlhf train --resume {run_dir}: a resumed run keeps its algorithm, models and data, but these "
             f"were changed: {', '.join(refused)}. Fix: drop those options to resume as recorded, or start a "
-            f"new run (another --out) with them. A resume may change only: {', '.join(RESUMABLE_KEYS)}."
+            f"new run (another --out) with them. A resume may change only: {', '.join(k + '*' if k.endswith('.') else k for k in RESUMABLE_KEYS)}."
         )
     config.validate()  # the changes a resume may make are checked as a fresh run's are
     return config

@@ -54,7 +54,7 @@ def save_sharded_checkpoint(trainer, target: Path) -> Path:
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(ckpt.atomic_directory(target)) if writer else None
         tmp = Path(peers.gather(str(tmp) if writer else None)[0])  # rank 0's temporary directory
-        dcp.save(shard_state(trained_learners(trainer.roles)), checkpoint_id=tmp / SHARDS)
+        dcp.save(shard_state(trained_learners(trainer.runtime.roles)), checkpoint_id=tmp / SHARDS)
         if writer:  # dcp.save returns once every rank's shards and the metadata are written
             ckpt.save_state(state, tmp, "trainer")
             ckpt.write_done(tmp, trainer.iteration)  # sizes and checksums of every shard too

@@ -3,7 +3,7 @@ for all of them.
 
     local        one process, CPU or one GPU (threads that overlap critic and policy live here)
     distributed  torchrun: every rank holds every role and a share of the rows; gradients summed
-    ray          (later) role groups on Ray actors across machines
+    ray          role groups on Ray actors across machines (rlhf/ray_runtime/, above rl: it builds roles)
 
 The loop calls a runtime's roles by name, on plain batches (no callables or generators cross):
 
@@ -12,6 +12,8 @@ The loop calls a runtime's roles by name, on plain batches (no callables or gene
                                          "reward_model" (rlhf/rl/roles/assemble.py Roles.forward_of)
     train(roles, minibatches)            the optimizer steps of "policy" and/or "critic"
     whole_models(), whole_model(model)   the whole parameters, for saving and exporting
+    tokenizer, device, has_role, learner_names, learning_rates, role_state, load_role_state,
+    save_weights, load_weights, export, release_optimizer_state, use_ptx: the roles' facts and state
 
 and schedules the rows inside (`map_rows`: threads here, ranks under torchrun).
 """

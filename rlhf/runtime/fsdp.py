@@ -1,22 +1,20 @@
 """`dist.strategy fsdp2`: every role's parameters sharded over the ranks with
 `torch.distributed.fsdp.fully_shard` (docs/distributed.md, docs/scale.md).
 
-Per layer (the RL roles, `shard_layers`), as torchtitan applies FSDP2: each decoder layer is its own
-FSDP unit, then the role's root module (embeddings, final norm, output and value heads). Between uses
+Per layer (`shard_layers`; every role of `rlhf train`, the trained model and DPO's reference of
+`rlhf sft`, `rm` and `dpo`), as torchtitan applies FSDP2: each decoder layer is its own FSDP unit,
+then the role's root module (embeddings, final norm, output and value heads). Between uses
 each rank keeps one shard (dim 0 split in `world_size` chunks) of every parameter, of the trained
 and the frozen roles alike, and AdamW's moments of its shard only. A forward gathers one layer at a
 time and frees it after (`reshard_after_forward`); the backward gathers it again and reduce-scatters
 its gradient at once, summed over the ranks (divide factor 1: each micro-batch's loss is already
 weighted by its tokens over the whole minibatch's, rlhf/rl/roles/learner.py), so no rank ever holds
 a whole gradient. Every rank must then run the same forwards and backwards: the runtime pads a rank
-whose rows run out with micro-batches that weigh nothing (rlhf/runtime/distributed.py). The step
+whose rows run out with micro-batches that weigh nothing (rlhf/runtime/distributed.py,
+rlhf/train/lockstep.py). The step
 clips by the global norm over the shards (PPO paper §5.4) and steps AdamW on each rank's shard
 (`step_shards`). The rollout unshards the policy once and samples with its whole parameters
 (`unsharded`).
-
-Whole (the supervised stages, `shard_module`): the root alone is sharded and gathered explicitly
-for each use (`gathered`); `step` sums the whole gradients over the ranks and keeps this rank's
-shard. The AdamW state is 1/N at rest; the parameters and gradients are whole while in use.
 """
 
 from __future__ import annotations
@@ -39,18 +37,6 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 
 from rlhf.runtime.peers import Peers
-
-
-def shard_module(module: nn.Module, optimizer: torch.optim.Optimizer, peers: Peers) -> FSDPModule:
-    """Shard `module` in place (every rank must hold the same parameters and optimizer state first)
-    and point `optimizer` at the shards; `module`, now the sharded root, is what `gathered`,
-    `whole_copies` and `step` take. Optimizer state already there (a resumed run's) is cut to each
-    shard's rows. On a GPU the forwards run in bfloat16 (MixedPrecisionPolicy); on the CPU in the
-    parameters' dtype."""
-    before = dict(module.named_parameters())
-    fully_shard(module, reshard_after_forward=False, **_precision(peers))
-    _point_optimizer_at_shards(optimizer, before, dict(module.named_parameters()), peers)
-    return module
 
 
 def _precision(peers: Peers, bf16_compute: bool = True, offload: bool = False) -> dict:
@@ -288,25 +274,6 @@ def is_sharded(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def gathered(modules: Sequence[nn.Module]) -> Iterator[None]:
-    """The whole parameters of every sharded module in `modules` for the body (one all-gather each,
-    on every rank), sharded again after; FSDP's gradient reduction stays off inside. The gathered
-    parameters are set on the submodules, so a role's model (a submodule of its learner's module)
-    runs, saves and exports as an unsharded one."""
-    sharded = [m for m in modules if is_sharded(m)]
-    with torch.inference_mode(False):  # gathered under a rollout's inference mode, trained on later
-        for module in sharded:
-            module.set_requires_gradient_sync(False)
-            module.set_reshard_after_backward(False)
-            module.unshard()
-    try:
-        yield
-    finally:
-        for module in sharded:
-            module.reshard()
-
-
-@contextlib.contextmanager
 def whole_copies(modules: Sequence[nn.Module]) -> Iterator[None]:
     """`modules` (sharded roots, or parts of one) as plain unsharded modules for the body: every
     sharded parameter replaced by a whole copy (each DTensor shard's `full_tensor()`: an all-gather
@@ -367,37 +334,6 @@ def _take_hooks(module: nn.Module) -> dict:
     for key in [k for k in module.__dict__ if k.startswith("__composable_api_state_key")]:
         taken[key] = module.__dict__.pop(key)
     return taken
-
-
-def step(
-    module: FSDPModule,
-    optimizer: torch.optim.Optimizer,
-    scheduler,
-    peers: Peers,
-    max_grad_norm: float | None,
-) -> float:
-    """The optimizer step of a gathered sharded module after its micro-batches' backwards: sum the
-    gradients over the ranks, keep this rank's shard, shard the parameters again, clip by the global
-    norm, step; the pre-clip norm."""
-    whole = dict(module.named_parameters())  # while gathered: the whole parameters, with gradients
-    trained = [p for p in whole.values() if p.requires_grad]
-    for p in trained:  # sums in float32 (the MixedPrecisionPolicy's reduce dtype on a GPU)
-        if p.grad is not None and p.grad.dtype != torch.float32:
-            p.grad = p.grad.float()
-    peers.sum_gradients(trained)
-    local = {}
-    for name, p in whole.items():
-        if p.requires_grad and p.grad is not None:
-            local[name] = _local_rows(p.grad, peers.rank, peers.world_size).clone()
-            p.grad = None
-    module.reshard()
-    shards = dict(module.named_parameters())  # now the DTensor shards the optimizer holds
-    for name, grad in local.items():
-        shard = shards[name]
-        shard.grad = _as_shard_of(grad.to(shard.dtype), shard)
-    trained = list(local)
-    with_grad = [shards[name] for name in trained if shards[name].grad is not None]
-    return _clip_and_step_shards(with_grad, optimizer, scheduler, peers, max_grad_norm)
 
 
 def _local_rows(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

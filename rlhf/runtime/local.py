@@ -49,6 +49,52 @@ class LocalRuntime:
         if config.keep_freed_memory:
             keep_freed_memory()
 
+    # -- the roles' facts, state, weights and export: the loop reaches a role only through these --
+    @property
+    def tokenizer(self):
+        return self.roles.tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        """Where the loop's tensors (the experience buffer) live: the policy's device."""
+        return self.roles.policy.device
+
+    def has_role(self, name: str) -> bool:
+        """Whether the run has the role `name` ("critic": none when critic-free; "reward_model": none
+        when reward functions alone give the reward)."""
+        return getattr(self.roles, name) is not None
+
+    def learner_names(self, train_policy: bool = True) -> list[str]:
+        return self.roles.learner_names(train_policy)
+
+    def learning_rates(self) -> dict[str, float]:
+        return self.roles.learning_rates()
+
+    def use_ptx(self, batches, coef: float, seed: int) -> None:
+        """PPO-ptx: the policy's SFT batches (`batches(generator)`), weight `coef`, generator `seed`."""
+        self.roles.policy.use_ptx(batches, coef, seed)
+
+    def role_state(self) -> dict:
+        """The trained roles' optimizer, schedule and random state (weights: `save_weights`)."""
+        return self.roles.state_dict()
+
+    def load_role_state(self, state: dict) -> None:
+        self.roles.load_state_dict(state)
+
+    def save_weights(self, directory) -> None:
+        """The trained roles' parameters into a checkpoint's `directory` (the writer alone calls it)."""
+        self.roles.save_weights(directory)
+
+    def load_weights(self, directory) -> None:
+        self.roles.load_weights(directory)
+
+    def export(self, directory) -> None:
+        """The trained models as Hugging Face directories with the tokenizer (every rank calls it)."""
+        self.roles.export(directory, whole=self.whole_model, write=self.writer)
+
+    def release_optimizer_state(self) -> None:
+        self.roles.release_optimizer_state()
+
     def whole_models(self):
         """A context in which every role's model holds its whole parameters (under fsdp2 they are
         gathered on every rank; here they always are)."""

@@ -1,4 +1,5 @@
-"""`rlhf plan`: what an RL run needs per rank, role by role, and whether it fits a GPU.
+"""`rlhf plan`: what an RL run (or `rlhf sft`, `rm`, `dpo`) needs per rank, role by role, and whether
+it fits a GPU.
 
 A closed-form count of the bytes each role holds (parameters, gradients, AdamW moments) and of what
 each phase adds on top (the rollout's KV cache and logits, the update's saved activations, the
@@ -10,12 +11,15 @@ training, a precision policy, a strategy and a number of ranks. The phases of on
     update    every role resident + the gradients of the largest trained role + its saved
               activations of one micro-batch (the policy and critic step one after the other)
 
-Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is `rlhf train
---dist.strategy fsdp2` (rlhf/runtime/fsdp.py): per-layer sharding, every role 1/N, one gathered
-decoder layer at a time (and the next, prefetched), the policy unsharded in the compute dtype only
-while sampling; `fsdp2-whole` is the supervised stages' sharding (the trained model's parameters and
-AdamW state sharded at rest, gathered whole for every use, whole gradients summed). The per-token activation count is
-calibrated on measured peaks (bench/results/gpu_h200_session10.json; docs/scale.md).
+The supervised stages (`stage` sft, rm, dpo) have no rollout: their roles are the trained model
+(DPO: and its reference copy, none for a LoRA policy), a micro-batch of pairs is two rows per pair
+(chosen and rejected in one forward).
+
+Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is `--dist.strategy fsdp2`
+(rlhf/runtime/fsdp.py), in `rlhf train` and the supervised stages alike: per-layer sharding, every
+role 1/N, one gathered decoder layer at a time (and the next, prefetched), the policy unsharded in
+the compute dtype only while sampling. The per-token activation count is calibrated on measured
+peaks (bench/results/gpu_h200_session10.json; docs/scale.md).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-STRATEGIES = ("none", "ddp", "fsdp2-whole", "fsdp2")
+STRATEGIES = ("none", "ddp", "fsdp2")
+STAGES = ("rl", "sft", "rm", "dpo")  # an RL run (its preset's roles) or a supervised stage
 PRECISIONS = ("float32", "bfloat16", "bfloat16-pure")
 GIB = 2**30
 # saved activations per token and decoder layer, in elements: ~10 h (norm inputs and outputs, q k v,
@@ -123,6 +128,7 @@ class Job:
     """What runs: the roles of the preset, how they train, and the shapes of the batches."""
 
     shape: Shape
+    stage: str = "rl"  # one of STAGES: sft, rm, dpo have no rollout (and no critic or reward model)
     critic: str = "separate"  # "separate" | "shared" | "none" (critic-free presets)
     reward_model: bool = True
     lora: bool = False
@@ -151,6 +157,10 @@ class Job:
             raise ValueError(f"--offload needs --strategy fsdp2, got {self.strategy!r}")
         if self.rollout_gather not in ("whole", "per-layer"):
             raise ValueError(f"--rollout-gather must be whole or per-layer, got {self.rollout_gather!r}")
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
+        if self.offload and self.stage != "rl":
+            raise ValueError(f"--offload: `rlhf {self.stage}` does not offload yet (only `rlhf train` does)")
         if self.critic not in ("separate", "shared", "none"):
             raise ValueError(f"critic must be separate, shared or none, got {self.critic!r}")
         for name in ("ranks", "micro_batch", "rollout_rows", "prompt_tokens", "response_tokens"):
@@ -200,14 +210,12 @@ def _bytes(job: Job) -> tuple[int, int]:
 def role_memory(job: Job) -> list[RoleMemory]:
     """Each role's parameters and the bytes one rank holds of its weights, gradients and AdamW state."""
     s, param_bytes = job.shape, _bytes(job)[0]
-    every_role_sharded = job.strategy == "fsdp2"
-    trained_sharded = job.strategy in ("fsdp2-whole", "fsdp2")
+    sharded = job.strategy == "fsdp2"  # every role, trained or frozen, 1/N
 
     def role(name: str, parameters: int, trained: int) -> RoleMemory:
         def held(elements: int, sharded: bool) -> int:
             return (-(-elements // job.ranks) if sharded else elements) * param_bytes
 
-        sharded = trained_sharded if trained else every_role_sharded
         return RoleMemory(
             name,
             parameters,
@@ -219,12 +227,23 @@ def role_memory(job: Job) -> list[RoleMemory]:
 
     p = s.parameters
     adapters = _lora_parameters(s, job.lora_rank)
-    roles = [role("policy", p + adapters, adapters) if job.lora else role("policy", p, p)]
-    if not job.lora:  # a LoRA policy's reference is its adapter switched off: no copy
-        roles.append(role("reference", p, 0))
     # a critic and a reward model are a causal LM with a scalar head (rlhf.models.scalar_head): the
     # whole LM, its output head included, and hidden + 1 head parameters
     scalar = p + s.hidden + 1
+    if job.stage == "rm":  # `rlhf rm`: the reward model trained (LoRA: adapters and the head)
+        head = s.hidden + 1
+        return [
+            role("reward_model", scalar + adapters, adapters + head)
+            if job.lora
+            else role("reward_model", scalar, scalar)
+        ]
+    roles = [role("policy", p + adapters, adapters) if job.lora else role("policy", p, p)]
+    if job.stage == "sft":
+        return roles
+    if not job.lora:  # a LoRA policy's reference is its adapter switched off: no copy
+        roles.append(role("reference", p, 0))
+    if job.stage == "dpo":
+        return roles
     if job.critic == "separate":
         head = s.hidden + 1
         roles.append(
@@ -239,36 +258,32 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
     """What each phase adds to the resident roles on one rank, in bytes."""
     s = job.shape
     param_bytes, compute_bytes = _bytes(job)
-    rows_per_rank = -(-job.rollout_rows // job.ranks)
+    rl = job.stage == "rl"
+    rows_per_rank = -(-job.rollout_rows // job.ranks) if rl else 0  # the supervised stages: no rollout
     tokens = job.prompt_tokens + job.response_tokens
     layers_gathered = 2 * s.layer_parameters * compute_bytes  # this layer and the next (prefetch)
     policy = roles[0].parameters
-    # the policy's whole parameters while sampling (per-layer: in the compute dtype, once per rollout;
-    # fsdp2-whole: gathered whole in the parameter dtype for every use)
+    # the policy's whole parameters while sampling (per-layer: in the compute dtype, once per rollout)
     if job.strategy == "fsdp2":
         gathered_policy = policy * compute_bytes if job.rollout_gather == "whole" else layers_gathered
         gathered_trained = layers_gathered
-    elif job.strategy == "fsdp2-whole":
-        gathered_policy = policy * param_bytes
-        gathered_trained = max(r.parameters for r in roles if r.trained) * param_bytes
     else:
         gathered_policy = gathered_trained = 0
-    micro_tokens = job.micro_batch * tokens
+    gathered_policy = gathered_policy if rl else 0
+    rows_per_micro = job.micro_batch * (2 if job.stage in ("rm", "dpo") else 1)  # a pair: 2 rows
+    micro_tokens = rows_per_micro * tokens
     saved_per_layer = micro_tokens * (ACTIVATION_H * s.hidden + ACTIVATION_M * s.intermediate) * compute_bytes
     if job.gradient_checkpointing:  # the layers' inputs, and one layer recomputed at a time
         activations = s.layers * micro_tokens * s.hidden * compute_bytes + saved_per_layer
     else:
         activations = s.layers * saved_per_layer
-    if job.strategy == "fsdp2-whole":  # sums whole gradients before cutting them to the shard
-        gradients = max(r.trained for r in roles if r.trained) * param_bytes
-    else:
-        gradients = max(r.gradients for r in roles if r.trained)
+    gradients = max(r.gradients for r in roles if r.trained)
     return {
         "rollout: KV cache": 2 * s.layers * s.kv_heads * s.head_dim * tokens * rows_per_rank * compute_bytes,
         "rollout: sampler logits": rows_per_rank * s.vocab * 4 * 2,  # float32 logits and their softmax
         "rollout: gathered policy": gathered_policy,
         "forward/update: gathered parameters": gathered_trained,
-        "forward/update: logits chunk": job.micro_batch * min(tokens, 1024) * s.vocab * 4 // 4,
+        "forward/update: logits chunk": rows_per_micro * min(tokens, 1024) * s.vocab * 4 // 4,
         "update: gradients of the largest role": gradients,
         "update: saved activations": activations,
     }
@@ -296,7 +311,11 @@ def plan(job: Job, *, with_advice: bool = True) -> Plan:
     if job.offload:  # the shards, their gradients and AdamW state live in CPU memory
         host = resident + extras["update: gradients of the largest role"]
         resident, extras = 0, {**extras, "update: gradients of the largest role": 0}
-    phases = {phase: resident + sum(extras[k] for k in keys) for phase, keys in PHASE_EXTRAS.items()}
+    phases = {
+        phase: resident + sum(extras[k] for k in keys)
+        for phase, keys in PHASE_EXTRAS.items()
+        if job.stage == "rl" or phase != "rollout"  # the supervised stages sample nothing
+    }
     peak_phase = max(phases, key=phases.get)
     peak = phases[peak_phase]
     fits = peak <= job.gpu_memory
@@ -330,6 +349,8 @@ def advice(job: Job) -> list[str]:
         ("--dtype bfloat16-pure (bf16 weights and AdamW state)", {"dtype": "bfloat16-pure"}),
     ]
     for label, change in options:
+        if job.stage != "rl" and ("rollout_gather" in change or change.get("offload")):
+            continue  # no rollout; the supervised stages do not offload (yet)
         if all(getattr(job, k) == v for k, v in change.items()):
             continue
         trial = plan(Job(**{**asdict(job), "shape": job.shape, **change}), with_advice=False)
@@ -346,7 +367,8 @@ def render(result: Plan) -> str:
     """The one-screen table: bytes per rank per role, each phase's peak, the verdict."""
     j = result.job
     lines = [
-        f"rlhf plan: {j['shape']['name']} ({j['parameters'] / 1e9:.2f}B parameters), critic {j['critic']}, "
+        f"rlhf plan: {j['shape']['name']} ({j['parameters'] / 1e9:.2f}B parameters), "
+        f"{'critic ' + j['critic'] if j['stage'] == 'rl' else 'rlhf ' + j['stage']}, "
         f"{'LoRA r=' + str(j['lora_rank']) if j['lora'] else 'full'}, {j['dtype']}, {j['strategy']} on "
         f"{j['ranks']} ranks{' (rollout gathered per layer)' if j['rollout_gather'] == 'per-layer' else ''}"
         f"{' (offloaded)' if j['offload'] else ''}, micro-batch {j['micro_batch']}, "
@@ -360,6 +382,8 @@ def render(result: Plan) -> str:
         )
     lines.append("")
     for name, value in result.extras.items():
+        if j["stage"] != "rl" and name.startswith("rollout"):
+            continue  # the supervised stages sample nothing
         lines.append(f"{name:<34}{gib(value):>12}")
     lines.append("")
     for phase, value in result.phases.items():

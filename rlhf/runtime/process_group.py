@@ -82,15 +82,22 @@ def data_parallel(config: DistConfig, device: str = "auto") -> Iterator[bool]:
         dist.destroy_process_group()
 
 
+class LostWorker(RuntimeError):
+    """A process of the run (a Ray actor) died; the message names it and the checkpoint to resume from."""
+
+
 def is_lost_peer(err: BaseException) -> bool:
     """A collective that failed because another rank died, stopped, or kept it waiting past
-    dist.timeout (torch's DistError, or the backend's RuntimeError naming gloo or NCCL)."""
-    if isinstance(err, dist.DistError):
+    dist.timeout (torch's DistError, or the backend's RuntimeError naming gloo or NCCL), or a
+    worker process that died (LostWorker)."""
+    if isinstance(err, (dist.DistError, LostWorker)):
         return True
     return isinstance(err, RuntimeError) and any(name in str(err) for name in ("gloo", "NCCL"))
 
 
 def lost_peer_message(err: BaseException, run_dir=None) -> str:
+    if isinstance(err, LostWorker):
+        return str(err)
     summary = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
     resume = f"rlhf train --resume {run_dir}" if run_dir else "the same command"
     return (

@@ -46,28 +46,14 @@ from torch.nn.parallel import DistributedDataParallel
 from rlhf.runtime.peers import Peers
 
 
-class Applied(nn.Module):
-    """`forward(fn, *args, **kwargs)` = fn(inner, *args, **kwargs), or inner's own forward when `fn`
-    is None: one call that DDP wraps, whatever the loss does with the module's parts (the supervised
-    stages run the decoder and the output head separately, rlhf/train/lm_loss.py)."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, fn: Callable | None, *args, **kwargs):
-        if fn is None:
-            return self.inner(*args, **kwargs)
-        return fn(self.inner, *args, **kwargs)
-
-
 def replicate(module: nn.Module, peers: Peers, uses_every_parameter: bool = False) -> DistributedDataParallel:
     """`module` under DistributedDataParallel over `peers` (rank 0's parameters and buffers broadcast
-    to every rank), gradients summed (module docstring). Its forward takes `Applied`'s arguments.
+    to every rank), gradients summed (module docstring). `module`'s forward must reach every
+    parameter a loss uses in one call (rlhf/rl/roles/forward.py, rlhf/train/model_call.py).
     `uses_every_parameter`: every pass reaches every trained parameter (no unused-parameter walk)."""
     on_gpu = peers.device.type == "cuda"
     ddp = DistributedDataParallel(
-        Applied(module),
+        module,
         device_ids=[peers.device.index] if on_gpu else None,
         process_group=peers.group,
         find_unused_parameters=not uses_every_parameter,

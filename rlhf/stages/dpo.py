@@ -7,7 +7,9 @@ policy, the same weights with the adapter switched off (no second copy). Its sum
 each pair are computed once before training (`dpo.precompute_reference`, the default: each rank
 scores its share and the shares are joined) or in every step. The step runs in the supervised
 skeleton (rlhf/train/supervised.py): the loss is the mean over the step's pairs however the
-micro-batches and ranks split them.
+micro-batches and ranks split them. Under `dist.strategy fsdp2` the policy and the reference's copy
+are sharded per layer (the copy without optimizer; the adapter-off reference is the policy's own
+shards), every rank running as many micro-batches (rlhf/train/lockstep.py).
 
 Resume (`rlhf dpo --resume DIR`, `checkpoint.every`): a checkpoint also holds the cached reference
 log-probs of every pair (not computed again) and a digest of the encoded pairs, so that a resume on
@@ -30,12 +32,16 @@ from rlhf.models.device import model_device, to_device
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
+from rlhf.runtime.fsdp import shard_from_rank0
 from rlhf.stages.rm import EncodedPair, encode_pairs, pair_micro_batches
 from rlhf.train.lm_loss import sequence_logprobs
+from rlhf.train.lockstep import with_fillers
+from rlhf.train.model_call import ModelCall, call_model
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import (
     SupervisedRun,
     SupervisedStage,
+    placed,
     run_supervised,
     shuffled_step_batches,
     steps_of_epochs,
@@ -51,13 +57,16 @@ class DPOPair(EncodedPair):
 
 
 def pair_logprobs(model, rows: list[EncodedPair], pad_id: int, precision: Precision | None):
-    """Summed response log-probs ([b] float32 each) of the chosen and the rejected responses."""
+    """Summed response log-probs ([b] float32 each) of the chosen and the rejected responses
+    (`model`: a causal LM, or its ModelCall)."""
     batch = collate_pairs(
         [r.prompt_ids for r in rows], [r.chosen_ids for r in rows], [r.rejected_ids for r in rows], pad_id
     )
     batch = to_device(batch, model_device(model))
     with precision.autocast() if precision is not None else contextlib.nullcontext():
-        logp = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+        logp = call_model(
+            model, sequence_logprobs, batch["input_ids"], batch["attention_mask"], batch["response_mask"]
+        )
     return logp[: len(rows)], logp[len(rows) :]
 
 
@@ -74,10 +83,11 @@ class DPOStage(SupervisedStage):
     def build_model(self, model, precision: Precision):
         c = self.config
         if model is None:
-            model = load_causal_lm(c.model, gguf_file=c.gguf_file)
-        model = precision.prepare(with_lora(model, c.lora))
+            model = load_causal_lm(c.model, gguf_file=c.gguf_file, on_meta=self.load_on_meta)
+        model = placed(precision, with_lora(model, c.lora))
         # the SFT model, frozen: a LoRA policy's reference is its adapter switched off
         self.reference = ReferenceModel(model, mode="adapter" if c.lora.enabled else "copy")
+        self.reference_call: ModelCall | None = None  # its one call (before_training)
         return model
 
     def encode(self, tokenizer, examples, stats: TruncationStats) -> list[DPOPair]:
@@ -98,10 +108,22 @@ class DPOStage(SupervisedStage):
     def before_training(
         self, run: SupervisedRun, train_rows: list[DPOPair], test_rows: list[DPOPair]
     ) -> None:
+        self.reference_call = self._reference_call(run)
         if self.config.dpo.precompute_reference:
             for rows in (train_rows, test_rows):
                 if any(r.ref_chosen is None for r in rows):  # a resumed run's came from its checkpoint
                     self.cache_reference(run, rows)
+
+    def _reference_call(self, run: SupervisedRun) -> ModelCall:
+        """The reference's one call: the policy's (adapter mode: its weights, the adapter switched off
+        by `in_force`), or its copy's, sharded per layer without optimizer under fsdp2 (every rank's
+        shards from rank 0's copy)."""
+        if self.reference.mode == "adapter":
+            return run.call
+        call = ModelCall(self.reference.model)
+        if run.per_layer:
+            shard_from_rank0(call, run.peers, bf16_compute=run.precision.uses_autocast)
+        return call
 
     def checkpoint_state(self, train_rows: list[DPOPair], test_rows: list[DPOPair]) -> dict:
         state: dict = {"pairs_sha256": pairs_digest(train_rows, test_rows)}
@@ -133,9 +155,12 @@ class DPOStage(SupervisedStage):
         mine = rows if run.peers is None else rows[run.peers.rows(len(rows))]
         local = torch.zeros(len(mine), 2, dtype=torch.float64)
         size = self.config.train.micro_batch_size
-        with run.learner.gathered():  # fsdp2 shards the policy; the reference copy stays whole
-            for group in pair_micro_batches(mine, size, self._by_length()):
-                chosen, rejected = self.reference_logprobs(run, [mine[i] for i in group])
+        groups = pair_micro_batches(mine, size, self._by_length())
+        for group in with_fillers(groups, len(rows), size, run.peers, run.per_layer):
+            chosen, rejected = self.reference_logprobs(
+                run, [mine[i] for i in group] if group is not None else rows[:1]
+            )
+            if group is not None:  # a filler's figures are dropped
                 local[group] = torch.stack([chosen, rejected], dim=1).double().cpu()
         if run.peers is not None:
             local = run.peers.gather_rows(local.to(run.peers.device), len(rows)).cpu()
@@ -151,37 +176,37 @@ class DPOStage(SupervisedStage):
                 torch.tensor([r.ref_chosen for r in rows], dtype=torch.float32, device=device),
                 torch.tensor([r.ref_rejected for r in rows], dtype=torch.float32, device=device),
             )
-        with self.reference.in_force() as reference:
-            return pair_logprobs(reference, rows, run.pad_id, run.precision)
+        with self.reference.in_force():
+            return pair_logprobs(self.reference_call, rows, run.pad_id, run.precision)
 
     def _by_length(self) -> bool:
         return self.config.train.group_by_length != "none"  # micro-batches of similar-length pairs
 
     def _pass(self, run: SupervisedRun, rows: list[DPOPair], train: bool) -> dict:
         """The loss and stats over `rows` (this rank's share under torchrun, summed over the ranks);
-        `train`: each micro-batch's loss, weighted by its share of the pairs, is backpropagated."""
+        `train`: each micro-batch's loss, weighted by its share of the pairs, is backpropagated.
+        Sharded per layer, fillers (the first pair, weighing nothing) follow up to the largest rank's
+        micro-batches."""
         d, size = self.config.dpo, self.config.train.micro_batch_size
         mine = rows if run.peers is None else rows[run.peers.rows(len(rows))]
         sums = dict.fromkeys(("loss", *STATS), 0.0)
-        micros = [[mine[i] for i in group] for group in pair_micro_batches(mine, size, self._by_length())]
-        learner = run.learner
-        # training: every rank as many micro-batches (ddp pads with fillers of weight 0)
-        passes = (
-            learner.padded_passes(micros, rows[:1], len(rows), size) if train else ((m, 1.0) for m in micros)
-        )
-        for micro, weight in passes:
+        groups = pair_micro_batches(mine, size, self._by_length())
+        if train:  # the step's passes: fillers under fsdp2 and ddp, ddp's reduction in the last
+            passes = run.learner.step_micro_batches(groups, len(rows), size)
+        else:
+            passes = with_fillers(groups, len(rows), size, run.peers, run.per_layer)
+        for group in passes:
+            micro = [mine[i] for i in group] if group is not None else rows[:1]
+            weight = len(micro) / len(rows) if group is not None else 0.0
             ref_chosen, ref_rejected = self.reference_logprobs(run, micro)
             with contextlib.nullcontext() if train else torch.no_grad():
-                args = (micro, run.pad_id, run.precision)  # training: through the learner (ddp: DDP)
-                chosen, rejected = (
-                    learner.apply(pair_logprobs, *args) if train else pair_logprobs(run.model, *args)
-                )
+                chosen, rejected = pair_logprobs(run.call, micro, run.pad_id, run.precision)
                 loss, stats = preference_loss(
                     d.loss, chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing
                 )
             if train:
-                (loss * (weight * len(micro) / len(rows))).backward()  # the mean over the step's pairs
-            if weight == 0:  # a filler (ddp): it only joins the passes
+                (loss * weight).backward()  # the mean over the step's pairs
+            if group is None:
                 continue
             for key, value in (("loss", loss), *stats.items()):
                 sums[key] += float(value.detach()) * len(micro)
@@ -196,12 +221,12 @@ class DPOStage(SupervisedStage):
         return out
 
     def evaluate(self, run: SupervisedRun, rows: list[DPOPair]) -> dict:
-        was_training = run.model.training
-        run.model.eval()
+        was_training = run.call.training
+        run.call.eval()
         try:
             return self._pass(run, rows, train=False)
         finally:
-            run.model.train(was_training)
+            run.call.train(was_training)
 
 
 def pairs_digest(*groups: list[EncodedPair]) -> str:

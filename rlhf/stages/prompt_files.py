@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlhf.data.collate import collate_sft
@@ -47,15 +49,26 @@ def ptx_sampler(
     max_response_tokens: int = 256,
     chat_template: bool | str = "auto",
 ):
-    """A function drawing a right-padded SFT batch for the PPO-ptx loss."""
+    """The PPO-ptx batches of the SFT file `path`: `batches(generator)` draws a right-padded batch."""
     loaded = load_examples(path, kind="sft")
     rows = [
         encode_sft(tokenizer, ex, max_prompt_tokens, max_response_tokens, chat_template=chat_template)
         for ex in loaded.examples
     ]
+    return PtxBatches(rows, batch_size, tokenizer.pad_token_id)
 
-    def draw(generator: torch.Generator) -> dict:
-        index = torch.randint(0, len(rows), (batch_size,), generator=generator).tolist()
-        return collate_sft([rows[i][0] for i in index], [rows[i][1] for i in index], tokenizer.pad_token_id)
 
-    return draw
+@dataclass
+class PtxBatches:
+    """Encoded SFT rows ((prompt ids, response ids) each) and how to draw a batch of them: plain data,
+    so it reaches a policy in another process (a Ray actor) as it is."""
+
+    rows: list[tuple[list[int], list[int]]]
+    batch_size: int
+    pad_token_id: int
+
+    def __call__(self, generator: torch.Generator) -> dict:
+        index = torch.randint(0, len(self.rows), (self.batch_size,), generator=generator).tolist()
+        return collate_sft(
+            [self.rows[i][0] for i in index], [self.rows[i][1] for i in index], self.pad_token_id
+        )

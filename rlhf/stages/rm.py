@@ -32,10 +32,12 @@ from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.rundir.export import export_models
+from rlhf.runtime.peers import Peers
 from rlhf.train.learner import Learner
 from rlhf.train.lm_loss import hidden_token_nll
+from rlhf.train.model_call import call_model
 from rlhf.train.setup import with_lora
-from rlhf.train.supervised import SupervisedRun, SupervisedStage, run_supervised
+from rlhf.train.supervised import SupervisedRun, SupervisedStage, placed, run_supervised
 
 
 @dataclass
@@ -77,53 +79,68 @@ def pair_forward(
     precision: Precision | None = None,
 ):
     """Rewards of chosen and rejected ([b] each, float32) and the LM NLL sum (float32) and count on the
-    chosen responses; the batch on the model's device, forwards under `precision`."""
+    chosen responses; the batch on the model's device, forwards under `precision` (`model`: a
+    ScalarHeadModel, or its ModelCall)."""
     batch = collate_pairs(
         [r.prompt_ids for r in rows], [r.chosen_ids for r in rows], [r.rejected_ids for r in rows], pad_id
     )
     batch = to_device(batch, model_device(model))
-    ids, attn = batch["input_ids"], batch["attention_mask"]  # 2b rows, chosen first
     with precision.autocast() if precision is not None else contextlib.nullcontext():
-        hidden = model.hidden_states(ids, attn)
-        rewards = model.values_from_hidden(hidden).gather(1, last_token_index(attn).unsqueeze(1)).squeeze(1)
-        b = len(rows)
-        nll, count = rewards.new_zeros(()), 0
-        if with_lm:  # the LM head only on the chosen rows' response tokens, in chunks (lm_loss.py)
-            nll, count = hidden_token_nll(model.causal_lm, hidden[:b], ids[:b], batch["response_mask"][:b])
-    return rewards[:b], rewards[b:], nll, count
+        rewards, nll, count = call_model(model, _pair_outputs, batch, len(rows), with_lm)
+    return rewards[: len(rows)], rewards[len(rows) :], nll, count
+
+
+def _pair_outputs(model: ScalarHeadModel, batch: dict, b: int, with_lm: bool):
+    """The rewards [2b] of a collated pair batch (chosen rows first) and, `with_lm`, the LM NLL sum and
+    count on the chosen responses: one forward of the trunk, both heads on its hidden states."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    hidden = model.hidden_states(ids, attn)
+    # the reward at each row's last real token; a sum over that one column, not a view (FSDP2 warns
+    # of a view returned from a sharded module's forward)
+    rewards = model.values_from_hidden(hidden).gather(1, last_token_index(attn).unsqueeze(1)).sum(1)
+    nll, count = rewards.new_zeros(()), 0
+    if with_lm:  # the LM head only on the chosen rows' response tokens, in chunks (lm_loss.py)
+        nll, count = hidden_token_nll(model.causal_lm, hidden[:b], ids[:b], batch["response_mask"][:b])
+    return rewards, nll, count
 
 
 def pair_step(
-    learner: Learner,
+    model: ScalarHeadModel,
     rows: list[EncodedPair],
     pad_id: int,
     micro_batch_size: int,
     lm_coef: float,
     precision: Precision | None = None,
     by_length: bool = False,
+    peers: Peers | None = None,
+    learner: Learner | None = None,
 ) -> dict:
-    """Forward/backward one optimizer step's pairs through `learner`'s reward model in micro-batches
-    (no optimizer step); its metrics.
+    """Forward/backward one optimizer step's pairs in micro-batches (no optimizer step); its metrics.
 
     The loss is the ranking loss summed over the step's pairs / their count, plus `lm_coef` x the NLL
     summed over the step's chosen tokens / their count: exact whatever the micro-batches
-    (`by_length`: pairs sorted by length before the split, rlhf.data.length_grouping). With data
-    parallelism (`learner.peers`) this rank takes its share of the pairs, every rank running as many
-    micro-batches (`Learner.padded_passes`); the sums cover every rank's.
+    (`by_length`: pairs sorted by length before the split, rlhf.data.length_grouping). With `peers`
+    (data parallelism) this rank takes its share of the pairs; the sums cover every rank's.
+    `learner`: the step's passes (`Learner.step_micro_batches`: under fsdp2 and ddp zero-weight fillers
+    up to the largest rank's micro-batches, lockstep.py; ddp reduces in the last).
     """
     with_lm = lm_coef > 0
-    peers = learner.peers
     chosen_tokens = sum(len(r.chosen_ids) for r in rows)
     rank_sum, lm_sum, correct, margin_sum = 0.0, 0.0, 0, 0.0
     mine = rows if peers is None else rows[peers.rows(len(rows))]  # the means stay over `rows`
-    micros = [[mine[i] for i in group] for group in pair_micro_batches(mine, micro_batch_size, by_length)]
-    for micro, weight in learner.padded_passes(micros, rows[:1], len(rows), micro_batch_size):
-        chosen, rejected, nll, _ = learner.apply(pair_forward, micro, pad_id, with_lm, precision)
+    groups = pair_micro_batches(mine, micro_batch_size, by_length)
+    passes = (
+        learner.step_micro_batches(groups, len(rows), micro_batch_size) if learner is not None else groups
+    )
+    for group in passes:
+        if group is None:  # a filler: the step's first pair, weighing nothing
+            chosen, rejected, nll, _ = pair_forward(model, rows[:1], pad_id, with_lm, precision)
+            ((ranking_loss(chosen, rejected) + nll) * 0.0).backward()
+            continue
+        chosen, rejected, nll, _ = pair_forward(model, [mine[i] for i in group], pad_id, with_lm, precision)
         rank = ranking_loss(chosen, rejected)
         loss = rank / len(rows) + (lm_coef * nll / chosen_tokens if with_lm else 0.0)
-        (weight * loss).backward()  # pair mean and chosen-token mean over the whole step
-        if weight == 0:  # a filler (ddp): it only joins the passes
-            continue
+        loss.backward()  # pair mean and chosen-token mean over the whole step
         rank_sum += float(rank.detach())
         lm_sum += float(nll.detach())
         correct += int((chosen > rejected).sum())
@@ -222,12 +239,11 @@ class RewardModelStage(SupervisedStage):
 
     def build_model(self, model, precision: Precision):
         if model is None:
-            lm = with_lora(
-                load_causal_lm(self.config.model, gguf_file=self.config.gguf_file), self.config.lora
+            loaded = load_causal_lm(
+                self.config.model, gguf_file=self.config.gguf_file, on_meta=self.load_on_meta
             )
-            model = ScalarHeadModel.from_causal_lm(lm)
-        precision.prepare(model)
-        return model
+            model = ScalarHeadModel.from_causal_lm(with_lora(loaded, self.config.lora))
+        return placed(precision, model)
 
     def encode(self, tokenizer, examples, stats: TruncationStats) -> list[EncodedPair]:
         return encode_pairs(tokenizer, examples, self.config, stats)
@@ -248,13 +264,21 @@ class RewardModelStage(SupervisedStage):
     def train_step(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:
         t = self.config.train
         return pair_step(
-            run.learner, rows, run.pad_id, t.micro_batch_size, t.lm_coef, run.precision, self._by_length()
+            run.call,
+            rows,
+            run.pad_id,
+            t.micro_batch_size,
+            t.lm_coef,
+            run.precision,
+            self._by_length(),
+            run.peers,
+            run.learner,
         )
 
     def evaluate(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:
-        t = self.config.train  # every rank evaluates every pair (the margins keep their order)
+        t = self.config.train  # every rank evaluates every pair (the margins keep their order; in lockstep)
         return evaluate_pairs(
-            run.model, rows, run.pad_id, t.micro_batch_size, t.lm_coef > 0, run.precision, self._by_length()
+            run.call, rows, run.pad_id, t.micro_batch_size, t.lm_coef > 0, run.precision, self._by_length()
         )
 
     def on_evaluation(self, run: SupervisedRun, step: int, result: dict) -> None:

@@ -23,10 +23,13 @@ from rlhf.models.precision import Precision
 from rlhf.runtime.peers import Peers
 from rlhf.train.learner import Learner
 from rlhf.train.lm_loss import model_token_nll
+from rlhf.train.lockstep import with_fillers
+from rlhf.train.model_call import call_model
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import (
     SupervisedRun,
     SupervisedStage,
+    placed,
     run_supervised,
     shuffled_step_batches,
     steps_of_epochs,
@@ -54,10 +57,13 @@ def sft_batch(rows: list[EncodedSFT], pad_id: int) -> dict:
 
 
 def _batch_nll(model, rows: list[EncodedSFT], pad_id: int, precision: Precision | None):
-    """Summed NLL (float32) and token count of `rows`, on the model's device under `precision`."""
+    """Summed NLL (float32) and token count of `rows`, on the model's device under `precision`
+    (`model`: a causal LM, or its ModelCall)."""
     batch = to_device(sft_batch(rows, pad_id), model_device(model))
     with precision.autocast() if precision is not None else contextlib.nullcontext():
-        return model_token_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        return call_model(
+            model, model_token_nll, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        )
 
 
 def micro_batches(rows: list[EncodedSFT], size: int, by_length: bool) -> list[list[EncodedSFT]]:
@@ -67,27 +73,34 @@ def micro_batches(rows: list[EncodedSFT], size: int, by_length: bool) -> list[li
 
 
 def train_steps(
-    learner: Learner,
+    model,
     rows: list[EncodedSFT],
     pad_id: int,
     micro_batch_size: int,
     precision: Precision | None = None,
     by_length: bool = False,
+    peers: Peers | None = None,
+    learner: Learner | None = None,
 ) -> tuple[float, int]:
-    """Forward/backward one optimizer batch of `learner`'s model with token-weighted gradient
-    accumulation: the loss is the NLL summed over the batch's response tokens / their count, whatever
-    the micro-batches (`by_length`: rows sorted by length before the split, rlhf.data.length_grouping);
-    with data parallelism (`learner.peers`) on this rank's share of the rows, the mean over every
-    rank's tokens, every rank running as many micro-batches (`Learner.padded_passes`)."""
+    """Forward/backward one optimizer batch with token-weighted gradient accumulation: the loss is
+    the NLL summed over the batch's response tokens / their count, whatever the micro-batches
+    (`by_length`: rows sorted by length before the split, rlhf.data.length_grouping); with `peers`
+    (data parallelism) on this rank's share of the rows, the mean over every rank's tokens;
+    `learner`: the step's passes (`Learner.step_micro_batches`: under fsdp2 and ddp zero-weight
+    fillers up to the largest rank's micro-batches, lockstep.py; ddp reduces in the last)."""
     total = sum(len(r.response_ids) for r in rows)  # every response token is scored (prompts are never empty)
-    peers = learner.peers
     mine = rows if peers is None else rows[peers.rows(len(rows))]
-    micros = micro_batches(mine, micro_batch_size, by_length)
     loss_sum = 0.0
-    for micro, weight in learner.padded_passes(micros, rows[:1], len(rows), micro_batch_size):
-        nll, count = learner.apply(_batch_nll, micro, pad_id, precision)
-        (weight * nll / total).backward()  # token mean over the whole batch, however it is split
-        loss_sum += weight * float(nll.detach())
+    groups = micro_batches(mine, micro_batch_size, by_length)
+    passes = (
+        learner.step_micro_batches(groups, len(rows), micro_batch_size) if learner is not None else groups
+    )
+    for micro in passes:
+        filler = micro is None  # the batch's first row: it joins the collectives and weighs nothing
+        nll, count = _batch_nll(model, rows[:1] if filler else micro, pad_id, precision)
+        weight = 0.0 if filler else 1.0
+        (nll * weight / total).backward()  # token mean over the whole batch, however it is split
+        loss_sum += float(nll.detach()) * weight
     return (loss_sum if peers is None else peers.sum(loss_sum)), total
 
 
@@ -100,17 +113,21 @@ def evaluate_nll(
     precision: Precision | None = None,
     by_length: bool = False,
     peers: Peers | None = None,
+    per_layer: bool = False,
 ) -> dict:
     """Token-mean NLL and perplexity on response tokens (EOS included); `by_length`: rows sorted by
     length before batching (a sum over tokens: the same figures, less padding); with `peers` each
-    rank evaluates its share of the rows."""
+    rank evaluates its share of the rows (`per_layer`: fillers up to the largest rank's batches,
+    their figures dropped)."""
     was_training = model.training
     model.eval()
     mine = rows if peers is None else rows[peers.rows(len(rows))]
     nll_sum, count = 0.0, 0
-    for micro in micro_batches(mine, batch_size, by_length):
-        nll, n = _batch_nll(model, micro, pad_id, precision)
-        nll_sum, count = nll_sum + float(nll), count + n
+    groups = micro_batches(mine, batch_size, by_length)
+    for micro in with_fillers(groups, len(rows), batch_size, peers, per_layer):
+        nll, n = _batch_nll(model, rows[:1] if micro is None else micro, pad_id, precision)
+        if micro is not None:  # a filler's figures are dropped
+            nll_sum, count = nll_sum + float(nll), count + n
     if peers is not None:
         nll_sum, count = peers.sums([nll_sum, count])
         count = int(count)
@@ -131,8 +148,10 @@ class SFTStage(SupervisedStage):
 
     def build_model(self, model, precision: Precision):
         if model is None:
-            model = load_causal_lm(self.config.model, gguf_file=self.config.gguf_file)
-        return precision.prepare(with_lora(model, self.config.lora))
+            model = load_causal_lm(
+                self.config.model, gguf_file=self.config.gguf_file, on_meta=self.load_on_meta
+            )
+        return placed(precision, with_lora(model, self.config.lora))
 
     def encode(self, tokenizer, examples, stats: TruncationStats) -> list[EncodedSFT]:
         return encode_sft_examples(tokenizer, examples, self.config, stats)
@@ -152,15 +171,17 @@ class SFTStage(SupervisedStage):
     def train_step(self, run: SupervisedRun, rows: list[EncodedSFT]) -> dict:
         t = self.config.train
         loss_sum, tokens = train_steps(
-            run.learner, rows, run.pad_id, t.micro_batch_size, run.precision, self._by_length()
-        )
+            run.call, rows, run.pad_id, t.micro_batch_size, run.precision, self._by_length(), run.peers,
+            run.learner,
+        )  # fmt: skip
         return {"train/loss": loss_sum / max(tokens, 1), "train/tokens": tokens}
 
     def evaluate(self, run: SupervisedRun, rows: list[EncodedSFT]) -> dict:
         t = self.config.train
         return evaluate_nll(
-            run.model, rows, run.pad_id, t.micro_batch_size, run.precision, self._by_length(), run.peers
-        )
+            run.call, rows, run.pad_id, t.micro_batch_size, run.precision, self._by_length(), run.peers,
+            run.per_layer,
+        )  # fmt: skip
 
     def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
         if self.baseline is not None:

@@ -3,7 +3,7 @@ write the report and print the summary."""
 
 from __future__ import annotations
 
-from rlhf.config import RLConfig
+from rlhf.config import ConfigError, RLConfig
 from rlhf.data.tokenize import TruncationStats
 from rlhf.models.loading import load_tokenizer
 from rlhf.models.tokenizer_match import check_same_tokenizer
@@ -20,7 +20,7 @@ from rlhf.train.context_check import check_prompts_fit, model_context
 
 
 def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: bool = False) -> dict:
-    from rlhf.rl.reward_functions import check_row_fields, load_reward_functions
+    from rlhf.rl.reward_functions import load_reward_functions
 
     # a malformed name, a module that fails to import or a function that cannot be called stops
     # here, before any model loads (imported once: the trainer's own load finds them imported)
@@ -28,12 +28,43 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     check_reward_model_tokenizer(config)
     writer = is_writer_process()
     inputs = model_inputs(config) if writer and not resume else None  # the files, before they are read
+    roles, runtime = start_roles(config, writer, evaluator)
+    try:
+        return train_with(config, roles, runtime, functions, inputs, resume, evaluator, quiet)
+    finally:
+        if roles is None:
+            runtime.shutdown()  # Ray's actors and placement groups
+
+
+def start_roles(config: RLConfig, writer: bool, evaluator):
+    """(the roles in this process, or None when Ray actors hold them; the runtime)."""
+    if config.dist.runtime == "ray":
+        from rlhf.ray_runtime import RayRuntime
+
+        if evaluator is not None:
+            raise ConfigError(
+                "an in-loop evaluator (rlhf demo) needs the roles in this process; dist.runtime is ray. "
+                "Fix: --dist.runtime local.",
+                "dist.runtime",
+            )
+        return None, RayRuntime(config)
     # fsdp2 under torchrun: rank 0 alone reads the weights, the others build the models' structure on
     # the meta device and receive their shards from rank 0 (rlhf/runtime/fsdp.py shard_from_rank0)
     roles = load_roles(config, on_meta=sharded_launch(config.dist.strategy) and not writer)
+    return roles, runtime_for(roles, config)
+
+
+def train_with(
+    config: RLConfig, roles, runtime, functions, inputs, resume: bool, evaluator, quiet: bool
+) -> dict:
+    """The run with its roles started: the prompts and PPO-ptx rows read, the loop, the summary."""
+    from rlhf.rl.reward_functions import check_row_fields
+
+    tokenizer = runtime.tokenizer
+    context = runtime.policy_context if roles is None else model_context(roles.policy.model)
     stats = TruncationStats()
     prompts, sources = load_prompts(
-        roles.tokenizer,
+        tokenizer,
         config.data.prompts,
         format=config.data.format,
         max_tokens=config.data.max_prompt_tokens,
@@ -44,7 +75,7 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     check_prompts_fit(
         prompts,
         sources,
-        context=model_context(roles.policy.model),
+        context=context,
         max_new_tokens=config.rollout.max_new_tokens,
         model_name=f"the policy {config.model.policy}",
         fix="--data.max_prompt_tokens {budget} (longer prompts are left-truncated to it), or a lower "
@@ -53,7 +84,7 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     ptx = None
     if config.data.ptx and config.policy.ptx_coef > 0:
         ptx = ptx_sampler(
-            roles.tokenizer,
+            tokenizer,
             config.data.ptx,
             config.data.ptx_batch_size,
             config.data.max_prompt_tokens,
@@ -70,7 +101,7 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
         evaluator=evaluator,
         resume=resume,
         quiet=quiet,
-        runtime=runtime_for(roles, config),
+        runtime=runtime,
         prompt_rows=rows,
     )
     if inputs is not None:  # the run directory is claimed (no earlier run in it): record what it reads

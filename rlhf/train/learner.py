@@ -3,15 +3,15 @@ and schedule, the data-parallel ranks and sharding it trains under, the forward/
 an optimizer step (`passes`: the ranks' gradients reduced in the last one), and the optimizer step
 (global gradient clipping, step, zeroed gradients).
 
-A learner gets its parallel strategy when it is built (`peers`, `strategy`); the RL runtime of
-torchrun still replicates its roles (`replicate`, ddp) or shards them per layer (`shard_per_layer`,
-fsdp2) after they are built (rlhf/runtime/distributed.py), which the Ray issue replaces.
+A learner gets its parallel strategy when it is built (`peers`, `strategy`: the supervised stages,
+replicated or sharded per layer at once); the RL runtime of torchrun still replicates its roles
+(`replicate`, ddp) or shards them per layer (`shard_per_layer`, fsdp2, at their first use) after
+they are built (rlhf/runtime/distributed.py), which the Ray issue replaces.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from functools import partial
 
@@ -22,6 +22,7 @@ from rlhf.config import OptimConfig
 from rlhf.runtime import fsdp
 from rlhf.runtime.peers import Peers
 from rlhf.runtime.replicated import Accumulation, fsdp_without_sync, replicate
+from rlhf.train.lockstep import with_fillers
 from rlhf.train.optim import build_optimizer, clip_and_step
 
 
@@ -30,14 +31,15 @@ class Learner:
     `total_steps` and global gradient clipping (PPO paper §5.4, appendix C.2). With `peers`
     (data-parallel ranks, rlhf/runtime/peers.py) the gradients are summed over the ranks before
     clipping (`strategy` "ddp": by DistributedDataParallel in the backward of a step's last pass,
-    rlhf/runtime/replicated.py); with "fsdp2" the module and its AdamW state are sharded over them."""
+    rlhf/runtime/replicated.py); with "fsdp2" the module and its AdamW state are sharded over them per
+    layer (every rank's shards from rank 0's module, `shard_per_layer`; `bf16_compute`: gathered in bf16)."""
 
     peers: Peers | None = None  # data-parallel ranks: gradients and stats summed over them
     replicated = (
         None  # dist.strategy ddp: `module` under DistributedDataParallel (rlhf/runtime/replicated.py)
     )
     sharded = None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/runtime/fsdp.py)
-    per_layer = False  # sharded per layer (the RL roles): gradients arrive reduce-scattered
+    per_layer = False  # sharded per layer: gradients arrive reduce-scattered
     sync_once = False  # per layer, dist.grad_sync step: reduce-scattered in a step's last pass only
     released = False  # the AdamW moments freed at the end of a sharded run (release_optimizer_state)
     accumulation: Accumulation | None = None  # the passes of the optimizer step under way
@@ -51,6 +53,7 @@ class Learner:
         peers: Peers | None = None,
         strategy: str = "none",
         uses_every_parameter: bool = False,
+        bf16_compute: bool = False,
     ) -> None:
         self.module = module
         self.uses_every_parameter = uses_every_parameter  # in every pass (ddp: no unused-parameter walk)
@@ -61,12 +64,12 @@ class Learner:
         elif peers is not None:
             self.peers = peers
             if strategy == "fsdp2":
-                peers.broadcast_parameters(module.parameters())  # one start for every rank
-                self.sharded = fsdp.shard_module(module, self.optimizer, peers)
+                self.shard_per_layer(peers, bf16_compute)
 
     def replicate(self, peers: Peers) -> None:
         """dist.strategy ddp: the module under DistributedDataParallel over `peers`, every rank
-        starting from rank 0's parameters; the training forwards go through it (`train_forward`, `apply`)."""
+        starting from rank 0's parameters; the training forwards go through it (`train_forward`; the
+        supervised stages' `ModelCall` through `SupervisedRun.call`)."""
         self.peers = peers
         self.replicated = replicate(self.module, peers, self.uses_every_parameter)
 
@@ -86,14 +89,7 @@ class Learner:
     def train_forward(self, *args, **kwargs):
         """`module(*args, **kwargs)` in a training pass (inside `passes`): under ddp through
         DistributedDataParallel, whose hooks then reduce the gradients in the backward."""
-        return self.apply(None, *args, **kwargs)
-
-    def apply(self, fn, *args, **kwargs):
-        """`fn(module, *args, **kwargs)` (fn None: the module's forward) in a training pass, every
-        parameter the loss uses reached inside this one call (ddp: DDP's forward)."""
-        if self.replicated is not None:
-            return self.replicated(fn, *args, **kwargs)
-        return self.module(*args, **kwargs) if fn is None else fn(self.module, *args, **kwargs)
+        return (self.replicated or self.module)(*args, **kwargs)
 
     def passes(self, count: int) -> Accumulation:
         """The `count` forward/backward passes of the next optimizer step (each run inside
@@ -107,19 +103,17 @@ class Learner:
         self.accumulation = Accumulation(count, local)
         return self.accumulation
 
-    def padded_passes(self, micros: list, filler, rows: int, size: int) -> Iterator[tuple[object, float]]:
-        """The supervised stages' micro-batches of one step (this rank's `micros`, of `rows` rows over
-        every rank in micro-batches of `size`) as (micro, weight 1.0), each inside its pass; under ddp
-        padded with (`filler`, 0.0) to the largest rank's count, so every rank runs as many passes
-        (a filler's loss is multiplied by 0: it reaches every parameter and adds nothing)."""
-        items = [(micro, 1.0) for micro in micros]
-        if self.replicated is not None:
-            widest = math.ceil(rows / self.peers.world_size)  # the largest rank's rows
-            items += [(filler, 0.0)] * (math.ceil(widest / size) - len(items))
+    def step_micro_batches(self, groups: list, rows: int, size: int) -> Iterator:
+        """The supervised stages' micro-batches of one step (this rank's `groups` of its share of `rows`,
+        `size` rows each), each yielded inside its pass (`passes`); sharded per layer or under ddp
+        followed by None (a filler, rlhf/train/lockstep.py) up to the largest rank's count, so that
+        every rank runs as many passes."""
+        lockstep = self.per_layer or self.replicated is not None
+        items = with_fillers(groups, rows, size, self.peers, lockstep)
         accumulation = self.passes(len(items))
-        for micro, weight in items:
+        for item in items:
             with accumulation.next_pass():
-                yield micro, weight
+                yield item
 
     @property
     def lr(self) -> float:
@@ -127,12 +121,6 @@ class Learner:
 
     def trainable(self) -> list[torch.Tensor]:
         return [q for group in self.optimizer.param_groups for q in group["params"]]
-
-    @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
-        """The whole module for the body (fsdp2: gathered on every rank, sharded again after)."""
-        with fsdp.gathered([self.sharded] if self.sharded is not None else []):
-            yield
 
     @contextlib.contextmanager
     def whole_copies(self) -> Iterator[None]:
@@ -143,7 +131,7 @@ class Learner:
     def optimizer_step(self) -> float:
         """Clip the global gradient norm (when set), step, zero the gradients; the pre-clip norm.
         Under data parallelism the ranks' gradients are summed first: the norm is the global one.
-        fsdp2: called while gathered (`gathered`), after the micro-batches' backwards."""
+        fsdp2: the backwards reduce-scattered them, the norm is over every rank's shards."""
         if self.released:
             raise RuntimeError(
                 "the optimizer state was released at the end of the run: resume from its checkpoint"
@@ -157,8 +145,6 @@ class Learner:
             return fsdp.step_shards(
                 self.sharded, self.optimizer, self.scheduler, self.peers, self.max_grad_norm
             )
-        if self.sharded is not None:
-            return fsdp.step(self.sharded, self.optimizer, self.scheduler, self.peers, self.max_grad_norm)
         if self.peers is not None and self.replicated is None:
             raise RuntimeError("data parallel without a strategy: the gradients would not be summed")
         # ddp: the gradients stay views of DDP's buckets, zeroed (rlhf/runtime/replicated.py)

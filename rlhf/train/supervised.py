@@ -3,11 +3,14 @@ optimizer steps through the same `Learner` the RL roles use (data-parallel and s
 written once, rlhf/train/learner.py), the evaluation cadence, and the finish (export, report,
 summary). A stage says only what differs, by subclassing `SupervisedStage`:
 
-    build_model   the model to train (loaded from `config.model` unless one is given)
+    build_model   the model to train (loaded from `config.model` unless one is given; on the meta
+                  device when `load_on_meta`: a sharded launch's ranks but 0, filled from rank 0)
     encode        examples -> the stage's rows
     schedule      the number of optimizer steps and each step's row indices (a CPU generator: the
                   same data order on every device and at every number of ranks)
-    train_step    forward/backward of one step's rows (no optimizer step): the step's metrics
+    train_step    forward/backward of one step's rows (no optimizer step): the step's metrics; the
+                  forwards call `run.call` (the model's one call, rlhf/train/model_call.py), with
+                  fillers up to the largest rank's micro-batches when sharded (rlhf/train/lockstep.py)
     evaluate      held-out metrics (logged under eval/)
     finish        export the trained model (every rank joins the gathers, rank 0 writes)
 
@@ -19,14 +22,15 @@ schedule and RNGs goes through `checkpoint_state` / `restore_state`.
 The run's skeleton:
 
     run_dir, tokenizer <- start_run; model <- build_model; rows <- load, split, encode
-    learner <- Learner(model, optim, steps, peers, dist.strategy)   (every rank from rank 0's weights)
+    learner <- Learner(ModelCall(model), optim, steps, peers, dist.strategy)   [fsdp2: sharded per
+               layer, every rank's shards from rank 0's model]
     [resume: the newest checkpoint's weights, optimizer, schedule, stage state; its N steps' batches
      drawn and dropped; its RNG states; metrics.jsonl cut after step N - 1]
     [evaluate before the first update: step 0's eval/ record]
-    for each step: train_step under the gathered model, learner.optimizer_step, log;
+    for each step: train_step, learner.optimizer_step, log;
                    evaluate every train.eval_every steps and at the last;
                    [a checkpoint every checkpoint.every steps]
-    finish, report.html, the one-screen summary
+    [fsdp2: AdamW's moments freed]; finish, report.html, the one-screen summary
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from rlhf.rundir.final_report import write_final_report
 from rlhf.runtime.peers import Peers, current_peers
 from rlhf.train.context_check import check_rows_fit, model_context
 from rlhf.train.learner import Learner
+from rlhf.train.model_call import ModelCall
 from rlhf.train.setup import start_run
 from rlhf.train.supervised_checkpoint import (
     latest_checkpoint,
@@ -81,6 +86,18 @@ class SupervisedRun:
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id
 
+    @property
+    def call(self) -> ModelCall:
+        """The model's one call, `call(fn, *args)` = fn(model, *args): what every forward of a
+        sharded model goes through (rlhf/train/model_call.py); under ddp its DistributedDataParallel
+        wrapper (whose backward reduces the gradients, rlhf/runtime/replicated.py)."""
+        return self.learner.replicated or self.learner.module
+
+    @property
+    def per_layer(self) -> bool:
+        """fsdp2: sharded per layer, every rank runs as many forwards and backwards (lockstep.py)."""
+        return self.learner.per_layer
+
 
 class SupervisedStage:
     """What one supervised stage adds to the skeleton (see the module's docstring)."""
@@ -93,6 +110,7 @@ class SupervisedStage:
     baseline: dict | None = None  # that evaluation's figures, when it ran
     resumable = False  # checkpoints every `config.checkpoint.every` steps; `resume=True` continues
     uses_every_parameter = False  # every training pass reaches every trained parameter (ddp: no unused walk)
+    load_on_meta = False  # build_model: the structure alone (fsdp2, ranks but 0; set by run_supervised)
 
     def __init__(self, config) -> None:
         self.config = config
@@ -163,13 +181,16 @@ def run_supervised(
     writer = peers is None or peers.rank == 0
     if resume and not stage.resumable:
         raise ConfigError(f"`{stage.title}` runs cannot resume. Fix: start a new run (another --out).")
-    if config.dist.offload:  # the supervised stages shard the model whole (fsdp2-whole), without offload
+    if config.dist.offload:  # the supervised stages shard per layer, without offload (not built yet)
         raise ConfigError(
-            f"dist.offload is true, but `{stage.title}` does not offload (only `rlhf train` shards per layer "
-            "and offloads). Fix: drop --dist.offload.",
+            f"dist.offload is true, but `{stage.title}` does not offload yet (only `rlhf train` does). "
+            "Fix: drop --dist.offload.",
             "dist.offload",
         )
     out, tokenizer = start_run(config, tokenizer, writer=writer, resume=resume, resumable=stage.resumable)
+    sharded = peers is not None and config.dist.strategy == "fsdp2"
+    # fsdp2: ranks but 0 build the structure alone; every rank's shards come from rank 0's model
+    stage.load_on_meta = sharded and not writer and model is None
     model = stage.build_model(model, precision)
     if config.gradient_checkpointing:
         gradient_checkpointing(model)
@@ -182,12 +203,13 @@ def run_supervised(
     generator = torch.Generator().manual_seed(config.seed)  # data order: on the CPU, the same everywhere
     steps, batches = stage.schedule(train_rows, generator)
     learner = Learner(
-        model,
+        ModelCall(model),
         config.optim,
         steps,
         peers=peers,
         strategy=config.dist.strategy,
         uses_every_parameter=stage.uses_every_parameter,
+        bf16_compute=precision.uses_autocast,
     )
     run = SupervisedRun(out, tokenizer, model, learner, precision, peers, writer)
     done = _resume(run, stage, batches, train_rows, test_rows) if resume else 0
@@ -205,14 +227,15 @@ def run_supervised(
         ckpt.set_rng_state(run.resumed_rng)
     with logger:
         if test_rows and stage.baseline_eval and not resume:  # held-out figures before any update
-            with learner.gathered():
-                before = stage.evaluate(run, test_rows)
+            before = stage.evaluate(run, test_rows)
             logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step")
             stage.baseline = before
         final = _train_steps(
             run, stage, logger, zip(range(done, steps), batches), steps, train_rows, test_rows
         )
     model.eval()
+    if learner.sharded is not None:  # the export gathers whole weights: without AdamW's moments beside
+        learner.release_optimizer_state()
     final = stage.finish(run, final, stats)
     if not writer:
         return final  # rank 0 exports, reports and prints
@@ -256,15 +279,13 @@ def _train_steps(
     every = config.checkpoint.every if stage.resumable else 0
     final: dict = {}
     for step, indices in numbered_batches:
-        run.model.train()
-        with learner.gathered():  # fsdp2: the whole model for the step's micro-batches
-            metrics = stage.train_step(run, [train_rows[i] for i in indices])
-            metrics["train/grad_norm"] = learner.optimizer_step()
+        run.call.train()
+        metrics = stage.train_step(run, [train_rows[i] for i in indices])
+        metrics["train/grad_norm"] = learner.optimizer_step()
         metrics["train/lr"] = learner.lr
         last = step == steps - 1
         if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
-            with learner.gathered():
-                result = stage.evaluate(run, test_rows)
+            result = stage.evaluate(run, test_rows)
             metrics.update({f"eval/{k}": v for k, v in result.items()})
             stage.on_evaluation(run, step, result)
         if last or step % t.log_every == 0 or any(k.startswith("eval/") for k in metrics):
@@ -276,6 +297,13 @@ def _train_steps(
                 run, step + 1, stage.checkpoint_state(train_rows, test_rows), config.checkpoint.keep
             )
     return final
+
+
+def placed(precision: Precision, model: nn.Module) -> nn.Module:
+    """`precision.prepare(model)` (cast, on the run's device); a model built on the meta device
+    (`load_on_meta`) stays there, filled from rank 0 when sharded (rlhf/runtime/fsdp.py)."""
+    on_meta = any(p.is_meta for p in model.parameters())
+    return precision.prepare(model, torch.device("meta") if on_meta else None)
 
 
 def _check_rows_fit(stage: SupervisedStage, model: nn.Module, read: list[tuple]) -> None:
@@ -317,7 +345,7 @@ def _resume(run: SupervisedRun, stage: SupervisedStage, batches, train_rows: lis
 
 def export_causal_lm(run: SupervisedRun) -> None:
     """The trained causal LM as a float32 Hugging Face directory in the run directory (LoRA merged
-    into a copy): every rank joins the gather (fsdp2), rank 0 writes."""
+    into a copy): every rank joins the gather of the whole model (fsdp2), rank 0 writes."""
     cast_parameters(run.model, torch.float32)  # training is over: float32 in place, no copy to export
     with run.learner.whole_copies():
         if run.writer:

@@ -225,32 +225,42 @@ def supervised_on_two_ranks(tmp_path_factory) -> tuple[dict[str, str], dict[str,
     root = tmp_path_factory.mktemp("supervised_two_ranks")
     data = write_supervised_data(root)
     cases = [
-        (stage, str(root / f"{stage}-{strategy}"), data[stage], strategy) for stage, strategy in SUPERVISED
+        (stage, str(root / f"{stage}-{strategy}-{batch}"), data[stage.split("-")[0]], strategy, batch)
+        for stage, strategy, batch in SUPERVISED
     ]
     per_rank = run_ranks(each_case, supervised_run, cases)
     return data, {case: [results[i] for results in per_rank] for i, case in enumerate(SUPERVISED)}
 
 
+# (stage, strategy, rows per step): 5 rows: ranks hold 3 and 2 (2 and 1 micro-batches of 2; under
+# fsdp2 rank 1 runs a filler); 1 row: rank 1 holds none (fillers only)
 SUPERVISED = [
-    ("sft", "ddp"),
-    ("rm", "ddp"),
-    ("dpo", "ddp"),
-    ("sft", "fsdp2"),
-    ("rm", "fsdp2"),
-    ("dpo", "fsdp2"),
+    ("sft", "ddp", 5),
+    ("rm", "ddp", 5),
+    ("dpo", "ddp", 5),
+    ("sft", "fsdp2", 5),
+    ("rm", "fsdp2", 5),
+    ("dpo", "fsdp2", 5),
+    ("sft", "fsdp2", 1),
+    ("rm", "fsdp2", 1),
+    ("sft", "ddp", 1),  # rank 1 without a row: DDP's passes all fillers there
+    ("rm", "ddp", 1),
+    ("dpo-live", "fsdp2", 5),  # the sharded reference copy in every step
+    ("dpo-lora", "fsdp2", 5),  # the reference: the sharded LoRA policy, its adapter off
+    ("sft-checkpointed", "fsdp2", 5),  # each layer gathered again for its recomputation
 ]
 
 
-@pytest.mark.parametrize("stage,strategy", SUPERVISED)
+@pytest.mark.parametrize("stage,strategy,batch", SUPERVISED)
 @pytest.mark.slow
 def test_two_ranks_train_sft_reward_and_dpo_models_as_one_process(
-    stage, strategy, supervised_on_two_ranks, tmp_path
+    stage, strategy, batch, supervised_on_two_ranks, tmp_path
 ):
     from tests.support.dist_cases import supervised_run
 
     data, two = supervised_on_two_ranks
-    one = one_thread(supervised_run, stage, str(tmp_path / "one"), data[stage])
-    ranks = two[(stage, strategy)]
+    one = one_thread(supervised_run, stage, str(tmp_path / "one"), data[stage.split("-")[0]], "ddp", batch)
+    ranks = two[(stage, strategy, batch)]
     # the exported model (rank 0 writes it; under fsdp2 from the gathered shards) is the one-process one
     assert_close_dicts(ranks[0]["exported"], one["exported"], "exported model.safetensors")
     for rank, got in enumerate(ranks):
@@ -282,6 +292,58 @@ def test_fsdp2_holds_half_of_every_role_and_never_a_whole_model(tmp_path):
         smallest_model = min(got[role]["whole"] for role in ("policy", "critic", "reference", "reward_model"))
         for phase in ("rollout", "forwards", "steps"):
             assert 0 < got["largest"][phase] < smallest_model / 2, f"rank {rank}: {phase} {got['largest']}"
+
+
+@pytest.mark.slow
+def test_fsdp2_supervised_stages_hold_half_of_the_model_and_never_a_whole_one(tmp_path):
+    """`rlhf sft`, `rm` and `dpo` under fsdp2 shard per layer: after every optimizer step each rank
+    holds about half of the model's parameters and of the AdamW moments (DPO: of the reference copy
+    too); no op of a step's forwards and backwards, of the optimizer step or of an evaluation creates a
+    tensor as large as half the model (a whole-model gather or gradient would be the whole model)."""
+    from tests.support.dist_cases import supervised_accounting, write_supervised_data
+
+    data = write_supervised_data(tmp_path)
+    cases = [(stage, str(tmp_path / stage), data[stage]) for stage in ("sft", "rm", "dpo")]
+    per_rank = run_ranks(each_case, supervised_accounting, cases)
+    for rank, results in enumerate(per_rank):
+        for (stage, *_), got in zip(cases, results):
+            assert len(got["between_steps"]) == 2, f"rank {rank} {stage}"
+            for counts in got["between_steps"]:
+                assert counts["sharded"], f"rank {rank} {stage}: not sharded"
+                # dim-0 chunks of odd sizes (a [1, H] scalar head whole on rank 0): slack over 1/2
+                assert counts["local"] <= 0.52 * counts["whole"], f"rank {rank} {stage}: {counts}"
+                assert 0 < counts["moments_local"] <= 2 * 0.52 * counts["whole"], f"rank {rank} {stage}"
+            whole = got["between_steps"][0]["whole"]
+            for phase in ("train", "step", "eval"):
+                assert 0 < got["largest"][phase] < whole / 2, f"rank {rank} {stage}: {phase} {got['largest']}"
+            if stage == "dpo":
+                ref = got["reference"]
+                assert ref["sharded"] and ref["local"] <= 0.52 * ref["whole"], f"rank {rank}: reference {ref}"
+
+
+@pytest.mark.slow
+def test_sft_rm_and_dpo_under_fsdp2_build_rank_1s_model_on_meta_and_train_as_one_process(tmp_path):
+    """`rlhf sft|rm|dpo --model DIR` under fsdp2: rank 1 builds the model (and DPO's reference copy) on
+    the meta device (no weight read), gets its shards from rank 0, and the run equals one process's
+    from the same directory."""
+    from tests.support.dist_cases import save_tiny_models, supervised_run, write_supervised_data
+
+    data = write_supervised_data(tmp_path)
+    model_dir = save_tiny_models(str(tmp_path))["policy"]
+    stages = ("sft", "rm", "dpo")
+    cases = [(stage, str(tmp_path / stage), data[stage], "fsdp2", 5, model_dir) for stage in stages]
+    rank0, rank1 = run_ranks(each_case, supervised_run, cases)
+    for stage, got0, got1 in zip(stages, rank0, rank1):
+        one = one_thread(
+            supervised_run, stage, str(tmp_path / f"one-{stage}"), data[stage], "ddp", 5, model_dir
+        )
+        assert not got0["built_on_meta"] and not one["built_on_meta"], stage  # read from the files
+        assert got1["built_on_meta"], stage  # the structure alone
+        assert_close_dicts(got0["exported"], one["exported"], f"{stage}: exported model")
+        for rank, got in enumerate((got0, got1)):
+            assert got["sharded"], f"{stage}: rank {rank}"
+            assert_close_dicts(got["params"], one["params"], f"{stage}: rank {rank} parameters")
+            assert_close_dicts(got["last"], one["last"], f"{stage}: rank {rank} metrics")
 
 
 @pytest.mark.slow

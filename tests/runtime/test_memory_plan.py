@@ -71,21 +71,51 @@ def test_role_bytes_are_the_closed_forms_in_one_process():
     assert "reference" not in [r.role for r in plan(Job(TINY, lora=True, ranks=1)).roles]
 
 
-def test_per_layer_sharding_divides_every_role_and_todays_fsdp2_only_the_trained_ones():
+def test_per_layer_sharding_divides_every_role_and_ddp_none():
     one = {r.role: r for r in plan(Job(NAMED_SHAPES["7b"], strategy="none", ranks=1)).roles}
     layer = {r.role: r for r in plan(Job(NAMED_SHAPES["7b"], strategy="fsdp2", ranks=8)).roles}
-    today = {r.role: r for r in plan(Job(NAMED_SHAPES["7b"], strategy="fsdp2-whole", ranks=8)).roles}
+    ddp = {r.role: r for r in plan(Job(NAMED_SHAPES["7b"], strategy="ddp", ranks=8)).roles}
     for role, whole in one.items():
         assert layer[role].weights == pytest.approx(whole.weights / 8, rel=1e-6)
         assert layer[role].optimizer == pytest.approx(whole.optimizer / 8, rel=1e-6)
-        frozen = whole.trained == 0
-        assert today[role].weights == (
-            whole.weights if frozen else pytest.approx(whole.weights / 8, rel=1e-6)
+        assert (ddp[role].weights, ddp[role].optimizer) == (whole.weights, whole.optimizer)
+
+
+def test_the_supervised_stages_roles_and_phases_are_the_closed_forms():
+    """`--preset sft|rm|dpo`: the trained model (DPO: and the reference copy, none for LoRA), no
+    rollout phase; a pair is two rows of activations; fsdp2 divides every role by the ranks."""
+    p, scalar, layer = TINY.parameters, TINY.parameters + TINY.hidden + 1, TINY.layer_parameters
+    tokens = 512 + 512
+    per_token = 10 * TINY.hidden + 4 * TINY.intermediate  # ACTIVATION_H h + ACTIVATION_M m
+    for stage, roles, rows in (
+        ("sft", {"policy": (p, p)}, 2),
+        ("rm", {"reward_model": (scalar, scalar)}, 4),
+        ("dpo", {"policy": (p, p), "reference": (p, 0)}, 4),
+    ):
+        result = plan(Job(TINY, stage=stage, dtype="float32", strategy="fsdp2", ranks=2, micro_batch=2))
+        assert {r.role: (r.parameters, r.trained) for r in result.roles} == roles, stage
+        for r in result.roles:  # float32: 4 bytes a parameter, half on each rank
+            assert r.weights == 4 * -(-r.parameters // 2) and r.optimizer == 8 * -(-r.trained // 2), stage
+        assert list(result.phases) == ["forward", "update"], stage
+        assert result.extras["forward/update: gathered parameters"] == 2 * layer * 4
+        assert result.extras["update: saved activations"] == TINY.layers * rows * tokens * per_token * 4, (
+            stage
         )
+        resident = sum(r.weights + r.optimizer for r in result.roles)
+        assert result.phases["update"] == resident + sum(
+            result.extras[k]
+            for k in (
+                "forward/update: gathered parameters",
+                "forward/update: logits chunk",
+                "update: gradients of the largest role",
+                "update: saved activations",
+            )
+        )
+    assert "reference" not in [r.role for r in plan(Job(TINY, stage="dpo", lora=True, ranks=1)).roles]
 
 
 def test_the_verdict_and_its_advice():
-    too_big = plan(Job(NAMED_SHAPES["7b"], strategy="fsdp2-whole", ranks=8, gpu_memory=80 * GIB))
+    too_big = plan(Job(NAMED_SHAPES["7b"], strategy="ddp", ranks=8, gpu_memory=80 * GIB))
     assert not too_big.fits and too_big.per_rank_peak_bytes > 80 * GIB
     assert any("fsdp2" in line and "(fits)" in line for line in too_big.advice)
     ok = plan(Job(NAMED_SHAPES["7b"], strategy="fsdp2", ranks=8, gpu_memory=80 * GIB))
@@ -130,8 +160,14 @@ def test_the_command_prints_json_and_refuses_bad_input(capsys):
     )
     out = json.loads(capsys.readouterr().out)
     assert isinstance(out["per_rank_peak_bytes"], int) and out["fits"] is True
-    assert main(["plan", "--model", "7b", "--strategy", "fsdp2-whole", "--gpus", "8"]) == 0
+    assert main(["plan", "--model", "7b", "--strategy", "ddp", "--gpus", "8"]) == 0
     assert "does not fit" in capsys.readouterr().out
+    assert main(["plan", "--model", "7b", "--preset", "dpo", "--gpus", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["job"]["stage"] == "dpo" and [r["role"] for r in out["roles"]] == ["policy", "reference"]
+    assert (
+        main(["plan", "--model", "7b", "--strategy", "fsdp2-whole"]) == 2
+    )  # gone: sft/rm/dpo shard per layer
     assert main(["plan", "--model", "no-such-shape"]) == 2
     assert "Fix:" in capsys.readouterr().err
     assert main(["plan", "--model", "7b", "--dtype", "fp8"]) == 2

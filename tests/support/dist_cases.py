@@ -251,42 +251,86 @@ def write_supervised_data(directory: Path) -> dict[str, str]:
     }
 
 
-def supervised_run(stage: str, run_dir: str, data_path: str, strategy: str = "ddp") -> dict:
-    """A 2-step SFT, reward-model or DPO run on 5 rows per step (ranks hold 3 and 2: uneven tokens,
-    2 and 1 micro-batches of 2), clipping on, evaluation every step; its final metrics, parameters
-    and (rank 0) written metrics."""
+def supervised_stage(
+    stage: str,
+    run_dir: str,
+    data_path: str,
+    strategy: str = "ddp",
+    num_layers: int = 1,
+    batch_size: int = 5,
+    model_dir: str | None = None,
+):
+    """(the stage, its tiny model, tokenizer) of a 2-step SFT, reward-model or DPO run on 5 rows per
+    step (ranks hold 3 and 2: uneven tokens, 2 and 1 micro-batches of 2; `batch_size` 1: rank 1 holds
+    none), clipping on, evaluation every step. `model_dir`: the stage loads it (model and tokenizer
+    None). Stage "dpo-live": the reference copy's log-probs in every step (not cached); "dpo-lora": a
+    LoRA policy, its reference the adapter switched off, in every step; "sft-checkpointed": with
+    gradient checkpointing."""
     from rlhf.config import DPOConfig, RewardConfig, SFTConfig, load_config
-    from rlhf.runtime.peers import current_peers
-    from rlhf.stages.dpo import run_dpo
-    from rlhf.stages.rm import run_reward_training
-    from rlhf.stages.sft import run_sft
+    from rlhf.stages.dpo import DPOStage
+    from rlhf.stages.rm import RewardModelStage
+    from rlhf.stages.sft import SFTStage
 
     tok = word_tokenizer([" ".join(WORDS)])
-    policy, reward_model = tiny_models(tok)
+    policy, reward_model = tiny_models(tok, num_layers=num_layers)
     overrides = {
         "out": run_dir,
-        "model": "unused",
-        "train": {"max_steps": 2, "batch_size": 5, "micro_batch_size": 2, "eval_every": 1, "log_every": 1},
+        "model": model_dir or "unused",
+        "train": {
+            "max_steps": 2,
+            "batch_size": batch_size,
+            "micro_batch_size": 2,
+            "eval_every": 1,
+            "log_every": 1,
+        },
         "optim": {"lr": 1e-3, "max_grad_norm": 0.5, "warmup_steps": 0},
         "data": {"test_fraction": 0.3, "path": data_path},
         "sinks": ["jsonl"],
         "dist": {"strategy": strategy},
     }
-    if stage == "sft":
-        config, model = load_config(SFTConfig, overrides=overrides), policy
-        final = run_sft(config, model=model, tokenizer=tok, quiet=True)
-    elif stage == "dpo":  # the reference a frozen copy of the policy; its log-probs cached, shares joined
-        config, model = load_config(DPOConfig, overrides=overrides), policy
-        final = run_dpo(config, model=model, tokenizer=tok, quiet=True)
-    else:
-        config, model = load_config(RewardConfig, overrides=overrides), reward_model
-        final = run_reward_training(config, model=model, tokenizer=tok, quiet=True)
+    if model_dir is not None:
+        policy = reward_model = tok = None
+    if stage == "sft-checkpointed":  # gradient checkpointing: each layer's forward run again in the backward
+        overrides["gradient_checkpointing"] = True
+    if stage.startswith("sft"):
+        return SFTStage(load_config(SFTConfig, overrides=overrides)), policy, tok
+    if stage == "dpo-live":
+        overrides["dpo"] = {"precompute_reference": False}
+    if stage == "dpo-lora":
+        overrides.update(dpo={"precompute_reference": False}, lora={"enabled": True, "r": 4})
+        overrides["optim"]["lr"] = 1e-2  # the adapters move the log-probs
+    if stage.startswith("dpo"):  # "dpo": the reference a frozen copy; its log-probs cached, shares joined
+        return DPOStage(load_config(DPOConfig, overrides=overrides)), policy, tok
+    return RewardModelStage(load_config(RewardConfig, overrides=overrides)), reward_model, tok
+
+
+def supervised_run(
+    stage: str, run_dir: str, data_path: str, strategy: str = "ddp", batch_size: int = 5, model_dir=None
+) -> dict:
+    """`supervised_stage`'s run: its final metrics, parameters and (rank 0) written metrics and export;
+    `model_dir`: loaded by the stage; `built_on_meta`: every parameter of the model it built (and of
+    DPO's reference copy) on the meta device."""
     from safetensors.torch import load_file
 
-    from rlhf.runtime.fsdp import is_sharded, whole_copies
+    from rlhf.runtime.fsdp import whole_copies
+    from rlhf.runtime.peers import current_peers
+    from rlhf.train.supervised import run_supervised
 
+    stage_, model, tok = supervised_stage(stage, run_dir, data_path, strategy, batch_size=batch_size,
+                                          model_dir=model_dir)  # fmt: skip
+    built, build_model = [], stage_.build_model
+
+    def watched_build(*args):
+        built.append(build_model(*args))
+        frozen = stage_.reference.model.parameters() if stage == "dpo" else ()
+        built.append(all(p.is_meta for p in [*built[0].parameters(), *frozen]))
+        return built[0]
+
+    stage_.build_model = watched_build
+    final = run_supervised(stage_, model=model, tokenizer=tok, quiet=True)
+    model = built[0]
     peers = current_peers()
-    sharded = is_sharded(model)
+    sharded = all(isinstance(p, DTensor) for p in model.parameters())  # per layer: the model's every one
     with whole_copies([model]):  # fsdp2: the whole parameters, gathered on every rank
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
     writer = peers is None or peers.rank == 0
@@ -296,6 +340,7 @@ def supervised_run(stage: str, run_dir: str, data_path: str, strategy: str = "dd
         "sharded": sharded,
         "exported": load_file(str(Path(run_dir) / "model.safetensors")) if writer else None,
         "written": metric_rows(run_dir, kinds=("step",)) if peers is None or peers.rank == 0 else None,
+        "built_on_meta": built[1],
     }
 
 
@@ -437,16 +482,72 @@ def partial_passes() -> dict:
     from rlhf.config import OptimConfig
     from rlhf.runtime.peers import current_peers
     from rlhf.train.learner import Learner
+    from rlhf.train.model_call import ModelCall
 
     peers = current_peers()
     module = ThreeLayers()
-    learner = Learner(module, OptimConfig(lr=0.1, weight_decay=0.5), 1, peers=peers, strategy="ddp")
+    call = ModelCall(module)  # one call per loss, as the supervised stages' (rlhf/train/model_call.py)
+    learner = Learner(call, OptimConfig(lr=0.1, weight_decay=0.5), 1, peers=peers, strategy="ddp")
     x = PASS_INPUTS[peers.rank]
     passes = learner.passes(2)
     with passes.next_pass():
-        learner.apply(first_pass_loss, x, peers.rank == 0).backward()
+        learner.train_forward(first_pass_loss, x, peers.rank == 0).backward()
     with passes.next_pass():
-        learner.apply(last_pass_loss, x).backward()
+        learner.train_forward(last_pass_loss, x).backward()
     grads = {n: None if p.grad is None else p.grad.clone() for n, p in module.named_parameters()}
     learner.optimizer_step()
     return {"grads": grads, "params": {n: p.detach().clone() for n, p in module.named_parameters()}}
+
+
+def supervised_accounting(stage: str, run_dir: str, data_path: str) -> dict:
+    """An fsdp2 SFT, reward-model or DPO run (`supervised_stage`, 4 decoder layers) watched by
+    LargestTensors: the largest tensor any op created in the step's forwards/backwards ("train"), in
+    the optimizer steps ("step") and in the evaluations ("eval"); after each optimizer step, the
+    model's whole and local parameter elements and the local AdamW moments'; DPO: the reference
+    copy's."""
+    from rlhf.train.learner import Learner
+    from rlhf.train.supervised import run_supervised
+
+    stage_, model, tok = supervised_stage(stage, run_dir, data_path, "fsdp2", num_layers=4)
+    watch = LargestTensors()
+    between: list[dict] = []
+
+    def phase(name, fn):
+        def watched(*args, **kwargs):
+            watch.phase = name
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                watch.phase = "other"
+
+        return watched
+
+    def counted_step(learner):
+        norm = phase("step", learner_step)(learner)
+        params = list(model.parameters())
+        moments = [v for state in learner.optimizer.state.values() for v in state.values() if v.dim() > 0]
+        between.append({
+            "whole": sum(p.numel() for p in params),
+            "local": sum(p.to_local().numel() for p in params),
+            "moments_local": sum(m.to_local().numel() for m in moments),
+            "sharded": all(isinstance(p, DTensor) for p in params),
+        })  # fmt: skip
+        return norm
+
+    stage_.train_step = phase("train", stage_.train_step)
+    stage_.evaluate = phase("eval", stage_.evaluate)
+    learner_step, Learner.optimizer_step = Learner.optimizer_step, counted_step
+    try:
+        with watch:
+            run_supervised(stage_, model=model, tokenizer=tok, quiet=True)
+    finally:
+        Learner.optimizer_step = learner_step
+    out = {"largest": watch.largest, "between_steps": between}
+    if stage == "dpo":
+        params = list(stage_.reference.model.parameters())
+        out["reference"] = {
+            "whole": sum(p.numel() for p in params),
+            "local": sum(p.to_local().numel() for p in params),
+            "sharded": all(isinstance(p, DTensor) for p in params),
+        }
+    return out

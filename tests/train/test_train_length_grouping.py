@@ -10,7 +10,7 @@ from dataclasses import fields
 import pytest
 import torch
 
-from rlhf.config import OptimConfig, RewardConfig, SFTConfig, load_config
+from rlhf.config import RewardConfig, SFTConfig, load_config
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.models.tiny import tiny_causal_lm
@@ -19,7 +19,6 @@ from rlhf.stages import rm as rm_module
 from rlhf.stages import sft as sft_module
 from rlhf.stages.rm import EncodedPair, evaluate_pairs, pair_forward, pair_step, ranking_loss
 from rlhf.stages.sft import EncodedSFT, evaluate_nll, train_steps
-from rlhf.train.learner import Learner
 from rlhf.train.lm_loss import model_token_nll
 from tests.support.train_testing import rl_config
 
@@ -83,9 +82,7 @@ def test_sft_step_gradient_is_the_token_mean_however_rows_are_grouped(case, tok,
     (nll_sum / max(count, 1)).backward()
     expected = grads_of(lm)
     for by_length in (False, True):
-        loss_sum, tokens = train_steps(
-            Learner(lm, OptimConfig(), 1), rows, pad, micro_batch_size=2, by_length=by_length
-        )
+        loss_sum, tokens = train_steps(lm, rows, pad, micro_batch_size=2, by_length=by_length)
         assert tokens == count
         assert loss_sum == pytest.approx(float(nll_sum.detach()), rel=1e-5)
         assert_same_grads(grads_of(lm), expected)
@@ -137,9 +134,7 @@ def test_rm_step_gradient_is_the_pair_and_token_mean_however_pairs_are_grouped(c
     (rank_sum / len(rows) + lm_coef * nll_sum / count).backward()
     expected = grads_of(reward_model)
     for by_length in (False, True):
-        metrics = pair_step(
-            Learner(reward_model, OptimConfig(), 1), rows, pad, 2, lm_coef, by_length=by_length
-        )
+        metrics = pair_step(reward_model, rows, pad, 2, lm_coef, by_length=by_length)
         assert metrics["train/rank_loss"] == pytest.approx(float(rank_sum.detach()) / len(rows), rel=1e-5)
         assert_same_grads(grads_of(reward_model), expected)
 

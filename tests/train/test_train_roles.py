@@ -128,8 +128,8 @@ def test_a_ddp_wrapped_policy_forward_trains_like_the_plain_one(make_trainer, tm
 
 
 def test_a_checkpoint_written_before_the_roles_resumes_exactly(make_trainer, tok, tmp_path):
-    """Checkpoints of the layout before the roles (optimizers at the top level, the ptx generator
-    among the trainer's) resume to the metrics of an uninterrupted run."""
+    """Checkpoints of the layout before the roles (optimizers at the top level, the ptx and sampling
+    generators among the trainer's) resume to the metrics of an uninterrupted run."""
     from rlhf.stages.prompt_files import ptx_sampler
     from tests.support.train_testing import WORDS, write_jsonl
 
@@ -153,6 +153,7 @@ def test_a_checkpoint_written_before_the_roles_resumes_exactly(make_trainer, tok
     state["policy_opt"], state["policy_sched"] = roles["policy"]["optimizer"], roles["policy"]["scheduler"]
     state["critic_opt"], state["critic_sched"] = roles["critic"]["optimizer"], roles["critic"]["scheduler"]
     state["rng"]["generators"]["ptx"] = roles["policy"]["ptx_generator"]
+    state["rng"]["generators"]["sample"] = roles["policy"]["sample_generator"]
     ckpt.save_state(state, path, "trainer")
     ckpt.write_done(path, state["iteration"])  # the files changed: record their new checksums
     make_trainer(resumable_config(split), run_dir=split, ptx=ptx(), resume=True).train()

@@ -25,6 +25,7 @@ from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.frozen import Reference, RewardModel
 from rlhf.rl.roles.policy import JointValue, Policy
 from rlhf.rundir.export import export_models
+from rlhf.rundir.sharded_checkpoint import has_shards, load_sharded_weights
 from rlhf.rundir.weights import load_trained, save_trained
 from rlhf.runtime.process_group import sharded_launch
 from rlhf.train.setup import with_lora
@@ -37,11 +38,19 @@ class Roles:
     reference: Reference
     critic: Critic | SharedCritic | None  # None: a critic-free estimator (grpo, rloo, ...)
     reward_model: RewardModel | None  # None: the reward comes from reward functions only
+    # the roles this process serves (None: every one). A Ray actor hosts some (rlhf/ray_runtime/):
+    # the others stay on the meta device, and its state, weights and exports are its hosted roles'
+    hosted: frozenset[str] | None = None
+
+    def hosts(self, name: str) -> bool:
+        return self.hosted is None or name in self.hosted
 
     @property
     def on_meta(self) -> bool:
-        """Built on the meta device (a sharded run's ranks but 0): no weights until sharded."""
-        return any(p.is_meta for p in self.policy.module.parameters())
+        """Built on the meta device (a sharded run's ranks but 0): no weights until sharded (the
+        trained roles hosted here; those hosted elsewhere are on the meta device anyway)."""
+        trained = self._trained(separate_only=False).values()
+        return any(p.is_meta for role in trained for p in role.model.parameters())
 
     @property
     def separate_critic(self) -> Critic | None:
@@ -84,47 +93,77 @@ class Roles:
         yield forwards[name]
 
     def learners(self, train_policy: bool = True) -> list[Policy | Critic | SharedCritic]:
-        """The roles of `learner_names`."""
-        return [self.learner(name) for name in self.learner_names(train_policy)]
+        """The roles of `learner_names` (those hosted here)."""
+        return [self.learner(name) for name in self.learner_names(train_policy) if self.hosts(name)]
 
     def learning_rates(self) -> dict[str, float]:
-        rates = {"policy/lr": self.policy.lr}
-        if self.separate_critic:
+        rates = {"policy/lr": self.policy.lr} if self.hosts("policy") else {}
+        if self.separate_critic and self.hosts("critic"):
             rates["value/lr"] = self.separate_critic.lr
         return rates
 
+    def _trained(self, separate_only: bool) -> dict[str, Policy | Critic | SharedCritic]:
+        """{name: role} of the trained roles hosted here: the policy, and the critic (a separate one
+        only with `separate_only`: a shared critic's state is the policy's)."""
+        critic = self.separate_critic if separate_only else self.critic
+        roles = {"policy": self.policy, "critic": critic}
+        return {name: role for name, role in roles.items() if role is not None and self.hosts(name)}
+
     def state_dict(self) -> dict:
         """Optimizer, schedule and sampler-side state of every trained role (weights: save_weights)."""
-        state = {"policy": self.policy.state_dict()}
-        if self.separate_critic:
-            state["critic"] = self.separate_critic.state_dict()
-        return state
+        return {name: role.state_dict() for name, role in self._trained(separate_only=True).items()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        if self.separate_critic:
-            self.separate_critic.load_state_dict(state["critic"])
+        for name, role in self._trained(separate_only=True).items():
+            role.load_state_dict(state[name])
 
     def save_weights(self, directory: Path) -> None:
         """The trained parameters of policy and critic (a LoRA policy: its adapters; rlhf/rundir/weights.py);
         a critic-free run has no critic."""
-        save_trained(self.policy.model, directory, "policy")
-        if self.critic is not None:
-            save_trained(self.critic.model, directory, "critic")
+        for name, role in self._trained(separate_only=False).items():
+            save_trained(role.model, directory, name)
 
     def load_weights(self, directory: Path) -> None:
-        load_trained(self.policy.model, directory, "policy")
-        if self.critic is not None:
-            load_trained(self.critic.model, directory, "critic")
+        """A checkpoint's trained parameters: its per-role files, or an fsdp2 run's shards (at any
+        number of ranks, or in one process); a sharded rank but 0 (on the meta device) loads none:
+        its shards come from rank 0's (rlhf/runtime/fsdp.py)."""
+        if self.on_meta:
+            return
+        if has_shards(directory):
+            load_sharded_weights(self, directory)
+            return
+        for name, role in self._trained(separate_only=False).items():
+            load_trained(role.model, directory, name)
+
+    def exported_models(self) -> dict[str, torch.nn.Module]:
+        """{subdirectory: model} of an export: the trained policy in the directory itself, a separate
+        critic in `critic/` (those hosted here)."""
+        where = {"policy": "", "critic": "critic"}
+        return {where[name]: role.model for name, role in self._trained(separate_only=True).items()}
 
     def export(self, directory: Path, whole=None, write: bool = True) -> None:
         """The trained policy as a float32 Hugging Face directory (LoRA merged) with the tokenizer; a
         separate critic in `critic/`. Sharded: `whole(model)` gathers one at a time, every rank
         calls this, the writer alone `write`s (rlhf/rundir/export.py)."""
-        models = {"": self.policy.model}
-        if self.separate_critic:
-            models["critic"] = self.separate_critic.model
-        export_models(directory, self.tokenizer, models, whole=whole, write=write)
+        export_models(directory, self.tokenizer, self.exported_models(), whole=whole, write=write)
+
+    def release_unhosted(self) -> None:
+        """Move the models of the roles not hosted here to the meta device (what their assembly
+        copied, e.g. the reference's copy in the policy's process, no longer takes memory)."""
+        parts = {
+            "policy": self.policy.model,
+            "reference": self.reference.own_module,
+            "critic": self.separate_critic and self.separate_critic.model,
+            "reward_model": self.reward_model and self.reward_model.model,
+        }
+        shared = {
+            id(p) for name, m in parts.items() if m is not None and self.hosts(name) for p in m.parameters()
+        }
+        for name, module in parts.items():
+            if module is not None and not self.hosts(name):
+                if any(id(p) in shared for p in module.parameters()):
+                    continue  # a hosted role computes through it (a LoRA reference is the policy)
+                module.to("meta")
 
     def release_optimizer_state(self) -> None:
         """Free the trained roles' AdamW moments (a finished sharded run, its checkpoint written)."""
@@ -259,10 +298,12 @@ def rollout_sampling_config(c: RLConfig) -> SamplingConfig:
     )
 
 
-def load_roles(config: RLConfig, on_meta: bool = False) -> Roles:
+def load_roles(config: RLConfig, on_meta: bool = False, hosted: frozenset[str] | None = None) -> Roles:
     """Load policy, reward model and tokenizer from the paths in `config.model`. `on_meta`: the
     models' structure only, on the meta device (a sharded run's ranks but 0: rlhf/runtime/fsdp.py
-    fills their shards from rank 0); a GGUF policy or a LoRA reward model is read whole anyway."""
+    fills their shards from rank 0); a GGUF policy or a LoRA reward model is read whole anyway.
+    `hosted`: the roles this process serves (a Ray actor's); the weights no hosted role starts from
+    are not read, and the roles not hosted are left on the meta device (`Roles.release_unhosted`)."""
     if not config.model.policy:
         raise ValueError("model.policy is empty. Fix: --policy DIR (the SFT run directory).")
     if not config.model.reward_model and not config.reward.functions:
@@ -270,9 +311,31 @@ def load_roles(config: RLConfig, on_meta: bool = False) -> Roles:
             "model.reward_model is empty and no reward function is named. Fix: --reward-model DIR (the "
             "reward-model run directory) and/or --reward-fn module:function."
         )
+    policy_meta, rm_meta = on_meta, on_meta
+    if hosted is not None:
+        policy_meta = on_meta or not needs_weights(config, hosted, "policy")
+        rm_meta = on_meta or not needs_weights(config, hosted, "reward_model")
     tokenizer = load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
-    policy = load_causal_lm(config.model.policy, gguf_file=config.model.gguf_file, on_meta=on_meta)
+    policy = load_causal_lm(config.model.policy, gguf_file=config.model.gguf_file, on_meta=policy_meta)
     rm = config.model.reward_model
     lora_rm = bool(rm) and (Path(rm) / "adapter_config.json").is_file()
-    reward_model = ScalarHeadModel.from_pretrained(rm, on_meta=on_meta and not lora_rm) if rm else None
-    return assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
+    reward_model = ScalarHeadModel.from_pretrained(rm, on_meta=rm_meta and not lora_rm) if rm else None
+    roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
+    if hosted is not None:
+        roles.hosted = frozenset(hosted)
+        roles.release_unhosted()
+    return roles
+
+
+def needs_weights(config: RLConfig, hosted: frozenset[str], source: str) -> bool:
+    """Whether a process hosting `hosted` roles starts any of them from the `source` model's weights
+    ("policy": the SFT model, "reward_model"): the reference copies the policy, a separate critic
+    copies the model `model.critic_init` names."""
+    users = {source, "reference"} if source == "policy" else {source}
+    separate_critic = config.uses_critic and config.model.critic_mode == "separate"
+    if separate_critic and config.model.critic_init == source:
+        users.add("critic")
+    m = config.model
+    if source == "policy" and separate_critic and m.lora.enabled and m.critic_lora.enabled:
+        users.add("critic")  # the policy's adapters draw their initial weights before the critic's do
+    return bool(users & set(hosted))

@@ -237,14 +237,21 @@ class Policy(RoleLearner):
     def with_ptx(self) -> bool:
         return self.ptx is not None and self.ptx.coef > 0
 
+    def use_ptx(self, batches: Callable[[torch.Generator], dict], coef: float, seed: int) -> None:
+        """PPO-ptx on: `coef` x the SFT loss on `batches(generator)`, its generator seeded `seed`."""
+        self.ptx = PtxObjective(batches, coef, torch.Generator().manual_seed(seed))
+
     def state_dict(self) -> dict:
         state = super().state_dict()
+        state["sample_generator"] = self.generator.get_state()
         if self.ptx is not None:
             state["ptx_generator"] = self.ptx.generator.get_state()
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
+        if "sample_generator" in state:  # a checkpoint before it: the trainer's rng "sample"
+            self.generator.set_state(state["sample_generator"])
         if self.ptx is not None and "ptx_generator" in state:
             self.ptx.generator.set_state(state["ptx_generator"])
 

@@ -1,0 +1,276 @@
+"""The driver's side of `dist.runtime ray`: the loop's calls by name, each sent to the actor group
+serving the role (rlhf/ray_runtime/worker.py), with the same results as the local runtime.
+
+A group's actors all run each call (with several, each on its share of the rows, joined inside
+the group); the driver takes its first actor's answer. The policy's and a separate critic's
+optimizer steps run at once, on their own actors. Checkpoints and exports keep the local layout:
+each learner group writes its files into the directory the driver commits (the run directory is
+on a file system every node sees)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+
+from rlhf.config import ConfigError, RLConfig
+from rlhf.models.loading import load_tokenizer, prepare_tokenizer
+from rlhf.models.sequences import Sequences
+from rlhf.ray_runtime.hosts import ROLLOUT, group_of, role_hosts
+from rlhf.ray_runtime.placement import place
+from rlhf.ray_runtime.worker import RoleWorker
+from rlhf.rundir.checkpoint import atomic_export
+from rlhf.runtime.process_group import LostWorker
+
+LEARNERS = ("policy", "critic")
+
+
+class ActorFailed(LostWorker):
+    """A role's actor died: the message names the role, the actor and its node."""
+
+
+def start_ray(config: RLConfig) -> bool:
+    """Join the cluster at `ray.address`, or start Ray on this machine; True when started here."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    quiet = not config.ray.show_logs
+    ray.init(
+        address=config.ray.address,
+        include_dashboard=False,
+        log_to_driver=not quiet,
+        logging_level="WARNING" if quiet else "INFO",
+        configure_logging=True,
+    )
+    return config.ray.address is None
+
+
+class PendingCall:
+    """A call running on a group's actors; `result()` is its first actor's answer."""
+
+    def __init__(self, runtime: RayRuntime, group: str, refs: list) -> None:
+        self.runtime, self.group, self.refs = runtime, group, refs
+
+    def result(self):
+        return self.runtime._get(self.group, self.refs)[0]
+
+
+class RayRuntime:
+    """The runtime of `rlhf train --dist.runtime ray` (rlhf/runtime/__init__.py names its calls)."""
+
+    writer = True  # the driver writes the run directory; the learner groups add their weights
+    sharded_checkpoints = False
+
+    def __init__(self, config: RLConfig) -> None:
+        import ray
+
+        if config.dist.strategy == "fsdp2":
+            raise ConfigError(
+                "dist.runtime ray runs each role group data-parallel (ddp); fsdp2 inside Ray groups is not "
+                "built yet. Fix: --dist.strategy ddp (or none), or torchrun with --dist.runtime local.",
+                "dist.strategy",
+            )
+        self.config = config
+        self.hosts = role_hosts(config)
+        self.started_ray = start_ray(config)
+        self.placements: list = []
+        self.actors: dict[str, list] = {}
+        self.nodes: dict[str, list[str]] = {}
+        try:
+            self.placements, strategies = place(config.ray, list(self.hosts))
+            self._launch(config, strategies, ray.remote(RoleWorker))
+        except BaseException:
+            self.shutdown()
+            raise
+        self._tokenizer = prepare_tokenizer(
+            load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
+        )
+        self.facts = self._first("policy", "facts")
+        self.policy_version = 0  # the policy's updates the rollout group's copy has received
+
+    def _launch(self, config: RLConfig, strategies: dict[str, list], remote_worker) -> None:
+        """Start every group's actors (each group's members meet at its first actor's address)."""
+        pending = []
+        for group, roles in self.hosts.items():
+            spec = getattr(config.ray, group)
+            actors = [
+                remote_worker.options(
+                    num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, scheduling_strategy=strategy,
+                    name=None, max_restarts=0,
+                ).remote()
+                for strategy in strategies[group]
+            ]  # fmt: skip
+            self.actors[group] = actors
+            meet = self._get(group, [actors[0].address.remote()])[0]
+            threads = max(1, int(spec.num_cpus))
+            pending.append(
+                (
+                    group,
+                    [
+                        a.setup.remote(config, group, roles, i, len(actors), meet, threads)
+                        for i, a in enumerate(actors)
+                    ],
+                )
+            )
+        for group, refs in pending:
+            self.nodes[group] = self._get(group, refs)
+
+    # -- calls ---------------------------------------------------------------------------------
+    def _get(self, group: str, refs: list) -> list:
+        """The answers of `group`'s actors; a user's mistake raised in an actor is raised here as it
+        is, a dead actor as ActorFailed naming it."""
+        import ray
+
+        try:
+            return ray.get(refs, timeout=None)
+        except ray.exceptions.RayTaskError as e:
+            cause = e.cause if isinstance(e.cause, BaseException) else None
+            if cause is not None:
+                raise cause from None
+            raise
+        except ray.exceptions.RayActorError as e:
+            nodes = self.nodes.get(group) or ["?"]
+            raise ActorFailed(
+                f"an actor of the Ray role group {group!r} (roles {', '.join(self.hosts[group])}; node "
+                f"{nodes[0]}) died: {str(e).splitlines()[0]}. The run stops. Fix: find why in the actor's log "
+                f"(--ray.show_logs true shows them), then continue from the last checkpoint with "
+                f"`rlhf train --resume {self.config.out}` (no checkpoint yet: start again)."
+            ) from None
+
+    def _call(self, group: str, method: str, *args) -> list:
+        """`method(*args)` on every actor of `group`; their answers."""
+        return self._get(group, [getattr(a, method).remote(*args) for a in self.actors[group]])
+
+    def _first(self, group: str, method: str, *args):
+        """`method(*args)` on every actor of `group`; the first actor's answer."""
+        return self._call(group, method, *args)[0]
+
+    def _learner_groups(self) -> list[str]:
+        return [g for g in self.hosts if g != ROLLOUT and any(r in LEARNERS for r in self.hosts[g])]
+
+    def generate(self, prompts: list[list[int]], return_logprobs: bool):
+        """The rollout: sampled by the rollout group when there is one, else by the policy's."""
+        group = ROLLOUT if ROLLOUT in self.actors else "policy"
+        return self._first(group, "generate", prompts, return_logprobs)
+
+    def submit_generate(self, prompts: list[list[int]], return_logprobs: bool) -> PendingCall:
+        """The rollout group's sampling of `prompts`, started now; `.result()` waits for it (the
+        driver goes on meanwhile: asynchronous rollouts, rollout.max_staleness)."""
+        refs = [a.generate.remote(prompts, return_logprobs) for a in self.actors[ROLLOUT]]
+        return PendingCall(self, ROLLOUT, refs)
+
+    def sync_rollout(self) -> None:
+        """The policy group's trained parameters copied into every rollout actor's policy (through
+        Ray's object store: sent once, read by each), after each update of the policy."""
+        if ROLLOUT not in self.actors:
+            return
+        # a reference: the weights pass from the policy's actor to the rollout's, never to the driver
+        weights = self.actors["policy"][0].policy_weights.remote()
+        self._call(ROLLOUT, "load_policy_weights", weights)
+        self.policy_version += 1
+
+    def forward(self, role: str, sequences: Sequences) -> torch.Tensor:
+        return self._first(group_of(self.hosts, role), "forward", role, sequences)
+
+    def train(self, roles: Sequence[str], minibatches: Sequence) -> list[dict[str, float]]:
+        """Each named learner's steps, the groups' at once (the minibatches sent once, shared)."""
+        import ray
+
+        shared = ray.put(list(minibatches))
+        calls = []
+        for role in roles:
+            group = group_of(self.hosts, role)
+            calls.append((group, [a.train.remote([role], shared) for a in self.actors[group]]))
+        results: list[dict[str, float]] = []
+        for group, refs in calls:
+            results += self._get(group, refs)[0]
+        if "policy" in roles:
+            self.sync_rollout()
+        return results
+
+    # -- facts, state, weights, export -----------------------------------------------------------
+    @property
+    def tokenizer(self):
+        """The policy's tokenizer, read by the driver itself (prompts, texts for reward functions)."""
+        return self._tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")  # the loop's tensors stay on the driver's CPU
+
+    def has_role(self, name: str) -> bool:
+        return any(name in roles for roles in self.hosts.values())
+
+    def learner_names(self, train_policy: bool = True) -> list[str]:
+        return list(self.facts["learner_names"][train_policy])
+
+    @property
+    def policy_context(self) -> int | None:
+        """The policy's positions (for the prompts' length check)."""
+        return self.facts["context"]
+
+    def learning_rates(self) -> dict[str, float]:
+        rates: dict[str, float] = {}
+        for group in self._learner_groups():
+            rates.update(self._first(group, "learning_rates"))
+        return rates
+
+    def use_ptx(self, batches, coef: float, seed: int) -> None:
+        self._call("policy", "use_ptx", batches, coef, seed)
+
+    def role_state(self) -> dict:
+        state: dict = {}
+        for group in self._learner_groups():
+            state.update(self._first(group, "role_state"))
+        if ROLLOUT in self.actors:  # the generator that drew the rollouts is the rollout group's
+            state["policy"]["sample_generator"] = self._first(ROLLOUT, "sampler_state")
+        return state
+
+    def load_role_state(self, state: dict) -> None:
+        for group in self._learner_groups():
+            self._call(group, "load_role_state", state)
+        if ROLLOUT in self.actors and "sample_generator" in state["policy"]:
+            self._call(ROLLOUT, "load_sampler_state", state["policy"]["sample_generator"])
+
+    def save_weights(self, directory) -> None:
+        for group in self._learner_groups():
+            self._call(group, "save_weights", str(directory))
+
+    def load_weights(self, directory) -> None:
+        for group in self._learner_groups():
+            self._call(group, "load_weights", str(directory))
+        self.sync_rollout()
+
+    def export(self, directory) -> None:
+        """The trained models and the tokenizer, committed at once (rlhf/rundir/export.py's layout)."""
+        with atomic_export(directory) as tmp:
+            for group in self._learner_groups():
+                self._call(group, "export_into", str(tmp))
+            self._tokenizer.save_pretrained(tmp)
+
+    def release_optimizer_state(self) -> None:
+        for group in self._learner_groups():
+            self._call(group, "release_optimizer_state")
+
+    def whole_models(self):
+        return contextlib.nullcontext()
+
+    def whole_model(self, model):
+        return contextlib.nullcontext()
+
+    def shutdown(self) -> None:
+        """End the actors and free their placement groups (and Ray, when started here)."""
+        import ray
+
+        for actors in self.actors.values():
+            for actor in actors:
+                ray.kill(actor)
+        self.actors = {}
+        for placement in self.placements:
+            ray.util.remove_placement_group(placement)
+        self.placements = []
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False

@@ -1,0 +1,137 @@
+"""The Ray actor of a role group: it builds the roles it serves (the others' models stay on the meta
+device) and runs the local runtime over them, or, with several actors in the group, the torchrun
+runtime's data-parallel code over a torch.distributed group of their own. Every call takes and
+returns plain data (token ids, tensors, dataclasses of tensors, dicts): no callable crosses."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlhf.config import RLConfig
+from rlhf.models.sequences import Sequences
+from rlhf.rl.roles.assemble import load_roles
+from rlhf.rundir.export import write_models
+from rlhf.runtime import runtime_for
+from rlhf.runtime.process_group import backend_for
+from rlhf.train.context_check import model_context
+
+
+class RoleWorker:
+    """One actor of the group `group`, serving `roles` (rlhf/ray_runtime/hosts.py)."""
+
+    def address(self) -> tuple[str, int]:
+        """This actor's node address and a free port on it: where its group's process group meets."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(
+        self,
+        config: RLConfig,
+        group: str,
+        roles: list[str],
+        rank: int,
+        world: int,
+        meet: tuple[str, int],
+        threads: int,
+    ) -> str:
+        """Build the roles (the group's members join their process group first); its node's name."""
+        import ray
+
+        torch.set_num_threads(max(1, threads))
+        self.group, self.rank = group, rank
+        if world > 1:
+            dist.init_process_group(
+                backend_for(config.train.device),
+                init_method=f"tcp://{meet[0]}:{meet[1]}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=config.dist.timeout),
+            )
+        self.roles = load_roles(config, hosted=frozenset(roles))
+        self.runtime = runtime_for(self.roles, config)
+        return ray.util.get_node_ip_address()
+
+    # -- the loop's calls --------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], return_logprobs: bool):
+        return self.runtime.generate(prompts, return_logprobs)
+
+    def forward(self, role: str, sequences: Sequences) -> torch.Tensor:
+        return self.runtime.forward(role, sequences)
+
+    def train(self, roles: list[str], minibatches: list) -> list[dict[str, float]]:
+        return self.runtime.train(roles, minibatches)
+
+    # -- facts, state, weights ---------------------------------------------------------------
+    def facts(self) -> dict:
+        """What the driver asks once: the learners' names, the policy's positions (when served here)."""
+        r = self.roles
+        return {
+            "learner_names": {True: r.learner_names(True), False: r.learner_names(False)},
+            "context": model_context(r.policy.model) if r.hosts("policy") else None,
+        }
+
+    def learning_rates(self) -> dict[str, float]:
+        return self.runtime.learning_rates()
+
+    def use_ptx(self, batches, coef: float, seed: int) -> None:
+        self.runtime.use_ptx(batches, coef, seed)
+
+    def role_state(self) -> dict:
+        return self.runtime.role_state()
+
+    def load_role_state(self, state: dict) -> None:
+        self.runtime.load_role_state(state)
+
+    def save_weights(self, directory: str) -> None:
+        if self.rank == 0:  # every member holds the same weights
+            self.runtime.save_weights(Path(directory))
+
+    def load_weights(self, directory: str) -> None:
+        self.runtime.load_weights(Path(directory))
+
+    def export_into(self, tmp: str) -> None:
+        """This group's trained models into an export under way (the driver commits it)."""
+        if self.rank == 0:
+            write_models(Path(tmp), self.roles.exported_models())
+
+    def release_optimizer_state(self) -> None:
+        self.runtime.release_optimizer_state()
+
+    # -- a rollout group's copy of the policy --------------------------------------------------
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's trained parameters (a LoRA policy: its adapters), by name."""
+        return {n: p.detach() for n, p in self.roles.policy.model.named_parameters() if p.requires_grad}
+
+    def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy the policy group's trained parameters into this copy of the policy."""
+        mine = dict(self.roles.policy.model.named_parameters())
+        missing = sorted(set(weights) - set(mine))
+        if missing:
+            raise RuntimeError(f"the rollout's policy has no parameter {missing[0]} the trainer sent")
+        with torch.no_grad():
+            for name, value in weights.items():
+                mine[name].copy_(value)
+
+    def weights_digest(self) -> str:
+        """sha256 of every policy parameter's bytes, in name order (tests: a sync is exact)."""
+        digest = hashlib.sha256()
+        for name, param in sorted(self.roles.policy.model.named_parameters()):
+            digest.update(name.encode())
+            digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    def sampler_state(self) -> torch.Tensor:
+        return self.roles.policy.generator.get_state()
+
+    def load_sampler_state(self, state: torch.Tensor) -> None:
+        self.roles.policy.generator.set_state(state)

@@ -1,5 +1,6 @@
 """Data parallelism on this machine: 2 ranks x 1 thread (torchrun, `dist.strategy ddp`) against
-1 process x 2 threads, on the same PPO workload, and the time of the gradient all-reduce per step.
+1 process x 2 threads, on the same PPO workload, and the time of the forward results' gathers (the
+gradient all-reduce runs inside DDP's backward hooks: in the update phase's time).
 
     .venv/bin/python -m bench.data_parallel compare --workload small-4x4 --iters 6 --reps 2
     .venv/bin/python -m bench.data_parallel run --workload small-4x4 --iters 6 --threads 2   # one case
@@ -64,11 +65,10 @@ def run(workload_name: str, iters: int, warmup: int, threads: int) -> dict:
         import torch
 
         trainer = build_trainer(workload, 0, out)
-        allreduce, gather = Stopwatch(), Stopwatch()
+        gather = Stopwatch()
         if parallel:
             trainer.runtime = DistributedRuntime(trainer.roles, trainer.config.runtime)
             peers = trainer.runtime.peers
-            peers.sum_gradients = allreduce.wrap(peers.sum_gradients)
             peers.gather_rows = gather.wrap(peers.gather_rows)
         record_shapes(trainer)
         rows = run_iterations(trainer, iters)
@@ -84,8 +84,6 @@ def run(workload_name: str, iters: int, warmup: int, threads: int) -> dict:
             "peak_rss_mb": peak_rss_mb(),
         }
         if parallel:
-            result["allreduce_s_per_step"] = allreduce.seconds / max(allreduce.calls, 1)
-            result["allreduce_s_per_iter"] = allreduce.seconds / iters
             result["gather_rows_s_per_iter"] = gather.seconds / iters
             if trainer.runtime.peers.rank != 0:
                 return {}
@@ -133,8 +131,6 @@ def summary(runs: dict[str, list[dict]]) -> dict:
     out = {
         "one_process_2_threads_s_per_iter": median("1x2", "s_per_iter_median"),
         "two_ranks_1_thread_s_per_iter": median("2x1", "s_per_iter_median"),
-        "allreduce_s_per_step": median("2x1", "allreduce_s_per_step"),
-        "allreduce_s_per_iter": median("2x1", "allreduce_s_per_iter"),
         "gather_rows_s_per_iter": median("2x1", "gather_rows_s_per_iter"),
     }
     for phase in PHASES:
@@ -153,8 +149,7 @@ def print_summary(result: dict) -> None:
         f"\nData parallel, {result['workload']} (B=16, L=32): 1 process x 2 threads "
         f"{s['one_process_2_threads_s_per_iter']} s/iter; 2 ranks x 1 thread {s['two_ranks_1_thread_s_per_iter']} "
         f"s/iter (speedup {s['two_ranks_speedup']}x; parity is the most a 2-core machine allows)\n"
-        f"   gradient all-reduce {s['allreduce_s_per_step']} s per optimizer step ({s['allreduce_s_per_iter']} s "
-        f"per iteration); forward-result gathers {s['gather_rows_s_per_iter']} s per iteration\n"
+        f"   forward-result gathers {s['gather_rows_s_per_iter']} s per iteration\n"
         "   phases 1x2 / 2x1 (s): "
         + ", ".join(f"{p} {s[f'phase_{p}_s']['1x2']}/{s[f'phase_{p}_s']['2x1']}" for p in PHASES)
     )

@@ -1,12 +1,22 @@
 """Memory per rank of `rlhf train` under torchrun: the largest rank's peak above the interpreter, at
-1 and 2 ranks, for each `dist.strategy` (issue 26's measure), and the seconds of the run.
+1 and 2 ranks, for each `dist.strategy` (issue 26's measure), the seconds of the run and of each
+iteration (`time/iteration` of metrics.jsonl; the first iteration also shards or wraps the models).
 
     .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 2 --strategies ddp fsdp2
     .venv/bin/python -m bench.dist_memory compare --workload m84 --ranks 1 --strategies fsdp2 --device cuda
     .venv/bin/python -m bench.dist_memory compare --ranks 2 --strategies fsdp2 fsdp2+per_layer --malloc live
     .venv/bin/python -m bench.dist_memory compare --stage sft --workload m512 --ranks 1 2 --strategies fsdp2
+    # fsdp2's gradient reduction once per optimizer step against after every micro-batch, 2 micro-
+    # batches per rank and step; ddp (DistributedDataParallel) against an older checkout's rlhf
+    .venv/bin/python -m bench.dist_memory compare --ranks 2 --strategies fsdp2:micro_batch fsdp2:step \
+        --micro-batch 1 --iterations 2
+    .venv/bin/python -m bench.dist_memory compare --ranks 2 --strategies ddp --iterations 2 --rlhf OLD/rlhf
 
-A strategy `S+G` runs `--dist.strategy S --dist.rollout_gather G` (the rollout's policy whole or per layer).
+A strategy `fsdp2:step` runs `--dist.strategy fsdp2 --dist.grad_sync step`. `--rlhf DIR` runs the
+`rlhf` package in DIR (e.g. `git archive COMMIT rlhf | tar -x -C OLD`) instead of this checkout's.
+
+A strategy `S+G` runs `--dist.strategy S --dist.rollout_gather G` (the rollout's policy whole or per
+layer); both combine: `fsdp2:step+per_layer`.
 
 The workload: PPO-max with a separate critic (from the reward model), a frozen reference and
 reward model, all four of the same shape (bench/gpu_memory.py's `m84`: hidden 1024, 8 layers, 92M
@@ -35,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,7 +98,15 @@ def sft_args(models: Path, out: Path, device: str) -> list[str]:
             "--train.micro_batch_size", "4", "--data.test_fraction", "0.1"]  # fmt: skip
 
 
-def rank_main(models: Path, strategy: str, device: str, out: Path, stage: str = "train") -> None:
+def rank_main(
+    models: Path,
+    strategy: str,
+    device: str,
+    out: Path,
+    micro_batch: int,
+    iterations: int,
+    stage: str = "train",
+) -> None:
     """One rank (or the one process): `rlhf train` in this process, then its memory as a tagged line."""
     import torch
     import transformers  # noqa: F401
@@ -99,14 +118,15 @@ def rank_main(models: Path, strategy: str, device: str, out: Path, stage: str = 
     watch_rollouts(rollouts)
     args = ["train", "--preset", "ppo_max", "--policy", str(models / "policy"), "--reward-model",
             str(models / "rm"), "--prompts", str(models / "prompts.jsonl"), "--out", str(out),
-            "--train.device", device, "--train.iterations", "1", "--rollout.batch_size", "8",
+            "--train.device", device, "--train.iterations", str(iterations), "--rollout.batch_size", "8",
             "--rollout.max_new_tokens", "8", "--train.minibatches", "2", "--critic.pretrain_iterations", "0",
-            "--train.micro_batch_size", "4", "--checkpoint.every", "0"]  # fmt: skip
+            "--train.micro_batch_size", str(micro_batch), "--checkpoint.every", "0"]  # fmt: skip
     if stage == "sft":
         args = sft_args(models, out, device)
     strategy, _, gather = strategy.partition("+")  # fsdp2+per_layer: dist.rollout_gather per_layer
     if strategy != "none":
-        args += ["--dist.strategy", strategy]
+        name, _, grad_sync = strategy.partition(":")
+        args += ["--dist.strategy", name] + (["--dist.grad_sync", grad_sync] if grad_sync else [])
     if gather:
         args += ["--dist.rollout_gather", gather]
     if device == "cuda":
@@ -120,74 +140,108 @@ def rank_main(models: Path, strategy: str, device: str, out: Path, stage: str = 
         "interpreter_mib": interpreter,
         "peak_rss_mib": peak_rss_mb(),
         "rollouts": rollouts,
+        "iteration_s": iteration_seconds(out)
+        if int(os.environ.get("RANK", "0")) == 0 and stage == "train"
+        else [],
     }
     if device == "cuda":
         result["cuda_peak_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
     print(TAG + json.dumps(result), flush=True)
 
 
-def run_case(
-    models: Path, ranks: int, strategy: str, device: str, work: Path, malloc: str, stage: str = "train"
-) -> dict:
-    out = work / f"run_{strategy}_{ranks}_{len(list(work.glob('run_*')))}"  # a case may repeat
-    me = [sys.executable, "-m", "bench.dist_memory", "rank", "--models", str(models), "--strategy", strategy,
-          "--device", device, "--out", str(out), "--stage", stage]  # fmt: skip
+def iteration_seconds(out: Path) -> list[float]:
+    """`time/iteration` of each iteration in the run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [round(row["time/iteration"], 2) for row in rows if "time/iteration" in row]
+
+
+@dataclass
+class Case:
+    """What every case of one comparison shares beyond its strategy and ranks."""
+
+    models: Path
+    device: str
+    work: Path
+    malloc: str
+    micro_batch: int
+    iterations: int
+    rlhf: Path | None  # another checkout's rlhf package, or None: this one's
+    stage: str = "train"  # or "sft"
+
+
+def run_case(case: Case, ranks: int, strategy: str) -> dict:
+    out = (
+        case.work / f"run_{strategy.replace(':', '_')}_{ranks}_{len(list(case.work.glob('run_*')))}"
+    )  # a case may repeat
+    me = [sys.executable, "-m", "bench.dist_memory", "rank", "--models", str(case.models), "--strategy", strategy,
+          "--device", case.device, "--out", str(out), "--micro-batch", str(case.micro_batch),
+          "--iterations", str(case.iterations), "--stage", case.stage]  # fmt: skip
     if ranks > 1 or strategy != "none":
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
         me = torchrun + me[1:]
+    cwd = REPO  # `python -m` puts the working directory first on the path: its rlhf is the one run
+    if case.rlhf is not None:  # a directory holding only a link to that rlhf (bench/ from PYTHONPATH)
+        cwd = case.work / "other"
+        cwd.mkdir(exist_ok=True)
+        if not (cwd / "rlhf").exists():
+            (cwd / "rlhf").symlink_to(case.rlhf.resolve())
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    if malloc == "live":
+    if case.malloc == "live":
         env["MALLOC_MMAP_THRESHOLD_"] = "131072"
-    proc = subprocess.run(me, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(me, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
     per_rank = [json.loads(line[len(TAG) :]) for line in proc.stdout.splitlines() if line.startswith(TAG)]
     if proc.returncode != 0 or len(per_rank) != ranks:
         raise SystemExit(f"{strategy} x{ranks} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     above = [r["peak_rss_mib"] - r["interpreter_mib"] for r in per_rank]
-    case = {
+    result = {
         "strategy": strategy,
         "ranks": ranks,
         "largest_rank_peak_above_interpreter_mib": round(max(above), 1),
         "seconds": round(max(r["seconds"] for r in per_rank), 1),
+        "iteration_s": next(r["iteration_s"] for r in per_rank if r["rank"] == 0),  # rank 0 writes them
         "per_rank": per_rank,
     }
     if per_rank[0]["rollouts"]:  # rlhf train
-        case["rollout_seconds"] = round(max(sum(x["seconds"] for x in r["rollouts"]) for r in per_rank), 2)
-        case["largest_rank_rollout_peak_above_before_mib"] = round(
+        result["rollout_seconds"] = round(max(sum(x["seconds"] for x in r["rollouts"]) for r in per_rank), 2)
+        result["largest_rank_rollout_peak_above_before_mib"] = round(
             max(x["peak_above_before_mib"] for r in per_rank for x in r["rollouts"]), 1
         )
-    if device == "cuda":
-        case["largest_rank_cuda_peak_mib"] = round(max(r["cuda_peak_allocated_mib"] for r in per_rank), 1)
-    return case
+    if case.device == "cuda":
+        result["largest_rank_cuda_peak_mib"] = round(max(r["cuda_peak_allocated_mib"] for r in per_rank), 1)
+    return result
 
 
 def compare(
-    workload: str, ranks: list[int], strategies: list[str], device: str, malloc: str, stage: str = "train"
+    workload: str, ranks: list[int], strategies: list[str], options: dict, one_process: bool = True
 ) -> dict:
     from bench.gpu_models import write
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write(workload, work / "models")
-        one = run_case(work / "models", 1, "none", device, work, malloc, stage)
-        print(f"1 process: {one['largest_rank_peak_above_interpreter_mib']} MiB above the interpreter, "
-              f"{one['seconds']} s", flush=True)  # fmt: skip
-        cases = [one]
+        setup = Case(work / "models", work=work, **options)
+        cases = []
+        if one_process:
+            one = run_case(Case(**{**vars(setup), "rlhf": None}), 1, "none")  # this checkout's one process
+            print(f"1 process: {one['largest_rank_peak_above_interpreter_mib']} MiB above the interpreter, "
+                  f"{one['seconds']} s, iterations {one['iteration_s']} s", flush=True)  # fmt: skip
+            cases.append(one)
         for strategy in strategies:
             for n in ranks:
-                case = run_case(work / "models", n, strategy, device, work, malloc, stage)
-                case["of_one_process"] = round(
-                    case["largest_rank_peak_above_interpreter_mib"]
-                    / one["largest_rank_peak_above_interpreter_mib"],
-                    3,
-                )
+                case = run_case(setup, n, strategy)
+                if one_process:
+                    peak = case["largest_rank_peak_above_interpreter_mib"]
+                    case["of_one_process"] = round(peak / one["largest_rank_peak_above_interpreter_mib"], 3)
                 rollout = ""
                 if "rollout_seconds" in case:
                     rollout = (f"; the rollout: {case['largest_rank_rollout_peak_above_before_mib']} MiB above "
                                f"the resident set before it, {case['rollout_seconds']} s")  # fmt: skip
                 print(f"{strategy} x{n}: {case['largest_rank_peak_above_interpreter_mib']} MiB "
-                      f"({case['of_one_process']} of one process), {case['seconds']} s{rollout}", flush=True)  # fmt: skip
+                      f"({case.get('of_one_process')} of one process), {case['seconds']} s, "
+                      f"iterations {case['iteration_s']} s{rollout}", flush=True)  # fmt: skip
                 cases.append(case)
-    return {"stage": stage, "workload": workload, "device": device, "malloc": malloc, "cases": cases}
+    shown = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()}
+    return {"workload": workload, **shown, "cases": cases}
 
 
 def main() -> None:
@@ -201,6 +255,10 @@ def main() -> None:
     c.add_argument("--strategies", nargs="+", default=["ddp", "fsdp2"])
     c.add_argument("--device", default="cpu")
     c.add_argument("--malloc", choices=["default", "live"], default="default")
+    c.add_argument(
+        "--rlhf", type=Path, default=None, help="the rlhf package to run (default: this checkout's)"
+    )
+    c.add_argument("--no-one-process", action="store_true", help="skip the one-process reference run")
     c.add_argument("--stage", choices=["train", "sft"], default="train")
     r = sub.add_parser("rank")
     r.add_argument("--models", type=Path, required=True)
@@ -208,11 +266,18 @@ def main() -> None:
     r.add_argument("--device", default="cpu")
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--stage", choices=["train", "sft"], default="train")
+    for p in (c, r):
+        p.add_argument("--micro-batch", type=int, default=4, help="train.micro_batch_size")
+        p.add_argument("--iterations", type=int, default=1, help="train.iterations")
     args = parser.parse_args()
     if args.mode == "rank":
-        rank_main(args.models, args.strategy, args.device, args.out, args.stage)
+        rank_main(
+            args.models, args.strategy, args.device, args.out, args.micro_batch, args.iterations, args.stage
+        )
     else:
-        emit(compare(args.workload, args.ranks, args.strategies, args.device, args.malloc, args.stage))
+        options = {"device": args.device, "malloc": args.malloc, "micro_batch": args.micro_batch,
+                   "iterations": args.iterations, "rlhf": args.rlhf, "stage": args.stage}  # fmt: skip
+        emit(compare(args.workload, args.ranks, args.strategies, options, not args.no_one_process))
 
 
 if __name__ == "__main__":

@@ -80,6 +80,10 @@ class DistConfig:
     # every decoding step gathers one layer at a time (a policy too big to hold whole, e.g. 70B on
     # 80 GB GPUs; one all-gather per layer per token, every rank stepping until all ranks' rows ended)
     rollout_gather: Literal["whole", "per_layer"] = "whole"
+    # fsdp2 in rlhf train: the gradients reduce-scattered after every micro-batch's backward
+    # (micro_batch), or accumulated whole on each rank and reduced in a step's last one (step);
+    # ddp always reduces once per step (DDP's no_sync before)
+    grad_sync: Literal["micro_batch", "step"] = "micro_batch"
 
     def validate(self, prefix: str) -> None:
         positive(self.timeout, f"{prefix}timeout", 600, " seconds")

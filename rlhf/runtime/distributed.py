@@ -9,10 +9,13 @@ The costly work on rows is shared:
 - `map_rows`: each rank runs a rollout's no-grad forward (scores, log-probs, values) on its share of
   the rows; the shares are gathered, so every rank holds the whole batch's results;
 - `train`: each rank runs every optimizer step on its share of the minibatch's rows, each
-  micro-batch weighted by its tokens over the whole minibatch's tokens; the learners sum gradients
-  and step statistics over the ranks (rlhf/runtime/peers.py), so every rank takes the one-process
-  step. The critic's steps never run beside the policy's on a second thread here: both would
-  all-reduce on one process group and could mix their buckets.
+  micro-batch weighted by its tokens over the whole minibatch's tokens; under `ddp` the learners'
+  modules are DistributedDataParallel replicas that sum the gradients in the backward of a step's
+  last micro-batch (rlhf/runtime/replicated.py), step statistics are summed over the ranks
+  (rlhf/runtime/peers.py), so every rank takes the one-process step. Every rank runs as many
+  micro-batches, padded with fillers that weigh nothing (`Lockstep`). The critic's steps never run
+  beside the policy's on a second thread here: both would all-reduce on one process group and could
+  mix their buckets.
 Under `dist.strategy fsdp2` every role is sharded per layer at its first use (after a resumed run
 has loaded its whole state; rlhf/runtime/fsdp.py): the policy, a separate critic, the reference's
 copy and the reward model, each rank holding 1/N of every one. Their forwards and backwards gather
@@ -50,6 +53,7 @@ class DistributedRuntime(LocalRuntime):
         strategy: str = "ddp",
         offload: bool = False,
         rollout_gather: str = "whole",
+        grad_sync: str = "micro_batch",
     ) -> None:
         super().__init__(roles, config)
         self.peers = Peers(group)
@@ -57,10 +61,12 @@ class DistributedRuntime(LocalRuntime):
         self.sharded = strategy == "fsdp2"
         self.offload = offload  # dist.offload: the shards and AdamW state in CPU memory
         self.rollout_gather = rollout_gather  # dist.rollout_gather: the sampled policy whole or per layer
+        self.grad_sync = grad_sync  # fsdp2: gradients reduced per micro-batch or once per step
         for learner in self.learners:
-            learner.peers = self.peers
-            if not self.sharded:  # fsdp2: every rank's shards come from rank 0 (shard_roles)
-                self.peers.broadcast_parameters(learner.module.parameters())  # one start for every rank
+            if self.sharded:  # fsdp2: every rank's shards come from rank 0 (shard_roles)
+                learner.peers = self.peers
+            else:  # ddp: DistributedDataParallel, every rank from rank 0's parameters
+                learner.replicate(self.peers)
         # fsdp2: every role is sharded at its first use, after a resumed run loaded its state (on
         # rank 0 alone when the other ranks built their models on the meta device)
         self.shard_pending = self.sharded
@@ -79,7 +85,7 @@ class DistributedRuntime(LocalRuntime):
         precision = r.policy.precision
         bf16 = precision is not None and precision.uses_autocast  # dtype bfloat16: gathered in bf16
         for learner in self.learners:
-            learner.shard_per_layer(self.peers, bf16, self.offload)
+            learner.shard_per_layer(self.peers, bf16, self.offload, sync_once=self.grad_sync == "step")
         frozen = [r.reference.own_module, r.reward_model and r.reward_model.model]
         for module in frozen:
             if module is not None:
@@ -151,11 +157,10 @@ class DistributedRuntime(LocalRuntime):
                 )
         return steps
 
-    def lockstep(self, learner, minibatch) -> Lockstep | None:
-        """fsdp2: the micro-batches every rank runs in `learner`'s step on `minibatch` (the largest
-        rank's count; the filler: its first row, weighing nothing); None otherwise."""
-        if not self.sharded:
-            return None
+    def lockstep(self, learner, minibatch) -> Lockstep:
+        """The micro-batches every rank runs in `learner`'s step on `minibatch` (the largest rank's
+        count; the filler: its first row, weighing nothing): DDP's and FSDP2's collectives in the
+        backward need the same passes on every rank."""
         width = -(-minibatch.batch_size // self.peers.world_size)  # the largest rank's rows
         return Lockstep(-(-width // learner.micro_batch_size), minibatch.filler())
 
@@ -170,6 +175,11 @@ def runtime_for(roles, config) -> LocalRuntime:
     if dist.is_available() and dist.is_initialized():
         d = config.dist
         return DistributedRuntime(
-            roles, config.runtime, strategy=d.strategy, offload=d.offload, rollout_gather=d.rollout_gather
+            roles,
+            config.runtime,
+            strategy=d.strategy,
+            offload=d.offload,
+            rollout_gather=d.rollout_gather,
+            grad_sync=d.grad_sync,
         )
     return LocalRuntime(roles, config.runtime)

@@ -1,21 +1,19 @@
-"""What a learner needs from the other data-parallel ranks: the sum of their gradients and of their
-step statistics, and the rows they computed.
+"""What a learner needs from the other data-parallel ranks: the sums of their
+step statistics and the rows they computed.
 
-Every rank holds the whole model and a share of each minibatch's rows; each micro-batch's loss is
-weighted by its tokens over the whole minibatch's tokens (rlhf/rl/roles/learner.py), so the sum of
-the ranks' gradients is the gradient of the one-process token mean, and clipping the summed gradient
-clips by the global norm (PPO paper §5.4). The sums run on flat buckets, once per optimizer step
-(DDP's bucketed all-reduce without its hooks: ranks may hold different numbers of micro-batches).
+Each micro-batch's loss is weighted by its tokens over the whole minibatch's tokens
+(rlhf/rl/roles/learner.py), so the sum of the ranks' gradients is the gradient of the one-process
+token mean, and clipping the summed gradient clips by the global norm (PPO paper §5.4). Under `ddp`
+DistributedDataParallel sums them (rlhf/runtime/replicated.py), FSDP2's reduce-scatters under
+`fsdp2` (rlhf/runtime/fsdp.py); these peers give the rest: rows, statistics, the broadcast start.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-
-BUCKET_ELEMENTS = 1 << 24  # gradient elements per all-reduce (64 MB in float32)
 
 
 class Peers:
@@ -27,31 +25,6 @@ class Peers:
         self.world_size = dist.get_world_size(group)
         nccl = dist.get_backend(group) == "nccl"  # NCCL reduces CUDA tensors only
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-
-    # -- gradients -------------------------------------------------------------------------------
-    def sum_gradients(self, params: Sequence[torch.Tensor]) -> None:
-        """Replace each parameter's gradient by the sum over the ranks. A parameter without a gradient
-        on some ranks (no valid token there) counts as zeros; one without a gradient on every rank
-        keeps none (the optimizer skips it, as in one process)."""
-        present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=self.device)
-        dist.all_reduce(present, group=self.group)
-        used = [p for p, n in zip(params, present.tolist()) if n > 0]
-        for p in used:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        for bucket in buckets(used):
-            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-            dist.all_reduce(flat, group=self.group)
-            offset = 0
-            for p in bucket:
-                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
-                offset += p.numel()
-
-    def broadcast_parameters(self, params: Iterable[torch.Tensor]) -> None:
-        """Every rank starts from rank 0's parameters (as DDP does when it wraps a module)."""
-        with torch.no_grad():
-            for p in params:
-                dist.broadcast(p.data, src=0, group=self.group)
 
     # -- statistics ------------------------------------------------------------------------------
     def sum(self, value: float) -> float:
@@ -96,23 +69,6 @@ def share_of(batch_size: int, rank: int, world_size: int) -> slice:
     base, extra = divmod(batch_size, world_size)
     start = rank * base + min(rank, extra)
     return slice(start, start + base + (1 if rank < extra else 0))
-
-
-def buckets(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """`params` in consecutive groups of one gradient dtype and device, each of at most
-    BUCKET_ELEMENTS elements (or one larger parameter)."""
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for p in params:
-        last = out[-1] if out else None
-        fits = last is not None and size + p.numel() <= BUCKET_ELEMENTS
-        if fits and last[0].grad.dtype == p.grad.dtype and last[0].grad.device == p.grad.device:
-            last.append(p)
-            size += p.numel()
-        else:
-            out.append([p])
-            size = p.numel()
-    return out
 
 
 def current_peers() -> Peers | None:

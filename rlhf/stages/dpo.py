@@ -79,6 +79,7 @@ class DPOStage(SupervisedStage):
     empty_data = "training preference pairs"
     key_metrics = ("train/loss", "train/accuracy", "eval/accuracy", "eval/margin")
     resumable = True
+    uses_every_parameter = True  # the decoder and the output head in every pass
 
     def build_model(self, model, precision: Precision):
         c = self.config
@@ -194,7 +195,11 @@ class DPOStage(SupervisedStage):
         mine = rows if run.peers is None else rows[run.peers.rows(len(rows))]
         sums = dict.fromkeys(("loss", *STATS), 0.0)
         groups = pair_micro_batches(mine, size, self._by_length())
-        for group in with_fillers(groups, len(rows), size, run.peers, run.per_layer):
+        if train:  # the step's passes: fillers under fsdp2 and ddp, ddp's reduction in the last
+            passes = run.learner.step_micro_batches(groups, len(rows), size)
+        else:
+            passes = with_fillers(groups, len(rows), size, run.peers, run.per_layer)
+        for group in passes:
             micro = [mine[i] for i in group] if group is not None else rows[:1]
             weight = len(micro) / len(rows) if group is not None else 0.0
             ref_chosen, ref_rejected = self.reference_logprobs(run, micro)

@@ -33,8 +33,8 @@ from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.rundir.export import export_models
 from rlhf.runtime.peers import Peers
+from rlhf.train.learner import Learner
 from rlhf.train.lm_loss import hidden_token_nll
-from rlhf.train.lockstep import with_fillers
 from rlhf.train.model_call import call_model
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import SupervisedRun, SupervisedStage, placed, run_supervised
@@ -113,7 +113,7 @@ def pair_step(
     precision: Precision | None = None,
     by_length: bool = False,
     peers: Peers | None = None,
-    per_layer: bool = False,
+    learner: Learner | None = None,
 ) -> dict:
     """Forward/backward one optimizer step's pairs in micro-batches (no optimizer step); its metrics.
 
@@ -121,14 +121,18 @@ def pair_step(
     summed over the step's chosen tokens / their count: exact whatever the micro-batches
     (`by_length`: pairs sorted by length before the split, rlhf.data.length_grouping). With `peers`
     (data parallelism) this rank takes its share of the pairs; the sums cover every rank's.
-    `per_layer` (fsdp2): zero-weight fillers up to the largest rank's micro-batches (lockstep.py).
+    `learner`: the step's passes (`Learner.step_micro_batches`: under fsdp2 and ddp zero-weight fillers
+    up to the largest rank's micro-batches, lockstep.py; ddp reduces in the last).
     """
     with_lm = lm_coef > 0
     chosen_tokens = sum(len(r.chosen_ids) for r in rows)
     rank_sum, lm_sum, correct, margin_sum = 0.0, 0.0, 0, 0.0
     mine = rows if peers is None else rows[peers.rows(len(rows))]  # the means stay over `rows`
     groups = pair_micro_batches(mine, micro_batch_size, by_length)
-    for group in with_fillers(groups, len(rows), micro_batch_size, peers, per_layer):
+    passes = (
+        learner.step_micro_batches(groups, len(rows), micro_batch_size) if learner is not None else groups
+    )
+    for group in passes:
         if group is None:  # a filler: the step's first pair, weighing nothing
             chosen, rejected, nll, _ = pair_forward(model, rows[:1], pad_id, with_lm, precision)
             ((ranking_loss(chosen, rejected) + nll) * 0.0).backward()
@@ -269,7 +273,7 @@ class RewardModelStage(SupervisedStage):
             run.precision,
             self._by_length(),
             run.peers,
-            run.per_layer,
+            run.learner,
         )
 
     def evaluate(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:

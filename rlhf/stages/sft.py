@@ -21,6 +21,7 @@ from rlhf.models.device import model_device, to_device
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.runtime.peers import Peers
+from rlhf.train.learner import Learner
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.lockstep import with_fillers
 from rlhf.train.model_call import call_model
@@ -79,18 +80,22 @@ def train_steps(
     precision: Precision | None = None,
     by_length: bool = False,
     peers: Peers | None = None,
-    per_layer: bool = False,
+    learner: Learner | None = None,
 ) -> tuple[float, int]:
     """Forward/backward one optimizer batch with token-weighted gradient accumulation: the loss is
     the NLL summed over the batch's response tokens / their count, whatever the micro-batches
     (`by_length`: rows sorted by length before the split, rlhf.data.length_grouping); with `peers`
     (data parallelism) on this rank's share of the rows, the mean over every rank's tokens;
-    `per_layer` (fsdp2): zero-weight fillers up to the largest rank's micro-batches (lockstep.py)."""
+    `learner`: the step's passes (`Learner.step_micro_batches`: under fsdp2 and ddp zero-weight
+    fillers up to the largest rank's micro-batches, lockstep.py; ddp reduces in the last)."""
     total = sum(len(r.response_ids) for r in rows)  # every response token is scored (prompts are never empty)
     mine = rows if peers is None else rows[peers.rows(len(rows))]
     loss_sum = 0.0
     groups = micro_batches(mine, micro_batch_size, by_length)
-    for micro in with_fillers(groups, len(rows), micro_batch_size, peers, per_layer):
+    passes = (
+        learner.step_micro_batches(groups, len(rows), micro_batch_size) if learner is not None else groups
+    )
+    for micro in passes:
         filler = micro is None  # the batch's first row: it joins the collectives and weighs nothing
         nll, count = _batch_nll(model, rows[:1] if filler else micro, pad_id, precision)
         weight = 0.0 if filler else 1.0
@@ -140,6 +145,7 @@ class SFTStage(SupervisedStage):
     empty_data = "training SFT examples"
     key_metrics = ("train/loss", "eval/loss", "eval/ppl")
     baseline_eval = True  # the first record: held-out loss and perplexity before any update
+    uses_every_parameter = True  # the decoder and the output head in every pass
 
     def build_model(self, model, precision: Precision):
         if model is None:
@@ -167,7 +173,7 @@ class SFTStage(SupervisedStage):
         t = self.config.train
         loss_sum, tokens = train_steps(
             run.call, rows, run.pad_id, t.micro_batch_size, run.precision, self._by_length(), run.peers,
-            run.per_layer,
+            run.learner,
         )  # fmt: skip
         return {"train/loss": loss_sum / max(tokens, 1), "train/tokens": tokens}
 

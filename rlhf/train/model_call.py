@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 
 class ModelCall(nn.Module):
@@ -28,7 +29,8 @@ class ModelCall(nn.Module):
 
 def call_model(model: nn.Module, fn: Callable, *args, **kwargs):
     """`fn(model, ...)`, through `model`'s forward when it is a ModelCall (the inner model given to
-    `fn`), else directly: the stage functions take either."""
-    if isinstance(model, ModelCall):
+    `fn`) or one under DistributedDataParallel (ddp: `SupervisedRun.call`), else directly: the stage
+    functions take either."""
+    if isinstance(model, (ModelCall, DistributedDataParallel)):
         return model(fn, *args, **kwargs)
     return fn(model, *args, **kwargs)

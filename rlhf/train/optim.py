@@ -47,9 +47,12 @@ def lr_multiplier(config: OptimConfig, total_steps: int):
     return multiplier
 
 
-def clip_and_step(optimizer, scheduler, params, max_grad_norm: float | None) -> float:
+def clip_and_step(
+    optimizer, scheduler, params, max_grad_norm: float | None, keep_gradients: bool = False
+) -> float:
     """Clip the global gradient norm (docs/algorithms.md#19-global-gradient-clipping) when set, step, and
-    return the pre-clip norm."""
+    return the pre-clip norm. The gradients are dropped after (AdamW skips a parameter that gets none
+    in the next step), or with `keep_gradients` zeroed in place (DDP's bucket views, reused)."""
     params = [p for p in params if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
     # clip_grad_norm_'s coefficient, min(1, max / (norm + 1e-6)); the gradients are rescaled only when
@@ -59,5 +62,5 @@ def clip_and_step(optimizer, scheduler, params, max_grad_norm: float | None) -> 
         torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm)
     optimizer.step()
     scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=not keep_gradients)
     return float(norm)

@@ -92,8 +92,9 @@ class SupervisedRun:
     @property
     def call(self) -> ModelCall:
         """The model's one call, `call(fn, *args)` = fn(model, *args): what every forward of a
-        sharded model goes through (rlhf/train/model_call.py)."""
-        return self.learner.module
+        sharded model goes through (rlhf/train/model_call.py); under ddp its DistributedDataParallel
+        wrapper (whose backward reduces the gradients, rlhf/runtime/replicated.py)."""
+        return self.learner.replicated or self.learner.module
 
     @property
     def per_layer(self) -> bool:
@@ -112,6 +113,7 @@ class SupervisedStage:
     baseline_eval = False  # evaluate the held-out rows before the first update (step 0's record)
     baseline: dict | None = None  # that evaluation's figures, when it ran
     resumable = False  # checkpoints every `config.checkpoint.every` steps; `resume=True` continues
+    uses_every_parameter = False  # every training pass reaches every trained parameter (ddp: no unused walk)
     load_on_meta = False  # build_model: the structure alone (fsdp2, ranks but 0; set by run_supervised)
 
     def __init__(self, config) -> None:
@@ -205,8 +207,6 @@ def run_supervised(
     stage.load_on_meta = sharded and not writer and model is None
     with _shown(writer and model is None, f"loading the model {config.model}"):  # a sign of life
         model = stage.build_model(model, precision)
-    if peers is not None and not sharded:
-        peers.broadcast_parameters(model.parameters())  # one start for every rank
     if config.gradient_checkpointing:
         gradient_checkpointing(model)
     stats = TruncationStats()
@@ -223,6 +223,7 @@ def run_supervised(
         steps,
         peers=peers,
         strategy=config.dist.strategy,
+        uses_every_parameter=stage.uses_every_parameter,
         bf16_compute=precision.uses_autocast,
     )
     run = SupervisedRun(out, tokenizer, model, learner, precision, peers, writer)

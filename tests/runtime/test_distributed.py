@@ -90,6 +90,22 @@ PPO_CASES = {
             {"policy_optim": {"lr": 1e-2}},
         ],
     ),
+    # ddp with a LoRA policy and critic: DDP reduces the adapters' gradients, the frozen bases have none
+    "ddp-lora": (
+        "ppo_max",
+        [
+            {"model": {"lora": {"enabled": True, "r": 4}, "critic_lora": {"enabled": True, "r": 4}}},
+            {"policy_optim": {"lr": 1e-2}},
+        ],
+    ),
+    # fsdp2, gradients reduce-scattered once per optimizer step (dist.grad_sync step): rank 0 runs two
+    # micro-batches per step, the first accumulated unsharded; with PPO-ptx last, and with a shared
+    # critic (the value pass last, the LM head left out of it)
+    "fsdp2-grad-sync-step": ("ppo_max", [{"dist": {"strategy": "fsdp2", "grad_sync": "step"}}]),
+    "fsdp2-grad-sync-step-shared-critic": (
+        "vanilla_ppo",
+        [{"dist": {"strategy": "fsdp2", "grad_sync": "step"}, "model": {"critic_mode": "shared"}}],
+    ),
     # critic-free presets: the policy is the only learner (no critic to broadcast, shard or save)
     "grpo-critic-free": ("grpo", [{"rollout": {"batch_size": 8, "samples_per_prompt": 4}}]),
     "fsdp2-grpo-critic-free": (
@@ -120,6 +136,7 @@ def test_two_ranks_train_as_one_process(case, ppo_on_two_ranks, tmp_path):
     for rank, got in enumerate(ranks):
         assert torch.equal(got["tokens"], one["tokens"]), f"rank {rank}: sampled tokens"
         assert got["sharded"] == case.startswith("fsdp2"), f"rank {rank}: sharded"
+        assert got["replicated"] == (not case.startswith("fsdp2")), f"rank {rank}: under DDP"
         assert_close_dicts(got["policy"], one["policy"], f"rank {rank} policy parameters")
         assert_close_dicts(got["critic"], one["critic"], f"rank {rank} critic parameters")
         assert_close_dicts(got["last"], one["last"], f"rank {rank} metrics")
@@ -226,6 +243,8 @@ SUPERVISED = [
     ("dpo", "fsdp2", 5),
     ("sft", "fsdp2", 1),
     ("rm", "fsdp2", 1),
+    ("sft", "ddp", 1),  # rank 1 without a row: DDP's passes all fillers there
+    ("rm", "ddp", 1),
     ("dpo-live", "fsdp2", 5),  # the sharded reference copy in every step
     ("dpo-lora", "fsdp2", 5),  # the reference: the sharded LoRA policy, its adapter off
     ("sft-checkpointed", "fsdp2", 5),  # each layer gathered again for its recomputation

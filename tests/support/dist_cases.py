@@ -105,6 +105,7 @@ def ppo_run(run_dir: str, preset: str, layers: list[dict], ptx_file: str | None 
         "policy": policy,
         "critic": critic,
         "sharded": roles.policy.sharded is not None,
+        "replicated": roles.policy.replicated is not None,  # ddp: DistributedDataParallel
         "tokens": trainer.buffer[-1].input_ids.clone(),
         "written": written,
     }
@@ -456,6 +457,51 @@ def sample_batches(case: str, batch_size: int = 5, batches: int = 3) -> list[dic
             }
         )
     return out
+
+
+class ThreeLayers(torch.nn.Module):
+    """`a`, `b`, `c`: what `partial_passes` uses of them differs by rank and pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = (torch.nn.Linear(3, 3) for _ in range(3))
+
+
+def first_pass_loss(module: ThreeLayers, x: torch.Tensor, with_a: bool) -> torch.Tensor:
+    h = module.a(x) if with_a else x
+    return module.b(h).square().sum()
+
+
+def last_pass_loss(module: ThreeLayers, x: torch.Tensor) -> torch.Tensor:
+    return module.b(x).sin().sum()
+
+
+PASS_INPUTS = [torch.linspace(-1, 1, 6).view(2, 3), torch.linspace(0.5, 2, 3).view(1, 3)]
+
+
+def partial_passes() -> dict:
+    """Under ddp (DistributedDataParallel, rlhf/runtime/replicated.py) two passes of one optimizer
+    step: rank 0's first uses `a` and `b`, rank 1's `b` alone; the last (the reducing one) uses `b`
+    alone on both; `c` is never used. The gradients before the step and the parameters after it."""
+    from rlhf.config import OptimConfig
+    from rlhf.runtime.peers import current_peers
+    from rlhf.train.learner import Learner
+    from rlhf.train.model_call import ModelCall
+
+    peers = current_peers()
+    module = ThreeLayers()
+    call = ModelCall(module)  # one call per loss, as the supervised stages' (rlhf/train/model_call.py)
+    learner = Learner(call, OptimConfig(lr=0.1, weight_decay=0.5), 1, peers=peers, strategy="ddp")
+    x = PASS_INPUTS[peers.rank]
+    passes = learner.passes(2)
+    with passes.next_pass():
+        learner.train_forward(first_pass_loss, x, peers.rank == 0).backward()
+    with passes.next_pass():
+        learner.train_forward(last_pass_loss, x).backward()
+    grads = {n: None if p.grad is None else p.grad.clone() for n, p in module.named_parameters()}
+    learner.optimizer_step()
+    return {"grads": grads, "params": {n: p.detach().clone() for n, p in module.named_parameters()}}
 
 
 def supervised_accounting(stage: str, run_dir: str, data_path: str) -> dict:

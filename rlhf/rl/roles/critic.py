@@ -77,8 +77,12 @@ class Critic(RoleLearner):
         self, minibatch: Experience, total_tokens: float, lockstep: Lockstep | None = None
     ) -> dict[str, float]:
         stats = StepStats()
-        for micro, weight in self.micro_batches(minibatch, total_tokens, lockstep):
-            (weight * value_micro_loss(self.forward, micro, self.value_clip, stats, weight)).backward()
+        micro_batches = list(self.micro_batches(minibatch, total_tokens, lockstep))
+        passes = self.passes(len(micro_batches))
+        for micro, weight in micro_batches:
+            with passes.next_pass():
+                loss = value_micro_loss(self.train_forward, micro, self.value_clip, stats, weight)
+                (weight * loss).backward()
         self.drop_weightless_gradients(total_tokens, lockstep)
         grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
         return {**stats.result(self.peers), "value/grad_norm": grad_norm}
@@ -113,9 +117,13 @@ class SharedCritic:
         """Critic pre-training (PPO paper §5.3.3): the value loss alone; the trunk stays as it is, only the
         value head's gradients are kept."""
         stats = StepStats()
-        for micro, weight in self.policy.micro_batches(minibatch, total_tokens, lockstep):
-            loss = value_micro_loss(self.forward, micro, self.joint.value_clip, stats, weight)
-            (weight * self.joint.coef * loss).backward()
+        micro_batches = list(self.policy.micro_batches(minibatch, total_tokens, lockstep))
+        passes = self.policy.passes(len(micro_batches))
+        values = partial(self.policy.train_forward, part="value")  # a training pass (ddp: through DDP)
+        for micro, weight in micro_batches:
+            with passes.next_pass():
+                loss = value_micro_loss(values, micro, self.joint.value_clip, stats, weight)
+                (weight * self.joint.coef * loss).backward()
         self.policy.drop_weightless_gradients(total_tokens, lockstep)
         head = {id(q) for q in self.model.head.parameters()}
         for q in self.policy.module.parameters():  # under fsdp2: the shards, holding their reduced gradients

@@ -87,6 +87,7 @@ class Policy(RoleLearner):
         # with the value head on its trunk when the critic is shared (`self.module(..., part="value")`)
         trained = self.forward if joint_value is None else JointForward(self.forward, joint_value.forward)
         super().__init__(trained, optim, total_steps, micro_batch_size, sort_by_length)
+        self.uses_every_parameter = joint_value is None  # a value head is left out of the policy's passes
         # the rollouts' random draws, on the device where it samples: the policy's own state, saved
         # in checkpoints ("sample"), never passed in by a caller
         self.generator = torch.Generator(self.device).manual_seed(sample_seed)
@@ -142,14 +143,23 @@ class Policy(RoleLearner):
         stats = StepStats()
         # the clip region around a target entropy, PPO paper appendix B.3; None: the plain bonus
         gate = self.entropy_gate(minibatch, total_tokens, stats, lockstep)
-        for micro, weight in self.micro_batches(minibatch, total_tokens, lockstep):
+        micro_batches = list(self.micro_batches(minibatch, total_tokens, lockstep))
+        per_micro = 1 if self.joint_value is None else 2
+        passes = self.passes(per_micro * len(micro_batches) + (1 if self.with_ptx else 0))
+        for micro, weight in micro_batches:
             # backward per loss: the policy's graph is freed before the value forward
-            (weight * self.micro_loss(micro, stats, weight, gate)).backward()
+            with passes.next_pass():
+                (weight * self.micro_loss(micro, stats, weight, gate)).backward()
             if self.joint_value is not None:
-                v, values = self.joint_value, partial(self.module, part="value")
-                (weight * v.coef * value_micro_loss(values, micro, v.value_clip, stats, weight)).backward()
+                v, values = self.joint_value, partial(self.train_forward, part="value")
+                with passes.next_pass():
+                    (
+                        weight * v.coef * value_micro_loss(values, micro, v.value_clip, stats, weight)
+                    ).backward()
         self.drop_weightless_gradients(total_tokens, lockstep)
-        self.ptx_backward(stats, lockstep is not None)
+        if self.with_ptx:
+            with passes.next_pass():
+                self.ptx_backward(stats, lockstep is not None)
         grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
         return {**stats.result(self.peers), "policy/grad_norm": grad_norm}
 
@@ -161,7 +171,7 @@ class Policy(RoleLearner):
         micro-batches is that of entropy_coef * max(|H - target| - clip, 0) (PPO paper appendix B.3)."""
         p = self.loss
         entropy_weight = -p.entropy_coef if entropy_gate is None else p.entropy_coef * entropy_gate
-        logp, entropy = self.module(
+        logp, entropy = self.train_forward(  # a training pass (under ddp: through DDP)
             micro.sequences,
             self.sampling.temperature,
             with_entropy=True,
@@ -218,16 +228,20 @@ class Policy(RoleLearner):
     def ptx_backward(self, stats: StepStats, lockstep: bool = False) -> None:
         """PPO-ptx: the SFT objective's gradient, `coef`-weighted, beside the RL loss. `lockstep`:
         sharded per layer, every rank runs it on as many rows (rows past its share weigh nothing)."""
-        if self.ptx is None or self.ptx.coef <= 0:
+        if not self.with_ptx:
             return
         batch = {k: v.to(self.device) for k, v in self.ptx.batches(self.ptx.generator).items()}
         if self.peers is not None:  # data parallel: this rank's rows, the token mean over every rank's
             batch = rank_rows(batch, self.peers, lockstep)
-        nll, count = self.module(lm_batch=batch) if len(batch["input_ids"]) else (None, 0)
+        nll, count = self.train_forward(lm_batch=batch) if len(batch["input_ids"]) else (None, 0)
         total = count if self.peers is None else self.peers.sum(count)
         if nll is not None:  # None: fewer PPO-ptx rows than ranks, none here
             (self.ptx.coef * nll / max(total, 1)).backward()
             stats.add({"loss": nll.detach() / max(count, 1)}, count / max(total, 1), "ptx")
+
+    @property
+    def with_ptx(self) -> bool:
+        return self.ptx is not None and self.ptx.coef > 0
 
     def use_ptx(self, batches: Callable[[torch.Generator], dict], coef: float, seed: int) -> None:
         """PPO-ptx on: `coef` x the SFT loss on `batches(generator)`, its generator seeded `seed`."""

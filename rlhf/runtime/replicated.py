@@ -1,0 +1,109 @@
+"""`dist.strategy ddp`: a learner's module replicated on every rank, its gradients summed over the
+ranks by torch's `DistributedDataParallel` (docs/distributed.md), and the passes of an optimizer step
+that reduce them (`Accumulation`, also fsdp2's `dist.grad_sync`).
+
+DDP registers a hook on every parameter and all-reduces its gradients in buckets while the backward
+still runs (the reduction overlaps the computation). It reduces only in the backward of a forward
+that went through the wrapper, and only in the last forward/backward pass of an optimizer step: the
+others run under `no_sync`, their gradients accumulated locally. DDP then needs every rank to run
+the same number of passes: the runtime pads a rank whose rows run out with passes that weigh
+nothing (`Lockstep`, rlhf/runtime/fsdp.py), as under fsdp2.
+
+Choices (issue 26):
+- `find_unused_parameters=True` where a pass may leave trained parameters out (a critic's LM output
+  head is never used; a shared critic's pre-training uses the value head, not the LM head; the last
+  pass of a policy step with a shared critic is the value loss's; a reward model without its LM
+  term). DDP then walks the pass's graph, reduces the local gradient of a parameter the pass left
+  out (accumulated in an earlier pass, or none: zeros), and leaves a parameter no rank used without
+  a gradient, so AdamW skips it as in one process. Wrapping only the trained submodule would not
+  cover the shared-critic case, and `static_graph` needs the same parameters in every synchronized
+  pass. A module whose every pass uses every trained parameter (a policy without a value head, the
+  SFT and DPO models) skips that walk (and DDP's warning that it found nothing).
+- A comm hook that sums (DDP divides by the world size by default): each pass's loss is already
+  weighted by its tokens over the whole minibatch's (rlhf/rl/roles/learner.py), so the sum of the
+  ranks' gradients is the one-process gradient.
+- `gradient_as_bucket_view=True`, the gradients zeroed in place after each step (not dropped): each
+  gradient is a view of DDP's bucket (which DDP keeps for the whole run), accumulated there by every
+  pass, instead of a second copy beside it until the step (the whole trained model's gradients
+  once more). A parameter no rank used is still left without a gradient
+  (None), as is one whose gradients a role dropped (a shared critic's pre-training keeps the value
+  head's only; a step without a valid token, `drop_weightless_gradients`). Only a parameter used in
+  an earlier step and by no rank in this one would be stepped with a zero gradient where one
+  process skips it; every role uses the same parameters in each of its steps.
+- `forward_sync_buffers=False`: the buffers (rotary frequencies) never change, and a broadcast in
+  every forward would put a collective in the no-grad forwards, which ranks run on uneven rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from rlhf.runtime.peers import Peers
+
+
+def replicate(module: nn.Module, peers: Peers, uses_every_parameter: bool = False) -> DistributedDataParallel:
+    """`module` under DistributedDataParallel over `peers` (rank 0's parameters and buffers broadcast
+    to every rank), gradients summed (module docstring). `module`'s forward must reach every
+    parameter a loss uses in one call (rlhf/rl/roles/forward.py, rlhf/train/model_call.py).
+    `uses_every_parameter`: every pass reaches every trained parameter (no unused-parameter walk)."""
+    on_gpu = peers.device.type == "cuda"
+    ddp = DistributedDataParallel(
+        module,
+        device_ids=[peers.device.index] if on_gpu else None,
+        process_group=peers.group,
+        find_unused_parameters=not uses_every_parameter,
+        forward_sync_buffers=False,
+        gradient_as_bucket_view=True,
+    )
+    ddp.register_comm_hook(peers.group, sum_hook)
+    return ddp
+
+
+def sum_hook(group, bucket):  # no annotations: DDP checks them against its classes, not strings
+    """A bucket's (dist.GradBucket) gradients summed over the ranks, as a future (DDP's default hook
+    divides the sum by their number)."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda done: done.value()[0])
+
+
+class Accumulation:
+    """The `passes` forward/backward passes of one optimizer step, each entered with `next_pass()`:
+    the gradients are reduced over the ranks in the last pass's backward only, the other passes
+    running inside `local()` (DDP's `no_sync`; fsdp2 with `dist.grad_sync step`: FSDP2's
+    `set_requires_gradient_sync(False)`); `local` None: every pass reduces (one process, fsdp2's
+    per-micro-batch reduction). `finish` checks that the reducing pass ran."""
+
+    def __init__(self, passes: int, local: Callable[[], contextlib.AbstractContextManager] | None) -> None:
+        self.passes = passes
+        self.local = local
+        self.done = 0
+
+    @contextlib.contextmanager
+    def next_pass(self) -> Iterator[None]:
+        self.done += 1
+        if self.done > self.passes:
+            raise RuntimeError(f"an optimizer step of {self.passes} passes ran pass {self.done}")
+        with self.local() if self.local is not None and self.done < self.passes else contextlib.nullcontext():
+            yield
+
+    def finish(self) -> None:
+        if self.done != self.passes:
+            raise RuntimeError(
+                f"an optimizer step ran {self.done} of its {self.passes} forward/backward passes: the last, "
+                "which reduces the gradients over the ranks, did not run"
+            )
+
+
+@contextlib.contextmanager
+def fsdp_without_sync(root) -> Iterator[None]:
+    """FSDP2's gradient reduction off for the body (the gradients accumulate unsharded), on after."""
+    root.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        root.set_requires_gradient_sync(True)

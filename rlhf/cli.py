@@ -684,7 +684,10 @@ def _run_with_one_error_path(parser, args, rest) -> int:
             message, code = cli_errors.internal_error_message(ctx, err), cli_errors.INTERNAL_ERROR
     from rlhf.runtime.process_group import rank_label
 
-    print(f"rlhf {args.stage}{rank_label()}: {message}", file=sys.stderr)
+    # one write: the ranks of a torchrun job share stderr, and print's separate newline could land
+    # inside another rank's message
+    sys.stderr.write(f"rlhf {args.stage}{rank_label()}: {message}\n")
+    sys.stderr.flush()
     return code
 
 

@@ -76,12 +76,17 @@ def test_every_resumable_key_may_change_and_no_other(run):
     allowed = {"train": {"iterations": 9}, "checkpoint": {"every": 3, "keep": 4},
                "log": {"every": 2, "sinks": ["jsonl", "console"], "eval_every": 5, "samples_to_log": 1},
                "runtime": {"overlap_critic": False, "split_forwards": False, "keep_freed_memory": False,
-                           "pack_weights": False}}  # fmt: skip
+                           "pack_weights": False},
+               # where the roles run: local or Ray, any ray.* key (the same numbers either way)
+               "dist": {"runtime": "ray"}, "ray": {"placement": "separate", "policy": {"num_actors": 2}}}  # fmt: skip
     config = resume_config(run, overrides=allowed)
     assert (config.train.iterations, config.checkpoint.keep, config.log.sinks) == (9, 4, ["jsonl", "console"])
     assert config.runtime.overlap_critic is False and config.runtime.pack_weights is False
-    assert len(RESUMABLE_KEYS) == 11
-    for refused in ({"seed": 5}, {"train": {"ppo_epochs": 3}}, {"log": {"collapse": {"window": 9}}}):
+    assert (config.dist.runtime, config.ray.placement, config.ray.policy.num_actors) == ("ray", "separate", 2)
+    assert len(RESUMABLE_KEYS) == 13
+    refusals = ({"seed": 5}, {"train": {"ppo_epochs": 3}}, {"log": {"collapse": {"window": 9}}},
+                {"dist": {"strategy": "fsdp2"}}, {"rollout": {"max_staleness": 1}})  # fmt: skip
+    for refused in refusals:
         with pytest.raises(ConfigError, match="were changed"):
             resume_config(run, overrides=refused)
 

@@ -56,7 +56,18 @@ def child(how: str, where: str, *args) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=300,
+        # a test run started in the background (`make test &`) ignores SIGINT, and a child inherits
+        # that: Python then installs no KeyboardInterrupt handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+@pytest.fixture(autouse=True)
+def sigint_raises():
+    """Ctrl-C raises KeyboardInterrupt here too when the test run ignores SIGINT (started with `&`)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def test_a_signal_during_a_write_is_delivered_once_the_write_is_complete():

@@ -26,9 +26,12 @@ def decoupled_is_weights(
     raw = torch.exp(log_ratio)
     weights = fill_masked(raw.clamp(max=truncation), valid)
     count = int(valid.sum())
+    seen = weights.detach()
     stats = {
-        "async/is_weight_mean": float(weights.sum() / count) if count else 0.0,
-        "async/is_weight_max": float(weights.max()) if count else 0.0,
-        "async/truncated_fraction": float((valid & (raw > truncation)).sum() / count) if count else 0.0,
+        "async/is_weight_mean": float(seen.sum() / count) if count else 0.0,
+        "async/is_weight_max": float(seen.max()) if count else 0.0,
+        "async/truncated_fraction": float((valid & (raw.detach() > truncation)).sum() / count)
+        if count
+        else 0.0,
     }
     return weights, stats

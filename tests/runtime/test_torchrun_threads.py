@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,9 +41,9 @@ def _ranks(tmp_path: Path, omp: str | None) -> list[dict]:
         timeout=240,
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    # each rank prints one flat JSON object; the two share stdout and may land on one line
     return sorted(
-        (json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")),
-        key=lambda r: r["rank"],
+        (json.loads(found) for found in re.findall(r"\{[^{}]*\}", run.stdout)), key=lambda r: r["rank"]
     )
 
 

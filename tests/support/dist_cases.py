@@ -129,6 +129,18 @@ class LargestTensors(TorchDispatchMode):
                 self.largest[self.phase] = max(self.largest.get(self.phase, 0), n)
         return out
 
+    def during(self, name: str, fn):
+        """`fn` with every op it runs counted under the phase `name`."""
+
+        def watched(*args, **kwargs):
+            self.phase = name
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.phase = "other"
+
+        return watched
+
 
 def sharding_accounting(run_dir: str) -> dict:
     """An fsdp2 PPO-max run (2 decoder layers per model) watched by LargestTensors: per role, the
@@ -142,16 +154,7 @@ def sharding_accounting(run_dir: str) -> dict:
     r, run = trainer.roles, trainer.runtime
     watch = LargestTensors()
 
-    def phase(name, fn):
-        def watched(*args, **kwargs):
-            watch.phase = name
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                watch.phase = "other"
-
-        return watched
-
+    phase = watch.during
     run.generate, run.map_rows, run.train = (
         phase("rollout", run.generate),
         phase("forwards", run.map_rows),
@@ -517,15 +520,7 @@ def supervised_accounting(stage: str, run_dir: str, data_path: str) -> dict:
     watch = LargestTensors()
     between: list[dict] = []
 
-    def phase(name, fn):
-        def watched(*args, **kwargs):
-            watch.phase = name
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                watch.phase = "other"
-
-        return watched
+    phase = watch.during
 
     def counted_step(learner):
         norm = phase("step", learner_step)(learner)

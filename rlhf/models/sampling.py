@@ -360,19 +360,10 @@ def _sample_loop(
     cache = DynamicCache(config=decoder.config)
     with_cache = {cache_keyword(type(decoder)): cache, "use_cache": True}
 
-    # Prefill: the whole prompt block, the head on the last column only.
-    positions = position_ids(prompt_mask)
-    hidden = decoder(
-        input_ids=prompt_ids,
-        attention_mask=mask[:, :prompt_len],
-        position_ids=positions,
-        **with_cache,
-    )[0]
-    logits = head(hidden[:, -1])
+    logits, next_position = _prefill(decoder, head, prompt_ids, mask[:, :prompt_len], with_cache)
     seen = None
     if config.repetition_penalty != 1.0:
         seen = _seen_tokens(prompt_ids, prompt_mask, logits.shape[-1])
-    next_position = positions[:, -1:] + 1
     active = torch.arange(batch, device=device)  # batch rows in the decoder's batch, in order
     running = torch.ones(batch, dtype=torch.bool, device=device)  # per row of the decoder's batch
     check_every = config.check_every(device)
@@ -401,17 +392,9 @@ def _sample_loop(
             if still == 0 if all_ranks_done is None else all_ranks_done(still == 0):
                 break  # every row has ended (on every rank): exit early, T = longest response
             if config.drop_finished_rows and 4 * still <= 3 * len(active) and len(active) > 1:
-                keep = running.nonzero().squeeze(1)
-                if len(keep) == 0:  # lockstep: the other ranks still decode, one ended row steps along
-                    keep = keep.new_zeros(1)
-                cache.reorder_cache(keep)
-                active, running, chosen, next_position = (
-                    active[keep],
-                    running[keep],
-                    chosen[keep],
-                    next_position[keep],
+                active, running, chosen, next_position, seen = _running_rows(
+                    cache, running, active, chosen, next_position, seen
                 )
-                seen = seen[keep] if seen is not None else None
         if steps == max_new:
             break
         if seen is not None:
@@ -427,6 +410,27 @@ def _sample_loop(
     # rows may all have ended before the last check: T is the longest response, not the steps run
     longest = int(mask[:, prompt_len : prompt_len + steps].sum(-1).max()) if config.stop_at_eos else steps
     return tokens, mask, longest, logprobs, steps
+
+
+def _prefill(decoder, head, prompt_ids, prompt_mask, with_cache) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole prompt block through the decoder (filling the KV cache), the head on the last
+    column only: (the first step's logits [B, V], the next positions [B, 1])."""
+    positions = position_ids(prompt_mask)
+    hidden = decoder(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, **with_cache)[
+        0
+    ]
+    return head(hidden[:, -1]), positions[:, -1:] + 1
+
+
+def _running_rows(cache, running, active, chosen, next_position, seen):
+    """The decoder's batch narrowed to its running rows, the KV cache reordered with it (lockstep:
+    when none runs, one ended row steps along while the other ranks still decode)."""
+    keep = running.nonzero().squeeze(1)
+    if len(keep) == 0:
+        keep = keep.new_zeros(1)
+    cache.reorder_cache(keep)
+    narrowed = seen[keep] if seen is not None else None
+    return active[keep], running[keep], chosen[keep], next_position[keep], narrowed
 
 
 def _token_logprob(logits: torch.Tensor, chosen: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -187,20 +187,7 @@ def run_supervised(
     precision = Precision.resolve(config.dtype, device, key="dtype")
     peers = current_peers()
     writer = peers is None or peers.rank == 0
-    if resume and not stage.resumable:
-        raise ConfigError(f"`{stage.title}` runs cannot resume. Fix: start a new run (another --out).")
-    if config.dist.offload:  # the supervised stages shard per layer, without offload (not built yet)
-        raise ConfigError(
-            f"dist.offload is true, but `{stage.title}` does not offload yet (only `rlhf train` does). "
-            "Fix: drop --dist.offload.",
-            "dist.offload",
-        )
-    if config.dist.rollout_gather != "whole":  # no rollout here: the setting would do nothing
-        raise ConfigError(
-            f"dist.rollout_gather is {config.dist.rollout_gather}, but `{stage.title}` samples no rollout "
-            "(only `rlhf train` does). Fix: drop --dist.rollout_gather.",
-            "dist.rollout_gather",
-        )
+    _refuse_unsupported(stage, resume)
     out, tokenizer = start_run(config, tokenizer, writer=writer, resume=resume, resumable=stage.resumable)
     sharded = peers is not None and config.dist.strategy == "fsdp2"
     # fsdp2: ranks but 0 build the structure alone; every rank's shards come from rank 0's model
@@ -258,16 +245,41 @@ def run_supervised(
         learner.release_optimizer_state()
     with _shown(writer, f"writing the trained model to {out}"):
         final = stage.finish(run, final, stats)
-    if not writer:
-        return final  # rank 0 exports, reports and prints
-    report = write_final_report(out)
-    if not quiet:
-        shown = {k: v for k, v in final.items() if not isinstance(v, list)}
-        print_summary(f"{stage.title} finished: {out}", shown)
-        keep = config.checkpoint.keep if stage.resumable else 0
-        print(footprint_line(out, keep))  # what the directory keeps, and why (as `rlhf train`)
-        print(f"report: {report}")  # a line of its own: the table would cut a long path
+    if writer:  # rank 0 exports, reports and prints
+        _report(stage, out, final, quiet)
     return final
+
+
+def _refuse_unsupported(stage: SupervisedStage, resume: bool) -> None:
+    """Settings this stage cannot honour: a resume of a stage without checkpoints, offload, and the
+    rollout's gathering (no rollout here: the setting would do nothing)."""
+    config = stage.config
+    if resume and not stage.resumable:
+        raise ConfigError(f"`{stage.title}` runs cannot resume. Fix: start a new run (another --out).")
+    if config.dist.offload:  # the supervised stages shard per layer, without offload (not built yet)
+        raise ConfigError(
+            f"dist.offload is true, but `{stage.title}` does not offload yet (only `rlhf train` does). "
+            "Fix: drop --dist.offload.",
+            "dist.offload",
+        )
+    if config.dist.rollout_gather != "whole":
+        raise ConfigError(
+            f"dist.rollout_gather is {config.dist.rollout_gather}, but `{stage.title}` samples no rollout "
+            "(only `rlhf train` does). Fix: drop --dist.rollout_gather.",
+            "dist.rollout_gather",
+        )
+
+
+def _report(stage: SupervisedStage, out, final: dict, quiet: bool) -> None:
+    """report.html, and unless `quiet` the summary table, the directory's size line and the report's path."""
+    report = write_final_report(out)
+    if quiet:
+        return
+    shown = {k: v for k, v in final.items() if not isinstance(v, list)}
+    print_summary(f"{stage.title} finished: {out}", shown)
+    keep = stage.config.checkpoint.keep if stage.resumable else 0
+    print(footprint_line(out, keep))  # what the directory keeps, and why (as `rlhf train`)
+    print(f"report: {report}")  # a line of its own: the table would cut a long path
 
 
 def _shown(show: bool, what: str):

@@ -83,6 +83,9 @@ def data_parallel(config: DistConfig, device: str = "auto") -> Iterator[bool]:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=config.timeout))
     try:
         yield True
+        # every rank done before any tears its group down: a rank leaving while a peer's last
+        # gloo transfer is in flight can abort that peer at exit ("terminate called ...")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -91,29 +91,27 @@ class RayRuntime:
         self.policy_version = 0  # the policy's updates the rollout group's copy has received
 
     def _launch(self, config: RLConfig, strategies: dict[str, list], remote_worker) -> None:
-        """Start every group's actors (each group's members meet at its first actor's address)."""
-        pending = []
-        for group, roles in self.hosts.items():
+        """Start every group's actors (each group's members meet at its first actor's address). Every
+        actor's process starts at once: each imports torch and transformers, seconds apiece."""
+        for group in self.hosts:
             spec = getattr(config.ray, group)
-            actors = [
+            self.actors[group] = [
                 remote_worker.options(
                     num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, scheduling_strategy=strategy,
                     name=None, max_restarts=0,
                 ).remote()
                 for strategy in strategies[group]
             ]  # fmt: skip
-            self.actors[group] = actors
-            meet = self._get(group, [actors[0].address.remote()])[0]
-            threads = max(1, int(spec.num_cpus))
-            pending.append(
-                (
-                    group,
-                    [
-                        a.setup.remote(config, group, roles, i, len(actors), meet, threads)
-                        for i, a in enumerate(actors)
-                    ],
-                )
-            )
+        meets = {group: actors[0].address.remote() for group, actors in self.actors.items()}
+        pending = []
+        for group, roles in self.hosts.items():
+            actors, meet = self.actors[group], self._get(group, [meets[group]])[0]
+            threads = max(1, int(getattr(config.ray, group).num_cpus))
+            setups = [
+                a.setup.remote(config, group, roles, i, len(actors), meet, threads)
+                for i, a in enumerate(actors)
+            ]
+            pending.append((group, setups))
         for group, refs in pending:
             self.nodes[group] = self._get(group, refs)
 

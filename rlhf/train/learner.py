@@ -3,10 +3,10 @@ and schedule, the data-parallel ranks and sharding it trains under, the forward/
 an optimizer step (`passes`: the ranks' gradients reduced in the last one), and the optimizer step
 (global gradient clipping, step, zeroed gradients).
 
-A learner gets its parallel strategy when it is built (`peers`, `strategy`: the supervised stages,
-replicated or sharded per layer at once); the RL runtime of torchrun still replicates its roles
-(`replicate`, ddp) or shards them per layer (`shard_per_layer`, fsdp2, at their first use) after
-they are built (rlhf/runtime/distributed.py), which the Ray issue replaces.
+A learner gets its parallel strategy when it is built (`peers`, `strategy`): replicated at once
+(ddp), or sharded per layer at once (fsdp2: the supervised stages) or, with `shard_later`, when its
+runtime first uses it (the RL roles, whose resumed state loads into the whole module first:
+`shard`, rlhf/runtime/distributed.py). No runtime sets a learner's parallel state after that.
 """
 
 from __future__ import annotations
@@ -54,17 +54,32 @@ class Learner:
         strategy: str = "none",
         uses_every_parameter: bool = False,
         bf16_compute: bool = False,
+        offload: bool = False,
+        sync_once: bool = False,
+        shard_later: bool = False,
     ) -> None:
         self.module = module
         self.uses_every_parameter = uses_every_parameter  # in every pass (ddp: no unused-parameter walk)
         self.max_grad_norm = optim.max_grad_norm
         self.optimizer, self.scheduler = build_optimizer(module.parameters(), optim, total_steps)
+        # fsdp2: how `shard_per_layer` shards it (`shard` with `shard_later`)
+        self.sharding = {"bf16_compute": bf16_compute, "offload": offload, "sync_once": sync_once}
+        self.shard_pending = False
         if peers is not None and strategy == "ddp":
             self.replicate(peers)
         elif peers is not None:
             self.peers = peers
-            if strategy == "fsdp2":
-                self.shard_per_layer(peers, bf16_compute)
+            if strategy == "fsdp2" and shard_later:
+                self.shard_pending = True
+            elif strategy == "fsdp2":
+                self.shard_per_layer(peers, **self.sharding)
+
+    def shard(self) -> None:
+        """fsdp2 with `shard_later`: shard the module per layer now, as it was planned when the learner
+        was built (its runtime's first use, after a resumed run loaded its whole state); once."""
+        if self.shard_pending:
+            self.shard_pending = False
+            self.shard_per_layer(self.peers, **self.sharding)
 
     def replicate(self, peers: Peers) -> None:
         """dist.strategy ddp: the module under DistributedDataParallel over `peers`, every rank

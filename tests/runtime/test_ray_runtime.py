@@ -3,9 +3,11 @@ on the driver, each role a group of actors; the local run's numbers and files.""
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -34,13 +36,17 @@ WITH_A_ROLLOUT_ACTOR = [
 
 
 # the reward from a function on the driver, the critic from the policy: no reward model's actor
-REWARD_FN_ONLY = ["--reward-fn", "tests.support.reward_fns_testing:length", "--model.critic_init", "policy"]
+REWARD_FN_ONLY = ["--reward-fn", "tests.support.reward_fns_testing:letters", "--model.critic_init", "policy"]
 
 
 @pytest.fixture(scope="module")
 def cluster():
     """One local Ray for the module (the runtime joins it rather than starting its own)."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # Ray's memory monitor off: on a shared machine it kills the actors when others fill the memory
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
+        _system_config={"memory_monitor_refresh_ms": 0},
+    )  # fmt: skip
     yield
     ray.shutdown()
 
@@ -94,30 +100,61 @@ def test_colocated_actors_and_a_rollout_actor_give_the_local_runs_numbers_and_fi
     assert (out / "tokenizer.json").read_bytes() == (local_run / "tokenizer.json").read_bytes()
 
 
-def test_asynchronous_two_actor_groups_a_dead_actor_and_a_resume_under_one_actor_each(
+def planted_rng_states(seed: int, count: int) -> list[dict]:
+    """`count` global random states of their own (Python's, NumPy's, torch's), this process's kept."""
+    from rlhf.rundir.checkpoint import rng_state, set_rng_state
+
+    mine, states = rng_state(), []
+    for k in range(count):
+        random.seed(seed + k)
+        np.random.seed(seed + k)
+        torch.manual_seed(seed + k)
+        states.append(rng_state())
+    set_rng_state(mine)
+    return states
+
+
+def same_rng_state(a: dict, b: dict) -> bool:
+    return (
+        a["python"] == b["python"]
+        and torch.equal(a["numpy"][1], b["numpy"][1])
+        and torch.equal(a["torch"], b["torch"])
+    )
+
+
+def test_two_updates_ahead_two_actor_groups_a_dead_actor_and_a_resume_under_one_actor_each(
     models, cluster, tmp_path, monkeypatch, capsys
 ):
-    """rollout.max_staleness 1 with a LoRA policy (its reference on the policy's own actors), the
+    """rollout.max_staleness 2 with a LoRA policy (its reference on the policy's own actors), the
     reward from a function (no reward model's actor), and policy and critic groups of two actors
-    each (a gloo group per role group, each actor a share of the rows), a placement group per role. Each iteration after the first trains on a rollout the
-    previous policy sampled during the previous update (staleness 1, recorded), corrected by
-    decoupled PPO (its weights logged). The critic's actor killed in the fourth iteration's update
-    ends the run (exit 1, no traceback) with a message naming the role group and the resume
-    command. Resumed from the second iteration's checkpoint (which holds the rollout in flight),
-    under one colocated actor per role, it gives the killed run's metrics of the iterations both ran
-    to 1e-5 (the summed gradients of two actors differ from one's in float rounding only)."""
+    each (a gloo group per role group, each actor a share of the rows), a placement group per role.
+    Iteration 0 samples now; during its update the rollouts of iterations 1 and 2 are sampled by
+    policy version 0, during iteration 1's that of iteration 3 by version 1: staleness 0, 1, 2, 2
+    (recorded, never above 2), corrected by decoupled PPO (its weights logged). The critic's actor
+    killed in the fourth iteration's update ends the run (exit 1, no traceback) with a message naming
+    the role group and the resume command. Resumed from the second iteration's checkpoint (which
+    holds the two rollouts sampled ahead and every actor's global random state), under one
+    colocated actor per role, it gives the killed run's metrics of the iterations both ran to 1e-5
+    (two actors' summed gradients differ from one's in float rounding only), and every actor starts
+    from the random state its rank had when the checkpoint was written."""
     from rlhf.ray_runtime.runtime import RayRuntime
 
-    ahead = ["--rollout.max_staleness", "1", "--checkpoint.every", "1", "--checkpoint.keep", "4"]
+    ahead = ["--rollout.max_staleness", "2", "--checkpoint.every", "1", "--checkpoint.keep", "4"]
     ahead += ["--model.lora.enabled", "true", "--train.iterations", "4"]
     two = ["--ray.placement", "separate", "--ray.policy.num_actors", "2", "--ray.critic.num_actors", "2"]
-    calls, train = {"n": 0}, RayRuntime.train
+    calls, train, load_role_state = {"n": 0}, RayRuntime.train, RayRuntime.load_role_state
+    planted: dict[str, list[dict]] = {}
 
     def killing(self, roles, minibatches):
         calls["n"] += 1
         if calls["n"] == 5:  # critic pre-training, iterations 0, 1 and 2, then iteration 3's update
             ray.kill(self.actors["critic"][0])
-        return train(self, roles, minibatches)
+        result = train(self, roles, minibatches)
+        if calls["n"] == 2:  # iteration 0 updated: each actor's global state its own (as dropout would)
+            for i, (group, actors) in enumerate(sorted(self.actors.items())):
+                planted[group] = planted_rng_states(100 * i, len(actors))
+                self._call(group, "load_rng_state", planted[group])
+        return result
 
     monkeypatch.setattr(RayRuntime, "train", killing)
     split = tmp_path / "split"
@@ -131,22 +168,31 @@ def test_asynchronous_two_actor_groups_a_dead_actor_and_a_resume_under_one_actor
     )
     killed = [r for r in metric_rows(split) if "iteration" in r]
     assert [r["iteration"] for r in killed] == [0, 1, 2]
-    assert [r["async/staleness"] for r in killed] == [0, 1, 1]
+    assert [r["async/staleness"] for r in killed] == [0, 1, 2]
     assert all(0 < r["async/is_weight_mean"] <= r["async/is_weight_max"] <= 2.0 for r in killed)
-    assert killed[0]["async/is_weight_max"] == pytest.approx(
-        1.0, abs=1e-4
-    )  # no update yet: pi_prox = pi_behav
+    # no update yet: pi_prox = pi_behav; after one, the weights move away from 1
+    assert killed[0]["async/is_weight_max"] == pytest.approx(1.0, abs=1e-4)
+    assert all(r["async/is_weight_max"] != pytest.approx(1.0, abs=1e-6) for r in killed[1:])
     checkpoints = split / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == [f"iter_00000{i}" for i in (1, 2, 3)]
     for later in ("iter_000002", "iter_000003"):  # resume from the second iteration's checkpoint
         shutil.rmtree(checkpoints / later)
+    restored: dict[str, list[dict]] = {}
+
+    def loading(self, state):
+        load_role_state(self, state)
+        restored.update({group: self._call(group, "rng_state") for group in self.actors})
+
     monkeypatch.setattr(RayRuntime, "train", train)
+    monkeypatch.setattr(RayRuntime, "load_role_state", loading)
     one = [f"--ray.{group}.num_actors=1" for group in ("policy", "critic")]
     assert main(["train", "--resume", str(split), "--ray.placement", "colocate", *one]) == 0
     resumed = [r for r in metric_rows(split) if "iteration" in r]
     assert [r["iteration"] for r in resumed] == [0, 1, 2, 3]
-    assert [r["async/staleness"] for r in resumed] == [0, 1, 1, 1]
+    assert [r["async/staleness"] for r in resumed] == [0, 1, 2, 2]
     assert_same_rows(killed, resumed[:3], tolerance=1e-5)
+    assert sorted(restored) == sorted(planted) == ["critic", "policy", "rollout"]
+    assert all(same_rng_state(restored[g][0], planted[g][0]) for g in planted)  # one actor each: rank 0's
 
 
 def test_asking_for_more_cpus_than_the_cluster_has_stops_before_loading_naming_the_keys(

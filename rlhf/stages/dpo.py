@@ -118,12 +118,13 @@ class DPOStage(SupervisedStage):
     def _reference_call(self, run: SupervisedRun) -> ModelCall:
         """The reference's one call: the policy's (adapter mode: its weights, the adapter switched off
         by `in_force`), or its copy's, sharded per layer without optimizer under fsdp2 (every rank's
-        shards from rank 0's copy)."""
+        shards from rank 0's copy; offloaded as the policy under dist.offload)."""
         if self.reference.mode == "adapter":
             return run.call
         call = ModelCall(self.reference.model)
         if run.per_layer:
-            shard_from_rank0(call, run.peers, bf16_compute=run.precision.uses_autocast)
+            bf16 = run.precision.uses_autocast
+            shard_from_rank0(call, run.peers, bf16_compute=bf16, offload=run.learner.offload)
         return call
 
     def preparing(self) -> str | None:

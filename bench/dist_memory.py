@@ -259,9 +259,11 @@ def plan_mib(models: Path, ranks: int, strategy: str, micro_batch: int, prompt_t
     from rlhf.runtime.memory_plan import Job, plan, shape_of
 
     name, _, gather = strategy.partition("+")
-    job = Job(shape_of(str(models / "policy")), strategy=name.partition(":")[0], ranks=ranks,
-              dtype="float32", micro_batch=micro_batch, rollout_rows=8, prompt_tokens=prompt_tokens,
-              response_tokens=8, rollout_gather=gather or "whole")  # fmt: skip
+    name = name.partition(":")[0]
+    # one process (torchrun at 1 rank too) on this CPU's 2 cores steps the policy and critic side by side
+    job = Job(shape_of(str(models / "policy")), strategy=name, ranks=ranks, dtype="float32",
+              micro_batch=micro_batch, rollout_rows=8, prompt_tokens=prompt_tokens, response_tokens=8,
+              rollout_gather=gather or "whole", overlap_critic=ranks == 1)  # fmt: skip
     return plan(job).per_rank_peak_bytes / 2**20
 
 

@@ -20,8 +20,10 @@ Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is `-
 (rlhf/runtime/fsdp.py), in `rlhf train` and the supervised stages alike: per-layer sharding, every
 role 1/N, one gathered decoder layer at a time (and the next, prefetched), the policy unsharded in
 the compute dtype only while sampling (`rollout_gather per_layer`, `dist.rollout_gather`: one
-decoder layer and the root unit instead). The per-token activation count is calibrated on measured
-peaks (bench/results/gpu_h200_session10.json; docs/scale.md).
+decoder layer and the root unit instead); on 1 rank every strategy is the one process's (`as_run`).
+One process on a CPU steps the policy and critic side by side (`overlap_critic`). The per-token
+activation count is calibrated on measured peaks (bench/results/gpu_h200_session10.json; the CPU
+peaks of bench/results/dist_memory_*.json; docs/scale.md).
 """
 
 from __future__ import annotations

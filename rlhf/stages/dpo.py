@@ -13,7 +13,8 @@ shards), every rank running as many micro-batches (rlhf/train/lockstep.py).
 
 Resume (`rlhf dpo --resume DIR`, `checkpoint.every`): a checkpoint also holds the cached reference
 log-probs of every pair (not computed again) and a digest of the encoded pairs, so that a resume on
-other data stops instead of pairing the cache with other rows.
+other data stops instead of pairing the cache with other rows. Under fsdp2 each rank writes its shards
+of the weights and AdamW moments (rlhf/train/supervised_checkpoint.py), resumable at any number of ranks.
 """
 
 from __future__ import annotations

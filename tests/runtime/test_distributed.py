@@ -112,7 +112,11 @@ PPO_CASES = {
         "grpo",
         [{"dist": {"strategy": "fsdp2"}, "rollout": {"batch_size": 8, "samples_per_prompt": 4}}],
     ),
-    "fsdp2-rloo-critic-free": ("rloo", [{"dist": {"strategy": "fsdp2"}, "rollout": {"batch_size": 8}}]),
+    # and dist.offload: CPUOffloadPolicy on every unit of every role (on the CPU it moves nothing)
+    "fsdp2-rloo-critic-free-offload": (
+        "rloo",
+        [{"dist": {"strategy": "fsdp2", "offload": True}, "rollout": {"batch_size": 8}}],
+    ),
 }
 
 
@@ -137,6 +141,9 @@ def test_two_ranks_train_as_one_process(case, ppo_on_two_ranks, tmp_path):
         assert torch.equal(got["tokens"], one["tokens"]), f"rank {rank}: sampled tokens"
         assert got["sharded"] == case.startswith("fsdp2"), f"rank {rank}: sharded"
         assert got["replicated"] == (not case.startswith("fsdp2")), f"rank {rank}: under DDP"
+        if case.startswith("fsdp2"):  # the policy's root and its decoder layer
+            policy = "CPUOffloadPolicy" if case.endswith("offload") else "OffloadPolicy"
+            assert got["offload_policies"] == [policy] * 2, f"rank {rank}: {got['offload_policies']}"
         assert_close_dicts(got["policy"], one["policy"], f"rank {rank} policy parameters")
         assert_close_dicts(got["critic"], one["critic"], f"rank {rank} critic parameters")
         assert_close_dicts(got["last"], one["last"], f"rank {rank} metrics")

@@ -105,6 +105,7 @@ def ppo_run(run_dir: str, preset: str, layers: list[dict], ptx_file: str | None 
         "policy": policy,
         "critic": critic,
         "sharded": roles.policy.sharded is not None,
+        "offload_policies": offload_policies(roles.policy.module),  # fsdp2: each unit's
         "replicated": roles.policy.replicated is not None,  # ddp: DistributedDataParallel
         "tokens": trainer.buffer[-1].input_ids.clone(),
         "written": written,

@@ -274,6 +274,7 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
     rows_per_rank = -(-job.rollout_rows // job.ranks) if rl else 0  # the supervised stages: no rollout
     tokens = job.prompt_tokens + job.response_tokens
     layers_gathered = 2 * s.layer_parameters * compute_bytes  # this layer and the next (prefetch)
+    root = s.parameters - s.layers * s.layer_parameters  # the root unit: embeddings, final norm (, head)
     policy = roles[0].parameters
     # the policy's whole parameters while sampling (fsdp2: in the compute dtype, once per rollout; with
     # rollout_gather per_layer one decoder layer at a time and the root unit, embeddings and output
@@ -284,9 +285,10 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
         else:
             # one layer gathered at a time, twice while FSDP2 copies its all-gather buffer out
             # (measured: bench/NOTES.md, session 13); the root unit held through the rollout
-            root = s.parameters - s.layers * s.layer_parameters  # embeddings, final norm (, head)
             gathered_policy = layers_gathered + root * compute_bytes
-        gathered_trained = layers_gathered
+        # the root unit stays gathered from a forward's start through its backward (FSDP2 keeps the
+        # root unsharded between them; measured: docs/scale.md, the 2-rank CPU peaks)
+        gathered_trained = layers_gathered + root * compute_bytes
     else:
         gathered_policy = gathered_trained = 0
     gathered_policy = gathered_policy if rl else 0

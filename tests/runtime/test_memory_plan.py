@@ -97,7 +97,9 @@ def test_the_supervised_stages_roles_and_phases_are_the_closed_forms():
         for r in result.roles:  # float32: 4 bytes a parameter, half on each rank
             assert r.weights == 4 * -(-r.parameters // 2) and r.optimizer == 8 * -(-r.trained // 2), stage
         assert list(result.phases) == ["forward", "update"], stage
-        assert result.extras["forward/update: gathered parameters"] == 2 * layer * 4
+        # two decoder layers and the root unit (embeddings, output head, final norm), float32
+        root = TINY.vocab * TINY.hidden * 2 + TINY.hidden
+        assert result.extras["forward/update: gathered parameters"] == (2 * layer + root) * 4
         assert result.extras["update: saved activations"] == TINY.layers * rows * tokens * per_token * 4, (
             stage
         )

@@ -18,7 +18,8 @@ The supervised stages (`stage` sft, rm, dpo) have no rollout: their roles are th
 
 Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is `--dist.strategy fsdp2`
 (rlhf/runtime/fsdp.py), in `rlhf train` and the supervised stages alike: per-layer sharding, every
-role 1/N, one gathered decoder layer at a time (and the next, prefetched), the policy unsharded in
+role 1/N, one gathered decoder layer at a time (and the next, prefetched) beside the root unit
+(embeddings, final norm, heads; gathered through a forward and its backward), the policy unsharded in
 the compute dtype only while sampling (`rollout_gather per_layer`, `dist.rollout_gather`: one
 decoder layer and the root unit instead); on 1 rank every strategy is the one process's (`as_run`).
 One process on a CPU steps the policy and critic side by side (`overlap_critic`). The per-token

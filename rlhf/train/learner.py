@@ -3,10 +3,10 @@ and schedule, the data-parallel ranks and sharding it trains under, the forward/
 an optimizer step (`passes`: the ranks' gradients reduced in the last one), and the optimizer step
 (global gradient clipping, step, zeroed gradients).
 
-A learner gets its parallel strategy when it is built (`peers`, `strategy`: the supervised stages,
-replicated or sharded per layer at once); the RL runtime of torchrun still replicates its roles
-(`replicate`, ddp) or shards them per layer (`shard_per_layer`, fsdp2, at their first use) after
-they are built (rlhf/runtime/distributed.py), which the Ray issue replaces.
+A learner gets its ranks when it is built (`peers`, `strategy`: replicated under ddp at once), and is
+sharded per layer by its owner (`shard_per_layer`, fsdp2) once its whole state is in place: the
+supervised skeleton after a resume has loaded the checkpoint (rlhf/train/supervised.py), the RL
+runtime of torchrun at a role's first use (rlhf/runtime/distributed.py).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class Learner:
     `total_steps` and global gradient clipping (PPO paper §5.4, appendix C.2). With `peers`
     (data-parallel ranks, rlhf/runtime/peers.py) the gradients are summed over the ranks before
     clipping (`strategy` "ddp": by DistributedDataParallel in the backward of a step's last pass,
-    rlhf/runtime/replicated.py); with "fsdp2" the module and its AdamW state are sharded over them per
-    layer (every rank's shards from rank 0's module, `shard_per_layer`; `bf16_compute`: gathered in bf16)."""
+    rlhf/runtime/replicated.py); with "fsdp2" the module and its AdamW state are then sharded over them
+    per layer (`shard_per_layer`: every rank's shards from rank 0's module)."""
 
     peers: Peers | None = None  # data-parallel ranks: gradients and stats summed over them
     replicated = (
@@ -40,6 +40,7 @@ class Learner:
     )
     sharded = None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/runtime/fsdp.py)
     per_layer = False  # sharded per layer: gradients arrive reduce-scattered
+    offload = False  # per layer, dist.offload: the shards, gradients and AdamW state in CPU memory
     sync_once = False  # per layer, dist.grad_sync step: reduce-scattered in a step's last pass only
     released = False  # the AdamW moments freed at the end of a sharded run (release_optimizer_state)
     accumulation: Accumulation | None = None  # the passes of the optimizer step under way
@@ -53,7 +54,6 @@ class Learner:
         peers: Peers | None = None,
         strategy: str = "none",
         uses_every_parameter: bool = False,
-        bf16_compute: bool = False,
     ) -> None:
         self.module = module
         self.uses_every_parameter = uses_every_parameter  # in every pass (ddp: no unused-parameter walk)
@@ -61,10 +61,8 @@ class Learner:
         self.optimizer, self.scheduler = build_optimizer(module.parameters(), optim, total_steps)
         if peers is not None and strategy == "ddp":
             self.replicate(peers)
-        elif peers is not None:
+        elif peers is not None:  # fsdp2: sharded by `shard_per_layer` once the whole state is loaded
             self.peers = peers
-            if strategy == "fsdp2":
-                self.shard_per_layer(peers, bf16_compute)
 
     def replicate(self, peers: Peers) -> None:
         """dist.strategy ddp: the module under DistributedDataParallel over `peers`, every rank
@@ -78,11 +76,14 @@ class Learner:
     ) -> None:
         """Shard the module per decoder layer over `peers` (rlhf/runtime/fsdp.py), AdamW's state with
         it, every rank's shards filled from rank 0's module and state (the others' may be on the
-        meta device). `sync_once` (dist.grad_sync step): gradients reduce-scattered in the last pass
-        of an optimizer step only, accumulated whole before (else after every pass)."""
+        meta device). `bf16_compute`: gathered in bf16 on a GPU; `offload` (dist.offload): the shards,
+        gradients and AdamW state in CPU memory (rlhf/runtime/fsdp.py). `sync_once` (dist.grad_sync
+        step): gradients reduce-scattered in the last pass of an optimizer step only, accumulated
+        whole before (else after every pass)."""
         self.peers = peers
         self.sharded = fsdp.shard_from_rank0(self.module, peers, self.optimizer, bf16_compute, offload)
         self.per_layer = True
+        self.offload = offload
         self.sync_once = sync_once
 
     # -- the passes of an optimizer step ---------------------------------------------------------

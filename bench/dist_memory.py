@@ -12,6 +12,10 @@ iteration (`time/iteration` of metrics.jsonl; the first iteration also shards or
         --micro-batch 1 --iterations 2
     .venv/bin/python -m bench.dist_memory compare --ranks 2 --strategies ddp --iterations 2 --rlhf OLD/rlhf
 
+    # a real Hugging Face model (SmolLM2-135M, float32) against `rlhf plan`'s prediction, 1 and 2 ranks
+    .venv/bin/python -m bench.dist_memory compare --workload smollm2-hf --ranks 1 2 --strategies fsdp2 \
+        --malloc live --hf-model bench/.cache/smollm2/hf-float32
+
 A strategy `fsdp2:step` runs `--dist.strategy fsdp2 --dist.grad_sync step`. `--rlhf DIR` runs the
 `rlhf` package in DIR (e.g. `git archive COMMIT rlhf | tar -x -C OLD`) instead of this checkout's.
 
@@ -26,7 +30,11 @@ prompts and responses of 8 to 16 words) and a held-out evaluation of 6 rows befo
 Each rank measures its own peak resident memory (ru_maxrss) and, before any work, the interpreter's
 (torch, transformers and rlhf imported); on a GPU also `torch.cuda.max_memory_allocated`; and each
 rollout's seconds and peak resident memory above the resident set before it, fsdp2's sharding at
-the first use done before (`watch_rollouts`). The one
+the first use done before (`watch_rollouts`). `--workload smollm2-hf`: the same PPO-max iteration on a real model directory (`--hf-model`, SmolLM2-135M in
+float32: policy, critic, reference and a reward model made of it with a fresh scalar head; the prompts
+bench/smollm2.py's 8 questions in the chat template). Every case of a `compare` also carries `rlhf
+plan`'s prediction for it (`plan_mib`, `plan_ratio`: measured over predicted; float32 on the CPU;
+the prompt length the prompts' longest). The one
 process reference is `--ranks 1 --strategies none` (every case runs it first). The last stdout
 line is JSON.
 
@@ -211,24 +219,79 @@ def run_case(case: Case, ranks: int, strategy: str) -> dict:
     return result
 
 
+HF_WORKLOAD = "smollm2-hf"  # a real model directory (--hf-model) instead of a bench/gpu_memory.py shape
+
+
+def write_hf_workload(model_dir: Path, out: Path) -> None:
+    """`smollm2-hf`: `model_dir` (a Hugging Face causal LM) as the policy, a reward model of it with a
+    fresh scalar head (rlhf.models.scalar_head, seed 0), bench/smollm2.py's 8 questions as prompts."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bench.smollm2 import QUESTIONS
+    from rlhf.models.scalar_head import ScalarHeadModel
+
+    out.mkdir(parents=True)
+    (out / "policy").symlink_to(model_dir.resolve())
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ScalarHeadModel.from_causal_lm(lm).save_pretrained(out / "rm")
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out / "rm")
+    with open(out / "prompts.jsonl", "w") as f:
+        for question in QUESTIONS:
+            f.write(json.dumps({"prompt": question}) + "\n")
+
+
+def longest_prompt_tokens(models: Path) -> int:
+    """The prompts' longest length in tokens as `rlhf train` encodes them (chat template and all)."""
+    from transformers import AutoTokenizer
+
+    from rlhf.stages.prompt_files import encode_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(models / "policy")
+    ids = encode_prompts(tokenizer, str(models / "prompts.jsonl"), format="auto", max_tokens=10**6,
+                         skip_invalid=False)  # fmt: skip
+    return max(len(row) for row in ids)
+
+
+def plan_mib(models: Path, ranks: int, strategy: str, micro_batch: int, prompt_tokens: int) -> float:
+    """`rlhf plan`'s per-rank peak for a case of the train workload, float32 on the CPU, in MiB."""
+    from rlhf.runtime.memory_plan import Job, plan, shape_of
+
+    name, _, gather = strategy.partition("+")
+    name = name.partition(":")[0]
+    # one process (torchrun at 1 rank too) on this CPU's 2 cores steps the policy and critic side by side
+    job = Job(shape_of(str(models / "policy")), strategy=name, ranks=ranks, dtype="float32",
+              micro_batch=micro_batch, rollout_rows=8, prompt_tokens=prompt_tokens, response_tokens=8,
+              rollout_gather=gather or "whole", overlap_critic=ranks == 1)  # fmt: skip
+    return plan(job).per_rank_peak_bytes / 2**20
+
+
 def compare(
-    workload: str, ranks: list[int], strategies: list[str], options: dict, one_process: bool = True
-) -> dict:
+    workload: str, ranks: list[int], strategies: list[str], options: dict, one_process: bool = True,
+    hf_model: Path | None = None,
+) -> dict:  # fmt: skip
     from bench.gpu_models import write
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        write(workload, work / "models")
+        if workload == HF_WORKLOAD:
+            write_hf_workload(hf_model, work / "models")
+        else:
+            write(workload, work / "models")
         setup = Case(work / "models", work=work, **options)
+        prompt_tokens = longest_prompt_tokens(work / "models") if options["stage"] == "train" else 0
         cases = []
         if one_process:
             one = run_case(Case(**{**vars(setup), "rlhf": None}), 1, "none")  # this checkout's one process
+            add_plan(one, setup, prompt_tokens)
             print(f"1 process: {one['largest_rank_peak_above_interpreter_mib']} MiB above the interpreter, "
                   f"{one['seconds']} s, iterations {one['iteration_s']} s", flush=True)  # fmt: skip
             cases.append(one)
         for strategy in strategies:
             for n in ranks:
                 case = run_case(setup, n, strategy)
+                add_plan(case, setup, prompt_tokens)
                 if one_process:
                     peak = case["largest_rank_peak_above_interpreter_mib"]
                     case["of_one_process"] = round(peak / one["largest_rank_peak_above_interpreter_mib"], 3)
@@ -237,11 +300,21 @@ def compare(
                     rollout = (f"; the rollout: {case['largest_rank_rollout_peak_above_before_mib']} MiB above "
                                f"the resident set before it, {case['rollout_seconds']} s")  # fmt: skip
                 print(f"{strategy} x{n}: {case['largest_rank_peak_above_interpreter_mib']} MiB "
-                      f"({case.get('of_one_process')} of one process), {case['seconds']} s, "
+                      f"({case.get('of_one_process')} of one process; plan {case.get('plan_mib')} MiB, "
+                      f"measured/plan {case.get('plan_ratio')}), {case['seconds']} s, "
                       f"iterations {case['iteration_s']} s{rollout}", flush=True)  # fmt: skip
                 cases.append(case)
     shown = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()}
-    return {"workload": workload, **shown, "cases": cases}
+    return {"workload": workload, **shown, "prompt_tokens": prompt_tokens, "cases": cases}
+
+
+def add_plan(case: dict, setup: Case, prompt_tokens: int) -> None:
+    """`rlhf plan`'s prediction of an `rlhf train` case on the CPU beside its measured peak."""
+    if setup.stage != "train" or setup.device != "cpu":
+        return
+    predicted = plan_mib(setup.models, case["ranks"], case["strategy"], setup.micro_batch, prompt_tokens)
+    case["plan_mib"] = round(predicted, 1)
+    case["plan_ratio"] = round(case["largest_rank_peak_above_interpreter_mib"] / predicted, 3)
 
 
 def main() -> None:
@@ -260,6 +333,8 @@ def main() -> None:
     )
     c.add_argument("--no-one-process", action="store_true", help="skip the one-process reference run")
     c.add_argument("--stage", choices=["train", "sft"], default="train")
+    c.add_argument("--hf-model", type=Path, default=REPO / "bench" / ".cache" / "smollm2" / "hf-float32",
+                   help=f"--workload {HF_WORKLOAD}: the model directory")  # fmt: skip
     r = sub.add_parser("rank")
     r.add_argument("--models", type=Path, required=True)
     r.add_argument("--strategy", required=True)
@@ -277,7 +352,8 @@ def main() -> None:
     else:
         options = {"device": args.device, "malloc": args.malloc, "micro_batch": args.micro_batch,
                    "iterations": args.iterations, "rlhf": args.rlhf, "stage": args.stage}  # fmt: skip
-        emit(compare(args.workload, args.ranks, args.strategies, options, not args.no_one_process))
+        emit(compare(args.workload, args.ranks, args.strategies, options, not args.no_one_process,
+                     args.hf_model))  # fmt: skip
 
 
 if __name__ == "__main__":

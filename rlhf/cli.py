@@ -318,6 +318,11 @@ def _plan_parser(sub) -> None:
     plan.add_argument("--gradient-checkpointing", action="store_true")
     plan.add_argument("--offload", action="store_true", help="fsdp2: shards and AdamW state in CPU memory")
     plan.add_argument(
+        "--overlap-critic",
+        action="store_true",
+        help="one process on a CPU: policy and critic steps side by side (runtime.overlap_critic)",
+    )
+    plan.add_argument(
         "--rollout-gather", default="whole", help="fsdp2 sampling: whole | per_layer (dist.rollout_gather)"
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -598,6 +603,7 @@ def run_plan_command(args, rest, ctx) -> int:
             gradient_checkpointing=args.gradient_checkpointing,
             rollout_gather=args.rollout_gather,
             offload=args.offload,
+            overlap_critic=args.overlap_critic,
             gpu_memory=parse_bytes(args.gpu_memory),
         )
         result = plan(job)

@@ -71,9 +71,9 @@ class DistConfig:
     # models' parameters and optimizer state sharded over the ranks between uses (docs/distributed.md)
     strategy: Literal["none", "ddp", "fsdp2"] = "none"
     timeout: float = 600.0  # seconds a collective waits for the other ranks before the job ends
-    # fsdp2 in rlhf train: every role's shards, gradients and AdamW state kept in CPU memory, each
-    # layer copied to the GPU for its use (torch's CPUOffloadPolicy): for a GPU that cannot hold its
-    # shards, at the cost of a host-device copy per use and AdamW on the CPU
+    # fsdp2 (rlhf train, sft, rm, dpo): every role's shards, gradients and AdamW state kept in CPU
+    # memory, each layer copied to the GPU for its use (torch's CPUOffloadPolicy): for a GPU that cannot
+    # hold its shards, at the cost of a host-device copy per use and AdamW on the CPU
     offload: bool = False
     # fsdp2 in rlhf train, the rollout's policy: "whole": gathered once per rollout and sampled with
     # whole (fastest; the whole policy in the compute dtype on every rank while sampling) | "per_layer":

@@ -78,13 +78,3 @@ class DPOConfig(SupervisedConfig):
     )
     dpo: DPOLossConfig = field(default_factory=DPOLossConfig)
     checkpoint: DPOCheckpointConfig = field(default_factory=DPOCheckpointConfig)
-
-    def validate(self, prefix: str = "") -> None:
-        super().validate(prefix)
-        require(
-            not (self.checkpoint.every and self.dist.strategy == "fsdp2"),
-            f"{prefix}checkpoint.every",
-            self.checkpoint.every,
-            "cannot be used with dist.strategy fsdp2 yet (its sharded optimizer state is not saved)",
-            f"--{prefix}dist.strategy ddp, or --{prefix}checkpoint.every 0",
-        )

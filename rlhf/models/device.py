@@ -46,9 +46,16 @@ def resolve_device(name: str, *, key: str = "train.device") -> torch.device:
 
 
 def model_device(model: nn.Module) -> torch.device:
-    """The device of `model`'s first parameter (the CPU for a model without parameters)."""
+    """Where `model` computes: its first parameter's device (the CPU for a model without parameters);
+    for a sharded parameter (a DTensor), its mesh's device, where FSDP gathers it (its shard may sit
+    in CPU memory: `dist.offload`, rlhf/runtime/fsdp.py)."""
     param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
+    if param is None:
+        return torch.device("cpu")
+    mesh = getattr(param, "device_mesh", None)
+    if mesh is not None and mesh.device_type != param.device.type:
+        return torch.device(mesh.device_type)
+    return param.device
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:

@@ -49,24 +49,37 @@ def shard_state(learners: dict) -> dict[str, torch.Tensor]:
 
 def save_sharded_checkpoint(trainer, target: Path) -> Path:
     """The trainer's checkpoint `target`, each rank writing its shards (every rank calls it)."""
-    peers, writer = trainer.runtime.peers, trainer.runtime.writer
     state = trainer.state()  # the optimizer moments stay out (Learner.state_dict under fsdp2)
+    learners = trained_learners(trainer.runtime.roles)
+    write_shards_and_state(learners, trainer.runtime.peers, target, state, trainer.iteration)
+    if trainer.runtime.writer:
+        ckpt.prune_checkpoints(trainer.run_dir, trainer.config.checkpoint.keep)
+    return target
+
+
+def write_shards_and_state(learners: dict, peers, target: Path, state: dict, steps_done: int) -> None:
+    """The checkpoint `target` of sharded `learners` ({name: learner}): every rank writes its shards of
+    their parameters and moments (every rank calls this); rank 0 `state` (`trainer.*`, the moments
+    left out) and DONE, after every rank's shards."""
+    writer = peers.rank == 0
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(ckpt.atomic_directory(target)) if writer else None
         tmp = Path(peers.gather(str(tmp) if writer else None)[0])  # rank 0's temporary directory
-        dcp.save(shard_state(trained_learners(trainer.runtime.roles)), checkpoint_id=tmp / SHARDS)
+        dcp.save(shard_state(learners), checkpoint_id=tmp / SHARDS)
         if writer:  # dcp.save returns once every rank's shards and the metadata are written
             ckpt.save_state(state, tmp, "trainer")
-            ckpt.write_done(tmp, trainer.iteration)  # sizes and checksums of every shard too
-    if writer:
-        ckpt.prune_checkpoints(trainer.run_dir, trainer.config.checkpoint.keep)
-    return target
+            ckpt.write_done(tmp, steps_done)  # sizes and checksums of every shard too
 
 
 def load_sharded_weights(roles, path: Path) -> None:
     """Load a sharded checkpoint's parameters and optimizer moments into the (whole, not yet sharded)
     trained roles, in a process group or in one process."""
-    learners = trained_learners(roles)
+    load_learner_shards(trained_learners(roles), path)
+
+
+def load_learner_shards(learners: dict, path: Path) -> None:
+    """`write_shards_and_state`'s parameters and optimizer moments of `learners` ({name: learner},
+    whole modules, not yet sharded), read in this process alone (any number of ranks wrote them)."""
     reader = dcp.FileSystemReader(str(Path(path) / SHARDS))
     saved = reader.read_metadata().state_dict_metadata
     state: dict[str, torch.Tensor] = {}

@@ -13,7 +13,8 @@ a whole gradient. Every rank must then run the same forwards and backwards: the 
 whose rows run out with micro-batches that weigh nothing (rlhf/runtime/distributed.py,
 rlhf/train/lockstep.py). The step
 clips by the global norm over the shards (PPO paper §5.4) and steps AdamW on each rank's shard
-(`step_shards`). The rollout unshards the policy once and samples with its whole parameters
+(`step_shards`). `dist.offload` keeps the shards, gradients and AdamW state in CPU memory (torch's
+CPUOffloadPolicy on every unit, `_precision`). The rollout unshards the policy once and samples with its whole parameters
 (`unsharded`), or, for a policy too big to hold whole, gathers one layer at a time in every decoding
 step (`gathered_per_layer`, `dist.rollout_gather per_layer`).
 """
@@ -43,11 +44,13 @@ from rlhf.runtime.peers import Peers
 def _precision(peers: Peers, bf16_compute: bool = True, offload: bool = False) -> dict:
     """fully_shard's keywords: on a GPU under bf16 compute (`dtype bfloat16`: float32 master
     weights, bf16 autocast) the layers are gathered in bfloat16 and the gradients reduced in float32
-    (MixedPrecisionPolicy), else in the parameters' dtype; `offload` (`dist.offload`, GPU only): the
-    shards, gradients and AdamW state in CPU memory (CPUOffloadPolicy)."""
+    (MixedPrecisionPolicy), else in the parameters' dtype; `offload` (`dist.offload`): the shards,
+    gradients and AdamW state in CPU memory (CPUOffloadPolicy), each layer copied to the device for
+    its use, from pinned memory on a GPU (on the CPU the policy holds and copies nothing: what the
+    CPU tests check)."""
     kwargs: dict = {}
-    if peers.device.type == "cuda" and offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=peers.device.type == "cuda")
     if peers.device.type == "cuda" and bf16_compute:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return kwargs

@@ -9,7 +9,8 @@ training, a precision policy, a strategy and a number of ranks. The phases of on
     rollout   every role resident + the policy's KV cache and one step's logits
     forward   every role resident + the scoring forwards' logits chunk (no activations kept)
     update    every role resident + the gradients of the largest trained role + its saved
-              activations of one micro-batch (the policy and critic step one after the other)
+              activations of one micro-batch (the policy and critic step one after the other; in
+              one process on a CPU side by side, `overlap_critic`: both at once)
 
 The supervised stages (`stage` sft, rm, dpo) have no rollout: their roles are the trained model
 (DPO: and its reference copy, none for a LoRA policy), a micro-batch of pairs is two rows per pair
@@ -17,16 +18,19 @@ The supervised stages (`stage` sft, rm, dpo) have no rollout: their roles are th
 
 Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is `--dist.strategy fsdp2`
 (rlhf/runtime/fsdp.py), in `rlhf train` and the supervised stages alike: per-layer sharding, every
-role 1/N, one gathered decoder layer at a time (and the next, prefetched), the policy unsharded in
+role 1/N, one gathered decoder layer at a time (and the next, prefetched) beside the root unit
+(embeddings, final norm, heads; gathered through a forward and its backward), the policy unsharded in
 the compute dtype only while sampling (`rollout_gather per_layer`, `dist.rollout_gather`: one
-decoder layer and the root unit instead). The per-token activation count is calibrated on measured
-peaks (bench/results/gpu_h200_session10.json; docs/scale.md).
+decoder layer and the root unit instead); on 1 rank every strategy is the one process's (`as_run`).
+One process on a CPU steps the policy and critic side by side (`overlap_critic`). The per-token
+activation count is calibrated on measured peaks (bench/results/gpu_h200_session10.json; the CPU
+peaks of bench/results/dist_memory_*.json; docs/scale.md).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 STRATEGIES = ("none", "ddp", "fsdp2")
@@ -148,6 +152,9 @@ class Job:
     rollout_gather: str = "whole"
     # fsdp2: every role's shards, gradients and AdamW state in CPU memory (`dist.offload`)
     offload: bool = False
+    # one process on a CPU of 2+ cores (`runtime.overlap_critic`, rlhf/runtime/local.py): the policy's
+    # and a separate critic's steps run side by side, both roles' gradients and activations held at once
+    overlap_critic: bool = False
     gpu_memory: int = 80 * GIB
 
     def validate(self) -> None:
@@ -163,8 +170,10 @@ class Job:
             raise ValueError(f"--rollout-gather per_layer needs --strategy fsdp2, got {self.strategy!r}")
         if self.stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
-        if self.offload and self.stage != "rl":
-            raise ValueError(f"--offload: `rlhf {self.stage}` does not offload yet (only `rlhf train` does)")
+        if self.overlap_critic and (self.ranks != 1 or self.stage != "rl"):
+            raise ValueError(
+                f"--overlap-critic is one process's (rlhf train on 1 rank), got {self.ranks} ranks ({self.stage})"
+            )
         if self.critic not in ("separate", "shared", "none"):
             raise ValueError(f"critic must be separate, shared or none, got {self.critic!r}")
         for name in ("ranks", "micro_batch", "rollout_rows", "prompt_tokens", "response_tokens"):
@@ -266,6 +275,7 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
     rows_per_rank = -(-job.rollout_rows // job.ranks) if rl else 0  # the supervised stages: no rollout
     tokens = job.prompt_tokens + job.response_tokens
     layers_gathered = 2 * s.layer_parameters * compute_bytes  # this layer and the next (prefetch)
+    root = s.parameters - s.layers * s.layer_parameters  # the root unit: embeddings, final norm (, head)
     policy = roles[0].parameters
     # the policy's whole parameters while sampling (fsdp2: in the compute dtype, once per rollout; with
     # rollout_gather per_layer one decoder layer at a time and the root unit, embeddings and output
@@ -276,9 +286,10 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
         else:
             # one layer gathered at a time, twice while FSDP2 copies its all-gather buffer out
             # (measured: bench/NOTES.md, session 13); the root unit held through the rollout
-            root = s.parameters - s.layers * s.layer_parameters  # embeddings, final norm (, head)
             gathered_policy = layers_gathered + root * compute_bytes
-        gathered_trained = layers_gathered
+        # the root unit stays gathered from a forward's start through its backward (FSDP2 keeps the
+        # root unsharded between them; measured: docs/scale.md, the 2-rank CPU peaks)
+        gathered_trained = layers_gathered + root * compute_bytes
     else:
         gathered_policy = gathered_trained = 0
     gathered_policy = gathered_policy if rl else 0
@@ -290,6 +301,8 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
     else:
         activations = s.layers * saved_per_layer
     gradients = max(r.gradients for r in roles if r.trained)
+    critic = next((r for r in roles if r.role == "critic"), None)
+    beside = critic.gradients + activations if job.overlap_critic and critic is not None else 0
     return {
         "rollout: KV cache": 2 * s.layers * s.kv_heads * s.head_dim * tokens * rows_per_rank * compute_bytes,
         "rollout: sampler logits": rows_per_rank * s.vocab * 4 * 2,  # float32 logits and their softmax
@@ -298,6 +311,7 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
         "forward/update: logits chunk": rows_per_micro * min(tokens, 1024) * s.vocab * 4 // 4,
         "update: gradients of the largest role": gradients,
         "update: saved activations": activations,
+        "update: critic's step beside (CPU)": beside,  # its gradients and (as many) activations
     }
 
 
@@ -309,6 +323,7 @@ PHASE_EXTRAS = {
         "forward/update: logits chunk",
         "update: gradients of the largest role",
         "update: saved activations",
+        "update: critic's step beside (CPU)",
     ),
 }
 
@@ -316,6 +331,7 @@ PHASE_EXTRAS = {
 def plan(job: Job, *, with_advice: bool = True) -> Plan:
     """The plan of `job`; `with_advice`: when it does not fit, re-plan each remedy to rank them."""
     job.validate()
+    job = as_run(job)
     roles = role_memory(job)
     extras = phase_extras(job, roles)
     resident = sum(r.weights + r.optimizer for r in roles)
@@ -344,6 +360,14 @@ def plan(job: Job, *, with_advice: bool = True) -> Plan:
     )
 
 
+def as_run(job: Job) -> Job:
+    """`job` as it runs: on 1 rank every strategy is the one process's (torchrun at world size 1 runs
+    the local runtime, rlhf/runtime/process_group.py: nothing sharded, gathered or offloaded)."""
+    if job.ranks == 1 and job.strategy != "none":
+        return replace(job, strategy="none", offload=False, rollout_gather="whole")
+    return job
+
+
 PER_LAYER_ADVICE = "--rollout-gather per_layer (sample a layer at a time, without the whole policy)"
 
 
@@ -363,8 +387,10 @@ def advice(job: Job) -> list[str]:
         ("--dtype bfloat16-pure (bf16 weights and AdamW state)", {"dtype": "bfloat16-pure"}),
     ]
     for label, change in options:
-        if job.stage != "rl" and ("rollout_gather" in change or change.get("offload")):
-            continue  # no rollout; the supervised stages do not offload (yet)
+        if job.stage != "rl" and "rollout_gather" in change:
+            continue  # no rollout
+        if job.overlap_critic and "strategy" in change:
+            continue  # one process's (a CPU run's) figures: another strategy is another run
         if all(getattr(job, k) == v for k, v in change.items()):
             continue
         trial = plan(Job(**{**asdict(job), "shape": job.shape, **change}), with_advice=False)
@@ -403,6 +429,8 @@ def render(result: Plan) -> str:
     for name, value in result.extras.items():
         if j["stage"] != "rl" and name.startswith("rollout"):
             continue  # the supervised stages sample nothing
+        if name.endswith("beside (CPU)") and not j["overlap_critic"]:
+            continue
         lines.append(f"{name:<34}{gib(value):>12}")
     lines.append("")
     for phase, value in result.phases.items():

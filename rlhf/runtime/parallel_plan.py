@@ -27,7 +27,7 @@ class ParallelPlan:
         """The keyword arguments of rlhf.train.learner.Learner that carry this plan."""
         return {
             "peers": self.peers, "strategy": self.strategy, "bf16_compute": self.bf16_compute,
-            "offload": self.offload, "sync_once": self.sync_once, "shard_later": True,
+            "offload": self.offload, "sync_once": self.sync_once,
         }  # fmt: skip
 
 

@@ -85,7 +85,10 @@ def data_parallel(config: DistConfig, device: str = "auto") -> Iterator[bool]:
         yield True
         # every rank done before any tears its group down: a rank leaving while a peer's last
         # gloo transfer is in flight can abort that peer at exit ("terminate called ...")
-        dist.barrier()
+        try:
+            dist.barrier()
+        except RuntimeError:  # the group broke earlier (a peer was lost): nothing left to wait for
+            pass
     finally:
         dist.destroy_process_group()
 

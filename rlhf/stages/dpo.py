@@ -13,7 +13,8 @@ shards), every rank running as many micro-batches (rlhf/train/lockstep.py).
 
 Resume (`rlhf dpo --resume DIR`, `checkpoint.every`): a checkpoint also holds the cached reference
 log-probs of every pair (not computed again) and a digest of the encoded pairs, so that a resume on
-other data stops instead of pairing the cache with other rows.
+other data stops instead of pairing the cache with other rows. Under fsdp2 each rank writes its shards
+of the weights and AdamW moments (rlhf/train/supervised_checkpoint.py), resumable at any number of ranks.
 """
 
 from __future__ import annotations
@@ -118,12 +119,13 @@ class DPOStage(SupervisedStage):
     def _reference_call(self, run: SupervisedRun) -> ModelCall:
         """The reference's one call: the policy's (adapter mode: its weights, the adapter switched off
         by `in_force`), or its copy's, sharded per layer without optimizer under fsdp2 (every rank's
-        shards from rank 0's copy)."""
+        shards from rank 0's copy; offloaded as the policy under dist.offload)."""
         if self.reference.mode == "adapter":
             return run.call
         call = ModelCall(self.reference.model)
         if run.per_layer:
-            shard_from_rank0(call, run.peers, bf16_compute=run.precision.uses_autocast)
+            bf16 = run.precision.uses_autocast
+            shard_from_rank0(call, run.peers, bf16_compute=bf16, offload=run.learner.offload)
         return call
 
     def preparing(self) -> str | None:

@@ -3,10 +3,11 @@ and schedule, the data-parallel ranks and sharding it trains under, the forward/
 an optimizer step (`passes`: the ranks' gradients reduced in the last one), and the optimizer step
 (global gradient clipping, step, zeroed gradients).
 
-A learner gets its parallel strategy when it is built (`peers`, `strategy`): replicated at once
-(ddp), or sharded per layer at once (fsdp2: the supervised stages) or, with `shard_later`, when its
-runtime first uses it (the RL roles, whose resumed state loads into the whole module first:
-`shard`, rlhf/runtime/distributed.py). No runtime sets a learner's parallel state after that.
+A learner gets its parallel strategy when it is built (`peers`, `strategy` and how it shards): under
+ddp it is replicated at once; under fsdp2 its owner calls `shard` once its whole state is in place
+(the supervised skeleton after a resume has loaded the checkpoint, rlhf/train/supervised.py; the RL
+runtime of torchrun or of a Ray group at a role's first use, rlhf/runtime/distributed.py), which
+shards it as planned. No runtime sets a learner's parallel state after it is built.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ class Learner:
     `total_steps` and global gradient clipping (PPO paper §5.4, appendix C.2). With `peers`
     (data-parallel ranks, rlhf/runtime/peers.py) the gradients are summed over the ranks before
     clipping (`strategy` "ddp": by DistributedDataParallel in the backward of a step's last pass,
-    rlhf/runtime/replicated.py); with "fsdp2" the module and its AdamW state are sharded over them per
-    layer (every rank's shards from rank 0's module, `shard_per_layer`; `bf16_compute`: gathered in bf16)."""
+    rlhf/runtime/replicated.py); with "fsdp2" the module and its AdamW state are then sharded over them
+    per layer (`shard`: every rank's shards from rank 0's module; `bf16_compute`, `offload`,
+    `sync_once` as `shard_per_layer` takes them)."""
 
     peers: Peers | None = None  # data-parallel ranks: gradients and stats summed over them
     replicated = (
@@ -40,6 +42,7 @@ class Learner:
     )
     sharded = None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/runtime/fsdp.py)
     per_layer = False  # sharded per layer: gradients arrive reduce-scattered
+    offload = False  # per layer, dist.offload: the shards, gradients and AdamW state in CPU memory
     sync_once = False  # per layer, dist.grad_sync step: reduce-scattered in a step's last pass only
     released = False  # the AdamW moments freed at the end of a sharded run (release_optimizer_state)
     accumulation: Accumulation | None = None  # the passes of the optimizer step under way
@@ -56,27 +59,23 @@ class Learner:
         bf16_compute: bool = False,
         offload: bool = False,
         sync_once: bool = False,
-        shard_later: bool = False,
     ) -> None:
         self.module = module
         self.uses_every_parameter = uses_every_parameter  # in every pass (ddp: no unused-parameter walk)
         self.max_grad_norm = optim.max_grad_norm
         self.optimizer, self.scheduler = build_optimizer(module.parameters(), optim, total_steps)
-        # fsdp2: how `shard_per_layer` shards it (`shard` with `shard_later`)
+        # fsdp2: how `shard` shards it (`shard_per_layer`) once its whole state is in place
         self.sharding = {"bf16_compute": bf16_compute, "offload": offload, "sync_once": sync_once}
         self.shard_pending = False
         if peers is not None and strategy == "ddp":
             self.replicate(peers)
         elif peers is not None:
             self.peers = peers
-            if strategy == "fsdp2" and shard_later:
-                self.shard_pending = True
-            elif strategy == "fsdp2":
-                self.shard_per_layer(peers, **self.sharding)
+            self.shard_pending = strategy == "fsdp2"
 
     def shard(self) -> None:
-        """fsdp2 with `shard_later`: shard the module per layer now, as it was planned when the learner
-        was built (its runtime's first use, after a resumed run loaded its whole state); once."""
+        """fsdp2: shard the module per layer now, as planned when the learner was built (its owner
+        calls this once the whole state is in place: after a resume loaded it); once."""
         if self.shard_pending:
             self.shard_pending = False
             self.shard_per_layer(self.peers, **self.sharding)
@@ -93,11 +92,14 @@ class Learner:
     ) -> None:
         """Shard the module per decoder layer over `peers` (rlhf/runtime/fsdp.py), AdamW's state with
         it, every rank's shards filled from rank 0's module and state (the others' may be on the
-        meta device). `sync_once` (dist.grad_sync step): gradients reduce-scattered in the last pass
-        of an optimizer step only, accumulated whole before (else after every pass)."""
+        meta device). `bf16_compute`: gathered in bf16 on a GPU; `offload` (dist.offload): the shards,
+        gradients and AdamW state in CPU memory (rlhf/runtime/fsdp.py). `sync_once` (dist.grad_sync
+        step): gradients reduce-scattered in the last pass of an optimizer step only, accumulated
+        whole before (else after every pass)."""
         self.peers = peers
         self.sharded = fsdp.shard_from_rank0(self.module, peers, self.optimizer, bf16_compute, offload)
         self.per_layer = True
+        self.offload = offload
         self.sync_once = sync_once
 
     # -- the passes of an optimizer step ---------------------------------------------------------

@@ -22,14 +22,15 @@ schedule and RNGs goes through `checkpoint_state` / `restore_state`.
 The run's skeleton:
 
     run_dir, tokenizer <- start_run; model <- build_model; rows <- load, split, encode
-    learner <- Learner(ModelCall(model), optim, steps, peers, dist.strategy)   [fsdp2: sharded per
-               layer, every rank's shards from rank 0's model]
+    learner <- Learner(ModelCall(model), optim, steps, peers, dist.strategy)   [ddp: replicated]
     [resume: the newest checkpoint's weights, optimizer, schedule, stage state; its N steps' batches
      drawn and dropped; its RNG states; metrics.jsonl cut after step N - 1]
+    [fsdp2: sharded per layer, every rank's shards (and AdamW state) from rank 0's; dist.offload:
+     in CPU memory]
     [evaluate before the first update: step 0's eval/ record]
     for each step: train_step, learner.optimizer_step, log;
                    evaluate every train.eval_every steps and at the last;
-                   [a checkpoint every checkpoint.every steps]
+                   [a checkpoint every checkpoint.every steps; fsdp2: each rank's shards]
     [fsdp2: AdamW's moments freed]; finish, report.html, the one-screen summary
 """
 
@@ -212,9 +213,12 @@ def run_supervised(
         strategy=config.dist.strategy,
         uses_every_parameter=stage.uses_every_parameter,
         bf16_compute=precision.uses_autocast,
+        offload=config.dist.offload,
     )
     run = SupervisedRun(out, tokenizer, model, learner, precision, peers, writer)
     done = _resume(run, stage, batches, train_rows, test_rows) if resume else 0
+    if sharded:  # after a resume loaded the whole state (on rank 0): every rank's shards from rank 0's
+        learner.shard()
     logger = open_metrics_logger(
         out,
         resumable=stage.resumable,
@@ -251,17 +255,11 @@ def run_supervised(
 
 
 def _refuse_unsupported(stage: SupervisedStage, resume: bool) -> None:
-    """Settings this stage cannot honour: a resume of a stage without checkpoints, offload, and the
-    rollout's gathering (no rollout here: the setting would do nothing)."""
+    """Settings this stage cannot honour: a resume of a stage without checkpoints, and the rollout's
+    gathering (no rollout here: the setting would do nothing)."""
     config = stage.config
     if resume and not stage.resumable:
         raise ConfigError(f"`{stage.title}` runs cannot resume. Fix: start a new run (another --out).")
-    if config.dist.offload:  # the supervised stages shard per layer, without offload (not built yet)
-        raise ConfigError(
-            f"dist.offload is true, but `{stage.title}` does not offload yet (only `rlhf train` does). "
-            "Fix: drop --dist.offload.",
-            "dist.offload",
-        )
     if config.dist.rollout_gather != "whole":
         raise ConfigError(
             f"dist.rollout_gather is {config.dist.rollout_gather}, but `{stage.title}` samples no rollout "
@@ -333,8 +331,8 @@ def _train_steps(
         if last or step % t.log_every == 0 or any(k.startswith("eval/") for k in metrics):
             logger.log(step, metrics, kind="step")
         final = metrics
-        if every and (step + 1) % every == 0 and not last and run.writer:
-            # every rank holds the same state (ddp): rank 0 writes it
+        if every and (step + 1) % every == 0 and not last and (run.writer or run.per_layer):
+            # ddp: every rank holds the same state, rank 0 writes it; fsdp2: every rank its shards
             save_supervised_checkpoint(
                 run, step + 1, stage.checkpoint_state(train_rows, test_rows), config.checkpoint.keep
             )
@@ -376,7 +374,9 @@ def _resume(run: SupervisedRun, stage: SupervisedStage, batches, train_rows: lis
             f"{run.out} has no complete checkpoint to resume from (checkpoints/iter_*/DONE). Fix: start a "
             "fresh run with another --out, with --checkpoint.every N to save during the run."
         )
-    state = load_supervised_checkpoint(run, path)
+    # fsdp2: rank 0 reads the weights and moments, every rank's shards come from it (run_supervised)
+    sharded = run.peers is not None and stage.config.dist.strategy == "fsdp2"
+    state = load_supervised_checkpoint(run, path, weights=run.writer or not sharded)
     stage.restore_state(state["stage"], train_rows, test_rows)
     done = int(state["step"])
     for _ in zip(range(done), batches):

@@ -11,6 +11,11 @@ setting aside of damaged checkpoints are those of `rlhf train`, rlhf/rundir/chec
                                 the reference's log-probs of every pair and a digest of the pairs)
     DONE                        every file's size and sha256, written last
 
+Under `dist.strategy fsdp2` every rank writes its shards of the parameters and AdamW moments into
+`shards/` instead of `model.trained.safetensors` (DCP, as `rlhf train`: rlhf/rundir/sharded_checkpoint.py;
+the moments left out of `trainer.*`). Either kind resumes at any number of ranks or in one process:
+the whole state is read on rank 0 (or the only process) before the model is sharded again.
+
 The data order is not stored: it is drawn from `seed` alone, so a resumed run draws the step
 batches of the first N steps again and drops them (a permutation per epoch: no model work).
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlhf.rundir import checkpoint as ckpt
+from rlhf.rundir.sharded_checkpoint import has_shards, load_learner_shards, write_shards_and_state
 from rlhf.rundir.termination import finish_first
 from rlhf.rundir.weights import load_trained, save_trained
 
@@ -32,27 +38,36 @@ def checkpoint_path(run_dir: Path, steps_done: int) -> Path:
 
 
 def save_supervised_checkpoint(run, steps_done: int, stage_state: dict, keep: int) -> Path:
-    """Write the checkpoint after `steps_done` optimizer steps (the writer only) and prune to `keep`."""
+    """Write the checkpoint after `steps_done` optimizer steps and prune to `keep`: the writer alone,
+    or under fsdp2 every rank (each its shards)."""
     target = checkpoint_path(run.out, steps_done)
+    state = {
+        "step": steps_done,
+        "learner": run.learner.state_dict(),  # fsdp2: without the moments (in the shards)
+        "rng": ckpt.rng_state(),
+        "stage": stage_state,
+    }
     with finish_first():  # a Ctrl-C or SIGTERM waits for the write and the pruning
-        with ckpt.atomic_directory(target) as tmp:
-            save_trained(run.model, tmp, MODEL)
-            state = {
-                "step": steps_done,
-                "learner": run.learner.state_dict(),
-                "rng": ckpt.rng_state(),
-                "stage": stage_state,
-            }
-            ckpt.save_state(state, tmp, STATE)
-            ckpt.write_done(tmp, steps_done)  # sizes and checksums: verified on resume
-        ckpt.prune_checkpoints(run.out, keep)
+        if run.per_layer:
+            write_shards_and_state({MODEL: run.learner}, run.peers, target, state, steps_done)
+        else:
+            with ckpt.atomic_directory(target) as tmp:
+                save_trained(run.model, tmp, MODEL)
+                ckpt.save_state(state, tmp, STATE)
+                ckpt.write_done(tmp, steps_done)  # sizes and checksums: verified on resume
+        if run.writer:
+            ckpt.prune_checkpoints(run.out, keep)
     return target
 
 
-def load_supervised_checkpoint(run, path: Path) -> dict:
-    """Restore the trained parameters and the optimizer and schedule of `run` from `path`; the state
-    (steps done, RNG states, the stage's state) for the caller to apply."""
-    load_trained(run.model, path, MODEL)
+def load_supervised_checkpoint(run, path: Path, weights: bool = True) -> dict:
+    """Restore the trained parameters (`weights`: False on a sharded launch's ranks but 0, whose
+    shards come from rank 0) and the optimizer and schedule of `run` from `path`, into the whole,
+    not yet sharded model; the state (steps done, RNG states, the stage's state) for the caller."""
+    if weights and has_shards(path):  # an fsdp2 run's: read whole here, from any number of ranks
+        load_learner_shards({MODEL: run.learner}, path)
+    elif weights:
+        load_trained(run.model, path, MODEL)
     state = ckpt.load_state(Path(path), STATE)
     run.learner.load_state_dict(state["learner"])
     return state

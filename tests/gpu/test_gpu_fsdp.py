@@ -80,3 +80,25 @@ def test_fsdp2_with_offload_gives_the_same_metrics_with_its_state_in_cpu_memory(
             if isinstance(value, float):
                 assert got[key] == pytest.approx(value, abs=1e-3, rel=1e-3), key
     assert (tmp_path / "offload" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("stage", ["sft", "dpo"])
+def test_supervised_fsdp2_with_offload_keeps_its_shards_in_cpu_memory_with_the_same_metrics(
+    stage, one_nccl_rank, tmp_path
+):
+    """`rlhf sft|dpo --dist.offload`: every unit (DPO's reference copy too) under CPUOffloadPolicy,
+    the shards in CPU memory between uses, the batches on the GPU; the float32 metrics and the
+    exported model of the run without offload. (On the CPU the policy moves nothing: the CPU tests,
+    tests/runtime/test_distributed.py, check it is in effect and the numbers.)"""
+    from tests.support.dist_cases import supervised_run, write_supervised_data
+
+    data = write_supervised_data(tmp_path)[stage]
+    plain = supervised_run(stage, str(tmp_path / "plain"), data, "fsdp2")
+    offloaded = supervised_run(f"{stage}-offload", str(tmp_path / "offload"), data, "fsdp2")
+    assert offloaded["offload_policies"] and set(offloaded["offload_policies"]) == {"CPUOffloadPolicy"}
+    assert set(plain["offload_policies"]) == {"OffloadPolicy"}
+    for key, value in plain["last"].items():
+        if isinstance(value, float):
+            assert offloaded["last"][key] == pytest.approx(value, abs=1e-4, rel=1e-4), key
+    for name, tensor in plain["exported"].items():
+        torch.testing.assert_close(offloaded["exported"][name], tensor, atol=1e-4, rtol=1e-4)

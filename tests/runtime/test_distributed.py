@@ -112,7 +112,11 @@ PPO_CASES = {
         "grpo",
         [{"dist": {"strategy": "fsdp2"}, "rollout": {"batch_size": 8, "samples_per_prompt": 4}}],
     ),
-    "fsdp2-rloo-critic-free": ("rloo", [{"dist": {"strategy": "fsdp2"}, "rollout": {"batch_size": 8}}]),
+    # and dist.offload: CPUOffloadPolicy on every unit of every role (on the CPU it moves nothing)
+    "fsdp2-rloo-critic-free-offload": (
+        "rloo",
+        [{"dist": {"strategy": "fsdp2", "offload": True}, "rollout": {"batch_size": 8}}],
+    ),
 }
 
 
@@ -137,6 +141,9 @@ def test_two_ranks_train_as_one_process(case, ppo_on_two_ranks, tmp_path):
         assert torch.equal(got["tokens"], one["tokens"]), f"rank {rank}: sampled tokens"
         assert got["sharded"] == case.startswith("fsdp2"), f"rank {rank}: sharded"
         assert got["replicated"] == (not case.startswith("fsdp2")), f"rank {rank}: under DDP"
+        if case.startswith("fsdp2"):  # the policy's root and its decoder layer
+            policy = "CPUOffloadPolicy" if case.endswith("offload") else "OffloadPolicy"
+            assert got["offload_policies"] == [policy] * 2, f"rank {rank}: {got['offload_policies']}"
         assert_close_dicts(got["policy"], one["policy"], f"rank {rank} policy parameters")
         assert_close_dicts(got["critic"], one["critic"], f"rank {rank} critic parameters")
         assert_close_dicts(got["last"], one["last"], f"rank {rank} metrics")
@@ -168,22 +175,6 @@ def test_offload_without_fsdp2_is_a_config_error_naming_the_fix():
 
     with pytest.raises(ConfigError, match=r"dist\.offload .*Fix: --dist\.strategy fsdp2"):
         load_config(RLConfig, preset="ppo_max", overrides={"dist": {"strategy": "ddp", "offload": True}})
-
-
-def test_the_supervised_stages_refuse_offload_they_do_not_do(tmp_path):
-    from rlhf.config import ConfigError, SFTConfig, load_config
-    from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
-    from rlhf.stages.sft import run_sft
-
-    tok = word_tokenizer(["a b c"])
-    config = load_config(
-        SFTConfig,
-        overrides={"out": str(tmp_path / "sft"), "model": "unused", "data": {"path": "unused"},
-                   "dist": {"strategy": "fsdp2", "offload": True}},
-    )  # fmt: skip
-    with pytest.raises(ConfigError, match="does not offload"):
-        run_sft(config, model=tiny_causal_lm(tok), tokenizer=tok, quiet=True)
-    assert not (tmp_path / "sft").exists()
 
 
 def test_an_unknown_strategy_is_a_config_error():
@@ -248,6 +239,8 @@ SUPERVISED = [
     ("dpo-live", "fsdp2", 5),  # the sharded reference copy in every step
     ("dpo-lora", "fsdp2", 5),  # the reference: the sharded LoRA policy, its adapter off
     ("sft-checkpointed", "fsdp2", 5),  # each layer gathered again for its recomputation
+    ("sft-offload", "fsdp2", 5),  # dist.offload: CPUOffloadPolicy on every unit
+    ("dpo-offload", "fsdp2", 5),  # and on the reference copy's
 ]
 
 
@@ -263,8 +256,14 @@ def test_two_ranks_train_sft_reward_and_dpo_models_as_one_process(
     ranks = two[(stage, strategy, batch)]
     # the exported model (rank 0 writes it; under fsdp2 from the gathered shards) is the one-process one
     assert_close_dicts(ranks[0]["exported"], one["exported"], "exported model.safetensors")
+    # under fsdp2: the root and each decoder layer an FSDP unit (DPO's reference copy too), each
+    # with the offload policy asked for (on the CPU it moves nothing: the policy is what to check)
+    with_copy = stage.startswith("dpo") and stage != "dpo-lora"  # a LoRA reference: the policy's own
+    units = (1 + 1) * (2 if with_copy else 1) if strategy == "fsdp2" else 0
+    policy = "CPUOffloadPolicy" if stage.endswith("-offload") else "OffloadPolicy"
     for rank, got in enumerate(ranks):
         assert got["sharded"] == (strategy == "fsdp2"), f"rank {rank}: sharded"
+        assert got["offload_policies"] == [policy] * units, f"rank {rank}: {got['offload_policies']}"
         assert_close_dicts(got["params"], one["params"], f"rank {rank} parameters")
         assert_close_dicts(got["last"], one["last"], f"rank {rank} metrics")
     assert len(ranks[0]["written"]) == len(one["written"])  # one writer: no record twice
@@ -382,16 +381,23 @@ RESUME_STRATEGIES = ["ddp", "fsdp2"]
 
 @pytest.fixture(scope="module")
 def resumed_on_two_ranks(tmp_path_factory) -> tuple[str, dict]:
-    """Every strategy's whole and interrupted-then-resumed runs, in one spawned job: (the PPO-ptx
-    file, {strategy: its root directory})."""
-    from tests.support.dist_cases import each_case, run_whole_and_interrupted
+    """Every strategy's whole and interrupted-then-resumed runs, and DPO's under fsdp2, in one spawned
+    job: (the PPO-ptx file, {strategy, or "dpo": its root directory, "dpo-data": DPO's pairs})."""
+    from tests.support.dist_cases import (
+        dpo_whole_and_interrupted,
+        each_call,
+        run_whole_and_interrupted,
+        write_supervised_data,
+    )
 
     root = tmp_path_factory.mktemp("resume_two_ranks")
     ptx = ptx_rows_file(root)
-    roots = {strategy: root / strategy for strategy in RESUME_STRATEGIES}
+    roots = {name: root / name for name in (*RESUME_STRATEGIES, "dpo")}
     for directory in roots.values():
         directory.mkdir()
-    run_ranks(each_case, run_whole_and_interrupted, [(str(roots[s]), ptx, s) for s in RESUME_STRATEGIES])
+    roots["dpo-data"] = write_supervised_data(root)["dpo"]
+    calls = [(run_whole_and_interrupted, str(roots[s]), ptx, s) for s in RESUME_STRATEGIES]
+    run_ranks(each_call, calls + [(dpo_whole_and_interrupted, str(roots["dpo"]), roots["dpo-data"])])
     return ptx, roots
 
 
@@ -423,6 +429,36 @@ def test_a_two_rank_run_resumes_at_two_ranks_and_in_one_process(strategy, resume
         assert len(rows) == len(whole), resumed
         for got, expected in zip(rows, whole):
             assert_close_dicts(got, expected, f"{resumed} metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_a_two_rank_fsdp2_dpo_run_resumes_at_two_ranks_and_in_one_process(resumed_on_two_ranks):
+    """DPO under fsdp2: every rank writes its shards of the weights and AdamW moments (DCP); the
+    checkpoint resumes at 2 ranks and in one process with the uninterrupted run's metrics and
+    exported model (to ATOL 1e-5, float rounding)."""
+    from safetensors.torch import load_file
+
+    from tests.support.dist_cases import dpo_resume
+    from tests.support.train_testing import metric_rows
+
+    _, roots = resumed_on_two_ranks
+    root = roots["dpo"]
+    checkpoint = root / "split_copy" / "checkpoints" / "iter_000001"
+    assert sorted(p.name for p in (checkpoint / "shards").glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    assert not list(checkpoint.glob("model*.safetensors"))  # no whole weights
+    one_thread(dpo_resume, str(root / "split_copy"), roots["dpo-data"])
+    whole = metric_rows(root / "whole", kinds=("step",))
+    assert [r["step"] for r in whole] == [0, 1]  # the 2 steps (the checkpoint after the first)
+    exported = load_file(str(root / "whole" / "model.safetensors"))
+    for resumed in ("split", "split_copy"):
+        rows = metric_rows(root / resumed, kinds=("step",))
+        assert len(rows) == len(whole), resumed
+        for got, expected in zip(rows, whole):
+            assert_close_dicts(got, expected, f"{resumed} metrics.jsonl")
+        assert_close_dicts(load_file(str(root / resumed / "model.safetensors")), exported, resumed)
 
 
 def test_stages_without_data_parallelism_refuse_a_multi_process_launch(monkeypatch, capsys):

@@ -105,6 +105,7 @@ def ppo_run(run_dir: str, preset: str, layers: list[dict], ptx_file: str | None 
         "policy": policy,
         "critic": critic,
         "sharded": roles.policy.sharded is not None,
+        "offload_policies": offload_policies(roles.policy.module),  # fsdp2: each unit's
         "replicated": roles.policy.replicated is not None,  # ddp: DistributedDataParallel
         "tokens": trainer.buffer[-1].input_ids.clone(),
         "written": written,
@@ -267,13 +268,15 @@ def supervised_stage(
     num_layers: int = 1,
     batch_size: int = 5,
     model_dir: str | None = None,
+    checkpoint: dict | None = None,
 ):
     """(the stage, its tiny model, tokenizer) of a 2-step SFT, reward-model or DPO run on 5 rows per
     step (ranks hold 3 and 2: uneven tokens, 2 and 1 micro-batches of 2; `batch_size` 1: rank 1 holds
     none), clipping on, evaluation every step. `model_dir`: the stage loads it (model and tokenizer
     None). Stage "dpo-live": the reference copy's log-probs in every step (not cached); "dpo-lora": a
     LoRA policy, its reference the adapter switched off, in every step; "sft-checkpointed": with
-    gradient checkpointing."""
+    gradient checkpointing; "-offload" (sft, dpo): under fsdp2 with dist.offload. `checkpoint`: the
+    DPO run's `checkpoint` settings."""
     from rlhf.config import DPOConfig, RewardConfig, SFTConfig, load_config
     from rlhf.stages.dpo import DPOStage
     from rlhf.stages.rm import RewardModelStage
@@ -298,6 +301,10 @@ def supervised_stage(
     }
     if model_dir is not None:
         policy = reward_model = tok = None
+    if stage.endswith("-offload") and strategy == "fsdp2":  # CPUOffloadPolicy on every unit
+        overrides["dist"]["offload"] = True
+    if checkpoint is not None:
+        overrides["checkpoint"] = checkpoint
     if stage == "sft-checkpointed":  # gradient checkpointing: each layer's forward run again in the backward
         overrides["gradient_checkpointing"] = True
     if stage.startswith("sft"):
@@ -335,8 +342,12 @@ def supervised_run(
         return built[0]
 
     stage_.build_model = watched_build
+    runs, train_step = [], stage_.train_step
+    stage_.train_step = lambda run, rows: runs.append(run) or train_step(run, rows)
     final = run_supervised(stage_, model=model, tokenizer=tok, quiet=True)
     model = built[0]
+    roots = [runs[0].learner.module]  # the sharded root (the model's ModelCall), and DPO's reference copy
+    roots += [stage_.reference_call] if stage.startswith("dpo") and stage_.reference.mode == "copy" else []
     peers = current_peers()
     sharded = all(isinstance(p, DTensor) for p in model.parameters())  # per layer: the model's every one
     with whole_copies([model]):  # fsdp2: the whole parameters, gathered on every rank
@@ -349,7 +360,18 @@ def supervised_run(
         "exported": load_file(str(Path(run_dir) / "model.safetensors")) if writer else None,
         "written": metric_rows(run_dir, kinds=("step",)) if peers is None or peers.rank == 0 else None,
         "built_on_meta": built[1],
+        "offload_policies": [policy for root in roots for policy in offload_policies(root)],
     }
+
+
+def offload_policies(root) -> list[str]:
+    """The offload policy of every FSDP unit of the sharded `root` (torch's per-unit state), by class
+    name: "CPUOffloadPolicy" under dist.offload, else "OffloadPolicy" (none); [] when not sharded."""
+    from rlhf.runtime.fsdp import fsdp_units
+
+    return [
+        type(unit._get_fsdp_state()._fsdp_param_group.offload_policy).__name__ for unit in fsdp_units(root)
+    ]
 
 
 class Interrupted(Exception):
@@ -391,6 +413,50 @@ def run_whole_and_interrupted(root: str, ptx_file: str, strategy: str = "ddp") -
     if current_peers() is None or current_peers().rank == 0:
         shutil.copytree(split, Path(root) / "split_copy")  # for a resume at another world size
     trainer_of(config, split, resume=True, ptx_file=ptx_file).train()
+
+
+DPO_RESUME = {"every": 1, "keep": 5}  # a checkpoint after step 1 of 2
+
+
+def dpo_whole_and_interrupted(root: str, data_path: str) -> None:
+    """Into root/whole an uninterrupted 2-step DPO run under fsdp2 (a checkpoint after step 1, each
+    rank's shards); into root/split the same run stopped as step 2 starts, copied to root/split_copy
+    (for a resume in one process), then resumed to the end here."""
+    import shutil
+
+    import torch.distributed as dist
+
+    from rlhf.runtime.peers import current_peers
+    from rlhf.train.supervised import run_supervised
+
+    stage, model, tok = supervised_stage("dpo", f"{root}/whole", data_path, "fsdp2", checkpoint=DPO_RESUME)
+    run_supervised(stage, model=model, tokenizer=tok, quiet=True)
+    stage, model, tok = supervised_stage("dpo", f"{root}/split", data_path, "fsdp2", checkpoint=DPO_RESUME)
+    steps, train_step = [], stage.train_step
+
+    def step(run, rows):
+        steps.append(None)
+        if len(steps) == 2:
+            raise Interrupted
+        return train_step(run, rows)
+
+    stage.train_step = step
+    try:
+        run_supervised(stage, model=model, tokenizer=tok, quiet=True)
+    except Interrupted:
+        pass
+    dist.barrier()  # rank 0 has written DONE
+    if current_peers().rank == 0:
+        shutil.copytree(Path(root) / "split", Path(root) / "split_copy")
+    dpo_resume(f"{root}/split", data_path)
+
+
+def dpo_resume(run_dir: str, data_path: str) -> None:
+    """`dpo_whole_and_interrupted`'s run in `run_dir` resumed (at any number of ranks, or in one process)."""
+    from rlhf.train.supervised import run_supervised
+
+    stage, model, tok = supervised_stage("dpo", run_dir, data_path, "fsdp2", checkpoint=DPO_RESUME)
+    run_supervised(stage, model=model, tokenizer=tok, quiet=True, resume=True)
 
 
 def resume_run(run_dir: str, ptx_file: str, strategy: str = "ddp") -> None:

@@ -1,7 +1,8 @@
 """The Ray actor of a role group: it builds the roles it serves (the others' models stay on the meta
 device) and runs the local runtime over them, or, with several actors in the group, the torchrun
 runtime's data-parallel code over a torch.distributed group of their own. Every call takes and
-returns plain data (token ids, tensors, dataclasses of tensors, dicts): no callable crosses."""
+returns plain data (token ids, tensors, dataclasses of tensors, dicts): no callable crosses. Its
+process's global random state goes into the run's checkpoints (`rng_state`) and back on resume."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from rlhf.models.tiny import word_tokenizer
 from rlhf.rl.roles.assemble import assemble_roles
-from rlhf.runtime import DistributedRuntime
+from rlhf.runtime import DistributedRuntime, LocalRuntime
 from rlhf.runtime.parallel_plan import parallel_plan
 from tests.support.dist_cases import tiny_models
 from tests.support.train_testing import WORDS, rl_config
@@ -42,7 +42,10 @@ def test_outside_a_process_group_there_is_no_plan_and_the_runtime_refuses_such_r
         dist.destroy_process_group()
 
 
-def test_ddp_learners_are_replicated_when_built_and_the_runtime_leaves_them_as_they_are(one_rank):
+def test_ddp_learners_are_replicated_when_built_and_the_runtime_leaves_them_as_they_are(
+    one_rank, monkeypatch
+):
+    monkeypatch.setattr("rlhf.runtime.local.side_by_side_threads", lambda: 1)  # as on 2 or more cores
     config = rl_config("ppo_max", {"dist": {"strategy": "ddp"}})
     roles = roles_of(config)
     policy, critic = roles.policy, roles.critic
@@ -51,6 +54,14 @@ def test_ddp_learners_are_replicated_when_built_and_the_runtime_leaves_them_as_t
     assert policy.uses_every_parameter  # no value head on the policy: DDP skips the unused walk
     DistributedRuntime(roles, config.runtime, strategy="ddp")
     assert (policy.replicated, critic.replicated) == built  # nothing set after construction
+    # never side by side on two threads: both all-reduce on the one process group
+    assert LocalRuntime(roles, config.runtime).overlap_threads(roles.learners()) is None
+
+
+def test_learners_built_outside_a_group_may_step_side_by_side(monkeypatch):
+    monkeypatch.setattr("rlhf.runtime.local.side_by_side_threads", lambda: 1)  # as on 2 or more cores
+    roles = roles_of(rl_config("ppo_max"))
+    assert LocalRuntime(roles, rl_config("ppo_max").runtime).overlap_threads(roles.learners()) == 1
 
 
 def test_fsdp2_learners_are_sharded_as_planned_at_the_first_use_and_once(one_rank):

@@ -35,7 +35,7 @@ class RolloutConfig:
     # responses that hit max_new_tokens: kept as they are, given truncation_penalty as score, or dropped
     truncated: Literal["keep", "penalize", "drop"] = "keep"
     truncation_penalty: float = -1.0  # score given to truncated responses when truncated == "penalize"
-    # asynchronous rollouts: the next batch is sampled while the policy updates on this one, by a
+    # asynchronous rollouts: up to this many batches sampled ahead while the policy updates, each by a
     # policy at most this many updates old, corrected by decoupled PPO (docs/algorithms.md §34;
     # needs dist.runtime ray with ray.rollout.num_actors >= 1). 0: the synchronous loop, exactly
     max_staleness: int = 0

@@ -48,13 +48,14 @@ def start_ray(config: RLConfig) -> bool:
 
 
 class PendingCall:
-    """A call running on a group's actors; `result()` is its first actor's answer."""
+    """A call running on a group's actors; `result()` is its first actor's answer (and checks the
+    weight loads submitted before it: `loads`)."""
 
-    def __init__(self, runtime: RayRuntime, group: str, refs: list) -> None:
-        self.runtime, self.group, self.refs = runtime, group, refs
+    def __init__(self, runtime: RayRuntime, group: str, refs: list, loads: list) -> None:
+        self.runtime, self.group, self.refs, self.loads = runtime, group, refs, loads
 
     def result(self):
-        return self.runtime._get(self.group, self.refs)[0]
+        return self.runtime._get(self.group, self.refs, self.loads)[0]
 
 
 class RayRuntime:
@@ -78,6 +79,7 @@ class RayRuntime:
         self.placements: list = []
         self.actors: dict[str, list] = {}
         self.nodes: dict[str, list[str]] = {}
+        self.loading: list = []  # the rollout actors' weight loads not yet checked (`sync_rollout`)
         try:
             self.placements, strategies = place(config.ray, list(self.hosts))
             self._launch(config, strategies, ray.remote(RoleWorker))
@@ -88,41 +90,44 @@ class RayRuntime:
             load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
         )
         self.facts = self._first("policy", "facts")
-        self.policy_version = 0  # the policy's updates the rollout group's copy has received
+        self.policy_version = 0  # the policy's updates the rollout group's copy has received  # the rollout actors' weight loads not yet checked (`sync_rollout`)
 
     def _launch(self, config: RLConfig, strategies: dict[str, list], remote_worker) -> None:
-        """Start every group's actors (each group's members meet at its first actor's address)."""
-        pending = []
-        for group, roles in self.hosts.items():
+        """Start every group's actors (each group's members meet at its first actor's address). Every
+        actor's process starts at once: each imports torch and transformers, seconds apiece."""
+        for group in self.hosts:
             spec = getattr(config.ray, group)
-            actors = [
+            self.actors[group] = [
                 remote_worker.options(
                     num_cpus=spec.num_cpus, num_gpus=spec.num_gpus, scheduling_strategy=strategy,
                     name=None, max_restarts=0,
                 ).remote()
                 for strategy in strategies[group]
             ]  # fmt: skip
-            self.actors[group] = actors
-            meet = self._get(group, [actors[0].address.remote()])[0]
-            threads = max(1, int(spec.num_cpus))
-            pending.append(
-                (
-                    group,
-                    [
-                        a.setup.remote(config, group, roles, i, len(actors), meet, threads)
-                        for i, a in enumerate(actors)
-                    ],
-                )
-            )
+        meets = {group: actors[0].address.remote() for group, actors in self.actors.items()}
+        pending = []
+        for group, roles in self.hosts.items():
+            actors, meet = self.actors[group], self._get(group, [meets[group]])[0]
+            threads = max(1, int(getattr(config.ray, group).num_cpus))
+            setups = [
+                a.setup.remote(config, group, roles, i, len(actors), meet, threads)
+                for i, a in enumerate(actors)
+            ]
+            pending.append((group, setups))
         for group, refs in pending:
             self.nodes[group] = self._get(group, refs)
 
     # -- calls ---------------------------------------------------------------------------------
-    def _get(self, group: str, refs: list) -> list:
+    def _get(self, group: str, refs: list, loads: list | None = None) -> list:
         """The answers of `group`'s actors; a user's mistake raised in an actor is raised here as it
-        is, a dead actor as ActorFailed naming it."""
+        is, a dead actor as ActorFailed naming it. On the rollout group the weight loads submitted
+        before `refs` are checked first (`loads`; None: every unchecked one)."""
         import ray
 
+        loads = self.loading if loads is None else loads
+        if group == ROLLOUT and loads:  # a load that failed fails the next rollout call after it
+            self.loading = [r for r in self.loading if r not in loads]
+            return self._get(group, [*loads, *refs], [])[len(loads) :]
         try:
             return ray.get(refs, timeout=None)
         except ray.exceptions.RayTaskError as e:
@@ -159,16 +164,19 @@ class RayRuntime:
         """The rollout group's sampling of `prompts`, started now; `.result()` waits for it (the
         driver goes on meanwhile: asynchronous rollouts, rollout.max_staleness)."""
         refs = [a.generate.remote(prompts, return_logprobs) for a in self.actors[ROLLOUT]]
-        return PendingCall(self, ROLLOUT, refs)
+        return PendingCall(self, ROLLOUT, refs, list(self.loading))
 
     def sync_rollout(self) -> None:
         """The policy group's trained parameters copied into every rollout actor's policy (through
-        Ray's object store: sent once, read by each), after each update of the policy."""
+        Ray's object store: sent once, read by each), after each update of the policy. Not waited
+        for: a rollout actor runs its calls in order, so every rollout submitted later samples with
+        these weights, and one submitted earlier (rollout.max_staleness) with the weights before;
+        the loads' answers are checked with the next call on the rollout group (`_get`)."""
         if ROLLOUT not in self.actors:
             return
         # a reference: the weights pass from the policy's actor to the rollout's, never to the driver
         weights = self.actors["policy"][0].policy_weights.remote()
-        self._call(ROLLOUT, "load_policy_weights", weights)
+        self.loading += [a.load_policy_weights.remote(weights) for a in self.actors[ROLLOUT]]
         self.policy_version += 1
 
     def forward(self, role: str, sequences: Sequences) -> torch.Tensor:
@@ -226,6 +234,8 @@ class RayRuntime:
             state.update(self._first(group, "role_state"))
         if ROLLOUT in self.actors:  # the generator that drew the rollouts is the rollout group's
             state["policy"]["sample_generator"] = self._first(ROLLOUT, "sampler_state")
+        # every actor's global generators, by group and rank (a resumed run draws what this one would)
+        state["actor_rng"] = {group: self._call(group, "rng_state") for group in self.actors}
         return state
 
     def load_role_state(self, state: dict) -> None:
@@ -233,6 +243,9 @@ class RayRuntime:
             self._call(group, "load_role_state", state)
         if ROLLOUT in self.actors and "sample_generator" in state["policy"]:
             self._call(ROLLOUT, "load_sampler_state", state["policy"]["sample_generator"])
+        for group, states in state.get("actor_rng", {}).items():  # none: a local run's checkpoint
+            if group in self.actors:
+                self._call(group, "load_rng_state", states)
 
     def save_weights(self, directory) -> None:
         for group in self._learner_groups():

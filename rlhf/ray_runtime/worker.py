@@ -1,7 +1,8 @@
 """The Ray actor of a role group: it builds the roles it serves (the others' models stay on the meta
 device) and runs the local runtime over them, or, with several actors in the group, the torchrun
 runtime's data-parallel code over a torch.distributed group of their own. Every call takes and
-returns plain data (token ids, tensors, dataclasses of tensors, dicts): no callable crosses."""
+returns plain data (token ids, tensors, dataclasses of tensors, dicts): no callable crosses. Its
+process's global random state goes into the run's checkpoints (`rng_state`) and back on resume."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from rlhf.config import RLConfig
 from rlhf.models.sequences import Sequences
 from rlhf.rl.roles.assemble import load_roles
+from rlhf.rundir.checkpoint import rng_state, set_rng_state
 from rlhf.rundir.export import write_models
 from rlhf.runtime import runtime_for
 from rlhf.runtime.process_group import backend_for
@@ -129,6 +131,17 @@ class RoleWorker:
             digest.update(name.encode())
             digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
+
+    # -- this process's global random state (a role drawing from it, e.g. dropout) ----------------
+    def rng_state(self) -> dict:
+        """Python's, NumPy's and torch's global generators in this actor (a checkpoint's)."""
+        return rng_state()
+
+    def load_rng_state(self, states: list[dict]) -> None:
+        """This actor's state among its group's (by rank); an actor the checkpoint's run did not
+        have (more actors on resume) keeps its own."""
+        if self.rank < len(states):
+            set_rng_state(states[self.rank])
 
     def sampler_state(self) -> torch.Tensor:
         return self.roles.policy.generator.get_state()

@@ -131,9 +131,10 @@ class RLTrainer:
         )
         self.buffer: list[Experience] = []
         self.iteration = 0
-        # rollout.max_staleness > 0: the next rollout, sampled while the policy updates (PendingRollout)
+        # rollout.max_staleness K > 0: the next K rollouts, sampled while the policy updates, in the
+        # order they are trained on (PendingRollout)
         self.asynchronous = c.rollout.max_staleness > 0
-        self.pending: PendingRollout | None = None
+        self.pending: list[PendingRollout] = []
         self.batch_indices: list[int] = []  # the prompt file's rows of the rollout being scored
         self.pretrain_done = c.critic.pretrain_iterations == 0
         self.pretrain_state = {"iterations": 0, "best": math.inf, "stale": 0}
@@ -215,8 +216,7 @@ class RLTrainer:
         experience, metrics = self.make_experience()
         # experience buffer (PPO paper §5.3.2)
         self.buffer = (self.buffer + [experience])[-c.train.buffer_size :]
-        if self.asynchronous and self.iteration + 1 < c.train.iterations:
-            self.pending = self.submit_rollout()  # sampled by the rollout actors during the update
+        self.submit_ahead()  # sampled by the rollout actors during the update
         self.status("updating")
         t0 = time.perf_counter()
         metrics.update(self.update(concat_experiences(self.buffer)))
@@ -330,6 +330,17 @@ class RLTrainer:
         )
         return prompts, group, list(self.prompts.last_indices)
 
+    def submit_ahead(self) -> None:
+        """Asynchronous: up to rollout.max_staleness K rollouts sampled ahead (none past the last
+        iteration). The one submitted during update u is sampled by the policy of version u (the
+        rollout actors run their calls in order: the weights of every earlier update first) and
+        trained on at iteration u + (its place in the queue) <= u + K: at most K versions behind (§34)."""
+        if not self.asynchronous:
+            return
+        left = self.config.train.iterations - self.iteration - 1
+        while len(self.pending) < min(self.config.rollout.max_staleness, left):
+            self.pending.append(self.submit_rollout())
+
     def submit_rollout(self) -> PendingRollout:
         """The next rollout, sampled by the rollout actors while this process goes on (asynchronous)."""
         prompts, group, indices = self.draw_prompts()
@@ -337,12 +348,12 @@ class RLTrainer:
         return PendingRollout(group, indices, handle, self.runtime.policy_version)
 
     def take_rollout(self):
-        """(group ids, the rollout, updates its sampler's policy was behind): the pending one
+        """(group ids, the rollout, updates its sampler's policy was behind): the oldest pending one
         (asynchronous), or sampled now by the current policy."""
-        if self.pending is None and self.asynchronous:
-            self.pending = self.submit_rollout()
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
+        if not self.pending and self.asynchronous:
+            self.pending.append(self.submit_rollout())
+        if self.pending:
+            pending = self.pending.pop(0)
             self.batch_indices = pending.indices
             return pending.group, pending.handle.result(), self.runtime.policy_version - pending.version
         prompts, group, self.batch_indices = self.draw_prompts()
@@ -458,16 +469,18 @@ class RLTrainer:
             "pending": self.pending_state(),
         }
 
-    def pending_state(self) -> dict | None:
-        """The rollout sampled ahead (asynchronous), waited for: a resumed run trains on it as the
-        uninterrupted one does."""
-        if self.pending is None:
-            return None
-        p = self.pending
-        rollout = p.handle.result()
-        self.pending = PendingRollout(p.group, p.indices, Ready(rollout), p.version)
-        behind = self.runtime.policy_version - p.version
-        return {"group": p.group, "indices": p.indices, "rollout": asdict(rollout), "behind": behind}
+    def pending_state(self) -> list[dict]:
+        """The rollouts sampled ahead (asynchronous), waited for, in their order: a resumed run trains
+        on them as the uninterrupted one does, each as many versions behind."""
+        states = []
+        for i, p in enumerate(self.pending):
+            rollout = p.handle.result()
+            self.pending[i] = PendingRollout(p.group, p.indices, Ready(rollout), p.version)
+            behind = self.runtime.policy_version - p.version
+            states.append(
+                {"group": p.group, "indices": p.indices, "rollout": asdict(rollout), "behind": behind}
+            )
+        return states
 
     def save_checkpoint(self) -> Path:
         target = self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}"
@@ -497,11 +510,12 @@ class RLTrainer:
         self.detector.load_state_dict(state["detector"])
         ckpt.set_rng_state(state["rng"], {"shuffle": self.shuffle_generator})
         self.buffer = [Experience(**e).to(self.runtime.device) for e in state["buffer"]]
-        pending = state.get("pending")
-        if pending is not None:
-            version = self.runtime.policy_version - pending["behind"]
-            ready = Ready(Rollout(**pending["rollout"]))
-            self.pending = PendingRollout(pending["group"], list(pending["indices"]), ready, version)
+        pending = state.get("pending") or []
+        for p in [pending] if isinstance(pending, dict) else pending:  # one (a dict): written before K > 1
+            version = self.runtime.policy_version - p["behind"]
+            self.pending.append(
+                PendingRollout(p["group"], list(p["indices"]), Ready(Rollout(**p["rollout"])), version)
+            )
 
 
 def roles_state(state: dict) -> dict:

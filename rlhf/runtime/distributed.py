@@ -16,8 +16,9 @@ The costly work on rows is shared:
   micro-batches, padded with fillers that weigh nothing (`Lockstep`). The critic's steps never run
   beside the policy's on a second thread here: both would all-reduce on one process group and could
   mix their buckets.
-Under `dist.strategy fsdp2` every role is sharded per layer at its first use (after a resumed run
-has loaded its whole state; rlhf/runtime/fsdp.py): the policy, a separate critic, the reference's
+The learners are built with their strategy (rlhf/runtime/parallel_plan.py: ddp replicas, or fsdp2
+shards planned). Under `dist.strategy fsdp2` every role is sharded per layer at its first use (after
+a resumed run has loaded its whole state; rlhf/runtime/fsdp.py): the policy, a separate critic, the reference's
 copy and the reward model, each rank holding 1/N of every one. Their forwards and backwards gather
 one layer at a time and reduce-scatter the gradients, so every rank runs the same ones: the rows of
 a no-grad forward are padded to the largest rank's share, and the micro-batches of an optimizer step
@@ -53,7 +54,6 @@ class DistributedRuntime(LocalRuntime):
         strategy: str = "ddp",
         offload: bool = False,
         rollout_gather: str = "whole",
-        grad_sync: str = "micro_batch",
     ) -> None:
         super().__init__(roles, config)
         self.peers = Peers(group)
@@ -61,12 +61,15 @@ class DistributedRuntime(LocalRuntime):
         self.sharded = strategy == "fsdp2"
         self.offload = offload  # dist.offload: the shards and AdamW state in CPU memory
         self.rollout_gather = rollout_gather  # dist.rollout_gather: the sampled policy whole or per layer
-        self.grad_sync = grad_sync  # fsdp2: gradients reduced per micro-batch or once per step
+        # the learners were built with their strategy (ddp: replicated; fsdp2: sharded at the first
+        # use, `shard_roles`; rlhf/runtime/parallel_plan.py): built outside this group, they would not
+        # sum their gradients over its ranks
         for learner in self.learners:
-            if self.sharded:  # fsdp2: every rank's shards come from rank 0 (shard_roles)
-                learner.peers = self.peers
-            else:  # ddp: DistributedDataParallel, every rank from rank 0's parameters
-                learner.replicate(self.peers)
+            if learner.peers is None:
+                raise RuntimeError(
+                    "the roles were built outside the process group: build them after joining it "
+                    "(rlhf.rl.roles.assemble.assemble_roles gives each learner its data-parallel strategy)"
+                )
         # fsdp2: every role is sharded at its first use, after a resumed run loaded its state (on
         # rank 0 alone when the other ranks built their models on the meta device)
         self.shard_pending = self.sharded
@@ -85,7 +88,7 @@ class DistributedRuntime(LocalRuntime):
         precision = r.policy.precision
         bf16 = precision is not None and precision.uses_autocast  # dtype bfloat16: gathered in bf16
         for learner in self.learners:
-            learner.shard_per_layer(self.peers, bf16, self.offload, sync_once=self.grad_sync == "step")
+            learner.shard()  # as planned when it was built (rlhf/runtime/parallel_plan.py)
         frozen = [r.reference.own_module, r.reward_model and r.reward_model.model]
         for module in frozen:
             if module is not None:
@@ -180,6 +183,5 @@ def runtime_for(roles, config) -> LocalRuntime:
             strategy=d.strategy,
             offload=d.offload,
             rollout_gather=d.rollout_gather,
-            grad_sync=d.grad_sync,
         )
     return LocalRuntime(roles, config.runtime)

@@ -3,10 +3,11 @@ and schedule, the data-parallel ranks and sharding it trains under, the forward/
 an optimizer step (`passes`: the ranks' gradients reduced in the last one), and the optimizer step
 (global gradient clipping, step, zeroed gradients).
 
-A learner gets its ranks when it is built (`peers`, `strategy`: replicated under ddp at once), and is
-sharded per layer by its owner (`shard_per_layer`, fsdp2) once its whole state is in place: the
-supervised skeleton after a resume has loaded the checkpoint (rlhf/train/supervised.py), the RL
-runtime of torchrun at a role's first use (rlhf/runtime/distributed.py).
+A learner gets its parallel strategy when it is built (`peers`, `strategy` and how it shards): under
+ddp it is replicated at once; under fsdp2 its owner calls `shard` once its whole state is in place
+(the supervised skeleton after a resume has loaded the checkpoint, rlhf/train/supervised.py; the RL
+runtime of torchrun or of a Ray group at a role's first use, rlhf/runtime/distributed.py), which
+shards it as planned. No runtime sets a learner's parallel state after it is built.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class Learner:
     (data-parallel ranks, rlhf/runtime/peers.py) the gradients are summed over the ranks before
     clipping (`strategy` "ddp": by DistributedDataParallel in the backward of a step's last pass,
     rlhf/runtime/replicated.py); with "fsdp2" the module and its AdamW state are then sharded over them
-    per layer (`shard_per_layer`: every rank's shards from rank 0's module)."""
+    per layer (`shard`: every rank's shards from rank 0's module; `bf16_compute`, `offload`,
+    `sync_once` as `shard_per_layer` takes them)."""
 
     peers: Peers | None = None  # data-parallel ranks: gradients and stats summed over them
     replicated = (
@@ -54,15 +56,29 @@ class Learner:
         peers: Peers | None = None,
         strategy: str = "none",
         uses_every_parameter: bool = False,
+        bf16_compute: bool = False,
+        offload: bool = False,
+        sync_once: bool = False,
     ) -> None:
         self.module = module
         self.uses_every_parameter = uses_every_parameter  # in every pass (ddp: no unused-parameter walk)
         self.max_grad_norm = optim.max_grad_norm
         self.optimizer, self.scheduler = build_optimizer(module.parameters(), optim, total_steps)
+        # fsdp2: how `shard` shards it (`shard_per_layer`) once its whole state is in place
+        self.sharding = {"bf16_compute": bf16_compute, "offload": offload, "sync_once": sync_once}
+        self.shard_pending = False
         if peers is not None and strategy == "ddp":
             self.replicate(peers)
-        elif peers is not None:  # fsdp2: sharded by `shard_per_layer` once the whole state is loaded
+        elif peers is not None:
             self.peers = peers
+            self.shard_pending = strategy == "fsdp2"
+
+    def shard(self) -> None:
+        """fsdp2: shard the module per layer now, as planned when the learner was built (its owner
+        calls this once the whole state is in place: after a resume loaded it); once."""
+        if self.shard_pending:
+            self.shard_pending = False
+            self.shard_per_layer(self.peers, **self.sharding)
 
     def replicate(self, peers: Peers) -> None:
         """dist.strategy ddp: the module under DistributedDataParallel over `peers`, every rank

@@ -212,11 +212,13 @@ def run_supervised(
         peers=peers,
         strategy=config.dist.strategy,
         uses_every_parameter=stage.uses_every_parameter,
+        bf16_compute=precision.uses_autocast,
+        offload=config.dist.offload,
     )
     run = SupervisedRun(out, tokenizer, model, learner, precision, peers, writer)
     done = _resume(run, stage, batches, train_rows, test_rows) if resume else 0
     if sharded:  # after a resume loaded the whole state (on rank 0): every rank's shards from rank 0's
-        learner.shard_per_layer(peers, precision.uses_autocast, offload=config.dist.offload)
+        learner.shard()
     logger = open_metrics_logger(
         out,
         resumable=stage.resumable,

@@ -3,8 +3,11 @@ on the driver, each role a group of actors; the local run's numbers and files.""
 
 from __future__ import annotations
 
+import random
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -32,10 +35,18 @@ WITH_A_ROLLOUT_ACTOR = [
 ]
 
 
+# the reward from a function on the driver, the critic from the policy: no reward model's actor
+REWARD_FN_ONLY = ["--reward-fn", "tests.support.reward_fns_testing:letters", "--model.critic_init", "policy"]
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """One local Ray for the module (the runtime joins it rather than starting its own)."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # Ray's memory monitor off: on a shared machine it kills the actors when others fill the memory
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
+        _system_config={"memory_monitor_refresh_ms": 0},
+    )  # fmt: skip
     yield
     ray.shutdown()
 
@@ -89,66 +100,99 @@ def test_colocated_actors_and_a_rollout_actor_give_the_local_runs_numbers_and_fi
     assert (out / "tokenizer.json").read_bytes() == (local_run / "tokenizer.json").read_bytes()
 
 
-def test_two_actor_groups_run_data_parallel_inside_and_give_one_processs_numbers(
-    models, local_run, cluster, tmp_path
-):
-    """Policy and critic groups of two actors each (a gloo group per role group, each actor a
-    share of the rows), placed in a placement group per role: the one-process metrics to 1e-5
-    (the summed gradients differ from one process's in float rounding only)."""
-    out = tmp_path / "ray2"
-    args = ["--dist.runtime", "ray", "--ray.placement", "separate", *HALF_A_CPU]
-    args += [
-        "--ray.policy.num_actors",
-        "2",
-        "--ray.critic.num_actors",
-        "2",
-        "--ray.reference.num_cpus",
-        "0.25",
-    ]
-    args += ["--ray.reward_model.num_cpus", "0.25"]
-    assert main(train_args(models, out, *args)) == 0
-    assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=1e-5)
+def planted_rng_states(seed: int, count: int) -> list[dict]:
+    """`count` global random states of their own (Python's, NumPy's, torch's), this process's kept."""
+    from rlhf.rundir.checkpoint import rng_state, set_rng_state
+
+    mine, states = rng_state(), []
+    for k in range(count):
+        random.seed(seed + k)
+        np.random.seed(seed + k)
+        torch.manual_seed(seed + k)
+        states.append(rng_state())
+    set_rng_state(mine)
+    return states
 
 
-def test_asynchronous_rollouts_stay_one_update_behind_and_a_dead_actors_run_resumes_exactly(
+def same_rng_state(a: dict, b: dict) -> bool:
+    return (
+        a["python"] == b["python"]
+        and torch.equal(a["numpy"][1], b["numpy"][1])
+        and torch.equal(a["torch"], b["torch"])
+    )
+
+
+def test_two_updates_ahead_two_actor_groups_a_dead_actor_and_a_resume_under_one_actor_each(
     models, cluster, tmp_path, monkeypatch, capsys
 ):
-    """rollout.max_staleness 1: each iteration after the first trains on a rollout the previous
-    policy sampled during the previous update (staleness 1, recorded), corrected by decoupled PPO
-    (its weights logged). The critic's actor killed in the second iteration's update ends the run
-    (exit 1, no traceback) with a message naming the role group and the resume command; the resumed
-    Ray run, whose checkpoint holds the rollout that was in flight, gives the uninterrupted run's
-    metrics exactly."""
+    """rollout.max_staleness 2 with a LoRA policy (its reference on the policy's own actors), the
+    reward from a function (no reward model's actor), and policy and critic groups of two actors
+    each (a gloo group per role group, each actor a share of the rows), a placement group per role.
+    Iteration 0 samples now; during its update the rollouts of iterations 1 and 2 are sampled by
+    policy version 0, during iteration 1's that of iteration 3 by version 1: staleness 0, 1, 2, 2
+    (recorded, never above 2), corrected by decoupled PPO (its weights logged). The critic's actor
+    killed in the fourth iteration's update ends the run (exit 1, no traceback) with a message naming
+    the role group and the resume command. Resumed from the second iteration's checkpoint (which
+    holds the two rollouts sampled ahead and every actor's global random state), under one
+    colocated actor per role, it gives the killed run's metrics of the iterations both ran to 1e-5
+    (two actors' summed gradients differ from one's in float rounding only), and every actor starts
+    from the random state its rank had when the checkpoint was written."""
     from rlhf.ray_runtime.runtime import RayRuntime
 
-    ahead = [*WITH_A_ROLLOUT_ACTOR, "--rollout.max_staleness", "1", "--checkpoint.every", "1"]
-    whole = tmp_path / "whole"
-    assert main(train_args(models, whole, *ahead)) == 0
-    rows = [r for r in metric_rows(whole) if "iteration" in r]
-    assert [r["async/staleness"] for r in rows] == [0, 1, 1]
-    assert all(0 < r["async/is_weight_mean"] <= r["async/is_weight_max"] <= 2.0 for r in rows)
-    assert rows[0]["async/is_weight_max"] == pytest.approx(1.0, abs=1e-4)  # no update yet: pi_prox = pi_behav
-
-    calls, train = {"n": 0}, RayRuntime.train
+    ahead = ["--rollout.max_staleness", "2", "--checkpoint.every", "1", "--checkpoint.keep", "4"]
+    ahead += ["--model.lora.enabled", "true", "--train.iterations", "4"]
+    two = ["--ray.placement", "separate", "--ray.policy.num_actors", "2", "--ray.critic.num_actors", "2"]
+    calls, train, load_role_state = {"n": 0}, RayRuntime.train, RayRuntime.load_role_state
+    planted: dict[str, list[dict]] = {}
 
     def killing(self, roles, minibatches):
         calls["n"] += 1
-        if calls["n"] == 3:  # critic pre-training, iteration 0, then iteration 1's update
+        if calls["n"] == 5:  # critic pre-training, iterations 0, 1 and 2, then iteration 3's update
             ray.kill(self.actors["critic"][0])
-        return train(self, roles, minibatches)
+        result = train(self, roles, minibatches)
+        if calls["n"] == 2:  # iteration 0 updated: each actor's global state its own (as dropout would)
+            for i, (group, actors) in enumerate(sorted(self.actors.items())):
+                planted[group] = planted_rng_states(100 * i, len(actors))
+                self._call(group, "load_rng_state", planted[group])
+        return result
 
     monkeypatch.setattr(RayRuntime, "train", killing)
     split = tmp_path / "split"
-    code = main(train_args(models, split, *ahead))
+    args = train_args(models, split, *WITH_A_ROLLOUT_ACTOR, *ahead, *two, *REWARD_FN_ONLY)
+    del args[args.index("--reward-model") : args.index("--reward-model") + 2]  # one actor fewer to start
+    code = main(args)
     err = capsys.readouterr().err
     assert code == 1, err
     assert (
         "Ray role group 'critic'" in err and f"rlhf train --resume {split}" in err and "Traceback" not in err
     )
-    assert (split / "checkpoints" / "iter_000001" / "DONE").is_file()
+    killed = [r for r in metric_rows(split) if "iteration" in r]
+    assert [r["iteration"] for r in killed] == [0, 1, 2]
+    assert [r["async/staleness"] for r in killed] == [0, 1, 2]
+    assert all(0 < r["async/is_weight_mean"] <= r["async/is_weight_max"] <= 2.0 for r in killed)
+    # no update yet: pi_prox = pi_behav; after one, the weights move away from 1
+    assert killed[0]["async/is_weight_max"] == pytest.approx(1.0, abs=1e-4)
+    assert all(r["async/is_weight_max"] != pytest.approx(1.0, abs=1e-6) for r in killed[1:])
+    checkpoints = split / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [f"iter_00000{i}" for i in (1, 2, 3)]
+    for later in ("iter_000002", "iter_000003"):  # resume from the second iteration's checkpoint
+        shutil.rmtree(checkpoints / later)
+    restored: dict[str, list[dict]] = {}
+
+    def loading(self, state):
+        load_role_state(self, state)
+        restored.update({group: self._call(group, "rng_state") for group in self.actors})
+
     monkeypatch.setattr(RayRuntime, "train", train)
-    assert main(["train", "--resume", str(split)]) == 0
-    assert_same_rows(metric_rows(whole), metric_rows(split), tolerance=0.0)
+    monkeypatch.setattr(RayRuntime, "load_role_state", loading)
+    one = [f"--ray.{group}.num_actors=1" for group in ("policy", "critic")]
+    assert main(["train", "--resume", str(split), "--ray.placement", "colocate", *one]) == 0
+    resumed = [r for r in metric_rows(split) if "iteration" in r]
+    assert [r["iteration"] for r in resumed] == [0, 1, 2, 3]
+    assert [r["async/staleness"] for r in resumed] == [0, 1, 2, 2]
+    assert_same_rows(killed, resumed[:3], tolerance=1e-5)
+    assert sorted(restored) == sorted(planted) == ["critic", "policy", "rollout"]
+    assert all(same_rng_state(restored[g][0], planted[g][0]) for g in planted)  # one actor each: rank 0's
 
 
 def test_asking_for_more_cpus_than_the_cluster_has_stops_before_loading_naming_the_keys(

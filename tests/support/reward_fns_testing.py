@@ -14,6 +14,11 @@ def length(prompts, responses, response_token_ids, rows):
     return [float(len(ids)) for ids in response_token_ids]
 
 
+def letters(prompts, responses, response_token_ids, rows):
+    """A score that varies with the response: its letters among a to e (the tests' words are letters)."""
+    return [float(sum(ch in "abcde" for ch in response)) for response in responses]
+
+
 def constant(prompts, responses, response_token_ids, rows):
     return [0.25] * len(prompts)
 

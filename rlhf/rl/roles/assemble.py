@@ -27,6 +27,7 @@ from rlhf.rl.roles.policy import JointValue, Policy
 from rlhf.rundir.export import export_models
 from rlhf.rundir.sharded_checkpoint import has_shards, load_sharded_weights
 from rlhf.rundir.weights import load_trained, save_trained
+from rlhf.runtime.parallel_plan import ParallelPlan, parallel_plan
 from rlhf.runtime.process_group import sharded_launch
 from rlhf.train.setup import with_lora
 
@@ -183,9 +184,12 @@ def assemble_roles(
     tokenizer,
     policy: torch.nn.Module,
     reward_model: ScalarHeadModel | None,
+    hosted: frozenset[str] | None = None,
 ) -> Roles:
     """Build the four roles around an SFT policy and a reward model (both already loaded; no reward
-    model when `reward.functions` give the reward), on `train.device` in the `dtype` precision."""
+    model when `reward.functions` give the reward), on `train.device` in the `dtype` precision.
+    Inside a process group the trained roles among `hosted` (None: all) are built with the
+    data-parallel strategy they train under (rlhf/runtime/parallel_plan.py)."""
     c = config
     device = resolve_device(c.train.device, key="train.device")
     precision = Precision.resolve(c.dtype, device, key="dtype")
@@ -226,6 +230,11 @@ def assemble_roles(
     policy.eval()  # no dropout: the first PPO ratio is exactly 1
     rows = c.train.micro_batch_size
     rl_steps, pretrain_steps = optimizer_steps(c)
+    plan = parallel_plan(c.dist, bf16_compute=precision.uses_autocast)
+
+    def parallel(role: str) -> ParallelPlan | None:
+        return plan if hosted is None or role in hosted else None
+
     sampling = rollout_sampling_config(c)
     policy_role = Policy(
         policy,
@@ -241,6 +250,7 @@ def assemble_roles(
         sort_by_length=c.runtime.sort_by_length,
         device=device,
         sample_seed=c.seed + 1,
+        parallel=parallel("policy"),
     )
     # a chat model's response also ends at its template's end-of-turn token (data.chat_template)
     policy_role.stop_ids = stop_token_ids(tokenizer, c.data.chat_template)
@@ -256,9 +266,11 @@ def assemble_roles(
             micro_batch_size=rows,
             precision=precision,
             sort_by_length=c.runtime.sort_by_length,
+            parallel=parallel("critic"),
         )
     frozen = {"micro_batch_size": rows, "precision": precision, "sort_by_length": c.runtime.sort_by_length}
     return Roles(
+        hosted=hosted,
         tokenizer=tokenizer,
         policy=policy_role,
         reference=Reference(
@@ -320,9 +332,11 @@ def load_roles(config: RLConfig, on_meta: bool = False, hosted: frozenset[str] |
     rm = config.model.reward_model
     lora_rm = bool(rm) and (Path(rm) / "adapter_config.json").is_file()
     reward_model = ScalarHeadModel.from_pretrained(rm, on_meta=rm_meta and not lora_rm) if rm else None
-    roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
+    hosted = None if hosted is None else frozenset(hosted)
+    roles = assemble_roles(
+        config, tokenizer=tokenizer, policy=policy, reward_model=reward_model, hosted=hosted
+    )
     if hosted is not None:
-        roles.hosted = frozenset(hosted)
         roles.release_unhosted()
     return roles
 

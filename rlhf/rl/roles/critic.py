@@ -24,6 +24,7 @@ from rlhf.models.sequences import Sequences
 from rlhf.rl.experience import Experience, in_row_chunks
 from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.learner import Lockstep, RoleLearner, StepStats
+from rlhf.runtime.parallel_plan import ParallelPlan
 
 if TYPE_CHECKING:
     from rlhf.rl.roles.policy import Policy
@@ -62,11 +63,12 @@ class Critic(RoleLearner):
         micro_batch_size: int,
         precision: Precision | None = None,
         sort_by_length: bool = True,
+        parallel: ParallelPlan | None = None,
     ) -> None:
         self.model = model
         self.value_clip = value_clip
         self.forward = ValueForward(model, precision)
-        super().__init__(self.forward, optim, total_steps, micro_batch_size, sort_by_length)
+        super().__init__(self.forward, optim, total_steps, micro_batch_size, sort_by_length, parallel)
 
     @torch.no_grad()
     def values(self, sequences: Sequences) -> torch.Tensor:

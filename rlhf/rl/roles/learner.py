@@ -20,6 +20,7 @@ from rlhf.config import OptimConfig
 from rlhf.core import explained_variance, micro_batch_weight
 from rlhf.rl.experience import Experience
 from rlhf.runtime.fsdp import Lockstep
+from rlhf.runtime.parallel_plan import ParallelPlan
 from rlhf.train.learner import Learner
 
 
@@ -133,8 +134,12 @@ class RoleLearner(Learner):
         total_steps: int,
         micro_batch_size: int,
         sort_by_length: bool = True,
+        parallel: ParallelPlan | None = None,
+        uses_every_parameter: bool = False,
     ) -> None:
-        super().__init__(module, optim, total_steps)
+        # `parallel`: the data-parallel strategy it trains under (rlhf/runtime/parallel_plan.py)
+        options = parallel.learner_options() if parallel is not None else {}
+        super().__init__(module, optim, total_steps, uses_every_parameter=uses_every_parameter, **options)
         self.micro_batch_size = micro_batch_size
         self.sort_by_length = sort_by_length  # runtime.sort_by_length
 

@@ -32,6 +32,7 @@ from rlhf.rl.experience import Experience, in_row_chunks
 from rlhf.rl.roles.critic import value_micro_loss
 from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
 from rlhf.rl.roles.learner import Lockstep, RoleLearner, StepStats
+from rlhf.runtime.parallel_plan import ParallelPlan
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Policy(RoleLearner):
         sort_by_length: bool = True,
         device: torch.device | None = None,
         sample_seed: int = 0,
+        parallel: ParallelPlan | None = None,
     ) -> None:
         self.model = model  # the causal LM (a PEFT model when LoRA is on)
         self.home = device  # where its batches go (None: its parameters' device)
@@ -86,8 +88,9 @@ class Policy(RoleLearner):
         # the module every forward goes through (what a sharded policy gathers): the policy's forward,
         # with the value head on its trunk when the critic is shared (`self.module(..., part="value")`)
         trained = self.forward if joint_value is None else JointForward(self.forward, joint_value.forward)
-        super().__init__(trained, optim, total_steps, micro_batch_size, sort_by_length)
-        self.uses_every_parameter = joint_value is None  # a value head is left out of the policy's passes
+        # a value head is left out of the policy's passes (uses_every_parameter: ddp's unused walk)
+        super().__init__(trained, optim, total_steps, micro_batch_size, sort_by_length, parallel,
+                         uses_every_parameter=joint_value is None)  # fmt: skip
         # the rollouts' random draws, on the device where it samples: the policy's own state, saved
         # in checkpoints ("sample"), never passed in by a caller
         self.generator = torch.Generator(self.device).manual_seed(sample_seed)

@@ -22,15 +22,16 @@ PROMPT_TOKENS="${PROMPT_TOKENS:-96}"        # prompt budget of every stage (olde
 SYSTEM_PROMPT="${SYSTEM_PROMPT:-none}"      # none: drop SmolLM2's default system prompt (~20 tokens)
 RESPONSE_TOKENS="${RESPONSE_TOKENS:-32}"    # SFT / RM / DPO response budget
 SFT_STEPS="${SFT_STEPS:-12}"                # x 8 examples
-RM_STEPS="${RM_STEPS:-24}"                  # x 8 pairs, each judge
-DPO_STEPS="${DPO_STEPS:-24}"                # x 8 pairs (the first judge's pairs)
-RM_HELDOUT="${RM_HELDOUT:-200}"             # held-out pairs scored by rm-eval
-PPO_ITERATIONS="${PPO_ITERATIONS:-10}"      # x 8 prompts
-EVAL_N="${EVAL_N:-50}"                      # held-out prompts of each win rate
+RM_STEPS="${RM_STEPS:-12}"                  # x 8 pairs, each judge
+DPO_STEPS="${DPO_STEPS:-12}"                # x 8 pairs (the first judge's pairs)
+RM_HELDOUT="${RM_HELDOUT:-100}"             # held-out pairs scored by rm-eval
+PPO_ITERATIONS="${PPO_ITERATIONS:-6}"       # x 8 prompts
+EVAL_N="${EVAL_N:-40}"                      # held-out prompts of each win rate
 EVAL_TOKENS="${EVAL_TOKENS:-32}"            # response budget of the win rates
 EXTRA="${EXTRA:-}"                           # flags added to sft, rm, rm2, dpo and train (e.g. the GPU ones)
 PPO_EXTRA="${PPO_EXTRA:-}"                   # flags added to train only
-UNTIL="${UNTIL:-}"                           # stop after this stage (prepare|sft|rm|...|eval-ppo-dpo)
+UNTIL="${UNTIL:-}"                           # stop after this stage (prepare|sft|rm|...|eval-dpo-sft)
+ONLY="${ONLY:-}"                             # run only these stages (e.g. ONLY="rm2 rm2-eval" beside a run)
 export TOKENIZERS_PARALLELISM=false
 
 mkdir -p "$OUT/logs"
@@ -40,6 +41,7 @@ gguf=()
 stage() {  # stage NAME DONE_FILE CMD...: run CMD unless DONE_FILE exists; time it
   local name="$1" done_file="$2"
   shift 2
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   if [ -e "$done_file" ]; then
     echo "== $name: done ($done_file)"
     if [ "$name" = "$UNTIL" ]; then exit 0; fi
@@ -75,39 +77,40 @@ rm_stage() {  # rm_stage NAME PAIRS
 }
 rm_stage rm rm_train.jsonl
 
-# 4. reward-model accuracy on the held-out pairs (Wilson interval in rm_eval.json); a few HH rows
-#    whose two dialogues differ before the last Assistant turn are no pair: skipped and counted
-stage rm-eval "$OUT/rm/rm_eval.json" $RLHF rm-eval --reward-model "$OUT/rm" --data "$OUT/data/rm_heldout.jsonl" \
-  --n "$RM_HELDOUT" --skip-invalid
-
-# 5. DPO from the SFT model on judge 1's pairs, with a LoRA adapter as PPO's policy (its reference is
-#    the adapter switched off) at PPO's LoRA learning rate; beta 0.1 (DPO paper, docs/algorithms.md §32)
-stage dpo "$OUT/dpo/model.safetensors" $RLHF dpo --model "$OUT/sft" --data "$OUT/data/rm_train.jsonl" \
-  --out "$OUT/dpo" --train.max_steps "$DPO_STEPS" --train.batch_size 8 --train.micro_batch_size 8 "${budgets[@]}" \
-  --lora.enabled true --lora.r 16 --lora.alpha 32 --optim.lr 1e-4 --optim.warmup_steps 2 --optim.warmup_fraction 0 \
-  --dpo.beta 0.1 --train.log_every 1 --train.eval_every 1000 $EXTRA
-
-# 6. PPO-max with a LoRA policy (ppo.yaml: the settings under which the policy moves on a CPU)
+# 4. PPO-max with a LoRA policy (ppo.yaml: the settings under which the policy moves on a CPU)
 stage ppo "$OUT/ppo/model.safetensors" $RLHF train --preset ppo_max --config "$HERE/ppo.yaml" \
   --policy "$OUT/sft" --reward-model "$OUT/rm" --prompts "$OUT/data/ppo_prompts.jsonl" --out "$OUT/ppo" \
   --train.iterations "$PPO_ITERATIONS" --data.max_prompt_tokens "$PROMPT_TOKENS" \
   --data.system_prompt "$SYSTEM_PROMPT" $EXTRA $PPO_EXTRA
 
-# 7. judge 2 and its held-out accuracy on the same pairs
+# 5. DPO from the SFT model on judge 1's pairs, with a LoRA adapter as PPO's policy (its reference is
+#    the adapter switched off) at PPO's LoRA learning rate; beta 0.1 (DPO paper, docs/algorithms.md §32);
+#    the reference scores each step's pairs (a short run sees a third of the pairs: no cache of all)
+stage dpo "$OUT/dpo/model.safetensors" $RLHF dpo --model "$OUT/sft" --data "$OUT/data/rm_train.jsonl" \
+  --out "$OUT/dpo" --train.max_steps "$DPO_STEPS" --train.batch_size 8 --train.micro_batch_size 8 "${budgets[@]}" \
+  --lora.enabled true --lora.r 16 --lora.alpha 32 --optim.lr 1e-4 --optim.warmup_steps 2 --optim.warmup_fraction 0 \
+  --dpo.beta 0.1 --dpo.precompute_reference false --train.log_every 1 --train.eval_every 1000 $EXTRA
+
+# 6. judge 2, and both judges' accuracy on the same held-out pairs
 rm_stage rm2 rm2_train.jsonl
+# (Wilson interval in rm_eval.json); a few HH rows whose two dialogues differ before the last
+# Assistant turn are no pair: skipped and counted
+stage rm-eval "$OUT/rm/rm_eval.json" $RLHF rm-eval --reward-model "$OUT/rm" --data "$OUT/data/rm_heldout.jsonl" \
+  --n "$RM_HELDOUT" --skip-invalid
 stage rm2-eval "$OUT/rm2/rm_eval.json" $RLHF rm-eval --reward-model "$OUT/rm2" --data "$OUT/data/rm_heldout.jsonl" \
   --n "$RM_HELDOUT" --skip-invalid
 
-# 8. win rates on held-out prompts, the same answers scored by both judges
+# 7. win rates on held-out prompts, the same answers scored by both judges
 win_rate() {  # win_rate NAME POLICY BASELINE OUT_FILE
   stage "$1" "$4" $RLHF eval --policy "$OUT/$2" --baseline "$OUT/$3" --judge "$OUT/rm" --judge "$OUT/rm2" \
     --prompts "$OUT/data/eval_prompts.jsonl" --n "$EVAL_N" --max-new-tokens "$EVAL_TOKENS" --seed 0 \
     --skip-invalid --out "$4"
 }
+win_rate eval-ppo-dpo ppo dpo "$OUT/ppo/eval_vs_dpo.json"
 win_rate eval-ppo-sft ppo sft "$OUT/ppo/eval.json"
 win_rate eval-dpo-sft dpo sft "$OUT/dpo/eval.json"
-win_rate eval-ppo-dpo ppo dpo "$OUT/ppo/eval_vs_dpo.json"
 
-# 9. one report.html per stage, and every figure in one JSON
+# 8. one report.html per stage, and every figure in one JSON
+[ -n "$ONLY" ] && exit 0  # a run of some stages only: the whole run reports
 for run in sft rm rm2 dpo ppo; do $RLHF report "$OUT/$run"; done
 python "$HERE/summarize.py" "$OUT"

@@ -134,6 +134,17 @@ def truncated(figures: dict | None, prefix: str = "") -> dict | None:
     }
 
 
+def logged_truncation(log: Path) -> dict | None:
+    """The data/ rows of a stage's summary table in its log (a run whose metrics.jsonl lacks them)."""
+    if not log.is_file():
+        return None
+    text = log.read_text(errors="replace")
+    rows = dict(re.findall(r"(data/prompts(?:_truncated(?:_share)?)?)\s*│\s*([\d.]+)", text))
+    if "data/prompts" not in rows:
+        return None
+    return truncated({k: float(v) if "." in v else int(v) for k, v in rows.items()}, "data/")
+
+
 def judge_figures(rm_eval: dict) -> dict:
     """A reward model's held-out accuracy with its Wilson interval, and its length bias."""
     length = rm_eval.get("length") or {}
@@ -193,7 +204,8 @@ def summarize(out: Path) -> dict:
         if rm_eval:
             result[f"{name}_heldout"] = judge_figures(rm_eval)
     result["prompts_truncated"] = {
-        name: truncated(final_metrics(out / name), "data/") for name in ("sft", "rm", "rm2", "dpo", "ppo")
+        name: truncated(final_metrics(out / name), "data/") or logged_truncation(out / "logs" / f"{name}.log")
+        for name in ("sft", "rm", "rm2", "dpo", "ppo")
     }
     dpo = final_metrics(out / "dpo")
     if dpo:

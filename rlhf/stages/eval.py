@@ -50,7 +50,10 @@ def run_eval(config: EvalConfig) -> dict:
     system_prompt = eval_system_prompt(config)
     truncation = TruncationStats()
     prompts = [
-        encode_prompt(tokenizer, ex.prompt, budget, truncation, chat, system_prompt) for ex in examples
+        encode_prompt(
+            tokenizer, ex.prompt, budget, stats=truncation, chat_template=chat, system_prompt=system_prompt
+        )
+        for ex in examples
     ]
     sources = [ex.source for ex in examples]
     sampling = eval_sampling(rollout)

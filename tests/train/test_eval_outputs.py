@@ -113,3 +113,15 @@ def test_rm_eval_without_out_refuses_to_replace_a_result_of_another_data_file(se
     assert json.loads(other.read_text())["n"] == 3
     assert main([*base, "--data", setup["pairs"], "--n", "2"]) == 0  # the same data: replaced
     assert json.loads(written.read_text())["n"] == 2
+
+
+def test_the_report_shows_every_judges_win_rate(setup, tmp_path):
+    from rlhf.monitor.run_report import _evaluation
+
+    assert main(eval_args(setup, "--out", str(tmp_path / "both.json"), judges=("judge1", "judge2"))) == 0
+    both = json.loads((tmp_path / "both.json").read_text())
+    html = _evaluation(both)
+    second = both["judges"][str(setup["root"] / "judge2")]["comparison"]
+    assert f"judge {setup['root'] / 'judge2'}</b>: win rate of the policy" in html
+    assert f"{second['win_rate']:.3f} [{second['win_rate_ci95'][0]:.3f}" in html
+    assert "prompt_seen" in html  # the samples' column of the prompt as the models saw it

@@ -91,7 +91,8 @@ def run_eval(config: EvalConfig) -> dict:
             name, model, tokenizer, prompts, sampling, config, precision, stop_ids
         )
         for judge_name, judge in judges.items():
-            scores[judge_name][name] = _score(name, path, rollouts, texts[name], judge, judge_name)
+            shown = f" ({judge_name})" if len(judges) > 1 else ""  # which judge, when several
+            scores[judge_name][name] = _score(name, path, rollouts, texts[name], judge, judge_name, shown)
         del model, rollouts
     paths = {"policy": config.policy, "baseline": config.baseline}
     per_judge = {name: judged(paths, texts, scores[name], name, config.seed) for name in judges}
@@ -175,9 +176,9 @@ def _answer(name, model, tokenizer, prompts, sampling, config, precision, stop_i
     return rollouts, texts
 
 
-def _score(name, path, rollouts, texts, judge, judge_name):
+def _score(name, path, rollouts, texts, judge, judge_name, shown=""):
     """The judge's scores of the `--name` policy's answers, with progress."""
-    with WorkProgress(f"eval --{name}: scoring ({judge_name})", len(texts), "response") as progress:
+    with WorkProgress(f"eval --{name}: scoring{shown}", len(texts), "response") as progress:
         scores = score_rollouts(rollouts, texts, judge, on_batch=progress.advance)
     check_finite_scores(scores, judge_name, f"--{name} {path}")
     return scores

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# SmolLM2-135M-Instruct + HH-RLHF (harmless-base) on a CPU: SFT -> reward model (judge 1) -> DPO ->
-# PPO-max with a LoRA policy -> a second reward model on disjoint pairs (judge 2) -> held-out RM
+# SmolLM2-135M-Instruct + HH-RLHF (harmless-base) on a CPU: SFT -> reward model (judge 1) ->
+# PPO-max with a LoRA policy -> DPO -> a second reward model on disjoint pairs (judge 2) -> held-out RM
 # accuracy of both -> win rates PPO vs SFT, DPO vs SFT, PPO vs DPO under both judges -> reports.
 # Only the `rlhf` CLI. examples/smollm2_hh/README.md gives the measured figures and the GPU command.
 #
@@ -87,7 +87,7 @@ stage ppo "$OUT/ppo/model.safetensors" $RLHF train --preset ppo_max --config "$H
 # 5. DPO from the SFT model on judge 1's pairs, with a LoRA adapter as PPO's policy (its reference is
 #    the adapter switched off); beta 0.1 (DPO paper, docs/algorithms.md §32); at PPO's LoRA rate (1e-4,
 #    decaying) 12 steps left the implicit rewards at ~0.01 (README.md), hence 5e-4, constant;
-#    the reference scores each step's pairs (a short run sees a third of the pairs: no cache of all)
+#    the reference scores each step's pairs (a short run sees a fifth of the pairs: no cache of all)
 stage dpo "$OUT/dpo/model.safetensors" $RLHF dpo --model "$OUT/sft" --data "$OUT/data/rm_train.jsonl" \
   --out "$OUT/dpo" --train.max_steps "$DPO_STEPS" --train.batch_size 8 --train.micro_batch_size 8 "${budgets[@]}" \
   --lora.enabled true --lora.r 16 --lora.alpha 32 --optim.lr "$DPO_LR" --optim.schedule constant \

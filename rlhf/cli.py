@@ -229,7 +229,9 @@ def _eval_parser(sub) -> argparse.ArgumentParser:
     ev.add_argument("--baseline", help="policy directory to compare against (baseline)")
     ev.add_argument(
         "--judge",
-        help="reward-model directory (or 'world:DIR' for a built-in world's gold reward) (judge)",
+        action="append",
+        help="reward-model directory (or 'world:DIR' for a built-in world's gold reward) (judge); "
+        "repeated: every judge scores the same answers, each with its own figures (extra_judges)",
     )
     ev.add_argument(
         "--reward-fn",
@@ -519,6 +521,9 @@ def eval_config(args, rest: list[str]):
     from rlhf.config import EvalConfig, load_config
 
     named = {key: getattr(args, dest) for dest, key in EVAL_FLAGS.items()}
+    judges = named.pop("judge") or []  # --judge A --judge B: A is `judge`, B on `extra_judges`
+    named["judge"] = judges[0] if judges else None
+    named["extra_judges"] = judges[1:] or None
     return load_config(EvalConfig, file=args.config, overrides=_overrides(rest, named))
 
 

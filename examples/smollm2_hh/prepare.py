@@ -8,8 +8,13 @@ the held-out pairs or of the evaluation prompts is seen in training:
     rm_heldout.jsonl   held-out pairs: `rlhf rm-eval` (accuracy with its Wilson interval)
     eval_prompts.jsonl held-out prompts: `rlhf eval` (win rate of PPO against SFT)
     sft.jsonl          SFT examples (HH rows: `rlhf sft` trains on the chosen response)
-    rm_train.jsonl     reward-model training pairs
+    rm_train.jsonl     training pairs of the reward model PPO optimizes, and of DPO
+    rm2_train.jsonl    training pairs of judge 2, the second reward model: disjoint from rm_train
+                       (no prompt shared with it, nor with SFT, PPO or the held-out files)
     ppo_prompts.jsonl  PPO prompts (HH rows: `rlhf train` takes the prompt)
+
+The training prompt groups go to rm_train and rm2_train in turn (to the one with fewer rows), so the
+two judges are trained on about as many pairs; SFT and PPO take rm_train's.
 
 The files keep the HH format ({"chosen", "rejected"} dialogues): every stage reads it. split.json
 records the counts and the seed. Rows with an empty last Assistant turn are dropped.
@@ -24,7 +29,7 @@ import random
 from pathlib import Path
 
 ASSISTANT = "\n\nAssistant:"
-DEFAULT_DATA = "/work/shared/data/hh-rlhf/harmless-base-test-first1500.jsonl.gz"
+DEFAULT_DATA = Path(__file__).parent / "data" / "harmless-base-test-first1500.jsonl.gz"
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -51,14 +56,14 @@ def split(rows: list[dict], seed: int, heldout: int, eval_prompts: int, sft: int
         groups.setdefault(prompt_of(row), []).append(row)
     keys = sorted(groups)
     random.Random(seed).shuffle(keys)
-    files: dict[str, list[dict]] = {"rm_heldout": [], "eval_prompts": [], "train": []}
+    files: dict[str, list[dict]] = {"rm_heldout": [], "eval_prompts": [], "train": [], "rm2_train": []}
     for key in keys:  # whole prompt groups, so no prompt crosses from held-out to training
         target = (
             "rm_heldout"
             if len(files["rm_heldout"]) < heldout
             else "eval_prompts"
             if len(files["eval_prompts"]) < eval_prompts
-            else "train"
+            else min(("train", "rm2_train"), key=lambda name: len(files[name]))
         )
         files[target].extend(groups[key][:1] if target == "eval_prompts" else groups[key])
     train = files.pop("train")
@@ -87,7 +92,10 @@ def main() -> None:
         with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     held = {prompt_of(r) for name in ("rm_heldout", "eval_prompts") for r in files[name]}
-    assert not held & {prompt_of(r) for r in files["rm_train"]}, "a held-out prompt is in training"
+    trained = {prompt_of(r) for r in files["rm_train"]}
+    judge2 = {prompt_of(r) for r in files["rm2_train"]}
+    assert not held & (trained | judge2), "a held-out prompt is in training"
+    assert not trained & judge2, "a prompt of judge 2's pairs is in the first reward model's"
     counts = {name: len(records) for name, records in files.items()}
     dropped = len(rows) - sum(map(has_both_responses, rows))
     summary = {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# SmolLM2-135M-Instruct + HH-RLHF (harmless-base) on a CPU: SFT -> reward model -> held-out RM
-# accuracy -> PPO-max with a LoRA policy -> win rate against SFT -> reports. Only the `rlhf` CLI.
-# examples/smollm2_hh/README.md gives the measured figures and the GPU command.
+# SmolLM2-135M-Instruct + HH-RLHF (harmless-base) on a CPU: SFT -> reward model (judge 1) ->
+# PPO-max with a LoRA policy -> DPO -> a second reward model on disjoint pairs (judge 2) -> held-out RM
+# accuracy of both -> win rates PPO vs SFT, DPO vs SFT, PPO vs DPO under both judges -> reports.
+# Only the `rlhf` CLI. examples/smollm2_hh/README.md gives the measured figures and the GPU command.
 #
 #   bash examples/smollm2_hh/run.sh                   # everything into runs/smollm2_hh
 #   OUT=/tmp/hh MODEL=/path/to/smollm2 bash examples/smollm2_hh/run.sh
@@ -11,22 +12,27 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-DATA="${DATA:-/work/shared/data/hh-rlhf/harmless-base-test-first1500.jsonl.gz}"  # HH .jsonl(.gz)
-MODEL="${MODEL:-/work/models/smollm2-f32}"  # SmolLM2-135M-Instruct (HF directory, or GGUF dir + GGUF_FILE)
-GGUF_FILE="${GGUF_FILE:-}"                   # e.g. smollm2-135m-instruct.gguf inside $MODEL
+DATA="${DATA:-$HERE/data/harmless-base-test-first1500.jsonl.gz}"  # HH .jsonl(.gz), MIT (data/LICENSE)
+MODEL="${MODEL:-HuggingFaceTB/SmolLM2-135M-Instruct}"  # hub id, HF directory, or GGUF dir + GGUF_FILE
+GGUF_FILE="${GGUF_FILE:-}"                   # e.g. smollm2-135m-instruct.gguf inside $MODEL (README.md)
 OUT="${OUT:-runs/smollm2_hh}"
 RLHF="${RLHF:-rlhf}"                         # e.g. RLHF="python -m rlhf.cli" from a checkout
-# sizes (README.md: the measured run used smaller ones on a loaded machine)
-PROMPT_TOKENS="${PROMPT_TOKENS:-64}"        # prompt budget of every stage (oldest turns dropped first)
-RESPONSE_TOKENS="${RESPONSE_TOKENS:-32}"    # SFT / RM response budget
-SFT_STEPS="${SFT_STEPS:-24}"                # x 8 examples
-RM_STEPS="${RM_STEPS:-80}"                  # x 8 pairs
-RM_HELDOUT="${RM_HELDOUT:-300}"             # held-out pairs scored by rm-eval
-PPO_ITERATIONS="${PPO_ITERATIONS:-30}"      # x 8 prompts
-EVAL_N="${EVAL_N:-100}"                     # held-out prompts of the win rate
-EXTRA="${EXTRA:-}"                           # flags added to sft, rm and train (e.g. the GPU ones)
+# sizes: a shared 2-core CPU runs the whole recipe in about an hour (README.md)
+PROMPT_TOKENS="${PROMPT_TOKENS:-96}"        # prompt budget of every stage (oldest turns dropped first)
+SYSTEM_PROMPT="${SYSTEM_PROMPT:-none}"      # none: drop SmolLM2's default system prompt (~20 tokens)
+RESPONSE_TOKENS="${RESPONSE_TOKENS:-32}"    # SFT / RM / DPO response budget
+SFT_STEPS="${SFT_STEPS:-12}"                # x 8 examples
+RM_STEPS="${RM_STEPS:-12}"                  # x 8 pairs, each judge
+DPO_STEPS="${DPO_STEPS:-12}"                # x 8 pairs (the first judge's pairs)
+DPO_LR="${DPO_LR:-5e-4}"                    # LoRA learning rate of DPO (constant after 2 warmup steps)
+RM_HELDOUT="${RM_HELDOUT:-100}"             # held-out pairs scored by rm-eval
+PPO_ITERATIONS="${PPO_ITERATIONS:-6}"       # x 8 prompts
+EVAL_N="${EVAL_N:-40}"                      # held-out prompts of each win rate
+EVAL_TOKENS="${EVAL_TOKENS:-32}"            # response budget of the win rates
+EXTRA="${EXTRA:-}"                           # flags added to sft, rm, rm2, dpo and train (e.g. the GPU ones)
 PPO_EXTRA="${PPO_EXTRA:-}"                   # flags added to train only
-UNTIL="${UNTIL:-}"                           # stop after this stage (prepare|sft|rm|rm-eval|ppo|eval)
+UNTIL="${UNTIL:-}"                           # stop after this stage (prepare|sft|rm|...|eval-dpo-sft)
+ONLY="${ONLY:-}"                             # run only these stages (e.g. ONLY="rm2 rm2-eval" beside a run)
 export TOKENIZERS_PARALLELISM=false
 
 mkdir -p "$OUT/logs"
@@ -36,6 +42,7 @@ gguf=()
 stage() {  # stage NAME DONE_FILE CMD...: run CMD unless DONE_FILE exists; time it
   local name="$1" done_file="$2"
   shift 2
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   if [ -e "$done_file" ]; then
     echo "== $name: done ($done_file)"
     if [ "$name" = "$UNTIL" ]; then exit 0; fi
@@ -50,35 +57,63 @@ stage() {  # stage NAME DONE_FILE CMD...: run CMD unless DONE_FILE exists; time 
   if [ "$name" = "$UNTIL" ]; then echo "== stopping after $name (UNTIL)"; exit 0; fi
 }
 
-# 1. data: held-out RM pairs and eval prompts share no prompt with training (fixed seed)
+# 1. data: held-out RM pairs and eval prompts share no prompt with training, and judge 2's pairs
+#    none with judge 1's (fixed seed)
 stage prepare "$OUT/data/split.json" python "$HERE/prepare.py" --data "$DATA" --out "$OUT/data"
+
+budgets=(--data.max_prompt_tokens "$PROMPT_TOKENS" --data.max_response_tokens "$RESPONSE_TOKENS"
+  --data.system_prompt "$SYSTEM_PROMPT" --data.test_fraction 0.02)
 
 # 2. SFT on the chosen responses (the chat template of SmolLM2-Instruct is applied: chat_template auto)
 stage sft "$OUT/sft/model.safetensors" $RLHF sft --model "$MODEL" "${gguf[@]}" --data "$OUT/data/sft.jsonl" \
-  --out "$OUT/sft" --train.max_steps "$SFT_STEPS" --train.batch_size 8 --train.micro_batch_size 8 \
-  --data.max_prompt_tokens "$PROMPT_TOKENS" --data.max_response_tokens "$RESPONSE_TOKENS" --data.test_fraction 0.02 \
+  --out "$OUT/sft" --train.max_steps "$SFT_STEPS" --train.batch_size 8 --train.micro_batch_size 8 "${budgets[@]}" \
   --optim.lr 2e-5 --optim.warmup_steps 2 --train.log_every 1 --train.eval_every 1000 $EXTRA
 
-# 3. reward model from the SFT model (ranking loss + LM loss on the chosen, PPO paper §4)
-stage rm "$OUT/rm/model.safetensors" $RLHF rm --model "$OUT/sft" --data "$OUT/data/rm_train.jsonl" \
-  --out "$OUT/rm" --train.max_steps "$RM_STEPS" --train.batch_size 8 --train.micro_batch_size 8 \
-  --data.max_prompt_tokens "$PROMPT_TOKENS" --data.max_response_tokens "$RESPONSE_TOKENS" --data.test_fraction 0.02 \
-  --optim.lr 2e-5 --optim.warmup_steps 3 --optim.warmup_fraction 0 --train.log_every 1 --train.eval_every 1000 $EXTRA
+# 3. reward models from the SFT model (ranking loss + LM loss on the chosen, PPO paper §4): judge 1,
+#    which PPO optimizes, and judge 2 on disjoint pairs, which neither PPO nor DPO was trained against
+rm_stage() {  # rm_stage NAME PAIRS
+  stage "$1" "$OUT/$1/model.safetensors" $RLHF rm --model "$OUT/sft" --data "$OUT/data/$2" \
+    --out "$OUT/$1" --train.max_steps "$RM_STEPS" --train.batch_size 8 --train.micro_batch_size 8 "${budgets[@]}" \
+    --optim.lr 2e-5 --optim.warmup_steps 3 --optim.warmup_fraction 0 --train.log_every 1 --train.eval_every 1000 $EXTRA
+}
+rm_stage rm rm_train.jsonl
 
-# 4. reward-model accuracy on the held-out pairs (Wilson interval in rm_eval.json); a few HH rows
-#    whose two dialogues differ before the last Assistant turn are no pair: skipped and counted
-stage rm-eval "$OUT/rm/rm_eval.json" $RLHF rm-eval --reward-model "$OUT/rm" --data "$OUT/data/rm_heldout.jsonl" \
-  --n "$RM_HELDOUT" --skip-invalid
-
-# 5. PPO-max with a LoRA policy (ppo.yaml: the settings under which the policy moves on a CPU)
+# 4. PPO-max with a LoRA policy (ppo.yaml: the settings under which the policy moves on a CPU)
 stage ppo "$OUT/ppo/model.safetensors" $RLHF train --preset ppo_max --config "$HERE/ppo.yaml" \
   --policy "$OUT/sft" --reward-model "$OUT/rm" --prompts "$OUT/data/ppo_prompts.jsonl" --out "$OUT/ppo" \
-  --train.iterations "$PPO_ITERATIONS" --data.max_prompt_tokens "$PROMPT_TOKENS" $EXTRA $PPO_EXTRA
+  --train.iterations "$PPO_ITERATIONS" --data.max_prompt_tokens "$PROMPT_TOKENS" \
+  --data.system_prompt "$SYSTEM_PROMPT" $EXTRA $PPO_EXTRA
 
-# 6. win rate of PPO against SFT on held-out prompts, judged by the reward model
-stage eval "$OUT/ppo/eval.json" $RLHF eval --policy "$OUT/ppo" --baseline "$OUT/sft" --judge "$OUT/rm" \
-  --prompts "$OUT/data/eval_prompts.jsonl" --n "$EVAL_N" --max-new-tokens 48 --seed 0 --skip-invalid
+# 5. DPO from the SFT model on judge 1's pairs, with a LoRA adapter as PPO's policy (its reference is
+#    the adapter switched off); beta 0.1 (DPO paper, docs/algorithms.md §32); at PPO's LoRA rate (1e-4,
+#    decaying) 12 steps left the implicit rewards at ~0.01 (README.md), hence 5e-4, constant;
+#    the reference scores each step's pairs (a short run sees a fifth of the pairs: no cache of all)
+stage dpo "$OUT/dpo/model.safetensors" $RLHF dpo --model "$OUT/sft" --data "$OUT/data/rm_train.jsonl" \
+  --out "$OUT/dpo" --train.max_steps "$DPO_STEPS" --train.batch_size 8 --train.micro_batch_size 8 "${budgets[@]}" \
+  --lora.enabled true --lora.r 16 --lora.alpha 32 --optim.lr "$DPO_LR" --optim.schedule constant \
+  --optim.warmup_steps 2 --optim.warmup_fraction 0 \
+  --dpo.beta 0.1 --dpo.precompute_reference false --train.log_every 1 --train.eval_every 1000 $EXTRA
 
-# 7. one report.html per stage
-for run in sft rm ppo; do $RLHF report "$OUT/$run"; done
+# 6. judge 2, and both judges' accuracy on the same held-out pairs
+rm_stage rm2 rm2_train.jsonl
+# (Wilson interval in rm_eval.json); a few HH rows whose two dialogues differ before the last
+# Assistant turn are no pair: skipped and counted
+stage rm-eval "$OUT/rm/rm_eval.json" $RLHF rm-eval --reward-model "$OUT/rm" --data "$OUT/data/rm_heldout.jsonl" \
+  --n "$RM_HELDOUT" --skip-invalid
+stage rm2-eval "$OUT/rm2/rm_eval.json" $RLHF rm-eval --reward-model "$OUT/rm2" --data "$OUT/data/rm_heldout.jsonl" \
+  --n "$RM_HELDOUT" --skip-invalid
+
+# 7. win rates on held-out prompts, the same answers scored by both judges
+win_rate() {  # win_rate NAME POLICY BASELINE OUT_FILE
+  stage "$1" "$4" $RLHF eval --policy "$OUT/$2" --baseline "$OUT/$3" --judge "$OUT/rm" --judge "$OUT/rm2" \
+    --prompts "$OUT/data/eval_prompts.jsonl" --n "$EVAL_N" --max-new-tokens "$EVAL_TOKENS" --seed 0 \
+    --skip-invalid --out "$4"
+}
+win_rate eval-ppo-dpo ppo dpo "$OUT/ppo/eval_vs_dpo.json"
+win_rate eval-ppo-sft ppo sft "$OUT/ppo/eval.json"
+win_rate eval-dpo-sft dpo sft "$OUT/dpo/eval.json"
+
+# 8. one report.html per stage, and every figure in one JSON
+[ -n "$ONLY" ] && exit 0  # a run of some stages only: the whole run reports
+for run in sft rm rm2 dpo ppo; do $RLHF report "$OUT/$run"; done
 python "$HERE/summarize.py" "$OUT"

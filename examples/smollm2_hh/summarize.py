@@ -1,7 +1,9 @@
-"""The measured figures of a SmolLM2 + HH run (run.sh) as one small JSON: RM held-out accuracy with its
-Wilson interval, PPO reward/KL/ratio at the first and last iteration, win rate against SFT with its
-interval, wall time and peak RSS per stage, and side-by-side samples; `ppo_curves.png` beside it (the
-PPO run's reward and KL per iteration).
+"""The measured figures of a SmolLM2 + HH run (run.sh) as one small JSON: both judges' held-out
+accuracy with its Wilson interval and their length bias ("shorter wins"), every stage's share of
+truncated prompts, DPO's final metrics, PPO reward/KL/ratio at the first and last iteration, the win
+rates PPO vs SFT, DPO vs SFT and PPO vs DPO under each judge (raw, length-controlled and
+length-matched, with intervals), wall time and peak RSS per stage, and side-by-side samples (the
+prompt as the models saw it); `ppo_curves.png` beside it (the PPO run's reward and KL per iteration).
 
     python examples/smollm2_hh/summarize.py runs/smollm2_hh [--out results.json]
 """
@@ -110,39 +112,142 @@ def plot_curves(records: list[dict], path: Path) -> bool:
     return True
 
 
-def summarize(out: Path) -> dict:
-    result: dict = {"split": json.loads((out / "data" / "split.json").read_text())}
-    rm_eval = json.loads((out / "rm" / "rm_eval.json").read_text())
-    result["rm_heldout"] = {k: rm_eval.get(k) for k in ("n", "accuracy", "accuracy_ci95", "ties")}
-    result["rm_heldout"]["margin_mean"] = (rm_eval.get("margin") or {}).get("mean")
-    records = [r for r in jsonl(out / "ppo" / "metrics.jsonl") if "iteration" in r and "event" not in r]
-    result["ppo"] = {
-        "iterations": len(records),
-        "first": {k: records[0].get(k) for k in PPO_KEYS},
-        "last": {k: records[-1].get(k) for k in PPO_KEYS},
-        "reward_trend": reward_trend(records) if len(records) >= 4 else None,
-        "curve": [
-            {k: r.get(k) for k in ("iteration", "reward/raw_mean", "kl/ref", "policy/clip_fraction")}
-            for r in records
-        ],
+def read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def final_metrics(run: Path) -> dict:
+    """The last record of a supervised run's metrics.jsonl with data/ figures (the final metrics)."""
+    path = run / "metrics.jsonl"
+    records = jsonl(path) if path.is_file() else []
+    return next((r for r in reversed(records) if "data/prompts" in r), records[-1] if records else {})
+
+
+def truncated(figures: dict | None, prefix: str = "") -> dict | None:
+    """Prompts that lost turns or tokens to the budget: count, of, share."""
+    if not figures or figures.get(f"{prefix}prompts") is None:
+        return None
+    return {
+        "prompts": figures[f"{prefix}prompts"],
+        "truncated": figures.get(f"{prefix}prompts_truncated"),
+        "share": figures.get(f"{prefix}prompts_truncated_share"),
     }
-    if plot_curves(records, out / "ppo_curves.png"):
-        result["ppo"]["curves_png"] = str(out / "ppo_curves.png")
-    evaluation = json.loads((out / "ppo" / "eval.json").read_text())
-    cmp = evaluation["comparison"]
-    result["win_rate_vs_sft"] = {
-        "n": cmp.get("n"),
-        "win_rate": cmp.get("win_rate"),
-        "win_rate_ci95": cmp.get("win_rate_ci95"),
-        "win_tie_loss": [cmp.get("win"), cmp.get("tie"), cmp.get("loss")],
-        "ppo_reward": evaluation["policy"].get("mean"),
-        "sft_reward": evaluation["baseline"].get("mean"),
+
+
+def logged_truncation(log: Path) -> dict | None:
+    """The data/ rows of a stage's summary table in its log (a run whose metrics.jsonl lacks them)."""
+    if not log.is_file():
+        return None
+    text = log.read_text(errors="replace")
+    rows = dict(re.findall(r"(data/prompts(?:_truncated(?:_share)?)?)\s*│\s*([\d.]+)", text))
+    if "data/prompts" not in rows:
+        return None
+    return truncated({k: float(v) if "." in v else int(v) for k, v in rows.items()}, "data/")
+
+
+def judge_figures(rm_eval: dict) -> dict:
+    """A reward model's held-out accuracy with its Wilson interval, and its length bias."""
+    length = rm_eval.get("length") or {}
+    shorter = length.get("shorter_wins") or {}
+    return {
+        **{k: rm_eval.get(k) for k in ("n", "accuracy", "accuracy_ci95", "ties")},
+        "margin_mean": (rm_eval.get("margin") or {}).get("mean"),
+        "shorter_wins_accuracy": shorter.get("accuracy"),
+        "shorter_wins_ci95": shorter.get("accuracy_ci95"),
+        "margin_length_correlation": length.get("margin_correlation"),
+        "prompts_truncated": truncated(rm_eval.get("truncation")),
     }
+
+
+def win_rates(evaluation: dict) -> dict:
+    """Every judge's win rate of the policy over the baseline: raw (ties half), length-controlled
+    and length-matched, each with its interval; mean words of both sides."""
     samples = evaluation.get("samples", [])
-    for side in ("policy", "baseline"):  # words per response: a shorter policy is a reward-model preference
-        words = [len(x[f"{side}_response"].split()) for x in samples if f"{side}_response" in x]
-        result["win_rate_vs_sft"][f"{side}_words_mean"] = statistics.fmean(words) if words else None
-    result["samples"] = samples[:3]
+    words = {}
+    for side in ("policy", "baseline"):  # words per response: a shorter policy is a judge's preference
+        counts = [len(x[f"{side}_response"].split()) for x in samples if f"{side}_response" in x]
+        words[f"{side}_words_mean"] = statistics.fmean(counts) if counts else None
+    judges = evaluation.get("judges") or {evaluation.get("judge", "judge"): evaluation}
+    by_judge = {}
+    for name, figures in judges.items():
+        cmp, length = figures["comparison"], figures.get("length") or {}
+        lc, matched = length.get("length_controlled") or {}, length.get("length_matched") or {}
+        by_judge[name] = {
+            "n": cmp.get("n"),
+            "win_rate": cmp.get("win_rate"),
+            "win_rate_ci95": cmp.get("win_rate_ci95"),
+            "win_tie_loss": [cmp.get("win"), cmp.get("tie"), cmp.get("loss")],
+            "policy_reward": figures["policy"].get("mean"),
+            "baseline_reward": figures["baseline"].get("mean"),
+            "length_controlled_win_rate": lc.get("win_rate"),
+            "length_controlled_ci95": lc.get("win_rate_ci95"),
+            "length_coef": lc.get("length_coef"),
+            "length_matched_win_rate": matched.get("win_rate"),
+            "length_matched_ci95": matched.get("win_rate_ci95"),
+            "length_matched_n": matched.get("n"),
+            "length_warning": length.get("warning"),
+        }
+    return {
+        "policy": evaluation["policy"].get("path"),
+        "baseline": evaluation["baseline"].get("path"),
+        **words,
+        "prompts_truncated": truncated(evaluation.get("truncation")),
+        "judges": by_judge,
+    }
+
+
+def summarize(out: Path) -> dict:
+    """Every figure of the run that exists (a stage not run yet is left out)."""
+    result: dict = {"split": json.loads((out / "data" / "split.json").read_text())}
+    for name in ("rm", "rm2"):
+        rm_eval = read_json(out / name / "rm_eval.json")
+        if rm_eval:
+            result[f"{name}_heldout"] = judge_figures(rm_eval)
+    result["prompts_truncated"] = {
+        name: truncated(final_metrics(out / name), "data/") or logged_truncation(out / "logs" / f"{name}.log")
+        for name in ("sft", "rm", "rm2", "dpo", "ppo")
+    }
+    dpo = final_metrics(out / "dpo")
+    if dpo:
+        result["dpo"] = {k: v for k, v in dpo.items() if k.startswith(("train/", "eval/")) or k == "step"}
+    path = out / "ppo" / "metrics.jsonl"
+    records = [r for r in jsonl(path) if "iteration" in r and "event" not in r] if path.is_file() else []
+    if records:
+        result["ppo"] = {
+            "iterations": len(records),
+            "first": {k: records[0].get(k) for k in PPO_KEYS},
+            "last": {k: records[-1].get(k) for k in PPO_KEYS},
+            "reward_trend": reward_trend(records) if len(records) >= 4 else None,
+            "curve": [
+                {k: r.get(k) for k in ("iteration", "reward/raw_mean", "kl/ref", "policy/clip_fraction")}
+                for r in records
+            ],
+        }
+        if plot_curves(records, out / "ppo_curves.png"):
+            result["ppo"]["curves_png"] = str(out / "ppo_curves.png")
+    comparisons = {
+        "ppo_vs_sft": out / "ppo" / "eval.json",
+        "dpo_vs_sft": out / "dpo" / "eval.json",
+        "ppo_vs_dpo": out / "ppo" / "eval_vs_dpo.json",
+    }
+    result["win_rates"] = {}
+    for name, path in comparisons.items():
+        evaluation = read_json(path)
+        if evaluation:
+            result["win_rates"][name] = win_rates(evaluation)
+            result.setdefault("samples", {})[name] = [
+                {
+                    k: x.get(k)
+                    for k in (
+                        "prompt_seen",
+                        "policy_response",
+                        "baseline_response",
+                        "policy_score",
+                        "baseline_score",
+                    )
+                }
+                for x in evaluation.get("samples", [])[:3]
+            ]
     result["stages"] = {p.stem: stage_cost(p) for p in sorted((out / "logs").glob("*.time"))}
     return result
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlhf.config.checks import at_least, refuse, require, required, validate_groups
-from rlhf.config.fields import ChatTemplate, Dtype, Sampling
+from rlhf.config.fields import ChatTemplate, Dtype, Sampling, SystemPrompt
 from rlhf.config.rollout import PAPER_SAMPLING
 
 
@@ -26,6 +26,9 @@ class EvalDataConfig:
     # render HH dialogues and messages with the policy tokenizer's chat template and stop at its
     # end-of-turn token (--chat-template; fields.ChatTemplate)
     chat_template: ChatTemplate = "auto"
+    # the template's default system prompt (fields.SystemPrompt); None: the --policy run's
+    # data.system_prompt from its config.yaml, else "template"
+    system_prompt: SystemPrompt | None = None
 
     def validate(self, prefix: str) -> None:
         at_least(self.n, 1, f"{prefix}n", " (prompts to evaluate)")
@@ -68,6 +71,9 @@ class EvalConfig:
     policy: str = ""  # policy directory to evaluate (--policy)
     baseline: str = ""  # policy directory to compare against (--baseline)
     judge: str = ""  # reward-model directory, or "world:DIR" for a built-in world's gold reward (--judge)
+    # further judges (--judge repeated): the same answers scored by each; eval.json's "judges" holds
+    # every judge's figures, its top level the first judge's
+    extra_judges: list[str] = field(default_factory=list)
     # Python reward functions, "module:function" or {name, weight}, added to the judge's score
     # (--reward-fn, repeatable; docs/algorithms.md §31)
     reward_functions: list[Any] = field(default_factory=list)

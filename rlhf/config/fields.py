@@ -39,6 +39,9 @@ DataFormat = Literal["auto", "prompt", "sft", "messages", "pairs", "hh"]  # "aut
 # "auto": render HH dialogues and messages with the tokenizer's chat template when it has one
 # (responses then end with its end-of-turn token) | true: require one | false: verbatim text
 ChatTemplate = Literal["auto", True, False]
+# "template": the chat template's own default system prompt stays when the data has no system
+# message | "none": dropped (rlhf/data/tokenize.py; SmolLM2's costs ~30 prompt tokens)
+SystemPrompt = Literal["template", "none"]
 Sampling = Literal["custom", "paper"]  # "paper": the PPO paper §6.1 sampling (PAPER_SAMPLING)
 KLEstimator = Literal["k1", "k2", "k3"]  # docs/algorithms.md §7
 AdvantageEstimator = Annotated[str, Registry(ESTIMATORS)]  # rlhf.core.advantages

@@ -14,7 +14,7 @@ from typing import Literal
 from rlhf.config import presets
 from rlhf.config.checks import at_least, refuse, validate_groups, warn
 from rlhf.config.common import LoraConfig, OptimConfig
-from rlhf.config.fields import ChatTemplate, DataFormat, Dtype
+from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
 from rlhf.config.ray import RayConfig, RLDistConfig
 from rlhf.config.rl_algorithm import (
     AdvantageConfig,
@@ -55,6 +55,7 @@ class RLDataConfig:
     ptx_batch_size: int = 8  # SFT examples per ptx step
     skip_invalid: bool = False  # skip malformed lines (counted) instead of stopping
     chat_template: ChatTemplate = "auto"  # fields.ChatTemplate
+    system_prompt: SystemPrompt = "template"  # the template's default system prompt (fields.SystemPrompt)
 
     def validate(self, prefix: str) -> None:
         at_least(self.max_prompt_tokens, 1, f"{prefix}max_prompt_tokens")

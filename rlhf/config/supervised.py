@@ -8,7 +8,7 @@ from typing import Literal
 
 from rlhf.config.checks import at_least, fraction, positive, require, validate_groups
 from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
-from rlhf.config.fields import ChatTemplate, DataFormat, Dtype
+from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
 
 
 @dataclass
@@ -20,6 +20,7 @@ class SupervisedDataConfig:
     max_response_tokens: int = 256  # longer responses right-truncate (EOS kept)
     skip_invalid: bool = False  # skip malformed lines (counted) instead of stopping
     chat_template: ChatTemplate = "auto"  # fields.ChatTemplate
+    system_prompt: SystemPrompt = "template"  # the template's default system prompt (fields.SystemPrompt)
 
     def validate(self, prefix: str) -> None:
         fraction(self.test_fraction, f"{prefix}test_fraction", 0.05)

@@ -116,3 +116,61 @@ def stop_token_ids(tokenizer, setting: bool | str = "auto") -> list[int]:
     if end is not None and end not in ids:
         ids.append(end)
     return ids
+
+
+_USER_1, _ASSISTANT_1, _USER_2 = "\x00rlhf-u1\x00", "\x00rlhf-a1\x00", "\x00rlhf-u2\x00"
+_DEFAULT_SYSTEM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (template, text)
+
+
+def default_system_block(tokenizer) -> str:
+    """The block the chat template writes for its own system prompt when the messages hold none
+    (SmolLM2: "<|im_start|>system\\nYou are a helpful AI assistant named SmolLM...<|im_end|>\\n"),
+    without a leading BOS of its own; "" when it writes none, or when it cannot be told apart from the first
+    user turn's opening.
+
+    Found with probe dialogues: the text before a lone user message, less that message's opening,
+    which is the text between an assistant message's end (a dialogue ending there) and the
+    next user message."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return ""
+    cached = _DEFAULT_SYSTEM.get(tokenizer)
+    if cached is not None and cached[0] == template:
+        return cached[1]
+
+    def render(*contents: str) -> str:
+        roles = ("user", "assistant")
+        messages = [{"role": roles[i % 2], "content": c} for i, c in enumerate(contents)]
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+
+    block, user_opening = "", ""
+    try:
+        head = render(_USER_1).split(_USER_1)[0]
+        closed = render(_USER_1, _ASSISTANT_1).split(_ASSISTANT_1)[1]
+        between = render(_USER_1, _ASSISTANT_1, _USER_2).split(_ASSISTANT_1)[1].split(_USER_2)[0]
+        if between.startswith(closed):
+            user_opening = between[len(closed) :]
+            if head.endswith(user_opening):
+                block = head[: len(head) - len(user_opening)]
+    except Exception:  # a template that refuses the probes writes no block we can find
+        block = ""
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and block.startswith(bos) and not user_opening.startswith(bos):  # a BOS of its own, kept
+        block = block[len(bos) :]  # (SmolLM2's "BOS" is <|im_start|>, which opens every turn)
+    _DEFAULT_SYSTEM[tokenizer] = (template, block)
+    return block
+
+
+def without_default_system(tokenizer, text: str, messages: list[Message]) -> str:
+    """`text`, the template's rendering of `messages`, less the template's default system prompt
+    (`default_system_block`) when the messages hold no system message (`data.system_prompt none`);
+    a BOS before it is kept."""
+    if any(m["role"] == "system" for m in messages):
+        return text
+    block = default_system_block(tokenizer)
+    if not block:
+        return text
+    bos = getattr(tokenizer, "bos_token", None) or ""
+    if bos and not block.startswith(bos) and text.startswith(bos + block):
+        return bos + text[len(bos) + len(block) :]
+    return text[len(block) :] if text.startswith(block) else text

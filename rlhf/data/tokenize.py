@@ -7,6 +7,9 @@ template), the response without them, followed by `tokenizer.eos_token_id`.
 Chat templates (`chat_template`: "auto" | True | False, see `rlhf.data.chat`): with the template on,
 HH transcripts and message lists are rendered by `tokenizer.apply_chat_template` with the generation
 prompt, and their responses end with the template's end-of-turn token instead of EOS.
+`system_prompt` ("template" | "none", `data.system_prompt`): "none" removes the block a template
+writes for its own default system prompt when the prompt has no system message (SmolLM2's costs
+about 30 tokens of a prompt budget); a system message of the data is always kept.
 
 Truncation, each counted in a `TruncationStats`:
 - a prompt longer than its budget first loses its oldest whole turns (HH "\\n\\nHuman:" /
@@ -29,10 +32,11 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from rlhf.data.chat import response_end_id, templated_messages
+from rlhf.data.chat import response_end_id, templated_messages, without_default_system
 from rlhf.data.examples import Message, PreferenceExample, Prompt, SFTExample
 from rlhf.data.formats import HH_ASSISTANT, HH_HUMAN
 
+SYSTEM_PROMPTS = ("template", "none")  # data.system_prompt
 _HH_TURN = re.compile(f"(?={re.escape(HH_HUMAN)}|{re.escape(HH_ASSISTANT)})")
 
 
@@ -44,6 +48,7 @@ class TruncationStats:
     prompts_turns_dropped: int = 0  # prompts that lost at least one oldest turn
     turns_dropped: int = 0  # whole turns dropped, over all prompts
     prompts_left_truncated: int = 0  # prompts cut from the left after dropping every droppable turn
+    prompts_truncated: int = 0  # prompts that lost anything to the budget (turns, text or tokens)
     responses: int = 0  # responses encoded (a pair counts two)
     responses_truncated: int = 0  # responses cut on the right (they still end with EOS)
     pairs_identical_after_truncation: int = 0  # pairs whose chosen and rejected ids became equal
@@ -53,13 +58,22 @@ class TruncationStats:
         for name, value in asdict(other).items():
             setattr(self, name, getattr(self, name) + value)
 
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+    @property
+    def prompts_truncated_share(self) -> float | None:
+        """The share of prompts that lost anything to the budget; None when none was encoded."""
+        return self.prompts_truncated / self.prompts if self.prompts else None
+
+    def as_dict(self) -> dict[str, int | float | None]:
+        return {**asdict(self), "prompts_truncated_share": self.prompts_truncated_share}
 
     def summary(self) -> str:
-        """One line for logs: "prompts 3/10 turns dropped (5 turns), 1/10 left-truncated; responses 2/20 truncated"."""
+        """One line for logs: "prompts 3/10 truncated (30.0%): 3/10 had turns dropped (5 turns), 1/10
+        left-truncated; responses 2/20 truncated"."""
+        share = self.prompts_truncated_share
         return (
-            f"prompts {self.prompts_turns_dropped}/{self.prompts} had turns dropped ({self.turns_dropped} turns), "
+            f"prompts {self.prompts_truncated}/{self.prompts} truncated"
+            + (f" ({share:.1%})" if share is not None else "")
+            + f": {self.prompts_turns_dropped}/{self.prompts} had turns dropped ({self.turns_dropped} turns), "
             f"{self.prompts_left_truncated}/{self.prompts} left-truncated; "
             f"responses {self.responses_truncated}/{self.responses} truncated"
             + (
@@ -82,24 +96,32 @@ def plain_chat_text(messages: list[Message], add_generation_prompt: bool = True)
     return "\n\n".join(blocks)
 
 
-def render_prompt(tokenizer, prompt: Prompt, chat_template: bool | str = "auto") -> str:
+def render_prompt(
+    tokenizer, prompt: Prompt, chat_template: bool | str = "auto", system_prompt: str = "template"
+) -> str:
     """The prompt text: HH transcripts and messages through the tokenizer's chat template (with the
     generation prompt) when `chat_template` turns it on; else a string as is and messages as
     `plain_chat_text`."""
     messages = templated_messages(tokenizer, prompt, chat_template)
     if messages is not None:
-        return _apply_template(tokenizer, messages)
+        return _apply_template(tokenizer, messages, system_prompt)
     return prompt if isinstance(prompt, str) else plain_chat_text(prompt)
 
 
-def _apply_template(tokenizer, messages: list[Message]) -> str:
+def _apply_template(tokenizer, messages: list[Message], system_prompt: str = "template") -> str:
+    if system_prompt not in SYSTEM_PROMPTS:
+        raise ValueError(
+            f"data.system_prompt must be one of {SYSTEM_PROMPTS}, got {system_prompt!r}. Fix: "
+            "--data.system_prompt template"
+        )
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as error:  # jinja raises TemplateError (e.g. "roles must alternate")
         raise ValueError(
             f"the tokenizer's chat template rejected the prompt messages ({error}). Fix: give messages "
             "the template accepts (roles, order), or turn the template off (--data.chat_template false)"
         ) from error
+    return text if system_prompt == "template" else without_default_system(tokenizer, text, messages)
 
 
 # --- turns ----------------------------------------------------------------------------------------
@@ -146,15 +168,20 @@ def _last_user(is_assistant: list[bool]) -> int:
 # --- encoding -------------------------------------------------------------------------------------
 
 
-def _encode_rendered(tokenizer, prompt: Prompt, templated: bool) -> list[int]:
+def _encode_rendered(
+    tokenizer, prompt: Prompt, templated: bool, system_prompt: str = "template"
+) -> list[int]:
     if templated:  # a chat template writes its own BOS text; adding special tokens would double it
-        return list(tokenizer.encode(_apply_template(tokenizer, prompt), add_special_tokens=False))
+        text = _apply_template(tokenizer, prompt, system_prompt)
+        return list(tokenizer.encode(text, add_special_tokens=False))
     text = prompt if isinstance(prompt, str) else plain_chat_text(prompt)
     bos = getattr(tokenizer, "bos_token", None)
     return list(tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos))))
 
 
-def _shorten_oldest_message(tokenizer, dialogue: _Dialogue, start: int, ids: list[int], max_tokens: int):
+def _shorten_oldest_message(
+    tokenizer, dialogue: _Dialogue, start: int, ids: list[int], max_tokens: int, system_prompt: str
+):
     """Cut tokens from the start of the oldest kept message's text until the templated prompt fits
     (a few tries: decoded text may re-tokenize differently); the template itself stays whole."""
     if start >= len(dialogue.turns):
@@ -167,7 +194,7 @@ def _shorten_oldest_message(tokenizer, dialogue: _Dialogue, start: int, ids: lis
             break  # fits, or the text cannot absorb it (the caller cuts tokens instead)
         content = content[overflow:]
         shortened = {**oldest, "content": tokenizer.decode(content)}
-        ids = _encode_rendered(tokenizer, dialogue.head + [shortened] + rest, True)
+        ids = _encode_rendered(tokenizer, dialogue.head + [shortened] + rest, True, system_prompt)
     return ids
 
 
@@ -177,6 +204,7 @@ def encode_prompt(
     max_tokens: int | None = None,
     stats: TruncationStats | None = None,
     chat_template: bool | str = "auto",
+    system_prompt: str = "template",
 ) -> list[int]:
     """Token ids of the rendered prompt, at most `max_tokens` (None: no limit); see the module doc."""
     if max_tokens is not None and max_tokens < 1:
@@ -185,7 +213,7 @@ def encode_prompt(
     templated = messages is not None
     if templated:
         prompt = messages
-    ids = _encode_rendered(tokenizer, prompt, templated)
+    ids = _encode_rendered(tokenizer, prompt, templated, system_prompt)
     dropped, text_cut = 0, False
     if max_tokens is not None and len(ids) > max_tokens:
         dialogue = _as_dialogue(prompt)
@@ -195,10 +223,11 @@ def encode_prompt(
             while start < dialogue.protected_from and dialogue.is_assistant[start]:
                 start += 1  # a dialogue starts with a user turn
             dropped = start
-            ids = _encode_rendered(tokenizer, dialogue.join(dialogue.head, dialogue.turns[start:]), templated)
+            kept = dialogue.join(dialogue.head, dialogue.turns[start:])
+            ids = _encode_rendered(tokenizer, kept, templated, system_prompt)
         if templated and len(ids) > max_tokens:
             text_cut = True
-            ids = _shorten_oldest_message(tokenizer, dialogue, start, ids, max_tokens)
+            ids = _shorten_oldest_message(tokenizer, dialogue, start, ids, max_tokens, system_prompt)
     left_truncated = max_tokens is not None and len(ids) > max_tokens
     if left_truncated:
         keep_bos = int(bool(ids) and ids[0] == getattr(tokenizer, "bos_token_id", None))
@@ -214,6 +243,7 @@ def encode_prompt(
         stats.prompts_turns_dropped += int(dropped > 0)
         stats.turns_dropped += dropped
         stats.prompts_left_truncated += int(left_truncated or text_cut)
+        stats.prompts_truncated += int(dropped > 0 or left_truncated or text_cut)
     return ids
 
 
@@ -264,11 +294,12 @@ def encode_sft(
     max_response_tokens: int | None = None,
     stats: TruncationStats | None = None,
     chat_template: bool | str = "auto",
+    system_prompt: str = "template",
 ) -> tuple[list[int], list[int]]:
     """(prompt ids, response ids ending with EOS or the template's end-of-turn) of an SFT example."""
     end = response_end_id(tokenizer, example.prompt, chat_template)
     return (
-        encode_prompt(tokenizer, example.prompt, max_prompt_tokens, stats, chat_template),
+        encode_prompt(tokenizer, example.prompt, max_prompt_tokens, stats, chat_template, system_prompt),
         encode_response(tokenizer, example.response, max_response_tokens, stats, end),
     )
 
@@ -280,6 +311,7 @@ def encode_pair(
     max_response_tokens: int | None = None,
     stats: TruncationStats | None = None,
     chat_template: bool | str = "auto",
+    system_prompt: str = "template",
 ) -> tuple[list[int], list[int], list[int]]:
     """(prompt ids, chosen ids, rejected ids) of a preference pair; both responses end with EOS (or
     the template's end-of-turn token when the prompt is chat-templated).
@@ -288,7 +320,7 @@ def encode_pair(
     a pair teaches the reward model nothing and is counted in `stats.pairs_identical_after_truncation`.
     """
     end = response_end_id(tokenizer, example.prompt, chat_template)
-    prompt = encode_prompt(tokenizer, example.prompt, max_prompt_tokens, stats, chat_template)
+    prompt = encode_prompt(tokenizer, example.prompt, max_prompt_tokens, stats, chat_template, system_prompt)
     chosen = encode_response(tokenizer, example.chosen, max_response_tokens, stats, end)
     rejected = encode_response(tokenizer, example.rejected, max_response_tokens, stats, end)
     if stats is not None and chosen == rejected:

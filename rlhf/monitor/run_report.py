@@ -347,6 +347,19 @@ def _length_paragraph(length: Mapping[str, Any]) -> str:
     return text
 
 
+def _other_judge(name: str, figures: Any) -> str:
+    """A further judge's win rate and length figures (eval.json's `judges`)."""
+    if not isinstance(figures, Mapping):
+        return ""
+    comparison = figures.get("comparison") if isinstance(figures.get("comparison"), Mapping) else {}
+    text = (
+        f"<p><b>judge {esc(name)}</b>: win rate of the policy (ties half) "
+        f"{esc(_rate_text({'win_rate': comparison.get('win_rate'), 'win_rate_ci95': comparison.get('win_rate_ci95')}))}</p>"
+    )
+    length = figures.get("length")
+    return text + (_length_paragraph(length) if isinstance(length, Mapping) else "")
+
+
 def _evaluation(evaluation: Mapping[str, Any]) -> str:
     rows = []
     for side in ("policy", "baseline"):
@@ -363,6 +376,9 @@ def _evaluation(evaluation: Mapping[str, Any]) -> str:
     length = evaluation.get("length")
     if isinstance(length, Mapping):
         parts.append(_length_paragraph(length))
+    judges = evaluation.get("judges")
+    for name, figures in list(judges.items())[1:] if isinstance(judges, Mapping) else []:
+        parts.append(_other_judge(name, figures))  # `--judge A --judge B`: the same answers, judge B
     samples = evaluation.get("samples")
     if not isinstance(samples, list):
         policy = evaluation.get("policy")

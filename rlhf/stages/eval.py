@@ -10,7 +10,7 @@ from pathlib import Path
 from rlhf.config import EvalConfig
 from rlhf.data.chat import stop_token_ids
 from rlhf.data.loading import load_examples
-from rlhf.data.tokenize import encode_prompt
+from rlhf.data.tokenize import TruncationStats, encode_prompt
 from rlhf.evaluation.judging import (
     check_finite_scores,
     compare_scores,
@@ -30,7 +30,7 @@ from rlhf.monitor import print_summary
 from rlhf.monitor.progress import WorkProgress, announce
 from rlhf.monitor.run_files import recorded_data_settings
 from rlhf.stages.prompt_files import prompt_rows
-from rlhf.stages.result_files import refuse_foreign_file, write_result
+from rlhf.stages.result_files import refuse_foreign_file, refuse_replacing_other_result, write_result
 from rlhf.train.context_check import check_prompts_fit, model_context
 
 
@@ -47,7 +47,14 @@ def run_eval(config: EvalConfig) -> dict:
     chat = data.chat_template
     examples = load_examples(data.prompts, kind="prompt", skip_invalid=skip).examples[: data.n]
     budget = eval_prompt_budget(config)
-    prompts = [encode_prompt(tokenizer, ex.prompt, budget, chat_template=chat) for ex in examples]
+    system_prompt = eval_system_prompt(config)
+    truncation = TruncationStats()
+    prompts = [
+        encode_prompt(
+            tokenizer, ex.prompt, budget, stats=truncation, chat_template=chat, system_prompt=system_prompt
+        )
+        for ex in examples
+    ]
     sources = [ex.source for ex in examples]
     sampling = eval_sampling(rollout)
     reward_fns = config.reward_functions
@@ -57,14 +64,16 @@ def run_eval(config: EvalConfig) -> dict:
         functions = load_reward_functions(reward_fns, key="--reward-fn")  # before any model loads
         rows = prompt_rows(data.prompts, sources)
         check_row_fields(functions, rows, str(data.prompts))
-    judge = None
-    if config.judge:
-        with announce(f"loading the judge {config.judge}"):
-            judge = _load_judge(config.judge, tokenizer, data.prompts, data.n, skip, precision)
-    if reward_fns:
-        judge = judge_with_functions(judge, functions, tokenizer, rows)
-    judge_name = " + ".join([*([str(config.judge)] if config.judge else []), *map(str, reward_fns)])
-    results, scores, texts = {}, {}, {}
+    judges = {}  # judge name -> judge factory; every judge scores the same answers
+    for spec in [config.judge, *config.extra_judges] if config.judge else [None]:
+        judge = None
+        if spec:
+            with announce(f"loading the judge {spec}"):
+                judge = _load_judge(spec, tokenizer, data.prompts, data.n, skip, precision)
+        if reward_fns:
+            judge = judge_with_functions(judge, functions, tokenizer, rows)
+        judges[" + ".join([*([str(spec)] if spec else []), *map(str, reward_fns)])] = judge
+    texts, scores = {}, {name: {} for name in judges}  # scores[judge][policy or baseline]
     for name, path in (("policy", config.policy), ("baseline", config.baseline)):
         with announce(f"loading --{name} {path}"):
             model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))
@@ -78,38 +87,50 @@ def run_eval(config: EvalConfig) -> dict:
             budget_flag="--max-new-tokens",
         )
         stop_ids = stop_token_ids(tokenizer, chat)
-        texts[name], scores[name] = _answer_and_score(
-            name,
-            path,
-            model,
-            tokenizer,
-            prompts,
-            sampling,
-            judge,
-            judge_name,
-            config,
-            precision,
-            stop_ids,
+        rollouts, texts[name] = _answer(
+            name, model, tokenizer, prompts, sampling, config, precision, stop_ids
         )
-        results[name] = {"path": str(path), **mean_with_ci(scores[name])}
-    results["comparison"] = compare_scores(scores["policy"], scores["baseline"])
-    results["length"] = judge_length_bias(
-        texts["policy"],
-        texts["baseline"],
-        scores["policy"].tolist(),
-        scores["baseline"].tolist(),
-        seed=config.seed,
-    )
-    results["judge"] = judge_name
+        for judge_name, judge in judges.items():
+            shown = f" ({judge_name})" if len(judges) > 1 else ""  # which judge, when several
+            scores[judge_name][name] = _score(name, path, rollouts, texts[name], judge, judge_name, shown)
+        del model, rollouts
+    paths = {"policy": config.policy, "baseline": config.baseline}
+    per_judge = {name: judged(paths, texts, scores[name], name, config.seed) for name in judges}
+    judge_name = next(iter(judges))
+    results = {**per_judge[judge_name], "judges": per_judge}  # the first judge's figures on top
+    results["prompts"] = str(data.prompts)
+    results["truncation"] = truncation.as_dict()
+    results["system_prompt"] = system_prompt
     results["sampling"] = {
         k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")
     }
     results["max_prompt_tokens"] = budget
-    results["samples"] = paired_samples([ex.prompt for ex in examples], sources, texts, scores)
+    results["samples"] = paired_samples([ex.prompt for ex in examples], sources, texts, scores[judge_name])
+    for sample, ids in zip(results["samples"], prompts):  # the prompt as the models saw it
+        sample["prompt_seen"] = tokenizer.decode(ids)
     out = eval_result_path(config)
     write_result(out, results)
-    _print_eval_summary(config, results, judge_name, out)
+    for name in judges:
+        _print_eval_summary(config, per_judge[name], name, out, results["truncation"])
     return results
+
+
+def judged(paths: dict, texts: dict, scores: dict, judge_name: str, seed: int) -> dict:
+    """One judge's figures of the paired comparison: each side's mean score with its interval, the
+    win rate, and the length figures (docs/algorithms.md §33)."""
+    result = {
+        name: {"path": str(paths[name]), **mean_with_ci(scores[name])} for name in ("policy", "baseline")
+    }
+    result["comparison"] = compare_scores(scores["policy"], scores["baseline"])
+    result["length"] = judge_length_bias(
+        texts["policy"],
+        texts["baseline"],
+        scores["policy"].tolist(),
+        scores["baseline"].tolist(),
+        seed=seed,
+    )
+    result["judge"] = judge_name
+    return result
 
 
 def _check_tokenizers(config: EvalConfig, tokenizer) -> None:
@@ -139,10 +160,8 @@ def eval_sampling(rollout) -> SamplingConfig:
     )
 
 
-def _answer_and_score(
-    name, path, model, tokenizer, prompts, sampling, judge, judge_name, config, precision, stop_ids
-):
-    """(response texts, judge scores) of the `--name` policy on the prompts, with progress for each part."""
+def _answer(name, model, tokenizer, prompts, sampling, config, precision, stop_ids):
+    """(rollouts, response texts) of the `--name` policy on the prompts, with progress."""
     with WorkProgress(f"eval --{name}: sampling", len(prompts), "prompt") as progress:
         rollouts, texts = sample_responses(
             model,
@@ -154,13 +173,20 @@ def _answer_and_score(
             on_batch=progress.advance,
             stop_ids=stop_ids,
         )
-    with WorkProgress(f"eval --{name}: scoring", len(prompts), "response") as progress:
+    return rollouts, texts
+
+
+def _score(name, path, rollouts, texts, judge, judge_name, shown=""):
+    """The judge's scores of the `--name` policy's answers, with progress."""
+    with WorkProgress(f"eval --{name}: scoring{shown}", len(texts), "response") as progress:
         scores = score_rollouts(rollouts, texts, judge, on_batch=progress.advance)
     check_finite_scores(scores, judge_name, f"--{name} {path}")
-    return texts, scores
+    return scores
 
 
-def _print_eval_summary(config: EvalConfig, results: dict, judge_name: str, out: Path) -> None:
+def _print_eval_summary(
+    config: EvalConfig, results: dict, judge_name: str, out: Path, truncation: dict | None = None
+) -> None:
     """The one-screen summary, and the warning when the judge's preference follows length."""
     cmp = results["comparison"]
 
@@ -176,6 +202,7 @@ def _print_eval_summary(config: EvalConfig, results: dict, judge_name: str, out:
             "win / tie / loss": f"{cmp['win']:.3f} / {cmp['tie']:.3f} / {cmp['loss']:.3f}",
             "win rate (ties half)": f"{cmp['win_rate']:.3f} [{cmp['win_rate_ci95'][0]:.3f}, {cmp['win_rate_ci95'][1]:.3f}]",
             **length_summary(results["length"]),
+            **({"prompts truncated": truncation_row(truncation)} if truncation else {}),
             "written": str(out),
         },
     )
@@ -191,8 +218,53 @@ def eval_result_path(config: EvalConfig) -> Path:
 
 
 def check_result_path(config: EvalConfig) -> None:
-    """Refuse an --out that is not a new file nor an earlier `rlhf eval` result (it would be replaced)."""
-    refuse_foreign_file(eval_result_path(config), EVAL_KEYS, "rlhf eval", "eval.json")
+    """Refuse an --out that is not a new file nor an earlier `rlhf eval` result (it would be replaced),
+    and, without --out, an eval.json of other prompts or another baseline (a comparison of its own)."""
+    path = eval_result_path(config)
+    refuse_foreign_file(path, EVAL_KEYS, "rlhf eval", "eval.json")
+    if not config.out:
+        name = f"eval_{data_stem(config.data.prompts)}_vs_{Path(config.baseline).name or 'baseline'}.json"
+        refuse_replacing_other_result(
+            path,
+            {"prompts": str(config.data.prompts), "baseline": str(config.baseline)},
+            _earlier_eval_identity,
+            "rlhf eval",
+            path.with_name(name),
+        )
+
+
+def _earlier_eval_identity(earlier: dict) -> dict:
+    """The prompts file and baseline of an earlier eval.json (one written before eval.json recorded
+    "prompts": the file of its first sample's source)."""
+    prompts = earlier.get("prompts")
+    samples = earlier.get("samples") or [{}]
+    source = samples[0].get("source") if isinstance(samples[0], dict) else None
+    if prompts is None and isinstance(source, str) and ":" in source:
+        prompts = source.rsplit(":", 1)[0]
+    baseline = earlier.get("baseline")
+    return {"prompts": prompts, "baseline": baseline.get("path") if isinstance(baseline, dict) else None}
+
+
+def data_stem(path) -> str:
+    """A data file's name without its suffixes (`eval_prompts.jsonl.gz` -> `eval_prompts`)."""
+    name = Path(str(path)).name
+    return name.split(".")[0] or "data"
+
+
+def truncation_row(truncation: dict) -> str:
+    """The summary's row of the prompts that lost turns or tokens to the budget."""
+    share = truncation.get("prompts_truncated_share")
+    return f"{truncation['prompts_truncated']}/{truncation['prompts']}" + (
+        f" ({share:.1%})" if share is not None else ""
+    )
+
+
+def eval_system_prompt(config: EvalConfig) -> str:
+    """data.system_prompt, else the --policy run's (its config.yaml), else "template"."""
+    if config.data.system_prompt is not None:
+        return config.data.system_prompt
+    recorded = recorded_data_settings(config.policy).get("system_prompt")
+    return recorded if recorded in ("template", "none") else "template"
 
 
 def _rate(value, interval) -> str:

@@ -26,10 +26,14 @@ def load_prompts(
     skip_invalid: bool,
     stats=None,
     chat_template: bool | str = "auto",
+    system_prompt: str = "template",
 ) -> tuple[list[list[int]], list]:
     """The encoded prompts of `path` and the source (file, line) of each."""
     loaded = load_examples(path, kind="prompt", format=format, skip_invalid=skip_invalid)
-    ids = [encode_prompt(tokenizer, ex.prompt, max_tokens, stats, chat_template) for ex in loaded.examples]
+    ids = [
+        encode_prompt(tokenizer, ex.prompt, max_tokens, stats, chat_template, system_prompt)
+        for ex in loaded.examples
+    ]
     return ids, [ex.source for ex in loaded.examples]
 
 
@@ -48,11 +52,19 @@ def ptx_sampler(
     max_prompt_tokens: int,
     max_response_tokens: int = 256,
     chat_template: bool | str = "auto",
+    system_prompt: str = "template",
 ):
     """The PPO-ptx batches of the SFT file `path`: `batches(generator)` draws a right-padded batch."""
     loaded = load_examples(path, kind="sft")
     rows = [
-        encode_sft(tokenizer, ex, max_prompt_tokens, max_response_tokens, chat_template=chat_template)
+        encode_sft(
+            tokenizer,
+            ex,
+            max_prompt_tokens,
+            max_response_tokens,
+            chat_template=chat_template,
+            system_prompt=system_prompt,
+        )
         for ex in loaded.examples
     ]
     return PtxBatches(rows, batch_size, tokenizer.pad_token_id)

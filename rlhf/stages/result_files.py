@@ -47,3 +47,38 @@ def write_result(path: Path, result: dict) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def refuse_replacing_other_result(
+    path: Path, identity: dict[str, str], earlier_identity, command: str, suggestion: Path
+) -> None:
+    """Without --out: raise ConfigError when `path` holds an earlier result of `command` on other
+    inputs (`identity`: the data file, and what else makes a result its own; `earlier_identity(json)`
+    reads the same keys from the earlier result). Re-scoring the same inputs replaces it.
+
+    Paths are compared resolved; an earlier value that cannot be read (None) is taken as the same."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    try:
+        earlier = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError, OSError):
+        return  # refuse_foreign_file speaks for a file that is no result
+    if not isinstance(earlier, dict):
+        return
+    before = earlier_identity(earlier)
+    changed = [key for key, value in identity.items() if not _same(before.get(key), value)]
+    if not changed:
+        return
+    was = ", ".join(f"{key} {before[key]}" for key in identity)
+    now = ", ".join(f"{key} {identity[key]}" for key in changed)
+    raise ConfigError(
+        f"{path} holds an earlier result of {command} ({was}), and this run ({now}) would replace it. "
+        f"Fix: --out {suggestion} (a result of its own), or move {path} away to replace it."
+    )
+
+
+def _same(earlier, now: str) -> bool:
+    if earlier is None:
+        return True
+    return earlier == now or Path(str(earlier)).resolve() == Path(now).resolve()

@@ -63,7 +63,9 @@ def encode_pairs(tokenizer, examples, config: RewardConfig, stats: TruncationSta
         end = response_end_id(tokenizer, ex.prompt, d.chat_template)  # EOS, or the template's end of turn
         rows.append(
             EncodedPair(
-                encode_prompt(tokenizer, ex.prompt, d.max_prompt_tokens, stats, d.chat_template),
+                encode_prompt(
+                    tokenizer, ex.prompt, d.max_prompt_tokens, stats, d.chat_template, d.system_prompt
+                ),
                 encode_response(tokenizer, ex.chosen, d.max_response_tokens, stats, end),
                 encode_response(tokenizer, ex.rejected, d.max_response_tokens, stats, end),
             )
@@ -291,6 +293,7 @@ class RewardModelStage(SupervisedStage):
 
     def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
         final["best_step"], final["best_accuracy"] = self.best["step"], self.best["accuracy"]
+        final.update({f"data/{k}": v for k, v in stats.as_dict().items()})  # truncation, as every stage
         if self.best["step"] < 0:
             with run.learner.whole_copies():  # fsdp2: every rank gathers, rank 0 saves
                 if run.writer:

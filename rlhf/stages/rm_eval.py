@@ -34,14 +34,15 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.monitor import print_summary
 from rlhf.monitor.progress import WorkProgress, announce
 from rlhf.monitor.run_files import recorded_data_settings
-from rlhf.stages.result_files import refuse_foreign_file, write_result
+from rlhf.stages.result_files import refuse_foreign_file, refuse_replacing_other_result, write_result
 from rlhf.stages.rm import EncodedPair, encode_pairs
 from rlhf.train.context_check import model_context
 from rlhf.train.guards import require_finite_scores
 
 RESULT_NAME = "rm_eval.json"
 RESULT_KEYS = ("reward_model", "data", "pairs_read")  # what makes a JSON file an earlier rm_eval.json
-BUDGET_KEYS = ("format", "max_prompt_tokens", "max_response_tokens")  # taken from the RM's config.yaml
+# taken from the RM's config.yaml: the pairs are encoded as it was trained on them
+BUDGET_KEYS = ("format", "max_prompt_tokens", "max_response_tokens", "chat_template", "system_prompt")
 
 
 def rm_eval_config(*, file: str | None = None, overrides: dict | None = None) -> RMEvalConfig:
@@ -97,6 +98,15 @@ def run_rm_eval(config: RMEvalConfig, *, model: ScalarHeadModel | None = None, t
     loading `config.reward_model` (which still names it)."""
     out = Path(config.out) if config.out else Path(config.reward_model) / RESULT_NAME
     refuse_foreign_file(out, RESULT_KEYS, "rlhf rm-eval", RESULT_NAME)  # before any work
+    if not config.out:  # the default file: never a result of another data file (--out names one)
+        stem = Path(str(config.data.path)).name.split(".")[0] or "data"
+        refuse_replacing_other_result(
+            out,
+            {"data": str(config.data.path)},
+            lambda earlier: {"data": earlier.get("data")},
+            "rlhf rm-eval",
+            out.with_name(f"rm_eval_{stem}.json"),
+        )
     device = resolve_device(config.device, key="device")
     precision = Precision.resolve(config.dtype, device, key="dtype")
     data = config.data
@@ -226,6 +236,13 @@ def histogram_lines(histogram: dict, width: int = 30) -> list[str]:
     ]
 
 
+def _truncated(truncation: dict) -> str:
+    share = truncation.get("prompts_truncated_share")
+    if share is None:
+        return "-"
+    return f"{truncation['prompts_truncated']}/{truncation['prompts']} ({share:.1%})"
+
+
 def print_rm_eval_summary(result: dict, out: Path, worst_shown: int = 3) -> None:
     margin, cal = result["margin"], result["calibration"]
     low, high = result["accuracy_ci95"]
@@ -243,6 +260,7 @@ def print_rm_eval_summary(result: dict, out: Path, worst_shown: int = 3) -> None
             "calibration error (ECE)": f"{cal['ece']:.4f}",
             "confidence - accuracy": f"{over:+.4f} ({'overconfident' if over > 0 else 'underconfident'})",
             **length_rows(result["length"]),
+            "prompts truncated to the budget": _truncated(result.get("truncation", {})),
         },
     )
     print("margin histogram (left of 0: ranked the wrong way):")

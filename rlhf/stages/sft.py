@@ -46,7 +46,15 @@ def encode_sft_examples(tokenizer, examples, config: SFTConfig, stats: Truncatio
     d = config.data
     return [
         EncodedSFT(
-            *encode_sft(tokenizer, ex, d.max_prompt_tokens, d.max_response_tokens, stats, d.chat_template)
+            *encode_sft(
+                tokenizer,
+                ex,
+                d.max_prompt_tokens,
+                d.max_response_tokens,
+                stats,
+                d.chat_template,
+                d.system_prompt,
+            )
         )
         for ex in examples
     ]

@@ -71,7 +71,10 @@ def train_with(
         skip_invalid=config.data.skip_invalid,
         stats=stats,
         chat_template=config.data.chat_template,
+        system_prompt=config.data.system_prompt,
     )
+    if runtime.writer and not quiet:
+        print(f"prompts of {config.data.prompts}: {stats.summary()}")
     check_prompts_fit(
         prompts,
         sources,
@@ -89,6 +92,7 @@ def train_with(
             config.data.ptx_batch_size,
             config.data.max_prompt_tokens,
             chat_template=config.data.chat_template,
+            system_prompt=config.data.system_prompt,
         )
     rows = prompt_rows(config.data.prompts, sources) if config.reward.functions else None
     if rows is not None:
@@ -107,6 +111,7 @@ def train_with(
     if inputs is not None:  # the run directory is claimed (no earlier run in it): record what it reads
         record_models(config.out, inputs)
     final = trainer.train()
+    final.update({f"data/{k}": v for k, v in stats.as_dict().items() if v is not None})
     if not trainer.runtime.writer:
         return final  # rank 0 writes the report and prints the summary
     report = write_final_report(config.out)

@@ -242,7 +242,14 @@ def run_supervised(
             logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step", done=0)
             stage.baseline = before
         final = _train_steps(
-            run, stage, logger, zip(range(done, steps), batches), steps, train_rows, test_rows
+            run,
+            stage,
+            logger,
+            zip(range(done, steps), batches),
+            steps,
+            train_rows,
+            test_rows,
+            truncation_metrics(stats),
         )
     model.eval()
     if learner.sharded is not None:  # the export gathers whole weights: without AdamW's moments beside
@@ -252,6 +259,17 @@ def run_supervised(
     if writer:  # rank 0 exports, reports and prints
         _report(stage, out, final, quiet)
     return final
+
+
+def truncation_metrics(stats: TruncationStats) -> dict:
+    """The prompts that lost turns or tokens to the budget, as metrics (docs/usage.md, Chat models)."""
+    if not stats.prompts:
+        return {}
+    return {
+        "data/prompts": stats.prompts,
+        "data/prompts_truncated": stats.prompts_truncated,
+        "data/prompts_truncated_share": stats.prompts_truncated_share,
+    }
 
 
 def _refuse_unsupported(stage: SupervisedStage, resume: bool) -> None:
@@ -308,10 +326,12 @@ def _train_steps(
     steps: int,
     train_rows: list,
     test_rows: list,
+    data_metrics: dict | None = None,
 ) -> dict:
     """The optimizer steps of `numbered_batches` ((step, row indices) pairs), evaluated every
     `train.eval_every` steps and at the last, logged every `train.log_every`, a checkpoint every
-    `checkpoint.every` (a resumable stage); the last step's metrics."""
+    `checkpoint.every` (a resumable stage); the last step's metrics, which hold `data_metrics`
+    too (what the prompt budget cost the data: in metrics.jsonl once)."""
     config, learner = stage.config, run.learner
     t = config.train
     every = config.checkpoint.every if stage.resumable else 0
@@ -323,6 +343,8 @@ def _train_steps(
         metrics["train/grad_norm"] = learner.optimizer_step()
         metrics["train/lr"] = learner.lr
         last = step == steps - 1
+        if last and data_metrics:
+            metrics.update(data_metrics)
         if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
             logger.status("evaluating", step, "step")
             result = stage.evaluate(run, test_rows)

@@ -163,7 +163,10 @@ def test_truncation_drops_oldest_turns_and_keeps_the_template_whole(tok, budget,
     expected = " ".join(turn(*t.split(" ", 1)) for t in kept.split("|")) + " " + GENERATION_PROMPT
     assert encode_prompt(tok, HH, budget, stats) == ids(tok, expected)
     assert stats == TruncationStats(
-        prompts=1, prompts_turns_dropped=int(turns_dropped > 0), turns_dropped=turns_dropped
+        prompts=1,
+        prompts_turns_dropped=int(turns_dropped > 0),
+        turns_dropped=turns_dropped,
+        prompts_truncated=int(turns_dropped > 0),
     )
 
 
@@ -245,3 +248,62 @@ def test_the_rl_policy_stops_at_the_end_of_turn_token(tok, setting):
     rollout = roles.policy.generate([ids(tok, "w1 w2")], return_logprobs=False)
     length = int(rollout.response_mask.sum())
     assert length == (1 if setting == "auto" else 4)  # ends at <|im_end|> only with the template on
+
+
+# --- the template's default system prompt (data.system_prompt) ------------------------------------
+
+SMOLLM2_LIKE = (  # writes its own system prompt when the messages hold none, as SmolLM2's template
+    "{% for m in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "<|im_start|>system\nS w1 w2<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_default_system_prompt_is_dropped_only_when_the_data_has_none():
+    from rlhf.data.chat import default_system_block
+
+    tok = chat_tokenizer(SMOLLM2_LIKE)
+    assert default_system_block(tok) == "<|im_start|>system\nS w1 w2<|im_end|>\n"
+    hh = "\n\nHuman: w4\n\nAssistant:"
+    with_default = render_prompt(tok, hh)
+    assert with_default.startswith("<|im_start|>system\nS w1 w2<|im_end|>\n<|im_start|>user\nw4")
+    assert (
+        render_prompt(tok, hh, system_prompt="none")
+        == "<|im_start|>user\nw4<|im_end|>\n<|im_start|>assistant\n"
+    )
+    own = [{"role": "system", "content": "w8"}, {"role": "user", "content": "w4"}]  # the data's: kept
+    assert (
+        render_prompt(tok, own, system_prompt="none")
+        == render_prompt(tok, own)
+        == ("<|im_start|>system\nw8<|im_end|>\n<|im_start|>user\nw4<|im_end|>\n<|im_start|>assistant\n")
+    )
+    # a template without a default system prompt renders the same either way
+    plain = chat_tokenizer()
+    assert default_system_block(plain) == ""
+    assert render_prompt(plain, hh, system_prompt="none") == render_prompt(plain, hh)
+    with pytest.raises(ValueError, match="data.system_prompt must be one of"):
+        render_prompt(tok, hh, system_prompt="off")
+
+
+def test_dropping_the_default_system_prompt_frees_its_tokens_for_the_dialogue():
+    tok = chat_tokenizer(SMOLLM2_LIKE)
+    kept = {}
+    for setting in ("template", "none"):
+        stats = TruncationStats()
+        ids_ = encode_prompt(tok, HH, 16, stats, system_prompt=setting)
+        kept[setting] = (tok.decode(ids_), stats.prompts_truncated, stats.turns_dropped)
+    # 16 tokens: the default system block (6 tokens) leaves room for the last user turn only
+    assert kept["template"] == (f"{turn('system', 'S w1 w2')} {turn('user', 'w8')} {GENERATION_PROMPT}", 1, 4)
+    assert kept["none"] == (
+        f"{turn('user', 'w4 w5 w6')} {turn('assistant', 'w7')} {turn('user', 'w8')} {GENERATION_PROMPT}",
+        1,
+        2,
+    )
+
+
+def test_system_prompt_setting_is_a_data_key_of_every_stage():
+    for config_class, key in ((SFTConfig, "data"), (RewardConfig, "data"), (RLConfig, "data")):
+        assert getattr(load_config(config_class, overrides={}), key).system_prompt == "template"
+    with pytest.raises(ConfigError, match="system_prompt"):
+        load_config(SFTConfig, overrides={"data": {"system_prompt": "off"}})

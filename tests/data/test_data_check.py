@@ -112,7 +112,7 @@ def test_token_lengths_and_truncation_counts(tmp_path, capsys):
     assert table["chosen"] == ["2", "3.0", "3", "4", "4"]  # "d e f <eos>" and "c <eos>"
     assert table["rejected"] == ["2", "2.0", "2", "2", "2"]
     assert (
-        "truncation (max prompt tokens 4, max response tokens 3): prompts 1/2 had turns dropped (2 turns), "
+        "truncation (max prompt tokens 4, max response tokens 3): prompts 2/2 truncated (100.0%): 1/2 had turns dropped (2 turns), "
         "1/2 left-truncated; responses 1/4 truncated"
     ) in out
 

@@ -104,14 +104,16 @@ def test_prompt_that_fits_is_untouched(tok):
 def test_prompt_drops_oldest_whole_turns(tok, budget, expected, turns_dropped):
     stats = TruncationStats()
     assert encode_prompt(tok, HH, budget, stats) == ids(tok, expected)
-    assert stats == TruncationStats(prompts=1, prompts_turns_dropped=1, turns_dropped=turns_dropped)
+    assert stats == TruncationStats(
+        prompts=1, prompts_turns_dropped=1, turns_dropped=turns_dropped, prompts_truncated=1
+    )
 
 
 def test_prompt_left_truncates_after_dropping_turns(tok, bos_tok):
     stats = TruncationStats()
     assert encode_prompt(tok, HH, 2, stats) == ids(tok, "e1 Assistant:")
     assert stats == TruncationStats(
-        prompts=1, prompts_turns_dropped=1, turns_dropped=4, prompts_left_truncated=1
+        prompts=1, prompts_turns_dropped=1, turns_dropped=4, prompts_left_truncated=1, prompts_truncated=1
     )
     # the BOS survives left truncation
     assert encode_prompt(bos_tok, HH, 3) == ids(bos_tok, "<bos> e1 Assistant:")
@@ -125,7 +127,7 @@ def test_preamble_is_kept_and_plain_text_left_truncates(tok):
     assert encode_prompt(tok, "Intro" + HH, 4, stats) == ids(tok, "Intro Human: e1 Assistant:")
     assert encode_prompt(tok, "w1 w2 w3 w4", 2, stats) == ids(tok, "w3 w4")
     assert stats == TruncationStats(
-        prompts=2, prompts_turns_dropped=1, turns_dropped=4, prompts_left_truncated=1
+        prompts=2, prompts_turns_dropped=1, turns_dropped=4, prompts_left_truncated=1, prompts_truncated=2
     )
 
 
@@ -231,6 +233,7 @@ def test_stats_merge_and_summary():
         prompts_turns_dropped=3,
         turns_dropped=5,
         prompts_left_truncated=1,
+        prompts_truncated=4,
         responses=20,
         responses_truncated=2,
     )
@@ -241,11 +244,34 @@ def test_stats_merge_and_summary():
         "prompts_turns_dropped": 3,
         "turns_dropped": 5,
         "prompts_left_truncated": 1,
+        "prompts_truncated": 4,
+        "prompts_truncated_share": 4 / 11,
         "responses": 22,
         "responses_truncated": 3,
         "pairs_identical_after_truncation": 1,
     }
     assert a.summary() == (
-        "prompts 3/11 had turns dropped (5 turns), 1/11 left-truncated; responses 3/22 truncated; "
+        "prompts 4/11 truncated (36.4%): 3/11 had turns dropped (5 turns), 1/11 left-truncated; responses 3/22 truncated; "
         "1 pairs identical after truncation"
     )
+
+
+@pytest.mark.parametrize(
+    ("prompts", "budget", "truncated"),
+    [
+        (["w1 w2", "Human: e1 Assistant:", "w1"], 8, 0),  # none loses anything
+        (["w1 w2 w3 w4", HH, "\n\nHuman: a1 b1 b2 c1\n\nAssistant:"], 2, 3),  # every one does
+        ([HH], 4, 1),  # a batch of one: its turns dropped
+        ([HH], 40, 0),
+        (["w1 w2 w3 w4", HH, "w1 w2 w3", HH, "w1"], 3, 3),  # tokens cut once, turns (and text) twice
+    ],
+)
+def test_truncated_share_matches_a_hand_count(tok, prompts, budget, truncated):
+    stats = TruncationStats()
+    for prompt in prompts:
+        encode_prompt(tok, prompt, budget, stats)
+    assert (stats.prompts, stats.prompts_truncated) == (len(prompts), truncated)
+    assert stats.as_dict()["prompts_truncated_share"] == truncated / len(prompts)
+    # a prompt counts once, whether it lost turns, text or both
+    assert stats.prompts_truncated <= stats.prompts_turns_dropped + stats.prompts_left_truncated
+    assert TruncationStats().prompts_truncated_share is None  # nothing encoded: no share

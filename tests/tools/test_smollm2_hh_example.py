@@ -45,7 +45,12 @@ def test_held_out_prompts_never_reach_training_and_empty_turns_are_dropped(prepa
         assert not {prepare.prompt_of(r) for r in files[name]} & train_prompts, name
     assert len({prepare.prompt_of(r) for r in files["eval_prompts"]}) == len(files["eval_prompts"]) == 5
     assert 10 <= len(files["rm_heldout"]) <= 12  # whole prompt groups: up to one group over
-    every = {prepare.prompt_of(r) for name in ("rm_heldout", "eval_prompts", "rm_train") for r in files[name]}
+    judge2 = {prepare.prompt_of(r) for r in files["rm2_train"]}
+    assert judge2 and not judge2 & train_prompts  # judge 2 never sees a prompt of judge 1, DPO or PPO
+    assert not judge2 & {prepare.prompt_of(r) for name in ("rm_heldout", "eval_prompts") for r in files[name]}
+    assert abs(len(files["rm2_train"]) - len(files["rm_train"])) <= 3  # about as many pairs each
+    names = ("rm_heldout", "eval_prompts", "rm_train", "rm2_train")
+    every = {prepare.prompt_of(r) for name in names for r in files[name]}
     assert every == {prepare.prompt_of(r) for r in rows()}  # every prompt lands in one split
     assert all(r["chosen"].split("Assistant: ")[-1] for name in files for r in files[name])
     assert files["sft"] == files["rm_train"][:20] and files["ppo_prompts"] == files["rm_train"]
@@ -79,3 +84,42 @@ def test_stage_cost_reads_gnu_time(tmp_path):
         "cpu_s": 42.0,
     }
     assert summarize.stage_cost(tmp_path / "missing.time") is None
+
+
+def test_summary_reads_every_judge_of_an_eval_and_a_logged_truncation(tmp_path):
+    summarize = load("summarize")
+
+    def judged(win_rate: float) -> dict:
+        return {
+            "policy": {"path": "ppo", "mean": 1.0},
+            "baseline": {"path": "dpo", "mean": 0.5},
+            "comparison": {
+                "n": 2,
+                "win_rate": win_rate,
+                "win_rate_ci95": [0.1, 0.9],
+                "win": 0.5,
+                "tie": 0,
+                "loss": 0.5,
+            },
+            "length": {
+                "length_controlled": {"win_rate": 0.4, "win_rate_ci95": [0.2, 0.6]},
+                "length_matched": {"n": 1},
+            },
+        }
+
+    evaluation = {
+        **judged(0.5),
+        "judges": {"rm": judged(0.5), "rm2": judged(0.25)},
+        "truncation": {"prompts": 2, "prompts_truncated": 1, "prompts_truncated_share": 0.5},
+        "samples": [{"policy_response": "a b", "baseline_response": "a b c d"}] * 2,
+    }
+    figures = summarize.win_rates(evaluation)
+    assert {name: j["win_rate"] for name, j in figures["judges"].items()} == {"rm": 0.5, "rm2": 0.25}
+    assert figures["judges"]["rm2"]["length_controlled_win_rate"] == 0.4
+    assert (figures["policy_words_mean"], figures["baseline_words_mean"]) == (2, 4)
+    assert figures["prompts_truncated"] == {"prompts": 2, "truncated": 1, "share": 0.5}
+    log = tmp_path / "sft.log"
+    log.write_text("│ data/prompts                          │   400 │\n│ data/prompts_truncated                │   150 │\n"
+                   "│ data/prompts_truncated_share          │ 0.375 │\n")  # fmt: skip
+    assert summarize.logged_truncation(log) == {"prompts": 400, "truncated": 150, "share": 0.375}
+    assert summarize.logged_truncation(tmp_path / "missing.log") is None

@@ -249,3 +249,23 @@ def test_run_sft_without_training_rows_stops(tok, tmp_path):
     model = tiny_causal_lm(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2)
     with pytest.raises(ValueError, match="no training SFT examples"):
         run_sft(sft_config(tmp_path), model=model, tokenizer=tok, train_rows=[], quiet=True)
+
+
+def test_run_sft_records_the_share_of_truncated_prompts(tok, tmp_path):
+    k = len(WORDS)  # prompt i has 1 + i % 3 words: 8 of 24 have 3 and lose one to a 2-token budget
+    rows = [
+        {"prompt": " ".join(WORDS[(i + j) % k] for j in range(1 + i % 3)), "response": WORDS[(i + 3) % k]}
+        for i in range(24)
+    ]
+    config = sft_config(
+        tmp_path,
+        data={"path": str(write_jsonl(tmp_path / "mixed.jsonl", rows)), "max_prompt_tokens": 2},
+        train={"max_steps": 2},
+    )
+    model = tiny_causal_lm(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2)
+    final = run_sft(config, model=model, tokenizer=tok, quiet=True)
+    last = log_rows(tmp_path / "sft")[-1]
+    for figures in (final, last):  # the summary's figures, and metrics.jsonl's last record
+        assert figures["data/prompts"] == 24 and figures["data/prompts_truncated"] == 8
+        assert figures["data/prompts_truncated_share"] == pytest.approx(1 / 3)
+    assert sum("data/prompts" in r for r in log_rows(tmp_path / "sft")) == 1  # recorded once

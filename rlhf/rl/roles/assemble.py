@@ -191,19 +191,8 @@ def assemble_roles(
     Inside a process group the trained roles among `hosted` (None: all) are built with the
     data-parallel strategy they train under (rlhf/runtime/parallel_plan.py)."""
     c = config
-    device = resolve_device(c.train.device, key="train.device")
-    precision = Precision.resolve(c.dtype, device, key="dtype")
-    # sharded: the roles stay on the CPU (whole on rank 0 alone) until fully_shard moves each rank's
-    # shards to its device; a model built on the meta device stays there until it is filled
-    home = torch.device("cpu") if sharded_launch(c.dist.strategy) else device
-    place = torch.device("meta") if any(p.is_meta for p in policy.parameters()) else home
+    device, precision, place = _place_models(c, policy, reward_model)
     tokenizer = prepare_tokenizer(tokenizer)
-    precision.prepare(policy, place)
-    if reward_model is not None:
-        rm_meta = any(p.is_meta for p in reward_model.parameters())
-        precision.prepare(
-            reward_model.eval().requires_grad_(False), torch.device("meta") if rm_meta else home
-        )
     torch.manual_seed(c.seed)
     critic_mode = c.model.critic_mode if c.uses_critic else None  # critic-free estimators build none
     if critic_mode == "separate":
@@ -279,6 +268,26 @@ def assemble_roles(
         critic=critic,
         reward_model=None if reward_model is None else RewardModel(reward_model, **frozen),
     )
+
+
+def _place_models(
+    c: RLConfig, policy: torch.nn.Module, reward_model: ScalarHeadModel | None
+) -> tuple[torch.device, Precision, torch.device]:
+    """(train.device, the `dtype` precision, where the trained models are placed): the policy and
+    the frozen reward model prepared in that precision. Sharded, the roles stay on the CPU (whole on
+    rank 0 alone) until fully_shard moves each rank's shards to its device; a model built on the
+    meta device stays there until it is filled."""
+    device = resolve_device(c.train.device, key="train.device")
+    precision = Precision.resolve(c.dtype, device, key="dtype")
+    home = torch.device("cpu") if sharded_launch(c.dist.strategy) else device
+    place = torch.device("meta") if any(p.is_meta for p in policy.parameters()) else home
+    precision.prepare(policy, place)
+    if reward_model is not None:
+        rm_meta = any(p.is_meta for p in reward_model.parameters())
+        precision.prepare(
+            reward_model.eval().requires_grad_(False), torch.device("meta") if rm_meta else home
+        )
+    return device, precision, place
 
 
 def _critic_start(

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The device check of a session lent a GPU, in one call (about 6 minutes on an H100/H200):
 #   PYTHONPATH=. OUT=DIR bash bench/gpu_check.sh
-# 1. tests/gpu; 2. bench/gpu.py's PPO iteration (small workloads, float32 and bf16);
-# 3. peak GPU memory per phase of PPO-max (bench/gpu_memory.py: the 84M workload and SmolLM2's
-#    shape); 4. `rlhf train` under a one-rank torchrun with fsdp2 in bf16 from model directories.
-# 5. `rlhf plan` for the measured shapes; 6. `rlhf dpo` in bf16. GPU_CHECK_QUICK=1 skips the timing
+# 1. tests/gpu; 2. `rlhf train` under a one-rank torchrun with fsdp2 in bf16 from model directories;
+# 3. `rlhf dpo` in bf16; 4. bench/gpu.py's PPO iteration (small workloads, float32 and bf16);
+# 5. peak GPU memory per phase of PPO-max (bench/gpu_memory.py: the 84M workload and SmolLM2's
+#    shape) and `rlhf plan` for the measured shapes. Functional checks first: what a cut-off run
+#    leaves in $OUT is the most useful part. GPU_CHECK_QUICK=1 skips the timing
 # cases and the float32 memory runs. Every figure lands in $OUT (gpu_tests.log, bench_gpu.jsonl,
 # gpu_memory.jsonl, torchrun.log, dpo.log).
 set -u
@@ -18,13 +19,41 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'peft', peft.__version__)"
 
 step "tests/gpu"
-timeout 240 python3 -m pytest tests/gpu -m gpu -q -ra -p no:cacheprovider --timeout 120 \
+PT_TIMEOUT=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 120")
+timeout 240 python3 -m pytest tests/gpu -m gpu -q -ra -p no:cacheprovider $PT_TIMEOUT \
     --junitxml "$OUT/gpu_tests.xml" >"$OUT/gpu_tests.log" 2>&1
 echo "pytest exit $?"
 grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -3
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30
 
 QUICK=${GPU_CHECK_QUICK:-0}  # 1: skip the timing cases and the float32 memory runs (a rerun)
+step "torchrun 1 rank, fsdp2, bf16: rlhf train from model directories"
+MODELS=$(mktemp -d)
+timeout 60 python3 -m bench.gpu_models --workload m84 --out "$MODELS"
+timeout 150 python3 -m torch.distributed.run --nproc-per-node 1 -m rlhf train --dist.strategy fsdp2 --preset ppo_max \
+    --policy "$MODELS/policy" --reward-model "$MODELS/rm" --prompts "$MODELS/prompts.jsonl" \
+    --out "$MODELS/ppo" --train.device cuda --dtype bfloat16 --train.iterations 2 \
+    --rollout.batch_size 8 --rollout.max_new_tokens 8 --train.minibatches 2 \
+    --critic.pretrain_iterations 1 >"$OUT/torchrun.log" 2>&1
+echo "torchrun exit $?"
+tail -25 "$OUT/torchrun.log"
+ls "$MODELS/ppo"
+
+step "rlhf dpo in bf16 from the same policy directory"
+python3 - "$MODELS" <<'PY'
+import json, random, sys
+words = [w for w in open(sys.argv[1] + "/prompts.jsonl").read().split() if w.isalpha()][:200]
+rng = random.Random(0)
+with open(sys.argv[1] + "/pairs.jsonl", "w") as f:
+    for _ in range(64):
+        p, c, r = (" ".join(rng.choices(words, k=k)) for k in (6, 4, 4))
+        f.write(json.dumps({"prompt": p, "chosen": c, "rejected": r}) + "\n")
+PY
+timeout 120 python3 -m rlhf dpo --model "$MODELS/policy" --data "$MODELS/pairs.jsonl" --out "$MODELS/dpo" \
+    --train.device cuda --dtype bfloat16 --train.max_steps 6 --train.batch_size 8 --train.micro_batch_size 4 \
+    --train.eval_every 3 >"$OUT/dpo.log" 2>&1
+echo "dpo exit $?"
+tail -12 "$OUT/dpo.log"
 if [ "$QUICK" != 1 ]; then
 step "bench/gpu.py: PPO iteration"
 timeout 30 python3 -m bench.gpu info | tail -1 | tee -a "$OUT/bench_gpu.jsonl"
@@ -56,31 +85,4 @@ python3 -m rlhf plan --model m84 --strategy none --gpus 1 --dtype bfloat16 --mic
 python3 -m rlhf plan --model smollm2-135m --strategy none --gpus 1 --dtype bfloat16 --micro-batch 4 --rollout-batch 8 \
     --prompt-tokens 16 --response-tokens 64 --json | python3 -c "import json,sys; print('plan smollm2 MiB', json.load(sys.stdin)['per_rank_peak_bytes'] / 2**20)"
 
-step "torchrun 1 rank, fsdp2, bf16: rlhf train from model directories"
-MODELS=$(mktemp -d)
-timeout 60 python3 -m bench.gpu_models --workload m84 --out "$MODELS"
-timeout 150 torchrun --nproc-per-node 1 -m rlhf train --dist.strategy fsdp2 --preset ppo_max \
-    --policy "$MODELS/policy" --reward-model "$MODELS/rm" --prompts "$MODELS/prompts.jsonl" \
-    --out "$MODELS/ppo" --train.device cuda --dtype bfloat16 --train.iterations 2 \
-    --rollout.batch_size 8 --rollout.max_new_tokens 8 --train.minibatches 2 \
-    --critic.pretrain_iterations 1 >"$OUT/torchrun.log" 2>&1
-echo "torchrun exit $?"
-tail -25 "$OUT/torchrun.log"
-ls "$MODELS/ppo"
-
-step "rlhf dpo in bf16 from the same policy directory"
-python3 - "$MODELS" <<'PY'
-import json, random, sys
-words = [w for w in open(sys.argv[1] + "/prompts.jsonl").read().split() if w.isalpha()][:200]
-rng = random.Random(0)
-with open(sys.argv[1] + "/pairs.jsonl", "w") as f:
-    for _ in range(64):
-        p, c, r = (" ".join(rng.choices(words, k=k)) for k in (6, 4, 4))
-        f.write(json.dumps({"prompt": p, "chosen": c, "rejected": r}) + "\n")
-PY
-timeout 120 python3 -m rlhf dpo --model "$MODELS/policy" --data "$MODELS/pairs.jsonl" --out "$MODELS/dpo" \
-    --train.device cuda --dtype bfloat16 --train.max_steps 6 --train.batch_size 8 --train.micro_batch_size 4 \
-    --train.eval_every 3 >"$OUT/dpo.log" 2>&1
-echo "dpo exit $?"
-tail -12 "$OUT/dpo.log"
 step done

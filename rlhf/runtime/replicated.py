@@ -37,6 +37,7 @@ Choices (issue 26):
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 
 import torch.distributed as dist
@@ -57,11 +58,20 @@ def replicate(module: nn.Module, peers: Peers, uses_every_parameter: bool = Fals
         device_ids=[peers.device.index] if on_gpu else None,
         process_group=peers.group,
         find_unused_parameters=not uses_every_parameter,
-        forward_sync_buffers=False,
         gradient_as_bucket_view=True,
+        **no_buffer_sync_per_forward(),
     )
     ddp.register_comm_hook(peers.group, sum_hook)
     return ddp
+
+
+def no_buffer_sync_per_forward() -> dict:
+    """DDP's keyword that stops it broadcasting buffers before every forward (ours are the same on
+    every rank: rotary frequencies): `forward_sync_buffers` from torch 2.13, `broadcast_buffers` before
+    (the GPU image's torch 2.11 has no `forward_sync_buffers`; 2.13 deprecates `broadcast_buffers`)."""
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def sum_hook(group, bucket):  # no annotations: DDP checks them against its classes, not strings

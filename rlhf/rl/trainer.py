@@ -54,7 +54,12 @@ from rlhf.rundir.run_inputs import write_config
 from rlhf.rundir.sharded_checkpoint import save_sharded_checkpoint
 from rlhf.rundir.termination import finish_first
 from rlhf.runtime import LocalRuntime
-from rlhf.train.guards import require_finite_scores
+from rlhf.train.guards import (
+    NONFINITE_GRADIENTS,
+    SkippedStepStreak,
+    require_finite_scores,
+    require_finite_tokens,
+)
 
 # on the console line; the KL is k3's, never negative (kl/ref, the configured estimator, may be: k1)
 KEY_METRICS = ("reward/raw_mean", "kl/k3", "policy_ppl", "response/length_mean", "policy/clip_fraction")
@@ -138,6 +143,7 @@ class RLTrainer:
         self.batch_indices: list[int] = []  # the prompt file's rows of the rollout being scored
         self.pretrain_done = c.critic.pretrain_iterations == 0
         self.pretrain_state = {"iterations": 0, "best": math.inf, "stale": 0}
+        self.skipped_streak = SkippedStepStreak()
         self.detector = collapse_detector(c)
         # a policy that does not move (a learning rate far too small): said once, with the fix
         self.still_check = StillPolicyCheck(
@@ -294,6 +300,7 @@ class RLTrainer:
         t2 = time.perf_counter()
         self.status("forwards")
         old_logp, ref_logp, values = self.forwards(rollout, mask)
+        self.require_finite_forwards(rollout, mask, old_logp, ref_logp, values)
         is_weights, async_metrics = None, {}
         if self.asynchronous:  # decoupled PPO: the sampler's policy was `behind` updates old (§34)
             is_weights, async_metrics = decoupled_is_weights(
@@ -370,6 +377,40 @@ class RLTrainer:
         ref_logp = run.forward("reference", sequences)
         values = run.forward("critic", sequences) if run.has_role("critic") else None
         return old_logp, ref_logp, values
+
+    def require_finite_forwards(self, rollout, mask, old_logp, ref_logp, values) -> None:
+        """A NaN/inf log-prob or value inside a response stops the run before it reaches an advantage
+        (rlhf/train/guards.py): a silent NaN turns every later weight into NaN."""
+        outputs = [("the policy", "log-probs", old_logp), ("the reference", "log-probs", ref_logp)]
+        outputs += [("the critic", "values", values)] if values is not None else []
+        valid = mask.bool()
+        if all(bool(torch.isfinite(t[valid]).all()) for _, _, t in outputs):
+            return
+        texts = self.runtime.tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+        when = (
+            f"iteration {self.iteration}"
+            if self.pretrain_done
+            else f"critic pre-training iteration {self.pretrain_state['iterations']}"
+        )
+        for model, quantity, tokens in outputs:
+            require_finite_tokens(
+                tokens,
+                mask,
+                model=model,
+                quantity=quantity,
+                what=f"responses at {when}:",
+                row=lambda i: f"row {i} {texts[i][:60]!r}",
+                consequence="Nothing of this iteration was used or saved; the last checkpoint is intact.",
+                fix=self.nonfinite_fix(),
+            )
+
+    def nonfinite_fix(self) -> str:
+        c = self.config
+        return (
+            f"a forward or a gradient went non-finite (dtype {c.dtype}, device {c.train.device}): "
+            "see policy/ and value/skipped_step_fraction and the losses in metrics.jsonl; start again with "
+            "--dtype float32, or lower --policy_optim.lr / --critic_optim.lr."
+        )
 
     def experience_metrics(self, rollout, experience, raw_scores, processed, keep, kl, final_scores) -> dict:
         """The rollout monitors, group statistics when prompts are sampled in groups, reward parts."""
@@ -449,7 +490,23 @@ class RLTrainer:
                     minibatch.advantages = minibatch.advantages * minibatch.is_weights
                 minibatches.append(minibatch)
         steps = self.runtime.train(self.runtime.learner_names(train_policy), minibatches)
-        return {**mean_over_steps(steps), **self.runtime.learning_rates()}
+        stats = mean_over_steps(steps)
+        self.check_skipped_steps(stats)
+        return {**stats, **self.runtime.learning_rates()}
+
+    def check_skipped_steps(self, stats: dict) -> None:
+        """Warn when optimizer steps were skipped for NaN/inf gradients (rlhf/train/optim.py); stop
+        when a learner skipped all of them in 3 updates in a row (rlhf/train/guards.py)."""
+        for prefix, role in (("policy", "policy"), ("value", "critic")):
+            skipped = stats.get(f"{prefix}/skipped_step_fraction", 0.0)
+            if skipped:
+                self.logger.warn(
+                    f"the {role} skipped {skipped:.0%} of this update's optimizer steps: NaN/inf gradients "
+                    "(its weights stay as they were for those steps)",
+                    step=self.iteration,
+                    code=NONFINITE_GRADIENTS,
+                )
+            self.skipped_streak.update(role, skipped, self.iteration, self.nonfinite_fix())
 
     # ----------------------------------------------------------------------------------------
     # checkpoints

@@ -257,11 +257,13 @@ def step_shards(
 def _clip_and_step_shards(
     with_grad, optimizer, scheduler, peers: Peers, max_grad_norm: float | None
 ) -> float:
-    """Clip the shards' gradients by their global norm, step AdamW and the schedule; the pre-clip norm."""
+    """Clip the shards' gradients by their global norm, step AdamW and the schedule; the pre-clip norm.
+    A NaN/inf global norm (the same on every rank) skips the step on every rank (algorithms.md §19)."""
     norm = global_norm(with_grad, peers)
-    clip_shards(with_grad, norm, max_grad_norm)
-    optimizer.step()
-    scheduler.step()
+    if math.isfinite(norm):
+        clip_shards(with_grad, norm, max_grad_norm)
+        optimizer.step()
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
 

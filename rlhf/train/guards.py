@@ -1,12 +1,15 @@
 """One check for every stage that scores with a model (RL rewards, `rlhf eval`'s judge, `rlhf
-rm-eval`): a NaN or infinite score stops the command before it is used, with one message naming
-the model, the rows and the fix."""
+rm-eval`) or reads a model's per-token outputs (the critic's values, the log-probs of the RL
+rollout): a NaN or infinite number stops the command before it is used, with one message naming
+the model, the rows and the fix. And the stop for a learner whose every step is skipped."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
+
+NONFINITE_GRADIENTS = "nonfinite_gradients"  # the warning's code when optimizer steps were skipped
 
 
 class NonFiniteScoresError(ValueError):
@@ -26,10 +29,73 @@ def require_finite_scores(
     """Raise `NonFiniteScoresError` when a score is NaN or infinite: "`model` gave non-finite scores
     (nan/inf) to n of N `what` `row(i)`, ... (the first `limit` such rows). `consequence` Fix: `fix`"."""
     bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+    _raise_for_rows(
+        bad,
+        len(scores),
+        "scores",
+        model=model,
+        what=what,
+        row=row,
+        consequence=consequence,
+        fix=fix,
+        limit=limit,
+    )
+
+
+def require_finite_tokens(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    model: str,
+    quantity: str,
+    what: str,
+    row: Callable[[int], str],
+    consequence: str,
+    fix: str,
+    limit: int = 4,
+) -> None:
+    """`require_finite_scores` for per-token tensors [B, T] (values, log-probs): a row is bad when a
+    token inside `mask` is NaN or infinite (padding may hold anything: the losses never read it)."""
+    bad_token = ~torch.isfinite(values) & mask.bool()
+    bad = bad_token.any(dim=1).nonzero().flatten().tolist()
+    _raise_for_rows(
+        bad,
+        len(values),
+        quantity,
+        model=model,
+        what=what,
+        row=row,
+        consequence=consequence,
+        fix=fix,
+        limit=limit,
+    )
+
+
+def _raise_for_rows(
+    bad: list[int], total: int, quantity: str, *, model, what, row, consequence, fix, limit
+) -> None:
     if not bad:
         return
     shown = ", ".join(row(i) for i in bad[:limit]) + (f" ... ({len(bad)} in all)" if len(bad) > limit else "")
     raise NonFiniteScoresError(
-        f"{model} gave non-finite scores (nan/inf) to {len(bad)} of {len(scores)} {what} {shown}. "
+        f"{model} gave non-finite {quantity} (nan/inf) to {len(bad)} of {total} {what} {shown}. "
         f"{consequence} Fix: {fix}"
     )
+
+
+class SkippedStepStreak:
+    """Stops a run whose learner skipped every optimizer step (NaN/inf gradients, rlhf/train/optim.py)
+    in `patience` updates in a row: its weights no longer change, so going on only burns compute."""
+
+    def __init__(self, patience: int = 3) -> None:
+        self.patience = patience
+        self.streaks: dict[str, int] = {}
+
+    def update(self, role: str, skipped_fraction: float, iteration: int, fix: str) -> None:
+        self.streaks[role] = self.streaks.get(role, 0) + 1 if skipped_fraction >= 1.0 else 0
+        if self.streaks[role] >= self.patience:
+            raise NonFiniteScoresError(
+                f"the {role} skipped every optimizer step for NaN/inf gradients in {self.patience} updates in a "
+                f"row (to iteration {iteration}): its weights stopped changing. The last checkpoint holds the "
+                f"weights before. Fix: {fix}"
+            )

@@ -64,6 +64,7 @@ from rlhf.runtime.peers import Peers, current_peers
 from rlhf.train.context_check import check_rows_fit, model_context
 from rlhf.train.learner import Learner
 from rlhf.train.model_call import ModelCall
+from rlhf.train.optim import step_metrics
 from rlhf.train.setup import start_run
 from rlhf.train.supervised_checkpoint import (
     latest_checkpoint,
@@ -340,7 +341,13 @@ def _train_steps(
         logger.status("training", step, "step")  # the first step, and a long one, say so
         run.call.train()
         metrics = stage.train_step(run, [train_rows[i] for i in indices])
-        metrics["train/grad_norm"] = learner.optimizer_step()
+        metrics.update(step_metrics("train", learner.optimizer_step()))
+        if metrics["train/skipped_step_fraction"]:  # NaN/inf gradients: the weights stay as they were
+            logger.warn(
+                f"step {step}: the gradients were NaN or infinite; the step was skipped",
+                step=step,
+                kind="step",
+            )
         metrics["train/lr"] = learner.lr
         last = step == steps - 1
         if last and data_metrics:

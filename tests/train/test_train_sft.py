@@ -269,3 +269,22 @@ def test_run_sft_records_the_share_of_truncated_prompts(tok, tmp_path):
         assert figures["data/prompts"] == 24 and figures["data/prompts_truncated"] == 8
         assert figures["data/prompts_truncated_share"] == pytest.approx(1 / 3)
     assert sum("data/prompts" in r for r in log_rows(tmp_path / "sft")) == 1  # recorded once
+
+
+def test_an_sft_step_with_nan_gradients_is_skipped_and_warned(tok, tmp_path):
+    config = sft_config(tmp_path, train={"max_steps": 3, "micro_batch_size": 8, "eval_every": 0})
+    model = tiny_causal_lm(tok, seed=0, hidden_size=16, num_layers=1, num_heads=2)
+    calls = {"n": 0}
+
+    def second_step_nan(grad):  # one micro-batch per step: the second step's gradient is NaN
+        calls["n"] += 1
+        return torch.full_like(grad, float("nan")) if calls["n"] == 2 else grad
+
+    model.lm_head.weight.register_hook(second_step_nan)
+    run_sft(config, model=model, tokenizer=tok, quiet=True)
+    rows = [r for r in log_rows(tmp_path / "sft") if "train/loss" in r]
+    assert [r["train/skipped_step_fraction"] for r in rows] == [0.0, 1.0, 0.0]
+    assert "train/grad_norm" not in rows[1] and math.isfinite(rows[2]["train/grad_norm"])
+    warned = [r for r in log_rows(tmp_path / "sft") if r.get("event") == "warning"]
+    assert [w["step"] for w in warned] == [1] and "skipped" in warned[0]["message"]
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())

@@ -25,6 +25,7 @@ from rlhf.rl.experience import Experience, in_row_chunks
 from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.learner import Lockstep, RoleLearner, StepStats
 from rlhf.runtime.parallel_plan import ParallelPlan
+from rlhf.train.optim import step_metrics
 
 if TYPE_CHECKING:
     from rlhf.rl.roles.policy import Policy
@@ -87,7 +88,7 @@ class Critic(RoleLearner):
                 (weight * loss).backward()
         self.drop_weightless_gradients(total_tokens, lockstep)
         grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
-        return {**stats.result(self.peers), "value/grad_norm": grad_norm}
+        return {**stats.result(self.peers), **step_metrics("value", grad_norm)}
 
 
 class SharedCritic:
@@ -132,4 +133,4 @@ class SharedCritic:
             if id(q) not in head:
                 q.grad = None
         grad_norm = self.policy.optimizer_step()
-        return {**stats.result(self.policy.peers), "value/grad_norm": grad_norm}
+        return {**stats.result(self.policy.peers), **step_metrics("value", grad_norm)}

@@ -33,6 +33,7 @@ from rlhf.rl.roles.critic import value_micro_loss
 from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
 from rlhf.rl.roles.learner import Lockstep, RoleLearner, StepStats
 from rlhf.runtime.parallel_plan import ParallelPlan
+from rlhf.train.optim import step_metrics
 
 
 @dataclass
@@ -164,7 +165,7 @@ class Policy(RoleLearner):
             with passes.next_pass():
                 self.ptx_backward(stats, lockstep is not None)
         grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
-        return {**stats.result(self.peers), "policy/grad_norm": grad_norm}
+        return {**stats.result(self.peers), **step_metrics("policy", grad_norm)}
 
     def micro_loss(
         self, micro: Experience, stats: StepStats, weight: float, entropy_gate: float | None = None

@@ -206,3 +206,40 @@ def test_asking_for_more_cpus_than_the_cluster_has_stops_before_loading_naming_t
     assert not ray.util.placement_group_table() or all(
         p["state"] == "REMOVED" for p in ray.util.placement_group_table().values()
     )
+
+
+def test_an_evaluators_sample_and_forwards_through_ray_equal_the_local_runtimes(models, cluster):
+    """The evaluator's calls (rlhf/demo/held_out.py): `sample` from a seed of its own, by the policy's
+    actor, and log-probs at temperature 1 by the reference's; the local runtime's tokens bit for bit
+    and its log-probs to float rounding (one thread each)."""
+    from rlhf.config import RLConfig, load_config
+    from rlhf.models.sampling import SamplingConfig
+    from rlhf.ray_runtime.runtime import RayRuntime
+    from rlhf.rl.roles.assemble import load_roles
+    from rlhf.runtime import LocalRuntime
+
+    layers = {
+        "model": {"policy": models["sft"], "reward_model": models["rm"]},
+        "rollout": {"temperature": 0.7},
+        "dist": {"runtime": "ray"},
+        "ray": {group: {"num_cpus": 0.5} for group in ("policy", "critic", "reference", "reward_model")},
+    }
+    config = load_config(RLConfig, preset="ppo_max", overrides=layers)
+    local = LocalRuntime(load_roles(config), config.runtime)
+    prompts = [local.tokenizer(w)["input_ids"] for w in ("a b", "c d e", "f", "g h i j")]
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    runtime = RayRuntime(config)
+    try:
+        with torch.inference_mode():
+            want = local.sample(prompts, sampling, 11)
+            got = runtime.sample(prompts, sampling, 11)
+            assert torch.equal(got.input_ids, want.input_ids)
+            for role in ("policy", "reference"):
+                torch.testing.assert_close(
+                    runtime.forward(role, got.sequences, 1.0), local.forward(role, want.sequences, 1.0)
+                )
+    finally:
+        runtime.shutdown()
+        torch.set_num_threads(threads)

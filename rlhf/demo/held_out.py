@@ -1,5 +1,5 @@
 """The demo's evaluation of a policy on held-out prompts: proxy and gold reward, KL to the
-reference, perplexity, length, distinct-2 (docs/demo.md).
+reference, perplexity, length, distinct-2 (the figures of docs/results.md).
 
 It asks for its rollout and forwards by role name, as the RL loop does (rlhf/runtime/protocol.py):
 `sample(prompts, sampling, seed)` and `forward(role, sequences, temperature)`. An RL run's trainer

@@ -14,7 +14,7 @@ PPO-max settings (rlhf/demo/run.py demo_rl_overrides) in three modes:
     async   the same placement with rollout.max_staleness 1 (seeds 0..S-1)
 
 Per run: seconds per iteration (the mean of time/iteration), and the exported policy's held-out
-gold reward on the demo's evaluation prompts (rlhf/demo/run.py evaluate_policy, seed 1000 + seed)
+gold reward on the demo's evaluation prompts (rlhf/demo/held_out.py evaluate_policy, seed 1000 + seed)
 minus the SFT model's; per mode the mean and 95% t interval over seeds, and async minus local
 paired by seed.
 """
@@ -30,7 +30,8 @@ import torch
 
 from rlhf.config import RLConfig, load_config
 from rlhf.demo.ablate.stats import mean_ci
-from rlhf.demo.run import DemoConfig, demo_rl_overrides, evaluate_policy, load_stage, prepare_stage
+from rlhf.demo.held_out import ModulesInProcess, evaluate_policy
+from rlhf.demo.run import DemoConfig, demo_rl_overrides, load_stage, prepare_stage
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.reference import ReferenceModel
 from rlhf.stages.train import run_rl
@@ -77,10 +78,10 @@ def one_run(cfg: DemoConfig, built, root: Path, mode: str, seed: int) -> dict:
     seconds = time.perf_counter() - started
     rows = [json.loads(x) for x in (Path(config.out) / "metrics.jsonl").read_text().splitlines()]
     iterations = [r for r in rows if "iteration" in r and "event" not in r]
+    policy = load_causal_lm(config.out)
+    reference = ReferenceModel(load_causal_lm(root / "sft"), mode="copy")
     record, _, _ = evaluate_policy(
-        load_causal_lm(config.out),
-        ReferenceModel(load_causal_lm(root / "sft"), mode="copy"),
-        built.reward_model,
+        ModulesInProcess(policy, reference, built.reward_model, built.tokenizer),
         built.tokenizer,
         built.world,
         built.eval_texts,

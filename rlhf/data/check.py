@@ -2,6 +2,8 @@
 
 Prints the format, the number of records, length statistics (characters, or tokens with
 --tokenizer) and, with a tokenizer and limits, how many prompts and responses would be truncated.
+Prompts are encoded as the stages encode them: `--data.system_prompt template|none` is the stages'
+`data.system_prompt` (rlhf/data/tokenize.py), so the counts are those `rlhf sft|rm|dpo|train` see.
 Returns 0 when every record is valid, and 2 (the exit code of every user error, as `rlhf sft` and
 `rlhf train` give for the same file) on bad data (the first bad record, or every one with
 --all-errors) or when the tokenizer cannot be used.
@@ -18,7 +20,13 @@ from rlhf.data.errors import DataError
 from rlhf.data.examples import KINDS, Example, PreferenceExample, SFTExample
 from rlhf.data.formats import DEFAULT_KIND, FORMATS
 from rlhf.data.loading import LoadResult, detect_file_format, load_examples, scan_examples
-from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response, plain_chat_text
+from rlhf.data.tokenize import (
+    SYSTEM_PROMPTS,
+    TruncationStats,
+    encode_prompt,
+    encode_response,
+    plain_chat_text,
+)
 
 BAD_DATA = 2  # the user-error exit code of every command (rlhf/cli_errors.py USER_ERROR)
 
@@ -46,6 +54,13 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-response-tokens", type=int, default=None, metavar="N", help="response budget to test"
     )
+    parser.add_argument(
+        "--data.system_prompt",
+        dest="system_prompt",
+        default="template",
+        metavar="template|none",
+        help="the chat template's default system prompt, as the stages' data.system_prompt (default: template)",
+    )
     parser.add_argument("--all-errors", action="store_true", help="list every bad record, not only the first")
     parser.add_argument(
         "--skip-invalid",
@@ -56,6 +71,14 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_check(args: argparse.Namespace) -> int:
     """Run the check described by parsed `args`; returns the exit code."""
+    if args.system_prompt not in SYSTEM_PROMPTS:
+        print(
+            f"error: --data.system_prompt {args.system_prompt!r} is not one of {', '.join(SYSTEM_PROMPTS)}. "
+            "Fix: the value the stage you check for runs with: --data.system_prompt template (keep the "
+            "chat template's default system prompt; the default) or none (drop it).",
+            file=sys.stderr,
+        )
+        return BAD_DATA
     try:
         fmt = detect_file_format(args.file) if args.format == "auto" else args.format
         kind = args.kind or DEFAULT_KIND[fmt]
@@ -80,7 +103,9 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"{'skipped' if args.skip_invalid else 'error'}: {error}", file=sys.stderr)
     if result.examples:
         try:
-            _print_lengths(result, tokenizer, args.max_prompt_tokens, args.max_response_tokens)
+            _print_lengths(
+                result, tokenizer, args.max_prompt_tokens, args.max_response_tokens, args.system_prompt
+            )
         except ValueError as error:  # a tokenizer without EOS, a budget too small, a chat template error
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -119,14 +144,22 @@ def _response_fields(example: Example) -> dict[str, str]:
     return {}
 
 
-def _print_lengths(result: LoadResult, tokenizer, max_prompt: int | None, max_response: int | None) -> None:
+def _print_lengths(
+    result: LoadResult,
+    tokenizer,
+    max_prompt: int | None,
+    max_response: int | None,
+    system_prompt: str = "template",
+) -> None:
     lengths: dict[str, list[int]] = {"prompt": []}
     for example in result.examples:
         if tokenizer is None:
             prompt = example.prompt
             lengths["prompt"].append(len(prompt if isinstance(prompt, str) else plain_chat_text(prompt)))
         else:
-            lengths["prompt"].append(len(encode_prompt(tokenizer, example.prompt)))
+            lengths["prompt"].append(
+                len(encode_prompt(tokenizer, example.prompt, system_prompt=system_prompt))
+            )
         for name, text in _response_fields(example).items():
             size = len(text) if tokenizer is None else len(encode_response(tokenizer, text))
             lengths.setdefault(name, []).append(size)
@@ -143,7 +176,7 @@ def _print_lengths(result: LoadResult, tokenizer, max_prompt: int | None, max_re
         return
     stats = TruncationStats()
     for example in result.examples:
-        encode_prompt(tokenizer, example.prompt, max_prompt, stats)
+        encode_prompt(tokenizer, example.prompt, max_prompt, stats, system_prompt=system_prompt)
         for text in _response_fields(example).values():
             encode_response(tokenizer, text, max_response, stats)
     print(

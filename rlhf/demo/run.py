@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import statistics
 import time
@@ -46,17 +45,14 @@ from rlhf.config import (
 )
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt
+from rlhf.demo.held_out import ModulesInProcess, evaluate_policy
 from rlhf.demo.world_scores import trainer_class
-from rlhf.evaluation.judging import sample_responses
 from rlhf.models.loading import load_causal_lm
-from rlhf.models.logprobs import response_logprobs
 from rlhf.models.reference import ReferenceModel
-from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.monitor import print_summary
 from rlhf.monitor.report import write_report
-from rlhf.rl.metrics import distinct_n
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
 from rlhf.stages.dpo import DPOStage
@@ -177,50 +173,6 @@ def demo_config(config_file: str | None, overrides: list[str]) -> DemoConfig:
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(str(err)) from None
-
-
-# ---------------------------------------------------------------------------------------------
-# evaluation on held-out prompts
-# ---------------------------------------------------------------------------------------------
-@torch.inference_mode()
-def evaluate_policy(
-    policy, reference, reward_model, tokenizer, world, prompts, prompt_ids, *, seed, max_new_tokens
-):
-    """Proxy and gold reward, KL to the reference (summed k1 per response), perplexity, length, distinct-2."""
-    sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0)
-    rollouts, texts = sample_responses(
-        policy, tokenizer, prompt_ids, sampling, seed=seed, batch_size=len(prompt_ids)
-    )
-    rollout = rollouts[0]
-    proxy = reward_model.score(rollout.input_ids, rollout.attention_mask)
-    gold = torch.tensor(
-        world.gold_rewards(prompts, texts, rollout.ended_with_eos.tolist()), dtype=torch.float32
-    )
-    P = rollout.prompt_length
-    rmask = rollout.response_mask.float()
-    logp = response_logprobs(policy, rollout.input_ids, rollout.attention_mask, P)[0]
-    ref = reference.logprobs(rollout.input_ids, rollout.attention_mask, P, temperature=1.0)
-    kl = ((logp - ref) * rmask).sum(1).mean()
-    nll = -(logp * rmask).sum() / rmask.sum().clamp(min=1)
-    diag = world.diagnostics(prompts, texts, rollout.ended_with_eos.tolist())
-    record = {
-        "proxy": float(proxy.mean()),
-        "gold": float(gold.mean()),
-        "gold_std": float(gold.std()),
-        "kl": float(kl),
-        "ppl": math.exp(float(nll)),
-        "length": float(rmask.sum(1).mean()),
-        "distinct2": distinct_n(rollout.response_ids, rollout.response_mask, n=2),
-        "topic_rate": diag["topic_rate"],
-        "off_topic_rate": diag["off_topic_rate"],
-        "repetition_rate": diag["repetition_rate"],
-        "eos_rate": float(rollout.ended_with_eos.float().mean()),
-    }
-    samples = [
-        {"prompt": p, "response": t, "proxy": round(float(a), 3), "gold": round(float(b), 3)}
-        for p, t, a, b in list(zip(prompts, texts, proxy, gold))[:4]
-    ]
-    return record, samples, gold
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,9 +368,7 @@ def _sft_baseline(world, reward_model, out_dir: Path, eval_texts, eval_ids) -> d
     sft_ref = ReferenceModel(sft_policy, mode="copy")
     max_new = DEMO_RL["rollout"]["max_new_tokens"]
     sft_record, sft_samples, sft_gold = evaluate_policy(
-        sft_policy,
-        sft_ref,
-        reward_model,
+        ModulesInProcess(sft_policy, sft_ref, reward_model, tokenizer),
         tokenizer,
         world,
         eval_texts,
@@ -496,24 +446,9 @@ def run_one(
     )
     history: list[dict] = []
     samples: dict = {}
-
-    def evaluator(trainer: RLTrainer, iteration: int) -> dict:
-        record, picked, _ = evaluate_policy(
-            trainer.roles.policy.model,
-            trainer.roles.reference.reference,
-            reward_model,
-            tokenizer,
-            world,
-            eval_texts,
-            eval_ids,
-            seed=1000 + seed,
-            max_new_tokens=config.rollout.max_new_tokens,
-        )
-        history.append({"iteration": iteration, **record})
-        samples.setdefault("start", picked)
-        samples["end"] = picked
-        return record
-
+    evaluator = rl_evaluator(
+        tokenizer, world, eval_texts, eval_ids, seed, config.rollout.max_new_tokens, history, samples
+    )
     started = time.perf_counter()
     # RLTrainer itself on the default world; a world with rm_* options distorts the scores RL sees
     trainer = trainer_class(cfg.world)(config, roles, train_prompts, evaluator=evaluator, quiet=quiet)
@@ -551,6 +486,29 @@ def run_one(
         "seconds": seconds,
     }
     return run, summary
+
+
+def rl_evaluator(tokenizer, world, eval_texts, eval_ids, seed, max_new_tokens, history, samples):
+    """An RL run's evaluator (the trainer calls it every `eval_every` iterations): the held-out
+    figures of the policy, appended to `history`; the first and latest 4 samples in `samples`."""
+
+    def evaluator(trainer: RLTrainer, iteration: int) -> dict:
+        # through the runtime, by role name: the roles may live in other processes (torchrun, Ray)
+        record, picked, _ = evaluate_policy(
+            trainer.runtime,
+            tokenizer,
+            world,
+            eval_texts,
+            eval_ids,
+            seed=1000 + seed,
+            max_new_tokens=max_new_tokens,
+        )
+        history.append({"iteration": iteration, **record})
+        samples.setdefault("start", picked)
+        samples["end"] = picked
+        return record
+
+    return evaluator
 
 
 class DemoDPOStage(DPOStage):
@@ -610,9 +568,7 @@ def run_dpo_one(cfg, seed, out_dir, tokenizer, reward_model, world, eval_texts, 
 
     def evaluator(policy, reference, steps: int, pairs: dict) -> None:
         record, picked, _ = evaluate_policy(
-            policy,
-            reference,
-            reward_model,
+            ModulesInProcess(policy, reference, reward_model, tokenizer),
             tokenizer,
             world,
             eval_texts,

@@ -179,8 +179,12 @@ class RayRuntime:
         self.loading += [a.load_policy_weights.remote(weights) for a in self.actors[ROLLOUT]]
         self.policy_version += 1
 
-    def forward(self, role: str, sequences: Sequences) -> torch.Tensor:
-        return self._first(group_of(self.hosts, role), "forward", role, sequences)
+    def forward(self, role: str, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
+        return self._first(group_of(self.hosts, role), "forward", role, sequences, temperature)
+
+    def sample(self, prompts: list[list[int]], sampling, seed: int):
+        """An evaluator's sampling by the policy's group (the trained weights, never a stale copy)."""
+        return self._first("policy", "sample", prompts, sampling, seed)
 
     def train(self, roles: Sequence[str], minibatches: Sequence) -> list[dict[str, float]]:
         """Each named learner's steps, the groups' at once (the minibatches sent once, shared)."""

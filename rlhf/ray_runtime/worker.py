@@ -67,8 +67,11 @@ class RoleWorker:
     def generate(self, prompts: list[list[int]], return_logprobs: bool):
         return self.runtime.generate(prompts, return_logprobs)
 
-    def forward(self, role: str, sequences: Sequences) -> torch.Tensor:
-        return self.runtime.forward(role, sequences)
+    def forward(self, role: str, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
+        return self.runtime.forward(role, sequences, temperature)
+
+    def sample(self, prompts: list[list[int]], sampling, seed: int):
+        return self.runtime.sample(prompts, sampling, seed)
 
     def train(self, roles: list[str], minibatches: list) -> list[dict[str, float]]:
         return self.runtime.train(roles, minibatches)

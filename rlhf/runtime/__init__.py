@@ -8,8 +8,10 @@ for all of them.
 The loop calls a runtime's roles by name, on plain batches (no callables or generators cross):
 
     generate(prompts, return_logprobs)   the policy's rollout (its own random state draws)
-    forward(role, sequences)             a no-grad forward: "policy", "reference", "critic",
+    forward(role, sequences[, temperature])  a no-grad forward: "policy", "reference", "critic",
                                          "reward_model" (rlhf/rl/roles/assemble.py Roles.forward_of)
+    sample(prompts, sampling, seed)      an evaluator's sampling from a seed of its own (the held-out
+                                         evaluation of `rlhf demo`: rlhf/demo/held_out.py)
     train(roles, minibatches)            the optimizer steps of "policy" and/or "critic"
     whole_models(), whole_model(model)   the whole parameters, for saving and exporting
     tokenizer, device, has_role, learner_names, learning_rates, role_state, load_role_state,

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from rlhf.config import ConfigError, RuntimeConfig
+from rlhf.models.sampling import SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.runtime import fsdp
 from rlhf.runtime.fsdp import Lockstep
@@ -115,19 +116,31 @@ class DistributedRuntime(LocalRuntime):
 
     def generate(self, prompts: list[list[int]], return_logprobs: bool):
         """This rank's share of the rollout, joined with the other ranks' into the whole batch's."""
+        policy = self.roles.policy
+        return self._sampled(prompts, return_logprobs, policy.sampling, policy.generator)
+
+    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int):
+        """An evaluator's sampling, shared over the ranks as `generate` (every rank seeds the same
+        generator, so the tokens are the one process's)."""
+        generator = torch.Generator(self.roles.policy.device).manual_seed(seed)
+        return self._sampled(prompts, False, sampling, generator)
+
+    def _sampled(self, prompts, return_logprobs: bool, sampling: SamplingConfig, generator):
         self.check_rows(len(prompts))
         share = row_share(self.peers, len(prompts))
         self.shard_roles()
         policy = self.roles.policy
+        draws = {"sampling": sampling, "generator": generator}
         if self.sharded and self.rollout_gather == "per_layer":  # a layer at a time, ranks in lockstep
             with fsdp.gathered_per_layer(policy.module):
-                mine = policy.generate(prompts, return_logprobs, share=share, all_ranks_done=self.peers.all)
+                mine = policy.generate(
+                    prompts, return_logprobs, share=share, all_ranks_done=self.peers.all, **draws
+                )
         else:
             with fsdp.unsharded([policy.module]):  # fsdp2: gathered once, not per decoding step
-                mine = policy.generate(prompts, return_logprobs, share=share)
-        sampled = policy.sampling.do_sample
+                mine = policy.generate(prompts, return_logprobs, share=share, **draws)
         return join_rollouts(
-            self.peers, mine, share, policy.generator, sampled, policy.tokenizer.pad_token_id
+            self.peers, mine, share, generator, sampling.do_sample, policy.tokenizer.pad_token_id
         )
 
     def map_rows(self, forward: Callable[[Sequences], torch.Tensor], sequences: Sequences) -> torch.Tensor:

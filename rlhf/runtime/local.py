@@ -21,6 +21,7 @@ from torch import nn
 
 from rlhf.config import RuntimeConfig
 from rlhf.models.backbone import causal_lm_parts, forward_changes_state
+from rlhf.models.sampling import SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.runtime.allocator import keep_freed_memory
 from rlhf.runtime.flops import (
@@ -109,11 +110,19 @@ class LocalRuntime:
         """The policy's rollout of the whole batch of `prompts` (its own random state draws)."""
         return self.roles.policy.generate(prompts, return_logprobs)
 
+    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int):
+        """An evaluator's sampling: the policy's responses to `prompts` under `sampling`, drawn from
+        a generator seeded `seed` (the rollouts' own random state untouched)."""
+        policy = self.roles.policy
+        generator = torch.Generator(policy.device).manual_seed(seed)
+        return policy.generate(prompts, False, sampling=sampling, generator=generator)
+
     # -- no-grad forwards ----------------------------------------------------------------------
-    def forward(self, role: str, sequences: Sequences) -> torch.Tensor:
+    def forward(self, role: str, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
         """The no-grad forward of the role named `role` ("policy", "reference", "critic",
-        "reward_model": Roles.forward_of) on a rollout's `sequences`, its rows scheduled by `map_rows`."""
-        with self.roles.forward_of(role) as forward:
+        "reward_model": Roles.forward_of) on a rollout's `sequences`, its rows scheduled by `map_rows`;
+        log-probs at `temperature` (None: the sampling temperature)."""
+        with self.roles.forward_of(role, temperature) as forward:
             return self.map_rows(forward, sequences)
 
     def map_rows(self, forward: Callable[[Sequences], torch.Tensor], sequences: Sequences) -> torch.Tensor:

@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from rlhf.models.sampling import SamplingConfig
 from rlhf.models.sequences import Sequences
 
 
@@ -23,9 +24,13 @@ class Runtime(Protocol):
     def generate(self, prompts: list[list[int]], return_logprobs: bool) -> Any:
         """The policy's rollout (a models.sampling.Rollout), drawn from the policy's own generator."""
 
-    def forward(self, role: str, sequences: Sequences) -> torch.Tensor:
-        """A rollout's no-grad forward: "policy"/"reference" log-probs [B, T], "critic" values [B, T],
-        "reward_model" scores [B]."""
+    def forward(self, role: str, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
+        """A rollout's no-grad forward: "policy"/"reference" log-probs [B, T] at `temperature` (None:
+        the sampling temperature), "critic" values [B, T], "reward_model" scores [B]."""
+
+    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> Any:
+        """An evaluator's sampling (a Rollout): the policy's responses to `prompts` under `sampling`,
+        drawn from a generator seeded `seed`; the rollouts' own random state is untouched."""
 
     def train(self, roles: Sequence[str], minibatches: Sequence) -> list[dict[str, float]]:
         """The optimizer steps of the named learners ("policy", "critic") on every minibatch."""

@@ -3,7 +3,7 @@ write the report and print the summary."""
 
 from __future__ import annotations
 
-from rlhf.config import ConfigError, RLConfig
+from rlhf.config import RLConfig
 from rlhf.data.tokenize import TruncationStats
 from rlhf.models.loading import load_tokenizer
 from rlhf.models.tokenizer_match import check_same_tokenizer
@@ -28,7 +28,7 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     check_reward_model_tokenizer(config)
     writer = is_writer_process()
     inputs = model_inputs(config) if writer and not resume else None  # the files, before they are read
-    roles, runtime = start_roles(config, writer, evaluator)
+    roles, runtime = start_roles(config, writer)
     try:
         return train_with(config, roles, runtime, functions, inputs, resume, evaluator, quiet)
     finally:
@@ -36,17 +36,12 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
             runtime.shutdown()  # Ray's actors and placement groups
 
 
-def start_roles(config: RLConfig, writer: bool, evaluator):
+def start_roles(config: RLConfig, writer: bool):
     """(the roles in this process, or None when Ray actors hold them; the runtime)."""
     if config.dist.runtime == "ray":
         from rlhf.ray_runtime import RayRuntime
 
-        if evaluator is not None:
-            raise ConfigError(
-                "an in-loop evaluator (rlhf demo) needs the roles in this process; dist.runtime is ray. "
-                "Fix: --dist.runtime local.",
-                "dist.runtime",
-            )
+        # the roles live on the actors: an in-loop evaluator asks `trainer.runtime` (sample, forward)
         return None, RayRuntime(config)
     # fsdp2 under torchrun: rank 0 alone reads the weights, the others build the models' structure on
     # the meta device and receive their shards from rank 0 (rlhf/runtime/fsdp.py shard_from_rank0)

@@ -145,3 +145,54 @@ def test_percentiles_match_numpy():
         "p95": pytest.approx(2.9),
         "max": 3,
     }
+
+
+# --- data.system_prompt: prompts encoded as the stages encode them ----------------------------------
+
+SMOLLM2_LIKE = (  # writes its own system prompt (6 tokens) when the messages hold none, as SmolLM2's
+    "{% for m in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "<|im_start|>system\nS w1 w2<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chatml_tokens(user_assistant_words: list[str], default_system: bool) -> int:
+    """A plain count of the rendered prompt's tokens: <|im_start|> role words <|im_end|> per message,
+    <|im_start|> assistant for the generation prompt, and <|im_start|> system S w1 w2 <|im_end|>."""
+    return sum(3 + len(words.split()) for words in user_assistant_words) + 2 + (6 if default_system else 0)
+
+
+@pytest.mark.parametrize("setting", ["template", "none"])
+def test_system_prompt_setting_counts_prompt_tokens_and_truncations_as_the_stages(tmp_path, capsys, setting):
+    tokenizer = word_tokenizer(["Human: Assistant: S w1 w2 w3 w4 w5 w6 w7 w8"])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = SMOLLM2_LIKE
+    tokenizer.save_pretrained(tmp_path / "tok")
+    short = "\n\nHuman: w4\n\nAssistant:"
+    long = "\n\nHuman: w1 w2\n\nAssistant: w3\n\nHuman: w4 w5 w6\n\nAssistant: w7\n\nHuman: w8\n\nAssistant:"
+    path = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": short}, {"prompt": long}])
+    code = check(
+        path, "--tokenizer", tmp_path / "tok", "--max-prompt-tokens", 10, "--data.system_prompt", setting
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("  prompt"))
+    default_system = setting == "template"
+    sizes = [
+        chatml_tokens(["w4"], default_system),
+        chatml_tokens(["w1 w2", "w3", "w4 w5 w6", "w7", "w8"], default_system),
+    ]
+    assert sizes == ([12, 31] if default_system else [6, 25])
+    assert row[1::4] == [str(min(sizes)), str(max(sizes))]  # min and max columns
+    assert float(row[2]) == sum(sizes) / 2
+    # a 10-token budget: the short prompt fits only without the default system prompt
+    truncated = sum(size > 10 for size in sizes)
+    assert truncated == (2 if default_system else 1)
+    assert f"prompts {truncated}/2 truncated ({truncated / 2:.1%})" in out
+
+
+def test_a_bad_system_prompt_setting_is_refused_naming_the_key_and_its_values(sft_file, capsys):
+    assert check(sft_file, "--data.system_prompt", "off") == 2
+    err = capsys.readouterr().err
+    assert "--data.system_prompt 'off' is not one of template, none" in err and "Fix:" in err

@@ -206,3 +206,54 @@ def test_asking_for_more_cpus_than_the_cluster_has_stops_before_loading_naming_t
     assert not ray.util.placement_group_table() or all(
         p["state"] == "REMOVED" for p in ray.util.placement_group_table().values()
     )
+
+
+def test_an_evaluator_reaches_the_roles_through_ray_as_through_the_local_runtime(models, cluster, tmp_path):
+    """An in-loop evaluator (as `rlhf demo`'s, rlhf/demo/held_out.py) under Ray: the roles are on
+    the actors (`trainer.roles` is None) and it asks the runtime: `sample` from a seed of its own (the
+    policy's actor) and log-probs at temperature 1 (the policy's and the reference's). After the
+    first update: the local run's tokens bit for bit, its log-probs to float rounding."""
+    from rlhf.config import RLConfig, load_config
+    from rlhf.models.sampling import SamplingConfig
+    from rlhf.stages.train import run_rl
+
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0)
+
+    def evaluator_into(seen: list):
+        def evaluator(trainer, iteration: int) -> dict:
+            prompts = [trainer.runtime.tokenizer(w)["input_ids"] for w in ("a b", "c d e", "f", "g h i j")]
+            with torch.inference_mode():
+                rollout = trainer.runtime.sample(prompts, sampling, 11)
+                forwards = {
+                    r: trainer.runtime.forward(r, rollout.sequences, 1.0) for r in ("policy", "reference")
+                }
+            seen.append((trainer.roles is None, rollout.input_ids, forwards))
+            return {"sampled_rows": float(len(prompts))}
+
+        return evaluator
+
+    runs = {}
+    for runtime in ("local", "ray"):
+        layers = {
+            "model": {"policy": models["sft"], "reward_model": models["rm"]},
+            "data": {"prompts": models["prompts"]},
+            "out": str(tmp_path / runtime),
+            "train": {"iterations": 1, "micro_batch_size": 2, "minibatches": 2},
+            "rollout": {"batch_size": 6, "max_new_tokens": 4, "temperature": 0.7},
+            "critic": {"pretrain_iterations": 0},
+            "log": {"eval_every": 1, "sinks": ["jsonl"]},
+            "dist": {"runtime": runtime},
+            "ray": {group: {"num_cpus": 0.5} for group in ("policy", "critic", "reference", "reward_model")},
+        }
+        runs[runtime] = []
+        run_rl(
+            load_config(RLConfig, preset="ppo_max", overrides=layers),
+            evaluator=evaluator_into(runs[runtime]),
+            quiet=True,
+        )
+    ((local_roles, want, want_forwards),) = runs["local"]
+    ((ray_roles, got, got_forwards),) = runs["ray"]
+    assert (local_roles, ray_roles) == (False, True)
+    assert torch.equal(got, want)
+    for role in ("policy", "reference"):
+        torch.testing.assert_close(got_forwards[role], want_forwards[role])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -74,18 +75,22 @@ class Roles:
         return ["policy"] + (["critic"] if self.separate_critic else [])
 
     @contextmanager
-    def forward_of(self, name: str) -> Iterator[Callable[[Sequences], torch.Tensor]]:
+    def forward_of(
+        self, name: str, temperature: float | None = None
+    ) -> Iterator[Callable[[Sequences], torch.Tensor]]:
         """The rollout's no-grad forward of the role `name`, for the body: "policy" and "reference"
-        give response log-probs [B, T] at the sampling temperature, "critic" values [B, T],
-        "reward_model" scores [B]; each row's result depends on that row alone, so a runtime may
-        split the rows (between threads or ranks). The reference's weights are set once for the
-        body (a LoRA adapter switched off)."""
+        give response log-probs [B, T] at `temperature` (None: the sampling temperature), "critic"
+        values [B, T], "reward_model" scores [B]; each row's result depends on that row alone, so a
+        runtime may split the rows (between threads or ranks). The reference's weights are set once
+        for the body (a LoRA adapter switched off)."""
+        if temperature is not None and name not in ("policy", "reference"):
+            raise ValueError(f"a temperature is for log-probs (policy, reference), not the {name}'s forward")
         if name == "reference":
-            with self.reference.session() as logprobs:
+            with self.reference.session(temperature) as logprobs:
                 yield logprobs
             return
         forwards = {
-            "policy": self.policy.logprobs,
+            "policy": partial(self.policy.logprobs, temperature=temperature),
             "critic": self.critic and self.critic.values,
             "reward_model": self.reward_model and self.reward_model.score,
         }

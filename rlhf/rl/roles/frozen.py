@@ -56,16 +56,17 @@ class Reference:
         return self.reference.model
 
     @contextmanager
-    def session(self) -> Iterator[Callable[[Sequences], torch.Tensor]]:
-        """Yields `logprobs(sequences) -> [B, T]` at the sampling temperature. The reference's
-        weights are set once for the block (a LoRA adapter switched off), so a runtime may call
-        `logprobs` from several threads at once inside it."""
+    def session(self, temperature: float | None = None) -> Iterator[Callable[[Sequences], torch.Tensor]]:
+        """Yields `logprobs(sequences) -> [B, T]` at `temperature` (None: the sampling temperature).
+        The reference's weights are set once for the block (a LoRA adapter switched off), so a
+        runtime may call `logprobs` from several threads at once inside it."""
+        temperature = self.temperature if temperature is None else temperature
         with self.reference.in_force():
 
             def chunked(sequences: Sequences) -> torch.Tensor:
                 with torch.no_grad():  # per call: grad mode (and the forward's autocast) is per thread
                     return in_row_chunks(
-                        lambda s: self.forward(s, self.temperature)[0],
+                        lambda s: self.forward(s, temperature)[0],
                         sequences,
                         self.micro_batch_size,
                         self.sort_by_length,

@@ -109,10 +109,15 @@ class Policy(RoleLearner):
         return_logprobs: bool,
         share: RowShare | None = None,
         all_ranks_done: Callable[[bool], bool] | None = None,
+        *,
+        sampling: SamplingConfig | None = None,
+        generator: torch.Generator | None = None,
     ) -> Rollout:
         """One sampled response per prompt (token ids), in the rollout layout; with `share`, for
         those rows only (padded as the whole batch, drawing the whole batch's uniforms);
-        `all_ranks_done`: the ranks decode in lockstep (rlhf.models.sampling.generate)."""
+        `all_ranks_done`: the ranks decode in lockstep (rlhf.models.sampling.generate).
+        `sampling` and `generator` replace the rollouts' own (a held-out evaluation's sampling,
+        drawn without touching the rollouts' random state)."""
         tok, device = self.tokenizer, self.device
         ids, mask = left_pad(prompts, tok.pad_token_id)
         if share is not None:
@@ -120,19 +125,20 @@ class Policy(RoleLearner):
         return self.module.sample(
             ids.to(device),
             mask.to(device),
-            self.sampling,
+            sampling or self.sampling,
             eos_token_id=self.stop_ids or tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
-            generator=self.generator,
+            generator=generator or self.generator,
             return_logprobs=return_logprobs,
             share=share,
             all_ranks_done=all_ranks_done,
         )
 
     @torch.no_grad()
-    def logprobs(self, sequences: Sequences) -> torch.Tensor:
-        """Log-probs [B, T] of the response tokens at the sampling temperature (0 at padding)."""
-        temperature = self.sampling.temperature
+    def logprobs(self, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
+        """Log-probs [B, T] of the response tokens at `temperature` (None: the sampling temperature;
+        0 at padding)."""
+        temperature = self.sampling.temperature if temperature is None else temperature
         return in_row_chunks(
             lambda s: self.module(s, temperature)[0], sequences, self.micro_batch_size, self.sort_by_length
         )

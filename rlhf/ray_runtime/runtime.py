@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rlhf.config import ConfigError, RLConfig
+from rlhf.config import RLConfig
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.sequences import Sequences
 from rlhf.ray_runtime.hosts import ROLLOUT, group_of, role_hosts
@@ -67,12 +67,6 @@ class RayRuntime:
     def __init__(self, config: RLConfig) -> None:
         import ray
 
-        if config.dist.strategy == "fsdp2":
-            raise ConfigError(
-                "dist.runtime ray runs each role group data-parallel (ddp); fsdp2 inside Ray groups is not "
-                "built yet. Fix: --dist.strategy ddp (or none), or torchrun with --dist.runtime local.",
-                "dist.strategy",
-            )
         self.config = config
         self.hosts = role_hosts(config)
         self.started_ray = start_ray(config)
@@ -174,9 +168,10 @@ class RayRuntime:
         the loads' answers are checked with the next call on the rollout group (`_get`)."""
         if ROLLOUT not in self.actors:
             return
-        # a reference: the weights pass from the policy's actor to the rollout's, never to the driver
-        weights = self.actors["policy"][0].policy_weights.remote()
-        self.loading += [a.load_policy_weights.remote(weights) for a in self.actors[ROLLOUT]]
+        # a reference: the weights pass from the policy's actor to the rollout's, never to the driver;
+        # every policy actor is called (fsdp2: each gathers the whole policy), rank 0's answer sent
+        weights, *gathered = [a.policy_weights.remote() for a in self.actors["policy"]]
+        self.loading += [*gathered, *(a.load_policy_weights.remote(weights) for a in self.actors[ROLLOUT])]
         self.policy_version += 1
 
     def forward(self, role: str, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:

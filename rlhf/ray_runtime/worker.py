@@ -2,12 +2,20 @@
 device) and runs the local runtime over them, or, with several actors in the group, the torchrun
 runtime's data-parallel code over a torch.distributed group of their own. Every call takes and
 returns plain data (token ids, tensors, dataclasses of tensors, dicts): no callable crosses. Its
-process's global random state goes into the run's checkpoints (`rng_state`) and back on resume."""
+process's global random state goes into the run's checkpoints (`rng_state`) and back on resume.
+
+Under `dist.strategy fsdp2` a group of several actors shards its roles per layer as the torchrun
+runtime does (rlhf/runtime/distributed.py; a rollout group keeps whole copies: it samples and is
+sent the policy's weights). Whatever needs a whole model gathers it on every actor of the group
+(each call runs on all of them: a collective) and rank 0 alone writes or answers with it; the
+checkpoint's weights are every actor's DCP shards under `groups/<group>/` (`group_shards`)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import socket
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,9 +24,16 @@ import torch.distributed as dist
 
 from rlhf.config import RLConfig
 from rlhf.models.sequences import Sequences
+from rlhf.ray_runtime.hosts import ROLLOUT
 from rlhf.rl.roles.assemble import load_roles
 from rlhf.rundir.checkpoint import rng_state, set_rng_state
 from rlhf.rundir.export import write_models
+from rlhf.rundir.sharded_checkpoint import (
+    has_shards,
+    load_learner_shards,
+    save_learner_shards,
+    trained_learners,
+)
 from rlhf.runtime import runtime_for
 from rlhf.runtime.process_group import backend_for
 from rlhf.train.context_check import model_context
@@ -51,6 +66,9 @@ class RoleWorker:
 
         torch.set_num_threads(max(1, threads))
         self.group, self.rank = group, rank
+        if group == ROLLOUT and config.dist.strategy == "fsdp2":  # samples with whole copies
+            config = replace(config, dist=replace(config.dist, strategy="ddp"))
+        self.sharded = config.dist.strategy == "fsdp2" and world > 1
         if world > 1:
             dist.init_process_group(
                 backend_for(config.train.device),
@@ -98,24 +116,47 @@ class RoleWorker:
         self.runtime.load_role_state(state)
 
     def save_weights(self, directory: str) -> None:
-        if self.rank == 0:  # every member holds the same weights
+        """The group's trained parameters into a checkpoint under way: sharded, every actor's shards
+        and AdamW moments (DCP, `group_shards`); else rank 0's whole files (every member holds them)."""
+        if self.sharded:
+            self.runtime.shard_roles()  # a no-op after the first use
+            save_learner_shards(self.learners(), group_shards(directory, self.group))
+        elif self.rank == 0:
             self.runtime.save_weights(Path(directory))
 
     def load_weights(self, directory: str) -> None:
-        self.runtime.load_weights(Path(directory))
+        """A checkpoint's trained parameters, read whole by every actor before any is sharded: the
+        group's DCP shards (written by any number of actors) or the per-role files."""
+        shards = group_shards(directory, self.group)
+        if has_shards(shards):
+            load_learner_shards(self.learners(), shards)
+        else:
+            self.runtime.load_weights(Path(directory))
+
+    def learners(self) -> dict:
+        """{name: learner} of the trained roles this group hosts (a shared critic: the policy's)."""
+        return {n: r for n, r in trained_learners(self.roles).items() if self.roles.hosts(n)}
+
+    def whole(self, model):
+        """`model` whole for the body: gathered on every actor of a sharded group (all must call)."""
+        return self.runtime.whole_model(model) if self.sharded else contextlib.nullcontext()
 
     def export_into(self, tmp: str) -> None:
-        """This group's trained models into an export under way (the driver commits it)."""
-        if self.rank == 0:
-            write_models(Path(tmp), self.roles.exported_models())
+        """This group's trained models into an export under way (the driver commits it); sharded,
+        every actor gathers each model in turn and rank 0 writes it."""
+        write_models(Path(tmp) if self.rank == 0 else None, self.roles.exported_models(), whole=self.whole)
 
     def release_optimizer_state(self) -> None:
         self.runtime.release_optimizer_state()
 
     # -- a rollout group's copy of the policy --------------------------------------------------
-    def policy_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's trained parameters (a LoRA policy: its adapters), by name."""
-        return {n: p.detach() for n, p in self.roles.policy.model.named_parameters() if p.requires_grad}
+    def policy_weights(self) -> dict[str, torch.Tensor] | None:
+        """The policy's trained parameters (a LoRA policy: its adapters), by name; sharded, gathered
+        by every actor and answered by rank 0 (None elsewhere)."""
+        model = self.roles.policy.model
+        with self.whole(model):
+            weights = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+        return weights if self.rank == 0 or not self.sharded else None
 
     def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy the policy group's trained parameters into this copy of the policy."""
@@ -130,10 +171,22 @@ class RoleWorker:
     def weights_digest(self) -> str:
         """sha256 of every policy parameter's bytes, in name order (tests: a sync is exact)."""
         digest = hashlib.sha256()
-        for name, param in sorted(self.roles.policy.model.named_parameters()):
-            digest.update(name.encode())
-            digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        model = self.roles.policy.model
+        with self.whole(model):  # sharded: every actor gathers, each gets the same digest
+            for name, param in sorted(model.named_parameters()):
+                digest.update(name.encode())
+                digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
+
+    def parameter_bytes(self) -> tuple[int, int]:
+        """(bytes of the trained roles' parameters this actor holds, bytes of the whole ones): a
+        sharded actor holds its rows only (tests)."""
+        params = [p for learner in self.learners().values() for p in learner.module.parameters()]
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        return (
+            sum(t.numel() * t.element_size() for t in local),
+            sum(p.numel() * p.element_size() for p in params),
+        )
 
     # -- this process's global random state (a role drawing from it, e.g. dropout) ----------------
     def rng_state(self) -> dict:
@@ -151,3 +204,8 @@ class RoleWorker:
 
     def load_sampler_state(self, state: torch.Tensor) -> None:
         self.roles.policy.generator.set_state(state)
+
+
+def group_shards(directory, group: str) -> Path:
+    """Where a checkpoint holds a sharded Ray group's DCP shards (its `shards/`, rlhf/rundir/sharded_checkpoint.py)."""
+    return Path(directory) / "groups" / group

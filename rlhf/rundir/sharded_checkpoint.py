@@ -65,10 +65,16 @@ def write_shards_and_state(learners: dict, peers, target: Path, state: dict, ste
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(ckpt.atomic_directory(target)) if writer else None
         tmp = Path(peers.gather(str(tmp) if writer else None)[0])  # rank 0's temporary directory
-        dcp.save(shard_state(learners), checkpoint_id=tmp / SHARDS)
+        save_learner_shards(learners, tmp)
         if writer:  # dcp.save returns once every rank's shards and the metadata are written
             ckpt.save_state(state, tmp, "trainer")
             ckpt.write_done(tmp, steps_done)  # sizes and checksums of every shard too
+
+
+def save_learner_shards(learners: dict, path: Path) -> None:
+    """Every rank's shards of `learners`' parameters and moments into `path/shards` (every rank of
+    the default process group calls this; a Ray role group's own, rlhf/ray_runtime/worker.py)."""
+    dcp.save(shard_state(learners), checkpoint_id=Path(path) / SHARDS)
 
 
 def load_sharded_weights(roles, path: Path) -> None:

@@ -90,9 +90,12 @@ class DistributedRuntime(LocalRuntime):
         bf16 = precision is not None and precision.uses_autocast  # dtype bfloat16: gathered in bf16
         for learner in self.learners:
             learner.shard()  # as planned when it was built (rlhf/runtime/parallel_plan.py)
-        frozen = [r.reference.own_module, r.reward_model and r.reward_model.model]
-        for module in frozen:
-            if module is not None:
+        frozen = {
+            "reference": r.reference.own_module,
+            "reward_model": r.reward_model and r.reward_model.model,
+        }
+        for name, module in frozen.items():
+            if module is not None and r.hosts(name):  # a Ray group's others are on the meta device
                 fsdp.shard_from_rank0(module, self.peers, bf16_compute=bf16, offload=self.offload)
 
     def whole_models(self):

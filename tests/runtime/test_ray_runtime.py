@@ -100,6 +100,56 @@ def test_colocated_actors_and_a_rollout_actor_give_the_local_runs_numbers_and_fi
     assert (out / "tokenizer.json").read_bytes() == (local_run / "tokenizer.json").read_bytes()
 
 
+FSDP2_GROUPS = ["--dist.strategy", "fsdp2", "--ray.placement", "separate"]
+FSDP2_GROUPS += ["--ray.policy.num_actors", "2", "--ray.critic.num_actors", "2", "--checkpoint.every", "1"]
+FSDP2_GROUPS += ["--checkpoint.keep", "3"]
+
+
+def assert_same_export(want: Path, got: Path, tolerance: float) -> None:
+    for part in ("model.safetensors", "critic/model.safetensors", "critic/scalar_head.safetensors"):
+        a, b = tensors(want / part), tensors(got / part)
+        assert a.keys() == b.keys(), part
+        assert all(torch.allclose(a[k], b[k], rtol=0, atol=tolerance) for k in a), part
+
+
+def test_fsdp2_groups_of_two_actors_shard_give_the_local_runs_numbers_export_and_resume(
+    models, local_run, cluster, tmp_path, monkeypatch
+):
+    """`dist.strategy fsdp2` with policy and critic groups of two actors each: every actor holds
+    half of its learner's parameter bytes (its rows: the two add up to the whole); every metric of
+    the 3 iterations (critic pre-training included) and the exported policy and critic equal the
+    local run's to 1e-5 (the two actors' reduce-scattered gradient sums differ from one process's
+    in float rounding only). Resumed from the first iteration's checkpoint (each group's DCP shards),
+    the policy again on two actors and the critic on one (which reads both actors' shards whole),
+    the run continues with the same metrics and export."""
+    from rlhf.ray_runtime.runtime import RayRuntime
+
+    train, held = RayRuntime.train, {}
+
+    def measuring(self, roles, minibatches):
+        result = train(self, roles, minibatches)
+        held.update({group: self._call(group, "parameter_bytes") for group in ("policy", "critic")})
+        return result
+
+    monkeypatch.setattr(RayRuntime, "train", measuring)
+    out = tmp_path / "fsdp2"
+    assert main(train_args(models, out, "--dist.runtime", "ray", *HALF_A_CPU, *FSDP2_GROUPS)) == 0
+    for group, actors in held.items():
+        whole = actors[0][1]
+        assert sum(local for local, _ in actors) == whole, group
+        assert all(0.4 * whole < local < 0.6 * whole for local, _ in actors), (group, actors)
+    assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=1e-5)
+    assert_same_export(local_run, out, tolerance=1e-5)
+    checkpoints = out / "checkpoints"
+    assert (checkpoints / "iter_000001" / "groups" / "policy" / "shards" / ".metadata").is_file()
+    assert not (checkpoints / "iter_000001" / "model.trained.safetensors").exists()
+    for later in ("iter_000002", "iter_000003"):
+        shutil.rmtree(checkpoints / later)
+    assert main(["train", "--resume", str(out), "--ray.critic.num_actors", "1"]) == 0
+    assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=1e-5)
+    assert_same_export(local_run, out, tolerance=1e-5)
+
+
 def planted_rng_states(seed: int, count: int) -> list[dict]:
     """`count` global random states of their own (Python's, NumPy's, torch's), this process's kept."""
     from rlhf.rundir.checkpoint import rng_state, set_rng_state

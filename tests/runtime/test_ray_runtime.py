@@ -115,8 +115,10 @@ def assert_same_export(want: Path, got: Path, tolerance: float) -> None:
 def test_fsdp2_groups_of_two_actors_shard_give_the_local_runs_numbers_export_and_resume(
     models, local_run, cluster, tmp_path, monkeypatch
 ):
-    """`dist.strategy fsdp2` with policy and critic groups of two actors each: every actor holds
-    half of its learner's parameter bytes (its rows: the two add up to the whole); every metric of
+    """`dist.strategy fsdp2` with policy, critic and reference groups of two actors each and a rollout
+    actor: every actor holds half of its learner's parameter bytes (its rows: the two add up to the
+    whole); after each update the rollout's copy equals the policy gathered from its shards bit for
+    bit (sha256 of every parameter's bytes); every metric of
     the 3 iterations (critic pre-training included) and the exported policy and critic equal the
     local run's to 1e-5 (the two actors' reduce-scattered gradient sums differ from one process's
     in float rounding only). Resumed from the first iteration's checkpoint (each group's DCP shards),
@@ -124,16 +126,23 @@ def test_fsdp2_groups_of_two_actors_shard_give_the_local_runs_numbers_export_and
     the run continues with the same metrics and export."""
     from rlhf.ray_runtime.runtime import RayRuntime
 
-    train, held = RayRuntime.train, {}
+    train, sync, held, synced = RayRuntime.train, RayRuntime.sync_rollout, {}, []
 
     def measuring(self, roles, minibatches):
         result = train(self, roles, minibatches)
         held.update({group: self._call(group, "parameter_bytes") for group in ("policy", "critic")})
         return result
 
+    def checked_sync(self):  # every policy actor gathers the whole policy; rank 0's is sent
+        sync(self)
+        synced.append((self._call("policy", "weights_digest"), self._call("rollout", "weights_digest")))
+
     monkeypatch.setattr(RayRuntime, "train", measuring)
+    monkeypatch.setattr(RayRuntime, "sync_rollout", checked_sync)
     out = tmp_path / "fsdp2"
-    assert main(train_args(models, out, "--dist.runtime", "ray", *HALF_A_CPU, *FSDP2_GROUPS)) == 0
+    args = [*WITH_A_ROLLOUT_ACTOR, *FSDP2_GROUPS, "--ray.reference.num_actors", "2"]
+    assert main(train_args(models, out, *args)) == 0
+    assert len(synced) == 3 and all(trainer == [rollout[0]] * 2 for trainer, rollout in synced)
     for group, actors in held.items():
         whole = actors[0][1]
         assert sum(local for local, _ in actors) == whole, group

@@ -77,7 +77,8 @@ class RoleWorker:
                 world_size=world,
                 timeout=timedelta(seconds=config.dist.timeout),
             )
-        self.roles = load_roles(config, hosted=frozenset(roles))
+        # sharded: rank 0 alone reads the weights, the others' shards come from its (as torchrun's)
+        self.roles = load_roles(config, on_meta=self.sharded and rank > 0, hosted=frozenset(roles))
         self.runtime = runtime_for(self.roles, config)
         return ray.util.get_node_ip_address()
 
@@ -125,9 +126,12 @@ class RoleWorker:
             self.runtime.save_weights(Path(directory))
 
     def load_weights(self, directory: str) -> None:
-        """A checkpoint's trained parameters, read whole by every actor before any is sharded: the
-        group's DCP shards (written by any number of actors) or the per-role files."""
+        """A checkpoint's trained parameters, read whole before the roles are sharded (by rank 0 alone
+        in a sharded group): the group's DCP shards (written by any number of actors) or the
+        per-role files."""
         shards = group_shards(directory, self.group)
+        if self.roles.on_meta:  # a sharded group's ranks but 0: their shards come from rank 0's
+            return
         if has_shards(shards):
             load_learner_shards(self.learners(), shards)
         else:

@@ -2,10 +2,12 @@
 serving the role (rlhf/ray_runtime/worker.py), with the same results as the local runtime.
 
 A group's actors all run each call (with several, each on its share of the rows, joined inside
-the group); the driver takes its first actor's answer. The policy's and a separate critic's
-optimizer steps run at once, on their own actors. Checkpoints and exports keep the local layout:
-each learner group writes its files into the directory the driver commits (the run directory is
-on a file system every node sees)."""
+the group); the driver takes its first actor's answer (under `dist.strategy fsdp2` a call that
+needs a whole model gathers it on every actor, rank 0 answering: rlhf/ray_runtime/worker.py). The
+policy's and a separate critic's optimizer steps run at once, on their own actors. Checkpoints and
+exports keep the local layout: each learner group writes its files (a sharded group: its DCP
+shards) into the directory the driver commits (the run directory is on a file system every node
+sees)."""
 
 from __future__ import annotations
 

@@ -28,12 +28,7 @@ from rlhf.ray_runtime.hosts import ROLLOUT
 from rlhf.rl.roles.assemble import load_roles
 from rlhf.rundir.checkpoint import rng_state, set_rng_state
 from rlhf.rundir.export import write_models
-from rlhf.rundir.sharded_checkpoint import (
-    has_shards,
-    load_learner_shards,
-    save_learner_shards,
-    trained_learners,
-)
+from rlhf.rundir.sharded_checkpoint import group_shards, save_learner_shards, trained_learners
 from rlhf.runtime import runtime_for
 from rlhf.runtime.process_group import backend_for
 from rlhf.train.context_check import model_context
@@ -127,15 +122,9 @@ class RoleWorker:
 
     def load_weights(self, directory: str) -> None:
         """A checkpoint's trained parameters, read whole before the roles are sharded (by rank 0 alone
-        in a sharded group): the group's DCP shards (written by any number of actors) or the
-        per-role files."""
-        shards = group_shards(directory, self.group)
-        if self.roles.on_meta:  # a sharded group's ranks but 0: their shards come from rank 0's
-            return
-        if has_shards(shards):
-            load_learner_shards(self.learners(), shards)
-        else:
-            self.runtime.load_weights(Path(directory))
+        in a sharded group): the group's shards (written by any number of actors) or the per-role
+        files (rlhf/rl/roles/assemble.py)."""
+        self.runtime.load_weights(Path(directory))
 
     def learners(self) -> dict:
         """{name: learner} of the trained roles this group hosts (a shared critic: the policy's)."""
@@ -208,8 +197,3 @@ class RoleWorker:
 
     def load_sampler_state(self, state: torch.Tensor) -> None:
         self.roles.policy.generator.set_state(state)
-
-
-def group_shards(directory, group: str) -> Path:
-    """Where a checkpoint holds a sharded Ray group's DCP shards (its `shards/`, rlhf/rundir/sharded_checkpoint.py)."""
-    return Path(directory) / "groups" / group

@@ -7,6 +7,7 @@ moments left out) and `DONE`, whose checksums cover the shards. Keys are flat:
 `{role}/model/{parameter}` and `{role}/optim/{parameter}/{moment}`, the parameter names of the
 unsharded module, so a checkpoint loads into whole modules: at any number of ranks (the run shards
 them after loading), with `ddp`, or in one process (no process group: DCP reads every chunk).
+A Ray run's sharded role groups write the same into `groups/<group>/shards/` (`group_shards`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from rlhf.rundir import checkpoint as ckpt
 
 SHARDS = "shards"
+GROUPS = "groups"  # a Ray run's sharded role groups, each its own `shards/`
 
 
 def trained_learners(roles) -> dict:
@@ -75,6 +77,23 @@ def save_learner_shards(learners: dict, path: Path) -> None:
     """Every rank's shards of `learners`' parameters and moments into `path/shards` (every rank of
     the default process group calls this; a Ray role group's own, rlhf/ray_runtime/worker.py)."""
     dcp.save(shard_state(learners), checkpoint_id=Path(path) / SHARDS)
+
+
+def group_shards(directory: Path, group: str) -> Path:
+    """Where a checkpoint holds the shards of a Ray role group sharded under fsdp2 (its own DCP
+    directory: each group is a process group of its own; rlhf/ray_runtime/worker.py)."""
+    return Path(directory) / GROUPS / group
+
+
+def load_group_shards(roles, directory: Path) -> set[str]:
+    """The trained roles hosted here whose Ray group left shards in checkpoint `directory` (a
+    learner's group is named after it, rlhf/ray_runtime/hosts.py), loaded whole; their names."""
+    loaded = set()
+    for name, learner in trained_learners(roles).items():
+        if roles.hosts(name) and has_shards(group_shards(directory, name)):
+            load_learner_shards({name: learner}, group_shards(directory, name))
+            loaded.add(name)
+    return loaded
 
 
 def load_sharded_weights(roles, path: Path) -> None:

@@ -123,7 +123,8 @@ def test_fsdp2_groups_of_two_actors_shard_give_the_local_runs_numbers_export_and
     local run's to 1e-5 (the two actors' reduce-scattered gradient sums differ from one process's
     in float rounding only). Resumed from the first iteration's checkpoint (each group's DCP shards),
     the policy again on two actors and the critic on one (which reads both actors' shards whole),
-    the run continues with the same metrics and export."""
+    and then in one process (`dist.runtime local`), the run continues with the same metrics and
+    export."""
     from rlhf.ray_runtime.runtime import RayRuntime
 
     train, sync, held, synced = RayRuntime.train, RayRuntime.sync_rollout, {}, []
@@ -152,11 +153,12 @@ def test_fsdp2_groups_of_two_actors_shard_give_the_local_runs_numbers_export_and
     checkpoints = out / "checkpoints"
     assert (checkpoints / "iter_000001" / "groups" / "policy" / "shards" / ".metadata").is_file()
     assert not (checkpoints / "iter_000001" / "model.trained.safetensors").exists()
-    for later in ("iter_000002", "iter_000003"):
-        shutil.rmtree(checkpoints / later)
-    assert main(["train", "--resume", str(out), "--ray.critic.num_actors", "1"]) == 0
-    assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=1e-5)
-    assert_same_export(local_run, out, tolerance=1e-5)
+    for resume in (["--ray.critic.num_actors", "1"], ["--dist.runtime", "local"]):
+        for later in ("iter_000002", "iter_000003"):
+            shutil.rmtree(checkpoints / later)
+        assert main(["train", "--resume", str(out), *resume]) == 0
+        assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=1e-5)
+        assert_same_export(local_run, out, tolerance=1e-5)
 
 
 def planted_rng_states(seed: int, count: int) -> list[dict]:

@@ -26,7 +26,7 @@ from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.frozen import Reference, RewardModel
 from rlhf.rl.roles.policy import JointValue, Policy
 from rlhf.rundir.export import export_models
-from rlhf.rundir.sharded_checkpoint import has_shards, load_sharded_weights
+from rlhf.rundir.sharded_checkpoint import has_shards, load_group_shards, load_sharded_weights
 from rlhf.rundir.weights import load_trained, save_trained
 from rlhf.runtime.parallel_plan import ParallelPlan, parallel_plan
 from rlhf.runtime.process_group import sharded_launch
@@ -131,15 +131,21 @@ class Roles:
 
     def load_weights(self, directory: Path) -> None:
         """A checkpoint's trained parameters: its per-role files, or an fsdp2 run's shards (at any
-        number of ranks, or in one process); a sharded rank but 0 (on the meta device) loads none:
+        number of ranks, or in one process; a Ray run's: each sharded group's); a sharded rank but 0 (on the meta device) loads none:
         its shards come from rank 0's (rlhf/runtime/fsdp.py)."""
         if self.on_meta:
             return
         if has_shards(directory):
             load_sharded_weights(self, directory)
             return
+        loaded = load_group_shards(
+            self, directory
+        )  # a Ray run's sharded groups (policy: a shared critic too)
+        if "policy" in loaded and self.separate_critic is None:
+            loaded.add("critic")
         for name, role in self._trained(separate_only=False).items():
-            load_trained(role.model, directory, name)
+            if name not in loaded:
+                load_trained(role.model, directory, name)
 
     def exported_models(self) -> dict[str, torch.nn.Module]:
         """{subdirectory: model} of an export: the trained policy in the directory itself, a separate

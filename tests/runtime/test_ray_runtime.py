@@ -115,10 +115,10 @@ def assert_same_export(want: Path, got: Path, tolerance: float) -> None:
 def test_fsdp2_groups_of_two_actors_shard_give_the_local_runs_numbers_export_and_resume(
     models, local_run, cluster, tmp_path, monkeypatch
 ):
-    """`dist.strategy fsdp2` with policy, critic and reference groups of two actors each and a rollout
-    actor: every actor holds half of its learner's parameter bytes (its rows: the two add up to the
-    whole); after each update the rollout's copy equals the policy gathered from its shards bit for
-    bit (sha256 of every parameter's bytes); every metric of
+    """`dist.strategy fsdp2` with policy, critic and reference groups of two actors each and two
+    rollout actors (whole copies of the policy): every actor holds half of its learner's parameter
+    bytes (its rows: the two add up to the whole); after each update both rollout copies equal the
+    policy gathered from its shards bit for bit (sha256 of every parameter's bytes); every metric of
     the 3 iterations (critic pre-training included) and the exported policy and critic equal the
     local run's to 1e-5 (the two actors' reduce-scattered gradient sums differ from one process's
     in float rounding only). Resumed from the first iteration's checkpoint (each group's DCP shards),
@@ -142,8 +142,10 @@ def test_fsdp2_groups_of_two_actors_shard_give_the_local_runs_numbers_export_and
     monkeypatch.setattr(RayRuntime, "sync_rollout", checked_sync)
     out = tmp_path / "fsdp2"
     args = [*WITH_A_ROLLOUT_ACTOR, *FSDP2_GROUPS, "--ray.reference.num_actors", "2"]
+    args += ["--ray.rollout.num_actors=2", "--ray.rollout.num_cpus=0.25"]  # whole copies (ddp)
     assert main(train_args(models, out, *args)) == 0
-    assert len(synced) == 3 and all(trainer == [rollout[0]] * 2 for trainer, rollout in synced)
+    assert len(synced) == 3 and all(trainer == rollout == [trainer[0]] * 2 for trainer, rollout in synced)
+    assert len({trainer[0] for trainer, _ in synced}) == 3  # the weights changed at every update
     for group, actors in held.items():
         whole = actors[0][1]
         assert sum(local for local, _ in actors) == whole, group

@@ -44,6 +44,13 @@ def sharded_launch(strategy: str) -> bool:
     return strategy == "fsdp2" and launch_world_size() > 1
 
 
+def in_sharded_group(strategy: str) -> bool:
+    """This process is one of several under `dist.strategy fsdp2`: a torchrun launch, or an actor of
+    a Ray role group (rlhf/ray_runtime/worker.py starts that group itself, without torchrun's env)."""
+    grouped = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return strategy == "fsdp2" and (launch_world_size() > 1 or grouped)
+
+
 def rank_label() -> str:
     """ " (rank N of W)" in a multi-process launch, else "": for messages that must name their rank."""
     world = launch_world_size()

@@ -29,7 +29,7 @@ from rlhf.rundir.export import export_models
 from rlhf.rundir.sharded_checkpoint import has_shards, load_group_shards, load_sharded_weights
 from rlhf.rundir.weights import load_trained, save_trained
 from rlhf.runtime.parallel_plan import ParallelPlan, parallel_plan
-from rlhf.runtime.process_group import sharded_launch
+from rlhf.runtime.process_group import in_sharded_group
 from rlhf.train.setup import with_lora
 
 
@@ -290,7 +290,8 @@ def _place_models(
     meta device stays there until it is filled."""
     device = resolve_device(c.train.device, key="train.device")
     precision = Precision.resolve(c.dtype, device, key="dtype")
-    home = torch.device("cpu") if sharded_launch(c.dist.strategy) else device
+    # a Ray group's rank 0 too: the whole model never lands on its GPU before sharding
+    home = torch.device("cpu") if in_sharded_group(c.dist.strategy) else device
     place = torch.device("meta") if any(p.is_meta for p in policy.parameters()) else home
     precision.prepare(policy, place)
     if reward_model is not None:

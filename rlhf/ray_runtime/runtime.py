@@ -86,7 +86,7 @@ class RayRuntime:
             load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
         )
         self.facts = self._first("policy", "facts")
-        self.policy_version = 0  # the policy's updates the rollout group's copy has received  # the rollout actors' weight loads not yet checked (`sync_rollout`)
+        self.policy_version = 0  # the policy's updates the rollout group's copy has received
 
     def _launch(self, config: RLConfig, strategies: dict[str, list], remote_worker) -> None:
         """Start every group's actors (each group's members meet at its first actor's address). Every

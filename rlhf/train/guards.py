@@ -16,29 +16,12 @@ class NonFiniteScoresError(ValueError):
     """A model gave NaN or infinite scores: no mean, advantage or win rate can be computed from them."""
 
 
-def require_finite_scores(
-    scores: torch.Tensor,
-    *,
-    model: str,
-    what: str,
-    row: Callable[[int], str],
-    consequence: str,
-    fix: str,
-    limit: int = 4,
-) -> None:
-    """Raise `NonFiniteScoresError` when a score is NaN or infinite: "`model` gave non-finite scores
-    (nan/inf) to n of N `what` `row(i)`, ... (the first `limit` such rows). `consequence` Fix: `fix`"."""
-    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
-    _raise_for_rows(
-        bad,
-        len(scores),
-        "scores",
-        model=model,
-        what=what,
-        row=row,
-        consequence=consequence,
-        fix=fix,
-        limit=limit,
+def require_finite_scores(scores: torch.Tensor, **message) -> None:
+    """Raise `NonFiniteScoresError` when a score [B] is NaN or infinite: "`model` gave non-finite
+    scores (nan/inf) to n of N `what` `row(i)`, ... (the first `limit` such rows). `consequence`
+    Fix: `fix`" (`message`: require_finite_tokens's keywords, `quantity` aside)."""
+    require_finite_tokens(
+        scores[:, None], torch.ones(len(scores), 1, dtype=torch.bool), quantity="scores", **message
     )
 
 
@@ -56,29 +39,12 @@ def require_finite_tokens(
 ) -> None:
     """`require_finite_scores` for per-token tensors [B, T] (values, log-probs): a row is bad when a
     token inside `mask` is NaN or infinite (padding may hold anything: the losses never read it)."""
-    bad_token = ~torch.isfinite(values) & mask.bool()
-    bad = bad_token.any(dim=1).nonzero().flatten().tolist()
-    _raise_for_rows(
-        bad,
-        len(values),
-        quantity,
-        model=model,
-        what=what,
-        row=row,
-        consequence=consequence,
-        fix=fix,
-        limit=limit,
-    )
-
-
-def _raise_for_rows(
-    bad: list[int], total: int, quantity: str, *, model, what, row, consequence, fix, limit
-) -> None:
+    bad = (~torch.isfinite(values) & mask.bool().to(values.device)).any(dim=1).nonzero().flatten().tolist()
     if not bad:
         return
     shown = ", ".join(row(i) for i in bad[:limit]) + (f" ... ({len(bad)} in all)" if len(bad) > limit else "")
     raise NonFiniteScoresError(
-        f"{model} gave non-finite {quantity} (nan/inf) to {len(bad)} of {total} {what} {shown}. "
+        f"{model} gave non-finite {quantity} (nan/inf) to {len(bad)} of {len(values)} {what} {shown}. "
         f"{consequence} Fix: {fix}"
     )
 

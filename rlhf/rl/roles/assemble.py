@@ -131,16 +131,15 @@ class Roles:
 
     def load_weights(self, directory: Path) -> None:
         """A checkpoint's trained parameters: its per-role files, or an fsdp2 run's shards (at any
-        number of ranks, or in one process; a Ray run's: each sharded group's); a sharded rank but 0 (on the meta device) loads none:
-        its shards come from rank 0's (rlhf/runtime/fsdp.py)."""
+        number of ranks, or in one process), or a Ray run's sharded groups' shards; a sharded rank
+        but 0 (on the meta device) loads none: its shards come from rank 0's (rlhf/runtime/fsdp.py)."""
         if self.on_meta:
             return
         if has_shards(directory):
             load_sharded_weights(self, directory)
             return
-        loaded = load_group_shards(
-            self, directory
-        )  # a Ray run's sharded groups (policy: a shared critic too)
+        loaded = load_group_shards(self, directory)  # a Ray run's sharded groups
+        # the policy's group holds a shared critic's head too
         if "policy" in loaded and self.separate_critic is None:
             loaded.add("critic")
         for name, role in self._trained(separate_only=False).items():

@@ -8,6 +8,7 @@
     rlhf train --resume runs/ppo
     rlhf eval  --policy runs/ppo --baseline runs/sft --judge runs/rm --prompts test.jsonl
     rlhf rm-eval --reward-model runs/rm --data test_pairs.jsonl
+    rlhf serve-rm --reward-model runs/rm --port 8000    # then: rlhf train ... --reward-url http://127.0.0.1:8000
 
 Every stage also takes `--config FILE.yaml` and dotted overrides of any config field
 (`--train.iterations 20`, `--kl.beta 0.05`, `--seed 1`); a named flag (`--policy`, `--n`) sets the
@@ -36,6 +37,7 @@ STAGES = {
     "rm-eval": "judge a reward model on preference pairs: accuracy, margins, calibration, worst pairs",
     "data": "inspect and validate datasets: `rlhf data check FILE`",
     "plan": "per-rank memory of an RL run, role by role and phase by phase, and whether it fits",
+    "serve-rm": "serve a reward model's scores over HTTP for `rlhf train --reward-url` (docs/reward_server.md)",
     "report": "render report.html of a training run (sft, rm, dpo, train) or a demo output directory",
 }
 
@@ -123,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(same as --data.skip_invalid true)",
         )
     _plan_parser(sub)
+    _serve_rm_parser(sub)
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
     check = data_sub.add_parser("check", help="validate a dataset file and print its statistics")
@@ -202,6 +205,12 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         action="append",
         metavar="MODULE:FUNCTION",
         help="a Python reward function, added to the reward model's score (repeatable; weights: reward.functions)",
+    )
+    train.add_argument(
+        "--reward-url",
+        metavar="URL",
+        help="a reward server (`rlhf serve-rm`, docs/reward_server.md) instead of --reward-model "
+        "(reward.remote.url)",
     )
     train.add_argument("--prompts", help="prompts file")
     train.add_argument("--out", help="run directory")
@@ -291,6 +300,20 @@ def _rm_eval_parser(sub) -> argparse.ArgumentParser:
     _add_device_flags(rm_eval)
     rm_eval.add_argument("--config", help="YAML file of RMEvalConfig settings")
     return rm_eval
+
+
+def _serve_rm_parser(sub) -> None:
+    serve = sub.add_parser("serve-rm", help=STAGES["serve-rm"], description=STAGES["serve-rm"])
+    serve.add_argument("--reward-model", help="reward-model directory, `rlhf rm --out`")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0: every interface")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on; 0: a free one (printed)")
+    serve.add_argument("--batch-size", type=int, default=16, help="rows per forward of the reward model")
+    serve.add_argument(
+        "--max-batch-rows", type=int, default=256, help="rows of waiting requests scored together at most"
+    )
+    serve.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU) | cpu | cuda:N")
+    serve.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | bfloat16-pure")
+    _add_safety_flags(serve)
 
 
 def _plan_parser(sub) -> None:
@@ -425,6 +448,7 @@ def run_train_command(args, rest, ctx) -> int:
     named = {
         "model.policy": args.policy,
         "model.reward_model": args.reward_model,
+        "reward.remote.url": args.reward_url,
         "data.prompts": args.prompts,
         "out": args.out,
         "data.skip_invalid": args.skip_invalid,
@@ -453,7 +477,10 @@ def run_train_command(args, rest, ctx) -> int:
     config = load_config(RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named))
     config.reward.functions = [*config.reward.functions, *(args.reward_fn or [])]  # weight 1 each
     _require(config.model.policy, "--policy")
-    _require(config.model.reward_model or config.reward.functions, "--reward-model (or --reward-fn)")
+    _require(
+        config.model.reward_model or config.reward.remote.url or config.reward.functions,
+        "--reward-model (or --reward-url, or --reward-fn)",
+    )
     _require(config.data.prompts, "--prompts")
     _refuse_reward_model_as_policy(config.model.policy)
     check_out_dir(config.out, {"--policy": config.model.policy, "--reward-model": config.model.reward_model})
@@ -578,6 +605,14 @@ def run_ablate_command(args, rest, ctx) -> int:
             config_file=args.config,
             overrides=rest,
         )
+
+
+def run_serve_rm_command(args, rest, ctx) -> int:
+    from rlhf.stages.serve_rm import run_serve_rm
+
+    if rest:
+        raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf serve-rm --help`.")
+    return run_serve_rm(args)
 
 
 def run_plan_command(args, rest, ctx) -> int:
@@ -743,6 +778,7 @@ def _dispatch(parser, args, rest, ctx) -> int:
         "ablate": run_ablate_command,
         "report": run_report_command,
         "plan": run_plan_command,
+        "serve-rm": run_serve_rm_command,
     }[args.stage]
     return handler(args, rest, ctx)
 

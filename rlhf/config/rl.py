@@ -16,6 +16,7 @@ from rlhf.config.checks import at_least, refuse, validate_groups, warn
 from rlhf.config.common import LoraConfig, OptimConfig
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
 from rlhf.config.ray import RayConfig, RLDistConfig
+from rlhf.config.remote import MismatchConfig
 from rlhf.config.rl_algorithm import (
     AdvantageConfig,
     CriticConfig,
@@ -125,6 +126,7 @@ class LogConfig:
     collapse: CollapseConfig = field(default_factory=CollapseConfig)  # PPO paper §5.2 signature
     eval_every: int = 0  # evaluate on held-out prompts every N iterations; 0: off
     samples_to_log: int = 4  # responses kept per evaluation in samples.jsonl
+    mismatch: MismatchConfig = field(default_factory=MismatchConfig)  # sampler vs trainer log-probs
 
     def validate(self, prefix: str) -> None:
         at_least(self.every, 1, f"{prefix}every")
@@ -212,6 +214,13 @@ class RLConfig:
         self._validate_estimator(prefix)
         self._validate_critic_keys(prefix)
         self._validate_staleness(prefix)
+        if self.model.reward_model and self.reward.remote.url:
+            refuse(
+                f"{prefix}model.reward_model ({self.model.reward_model}) and {prefix}reward.remote.url "
+                f"({self.reward.remote.url}) are both set; the server's score stands for the reward model's. "
+                "Fix: pass one of --reward-model and --reward-url.",
+                f"{prefix}reward.remote.url",
+            )
 
     def _validate_staleness(self, prefix: str) -> None:
         """Asynchronous rollouts need a rollout group of their own and PPO's clipped objective."""

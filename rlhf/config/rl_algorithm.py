@@ -7,8 +7,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rlhf.config.checks import at_least, fraction, positive, positive_or_off, refuse, require, warn
+from rlhf.config.checks import (
+    at_least,
+    fraction,
+    positive,
+    positive_or_off,
+    refuse,
+    require,
+    validate_groups,
+    warn,
+)
 from rlhf.config.fields import AdvantageEstimator, KLEstimator, PolicyLossName
+from rlhf.config.remote import RemoteRewardConfig
 
 
 @dataclass
@@ -22,6 +32,7 @@ class RewardProcessingConfig:
     # reward model's score (docs/algorithms.md §31); none imported unless named here
     functions: list[Any] = field(default_factory=list)
     model_weight: float = 1.0  # weight of the reward model's score in the sum (with reward functions)
+    remote: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)  # a reward server (--reward-url)
 
     def validate(self, prefix: str) -> None:
         if self.discounted and not (self.scale and not self.normalize):
@@ -33,6 +44,7 @@ class RewardProcessingConfig:
             )
         fraction(self.discount_gamma, f"{prefix}discount_gamma", 0.99)
         positive_or_off(self.clip, f"{prefix}clip", 10.0)
+        validate_groups(self, prefix)
 
 
 @dataclass

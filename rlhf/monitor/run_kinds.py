@@ -79,6 +79,7 @@ GROUP_TITLES: dict[str, str] = {
     "response": "Responses (length, EOS rate, diversity)",
     "policy": "Policy update (loss, clipping, ratios, entropy)",
     "value": "Critic (value loss, explained variance)",
+    "mismatch": "Sampler vs trainer log-probs of the same tokens (KL, max ratio, mean |diff|)",
     "advantage": "Advantages and returns",
     "critic_pretrain": "Critic pre-training (policy frozen)",
     "speed": "Speed (seconds per phase, tokens per second)",

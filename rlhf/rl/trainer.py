@@ -43,7 +43,10 @@ from rlhf.monitor.stillness import StillPolicyCheck
 from rlhf.rl.experience import Experience, concat_experiences
 from rlhf.rl.groups import group_metrics, sample_groups
 from rlhf.rl.metrics import rollout_metrics
+from rlhf.rl.mismatch import CODE as MISMATCH
+from rlhf.rl.mismatch import MismatchMonitor
 from rlhf.rl.prompts import PromptStream
+from rlhf.rl.remote_reward import remote_reward
 from rlhf.rl.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
 from rlhf.rl.roles.assemble import Roles, optimizer_steps
 from rlhf.rl.roles.learner import mean_over_steps
@@ -115,6 +118,8 @@ class RLTrainer:
         self.prompt_rows = prompt_rows  # the prompt file's records, for reward functions
         self.reward_functions = load_reward_functions(c.reward.functions)  # only those named
         self.reward_parts: dict[str, float] = {}
+        self.remote_reward = remote_reward(c.reward.remote, self.runtime.tokenizer)  # None: no --reward-url
+        self.mismatch = MismatchMonitor(c)  # sampler vs trainer log-probs of the same tokens
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)
         if ptx_batches is not None and c.policy.ptx_coef > 0:
             self.runtime.use_ptx(ptx_batches, c.policy.ptx_coef, seed=c.seed + 3)
@@ -325,6 +330,7 @@ class RLTrainer:
                                    is_weights=is_weights)  # fmt: skip
         metrics = self.experience_metrics(rollout, experience, raw_scores, processed, keep, kl, final_scores)
         metrics.update(async_metrics)
+        metrics.update(self.mismatch_metrics(rollout, mask, old_logp, behind))
         metrics.update({"time/generate": t1 - t0, "time/score": t2 - t1, "time/forward": t3 - t2})
         return experience, metrics
 
@@ -364,19 +370,33 @@ class RLTrainer:
             self.batch_indices = pending.indices
             return pending.group, pending.handle.result(), self.runtime.policy_version - pending.version
         prompts, group, self.batch_indices = self.draw_prompts()
-        return group, self.runtime.generate(prompts, self.config.rollout.logprobs_from_sampler), 0
+        from_sampler = self.config.rollout.logprobs_from_sampler or self.mismatch.due(self.iteration)
+        return group, self.runtime.generate(prompts, from_sampler), 0
 
     def forwards(self, rollout, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The no-grad forwards: old log-probs (the sampler's when it kept them), reference
         log-probs, and the critic's values (None for a critic-free estimator)."""
         run, sequences = self.runtime, rollout.sequences
-        if rollout.logprobs is not None and not self.asynchronous:  # logprobs_from_sampler: no forward
+        if self.config.rollout.logprobs_from_sampler and not self.asynchronous:  # no forward
             old_logp = rollout.logprobs * mask
         else:
             old_logp = run.forward("policy", sequences)
         ref_logp = run.forward("reference", sequences)
         values = run.forward("critic", sequences) if run.has_role("critic") else None
         return old_logp, ref_logp, values
+
+    def mismatch_metrics(self, rollout, mask, old_logp: torch.Tensor, behind: int) -> dict:
+        """mismatch/*: the sampler's log-probs against the trainer's for the same tokens, warned about
+        once past log.mismatch.kl_threshold (rlhf/rl/mismatch.py; docs/monitors.md)."""
+        if not self.pretrain_done:
+            return {}
+        metrics, warning = self.mismatch.measure(
+            self.iteration, rollout.logprobs, old_logp, mask,
+            lambda sequences: self.runtime.forward("policy", sequences), rollout.sequences, behind,
+        )  # fmt: skip
+        if warning is not None:
+            self.logger.warn(warning, step=self.iteration, code=MISMATCH)
+        return metrics
 
     def require_finite_forwards(self, rollout, mask, old_logp, ref_logp, values) -> None:
         """A NaN/inf log-prob or value inside a response stops the run before it reaches an advantage
@@ -438,6 +458,8 @@ class RLTrainer:
                 fix="the reward model is broken (diverged training or damaged weights): retrain it with "
                 "`rlhf rm` (check its metrics.jsonl for a NaN loss) and start a new run.",
             )
+        if self.remote_reward is not None:  # a reward server's scores, checked (docs/reward_server.md)
+            raw_scores = self.remote_reward.score(rollout).to(rollout.response_mask.device)
         # Python reward functions, weighted, added to the RM's score (docs/algorithms.md §31)
         if self.reward_functions:
             raw_scores = self.function_rewards(rollout, raw_scores)

@@ -3,9 +3,11 @@ write the report and print the summary."""
 
 from __future__ import annotations
 
+import sys
+
 from rlhf.config import RLConfig
 from rlhf.data.tokenize import TruncationStats
-from rlhf.models.loading import load_tokenizer
+from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.tokenizer_match import check_same_tokenizer
 from rlhf.monitor import print_summary
 from rlhf.rl.roles.assemble import load_roles
@@ -26,6 +28,7 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     # here, before any model loads (imported once: the trainer's own load finds them imported)
     functions = load_reward_functions(config.reward.functions)
     check_reward_model_tokenizer(config)
+    check_reward_server(config)
     writer = is_writer_process()
     inputs = model_inputs(config) if writer and not resume else None  # the files, before they are read
     roles, runtime = start_roles(config, writer)
@@ -130,6 +133,20 @@ def kl_first(shown: dict) -> dict:
             rows["kl/k3"] = shown["kl/k3"]
         rows.setdefault(key, value)
     return rows
+
+
+def check_reward_server(config: RLConfig) -> None:
+    """A --reward-url server answers GET /health before any model loads (exit 2 naming the URL
+    otherwise); a note when it will score the texts with a tokenizer other than the policy's."""
+    if not config.reward.remote.url:
+        return
+    from rlhf.rl.remote_reward import RemoteReward
+
+    policy = prepare_tokenizer(load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file))
+    client = RemoteReward(config.reward.remote, policy)
+    note = client.tokenizer_note(client.health())
+    if note is not None and is_writer_process():
+        print(f"note: {note}", file=sys.stderr)
 
 
 def check_reward_model_tokenizer(config: RLConfig) -> None:

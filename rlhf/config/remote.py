@@ -1,0 +1,60 @@
+"""Two groups of `rlhf train` about what runs outside the trainer's own forwards: a reward server
+(`reward.remote`, docs/reward_server.md) and the gap between the sampler's log-probs and the
+trainer's (`log.mismatch`, docs/monitors.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from rlhf.config.checks import at_least, positive, positive_or_off, refuse
+
+
+@dataclass
+class RemoteRewardConfig:
+    # a reward server's base URL (`rlhf serve-rm`, or any server speaking docs/reward_server.md's
+    # format): its score stands for the reward model's (reward.model_weight applies); "": none
+    url: str = ""
+    timeout: float = 60.0  # seconds one request may take before it counts as failed
+    retries: int = 3  # further attempts after a failed one (refused, reset, timed out, HTTP 429/5xx)
+    backoff: float = 0.5  # seconds before the first retry, doubled before each next one
+    rows_per_request: int = 256  # responses sent in one request (a rollout is split into several)
+
+    def validate(self, prefix: str) -> None:
+        if self.url:
+            check_url(self.url, f"{prefix}url")
+        positive(self.timeout, f"{prefix}timeout", 60)
+        at_least(self.retries, 0, f"{prefix}retries", " (0: one attempt)")
+        at_least(self.backoff, 0, f"{prefix}backoff")
+        at_least(self.rows_per_request, 1, f"{prefix}rows_per_request")
+
+
+def check_url(url: str, key: str) -> None:
+    """An http(s) URL with a host (and a valid port, if any)."""
+    fix = f"--{key} http://HOST:PORT (e.g. http://127.0.0.1:8000, where `rlhf serve-rm` listens)"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError on a port that is not a number in 0-65535)
+    except ValueError as err:
+        refuse(f"{key} {url!r} is not a URL ({err}). Fix: {fix}.", key)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        refuse(f"{key} {url!r} is not an http:// or https:// URL with a host. Fix: {fix}.", key)
+    if parts.query or parts.fragment:
+        refuse(f"{key} {url!r} has a query or fragment; give the server's base URL. Fix: {fix}.", key)
+
+
+@dataclass
+class MismatchConfig:
+    # measure the sampler/trainer log-prob gap every N iterations, on iterations where the trainer
+    # computes the old log-probs itself (the default: the sampler's come free); 0: off
+    every: int = 1
+    # with rollout.logprobs_from_sampler (no trainer forward for the old log-probs): one more policy
+    # forward every N iterations to measure it; 0: not measured
+    extra_forward_every: int = 0
+    # warn (code sampler_trainer_mismatch) when mismatch/kl exceeds this; null: never
+    kl_threshold: float | None = 1e-3
+
+    def validate(self, prefix: str) -> None:
+        at_least(self.every, 0, f"{prefix}every", " (0: off)")
+        at_least(self.extra_forward_every, 0, f"{prefix}extra_forward_every", " (0: never)")
+        positive_or_off(self.kl_threshold, f"{prefix}kl_threshold", 0.001)

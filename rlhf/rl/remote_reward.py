@@ -1,0 +1,234 @@
+"""A reward from a server over HTTP: `rlhf train --reward-url URL` (`reward.remote`), served by
+`rlhf serve-rm` or by any server that speaks this format (docs/reward_server.md).
+
+Wire format, version 1 (JSON over HTTP/1.1):
+
+    GET  /health -> 200 {"status": "ok", "wire": 1, "tokenizer": FINGERPRINT or null, ...}
+    POST /score     {"prompts": [str], "responses": [str],
+                     "prompt_ids": [[int]], "response_ids": [[int]], "tokenizer": FINGERPRINT}
+                 -> 200 {"scores": [float]}     one finite number per row, in the rows' order
+                 -> 4xx/5xx {"error": str}      (4xx: not retried; 429 and 5xx: retried)
+
+A row is what the policy read and wrote: the prompt exactly as tokenized (chat template rendered,
+special tokens kept as text) and the response's tokens (its EOS, when it stopped, kept as text).
+`prompt_ids` / `response_ids` are the same rows as token ids of the policy's tokenizer, whose
+`tokenizer_fingerprint` is sent along: a server whose tokenizer has that fingerprint scores the
+ids as they are (`rlhf serve-rm` then gives the local reward model's numbers); any other server
+tokenizes the texts.
+
+The client uses the standard library (http.client; no proxy), retries a refused, reset or timed-out
+request and HTTP 429/5xx with exponential backoff, and checks every answer: a score per row, each a
+finite number. Whatever fails stops the run with a `RewardServerError` (exit 2) naming the URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import math
+import socket
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import torch
+
+from rlhf.config import ConfigError
+from rlhf.config.remote import RemoteRewardConfig
+from rlhf.models.tokenizer_match import tokenizer_signature
+
+WIRE_VERSION = 1
+RETRIED_STATUS = (429, 500, 502, 503, 504)
+FIX_DOWN = (
+    "start the server (`rlhf serve-rm --reward-model DIR --host HOST --port PORT`, docs/reward_server.md) "
+    "and check --reward-url (scheme, host and port); raise --reward.remote.timeout or "
+    "--reward.remote.retries for a slow or restarting server"
+)
+
+
+class RewardServerError(ConfigError):
+    """The reward server is unreachable or answered something other than one finite score per row."""
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the tokenizer's signature (vocabulary and special tokens, rlhf/models/tokenizer_match.py):
+    equal for two tokenizers that map every token to the same id."""
+    signature = json.dumps(tokenizer_signature(tokenizer), sort_keys=True)
+    return hashlib.sha256(signature.encode()).hexdigest()
+
+
+def score_request(tokenizer, rollout, fingerprint: str | None = None) -> dict:
+    """The POST /score body of a rollout's rows (padding removed; special tokens kept in the texts)."""
+    prompt_ids = [
+        [t for t, m in zip(ids, mask) if m]
+        for ids, mask in zip(rollout.prompt_ids.tolist(), rollout.prompt_mask.tolist())
+    ]
+    response_ids = [
+        [t for t, m in zip(ids, mask) if m]
+        for ids, mask in zip(rollout.response_ids.tolist(), rollout.response_mask.tolist())
+    ]
+    return {
+        "prompts": tokenizer.batch_decode(prompt_ids, skip_special_tokens=False),
+        "responses": tokenizer.batch_decode(response_ids, skip_special_tokens=False),
+        "prompt_ids": prompt_ids,
+        "response_ids": response_ids,
+        "tokenizer": fingerprint or tokenizer_fingerprint(tokenizer),
+    }
+
+
+def check_scores(answer: object, rows: int, url: str) -> torch.Tensor:
+    """The scores of an answer to POST /score, [rows] float32; RewardServerError naming `url`, the
+    value and the fix unless it is {"scores": [one finite number per row]}."""
+    fix = (
+        'the server must answer {"scores": [...]} with one finite number per response, in the order '
+        "sent (docs/reward_server.md)"
+    )
+    scores = answer.get("scores") if isinstance(answer, dict) else None
+    if not isinstance(scores, list):
+        shown = json.dumps(answer)[:200]
+        raise RewardServerError(
+            f'the reward server {url} answered {shown} without a "scores" list. Fix: {fix}.'
+        )
+    if len(scores) != rows:
+        raise RewardServerError(
+            f"the reward server {url} answered {len(scores)} scores for {rows} responses. Fix: {fix}."
+        )
+    for i, value in enumerate(scores):
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if number is None or not math.isfinite(number):
+            raise RewardServerError(
+                f"the reward server {url} answered score {value!r} for response {i} of {rows}, not a finite "
+                f"number. Fix: {fix}; a NaN or inf score means the server's model is broken."
+            )
+    return torch.tensor(scores, dtype=torch.float32)
+
+
+class RemoteReward:
+    """Scores of a reward server for a rollout's responses ([B] float32, on the CPU)."""
+
+    def __init__(
+        self,
+        settings: RemoteRewardConfig,
+        tokenizer,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.settings = settings
+        self.url = settings.url.rstrip("/")
+        self.tokenizer = tokenizer
+        self.fingerprint = tokenizer_fingerprint(tokenizer)
+        self.sleep = sleep
+        parts = urlsplit(self.url)
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or ""
+        self.port = parts.port
+        self.base_path = parts.path.rstrip("/")
+
+    def health(self) -> dict:
+        """GET /health (retried as every request); RewardServerError unless the server says "ok"."""
+        answer = self.request("GET", "/health")
+        if not isinstance(answer, dict) or answer.get("status") != "ok":
+            raise RewardServerError(
+                f"the reward server {self.url} answered GET /health with {json.dumps(answer)[:200]}, not "
+                f'{{"status": "ok", ...}}. Fix: {FIX_DOWN}.'
+            )
+        return answer
+
+    def tokenizer_note(self, health: dict) -> str | None:
+        """A note when the server's tokenizer is not the policy's: it then scores the texts, re-tokenized."""
+        theirs = health.get("tokenizer")
+        if theirs == self.fingerprint:
+            return None
+        which = "reports no tokenizer" if theirs is None else "has a tokenizer other than the policy's"
+        return (
+            f"the reward server {self.url} {which}: it scores the texts of the prompts and responses, "
+            "not the policy's token ids (docs/reward_server.md)"
+        )
+
+    def score(self, rollout) -> torch.Tensor:
+        """[B] scores of the rollout's rows, `rows_per_request` rows per POST /score."""
+        body = score_request(self.tokenizer, rollout, self.fingerprint)
+        rows = len(body["prompts"])
+        step = self.settings.rows_per_request
+        parts = []
+        for start in range(0, rows, step):
+            chunk = {k: v[start : start + step] if isinstance(v, list) else v for k, v in body.items()}
+            answer = self.request("POST", "/score", chunk)
+            parts.append(check_scores(answer, len(chunk["prompts"]), self.url))
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    def request(self, method: str, path: str, body: dict | None = None) -> object:
+        """The JSON answer of one request, retried with exponential backoff on what may pass (refused,
+        reset, timed out, HTTP 429/5xx); RewardServerError naming the URL otherwise or at the last try."""
+        attempts = self.settings.retries + 1
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in range(attempts):
+            try:
+                status, raw = self._send(method, path, data)
+            except (OSError, http.client.HTTPException) as err:  # refused, reset, timed out, bad status line
+                failure = _describe(err, self.settings.timeout)
+            else:
+                if status == 200:
+                    return self._json(raw, method, path)
+                failure = f"HTTP {status}: {_error_text(raw)}"
+                if status not in RETRIED_STATUS:
+                    raise RewardServerError(
+                        f"the reward server {self.url} refused {method} {path} with {failure}. Fix: "
+                        + (
+                            "serve the wire format of docs/reward_server.md"
+                            if status in (404, 405)
+                            else FIX_DOWN
+                        )
+                        + "."
+                    )
+            if attempt + 1 < attempts:
+                self.sleep(self.settings.backoff * 2**attempt)
+        raise RewardServerError(
+            f"the reward server {self.url} did not answer {method} {path} after {attempts} attempt"
+            f"{'s' if attempts > 1 else ''} ({failure}). Fix: {FIX_DOWN}."
+        )
+
+    def _send(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
+        kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        connection = kind(self.host, self.port, timeout=self.settings.timeout)
+        try:
+            headers = {"Content-Type": "application/json", "Accept": "application/json"}
+            connection.request(method, self.base_path + path, body=data, headers=headers)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    def _json(self, raw: bytes, method: str, path: str) -> object:
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise RewardServerError(
+                f"the reward server {self.url} answered {method} {path} with {raw[:200]!r}, not JSON. "
+                "Fix: answer with a JSON body (docs/reward_server.md)."
+            ) from None
+
+
+def _describe(err: BaseException, timeout: float) -> str:
+    if isinstance(err, (TimeoutError, socket.timeout)):
+        return f"no answer within reward.remote.timeout {timeout:g} s"
+    if isinstance(err, ConnectionRefusedError):
+        return "connection refused: nothing listens there"
+    if isinstance(err, socket.gaierror):
+        return f"the host name does not resolve: {err.strerror or err}"
+    return f"{type(err).__name__}: {err}"
+
+
+def _error_text(raw: bytes) -> str:
+    """The server's error message: the "error" of a JSON body, else the body's start."""
+    try:
+        answer = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return raw[:200].decode(errors="replace") or "(empty body)"
+    return str(answer.get("error", answer))[:300] if isinstance(answer, dict) else str(answer)[:300]
+
+
+def remote_reward(settings: RemoteRewardConfig, tokenizer) -> RemoteReward | None:
+    """The client of `reward.remote.url`, or None when it is empty."""
+    return RemoteReward(settings, tokenizer) if settings.url else None

@@ -279,3 +279,22 @@ def test_without_aiohttp_the_server_names_the_extra(monkeypatch):
         ConfigError, match=r"needs aiohttp, which is not installed. Fix: pip install 'rlhf\[serve\]'"
     ):
         require_aiohttp()
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("127.0.0.1:8000", "is not an http:// or https:// URL with a host"),
+        ("ftp://host:21", "is not an http:// or https:// URL with a host"),
+        ("http://host:99999", "is not a URL (Port out of range"),
+        ("http://host:8000/?q=1", "has a query or fragment"),
+    ],
+)
+def test_a_url_that_is_not_a_servers_is_refused_naming_it(url, said):
+    from rlhf.config import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        RemoteRewardConfig(url=url).validate("reward.remote.")
+    message = str(raised.value)
+    assert message.startswith(f"reward.remote.url {url!r} ") and said in message
+    assert "Fix: --reward.remote.url http://HOST:PORT" in message

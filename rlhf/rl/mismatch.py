@@ -60,7 +60,8 @@ class MismatchMonitor:
             f"the sampler's and the trainer's log-probs of the same tokens differ: mismatch/kl "
             f"{metrics['mismatch/kl']:.3g} > log.mismatch.kl_threshold {threshold:g} (max ratio "
             f"{metrics['mismatch/max_ratio']:.4g}, mean |diff| {metrics['mismatch/mean_abs_diff']:.3g}); "
-            "the PPO ratio then starts away from 1 and clipping acts on numerics. Fix: run the policy in "
-            "float32 (--dtype float32), or leave rollout.logprobs_from_sampler off so the trainer's own "
-            "log-probs are the old ones; raise --log.mismatch.kl_threshold if this gap is expected."
+            "the responses come from another distribution than the one trained (and under "
+            "rollout.logprobs_from_sampler the PPO ratio starts away from 1). Fix: look for what differs "
+            "between sampling and training (weights not synced, temperature, kernels), try --dtype float32, "
+            "or raise --log.mismatch.kl_threshold if this gap is expected."
         )

@@ -298,3 +298,26 @@ def test_a_url_that_is_not_a_servers_is_refused_naming_it(url, said):
     message = str(raised.value)
     assert message.startswith(f"reward.remote.url {url!r} ") and said in message
     assert "Fix: --reward.remote.url http://HOST:PORT" in message
+
+
+def test_a_reward_function_adds_to_the_servers_score(fake, make_trainer):
+    server = fake((200, lambda n: {"scores": [0.5] * n}))
+    config = rl_config(
+        "vanilla_ppo",
+        reward={"remote": {"url": server.url}, "functions": ["tests.support.reward_fns_testing:constant"]},
+    )
+    trainer = make_trainer(config)
+    trainer.roles.reward_model = None  # the server alone stands for the reward model
+    _, metrics = trainer.make_experience()
+    assert metrics["reward/raw_scores"] == [0.75] * 8
+    assert metrics["reward/part/reward_model"] == 0.5
+    assert metrics["reward/part/tests.support.reward_fns_testing:constant"] == 0.25
+
+
+def test_a_failing_model_answers_500_with_its_error(server, monkeypatch):
+    def broken(sequences):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(server.scorer.role, "score", broken)
+    status, answer = post(server.url, "/score", {"prompts": ["a b"], "responses": ["c"]})
+    assert status == 500 and answer == {"error": "scoring failed: RuntimeError: CUDA out of memory"}

@@ -187,7 +187,10 @@ class Batcher:
             for rows, future, loop in batch:
                 result = scores[start : start + len(rows)]
                 start += len(rows)
-                loop.call_soon_threadsafe(_settle, future, result, error)
+                try:
+                    loop.call_soon_threadsafe(_settle, future, result, error)
+                except RuntimeError:  # the server stopped meanwhile: nobody waits for the answer
+                    pass
 
 
 def _settle(future: asyncio.Future, result: list[float], error: BaseException | None) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# SmolLM2-135M-Instruct + HH-RLHF (harmless-base) on a CPU: SFT -> reward model (judge 1) ->
-# PPO-max with a LoRA policy -> DPO -> a second reward model on disjoint pairs (judge 2) -> held-out RM
-# accuracy of both -> win rates PPO vs SFT, DPO vs SFT, PPO vs DPO under both judges -> reports.
+# SmolLM2-135M-Instruct + HH-RLHF (harmless-base) on a CPU: SFT -> DPO -> reward model (judge 1) ->
+# PPO-max with a LoRA policy -> a second reward model on disjoint pairs (judge 2) -> held-out RM
+# accuracy of both -> win rates PPO vs SFT, DPO vs SFT, PPO vs DPO under both judges and by held-out
+# human labels -> reports.
 # Only the `rlhf` CLI. examples/smollm2_hh/README.md gives the measured figures and the GPU command.
 #
 #   bash examples/smollm2_hh/run.sh                   # everything into runs/smollm2_hh
@@ -110,10 +111,13 @@ stage rm-eval "$OUT/rm/rm_eval.json" $RLHF rm-eval --reward-model "$OUT/rm" --da
 stage rm2-eval "$OUT/rm2/rm_eval.json" $RLHF rm-eval --reward-model "$OUT/rm2" --data "$OUT/data/rm_heldout.jsonl" \
   --n "$RM_HELDOUT" --skip-invalid
 
-# 7. win rates on held-out prompts, the same answers scored by both judges
+# 7. win rates on held-out prompts, the same answers scored by both judges, and the verdict of held-out
+#    human labels on the held-out pairs (no judge: did the policy raise the chosen response's
+#    log-ratio to the baseline above the rejected one's; docs/algorithms.md §35)
 win_rate() {  # win_rate NAME POLICY BASELINE OUT_FILE
   stage "$1" "$4" $RLHF eval --policy "$OUT/$2" --baseline "$OUT/$3" --judge "$OUT/rm" --judge "$OUT/rm2" \
     --prompts "$OUT/data/eval_prompts.jsonl" --n "$EVAL_N" --max-new-tokens "$EVAL_TOKENS" --seed 0 \
+    --pairs "$OUT/data/rm_heldout.jsonl" --pairs-n "$RM_HELDOUT" --data.max_response_tokens "$RESPONSE_TOKENS" \
     --skip-invalid --out "$4"
 }
 win_rate eval-ppo-dpo ppo dpo "$OUT/ppo/eval_vs_dpo.json"

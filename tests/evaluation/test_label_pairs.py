@@ -181,3 +181,34 @@ def test_a_judge_without_prompts_and_an_eval_without_prompts_or_pairs_exit_2(sav
     assert run.returncode == 2 and "--prompts" in run.stderr and "drop --judge" in run.stderr
     run = InProcess(capsys, "eval", "--policy", root / "policy", "--baseline", root / "baseline")
     assert run.returncode == 2 and "--pairs FILE" in run.stderr
+
+
+def test_one_eval_gives_the_win_rates_and_the_same_verdict_as_pairs_alone(saved, tiny, capsys):
+    from rlhf.models.scalar_head import ScalarHeadModel
+
+    root, rows, pairs_file = saved
+    tok, _, _, _ = tiny
+    judge = root / "judge"
+    ScalarHeadModel.from_causal_lm(
+        tiny_causal_lm(tok, seed=2, hidden_size=16, num_layers=1, num_heads=2), head_init_std=0.5
+    ).save_pretrained(judge)
+    tok.save_pretrained(judge)
+    prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": r["prompt"]} for r in rows])
+    common = [
+        "eval",
+        "--policy",
+        root / "policy",
+        "--baseline",
+        root / "baseline",
+        "--chat-template",
+        "false",
+    ]
+    both, alone = root / "both.json", root / "alone.json"
+    run = InProcess(capsys, *common, "--judge", judge, "--prompts", prompts, "--n", "4", "--max-new-tokens", "2",
+                    "--pairs", pairs_file, "--out", both)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert InProcess(capsys, *common, "--pairs", pairs_file, "--out", alone).returncode == 0
+    both_result, alone_result = json.loads(both.read_text()), json.loads(alone.read_text())
+    assert both_result["comparison"]["n"] == 4 and len(both_result["samples"]) == 4
+    for key in ("n", "accuracy", "ci95", "wins", "ties", "margin_mean", "per_token_accuracy"):
+        assert both_result["pairs"][key] == pytest.approx(alone_result["pairs"][key]), key

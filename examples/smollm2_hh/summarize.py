@@ -171,17 +171,18 @@ def label_verdict(pairs: dict | None) -> dict | None:
     return {k: pairs.get(k) for k in keys}
 
 
-def relative(path, root: Path) -> str | None:
-    """`path` relative to the run directory (results name no machine's directories)."""
-    if path is None:
-        return None
+def relative(path, root: Path | None) -> str | None:
+    """`path` relative to the run directory `root` (results name no machine's directories); a path
+    outside it by its name; no `root`: as it is."""
+    if path is None or root is None:
+        return path
     try:
         return str(Path(path).resolve().relative_to(root.resolve()))
     except ValueError:
         return Path(path).name
 
 
-def win_rates(evaluation: dict, root: Path) -> dict:
+def win_rates(evaluation: dict, root: Path | None = None) -> dict:
     """Every judge's win rate of the policy over the baseline: raw (ties half), length-controlled
     and length-matched, each with its interval; mean words of both sides."""
     samples = evaluation.get("samples", [])

@@ -48,7 +48,7 @@ def run_eval(config: EvalConfig) -> dict:
     _check_tokenizers(config, tokenizer)
     pairs = _read_label_pairs(config, tokenizer) if data.pairs else None  # a bad file stops before models
     prompts_run = _prepare_prompts(config, tokenizer, precision) if data.prompts else None
-    texts, scores, pair_logps = {}, {}, {}
+    texts, pair_logps = {}, {}
     for name, path in (("policy", config.policy), ("baseline", config.baseline)):
         with announce(f"loading --{name} {path}"):
             model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))

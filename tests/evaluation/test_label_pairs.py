@@ -212,3 +212,11 @@ def test_one_eval_gives_the_win_rates_and_the_same_verdict_as_pairs_alone(saved,
     assert both_result["comparison"]["n"] == 4 and len(both_result["samples"]) == 4
     for key in ("n", "accuracy", "ci95", "wins", "ties", "margin_mean", "per_token_accuracy"):
         assert both_result["pairs"][key] == pytest.approx(alone_result["pairs"][key]), key
+
+
+def test_the_run_report_shows_the_verdict_of_an_eval_json():
+    from rlhf.monitor.run_report import _evaluation
+
+    html = _evaluation({"policy": {"path": "ppo"}, "baseline": {"path": "sft"}, "judge": None, "judges": {},
+                        "pairs": {"n": 300, "accuracy": 0.6, "ci95": [0.54, 0.65], "margin_mean": 0.25}})  # fmt: skip
+    assert "held-out human labels" in html and "0.600 [0.540, 0.650] of 300 pairs" in html

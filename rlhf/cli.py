@@ -7,6 +7,7 @@
     rlhf train --preset ppo_max --policy runs/sft --reward-model runs/rm --prompts prompts.jsonl --out runs/ppo
     rlhf train --resume runs/ppo
     rlhf eval  --policy runs/ppo --baseline runs/sft --judge runs/rm --prompts test.jsonl
+    rlhf eval  --policy runs/ppo --baseline runs/sft --pairs test_pairs.jsonl
     rlhf rm-eval --reward-model runs/rm --data test_pairs.jsonl
     rlhf serve-rm --reward-model runs/rm --port 8000    # then: rlhf train ... --reward-url http://127.0.0.1:8000
 
@@ -76,6 +77,8 @@ EVAL_FLAGS = {
     "judge": "judge",
     "reward_fn": "reward_functions",
     "prompts": "data.prompts",
+    "pairs": "data.pairs",
+    "pairs_n": "data.pairs_n",
     "out": "out",
     "n": "data.n",
     "max_new_tokens": "rollout.max_new_tokens",
@@ -249,6 +252,13 @@ def _eval_parser(sub) -> argparse.ArgumentParser:
         help="a Python reward function, added to the judge's score (repeatable) (reward_functions)",
     )
     ev.add_argument("--prompts", help="held-out prompts file (data.prompts)")
+    ev.add_argument(
+        "--pairs",
+        help="held-out preference pairs: the share where the policy raised the chosen response's "
+        "log-ratio to --baseline above the rejected one's, eval.json's \"pairs\"; needs no judge "
+        "(data.pairs; docs/algorithms.md §35)",
+    )
+    ev.add_argument("--pairs-n", type=_scalar, help="the first N valid pairs; default all (data.pairs_n)")
     ev.add_argument("--out", help="write eval.json here (default: beside the policy) (out)")
     ev.add_argument("--n", type=_scalar, help="prompts to evaluate, the first N; 256 (data.n)")
     ev.add_argument("--max-new-tokens", type=_scalar, help="response budget; 64 (rollout.max_new_tokens)")

@@ -2,7 +2,7 @@
 accuracy with its Wilson interval and their length bias ("shorter wins"), every stage's share of
 truncated prompts, DPO's final metrics, PPO reward/KL/ratio at the first and last iteration, the win
 rates PPO vs SFT, DPO vs SFT and PPO vs DPO under each judge (raw, length-controlled and
-length-matched, with intervals), wall time and peak RSS per stage, and side-by-side samples (the
+length-matched, with intervals) and by held-out human labels (eval.json's "pairs"), wall time and peak RSS per stage, and side-by-side samples (the
 prompt as the models saw it); `ppo_curves.png` beside it (the PPO run's reward and KL per iteration).
 
     python examples/smollm2_hh/summarize.py runs/smollm2_hh [--out results.json]
@@ -159,7 +159,30 @@ def judge_figures(rm_eval: dict) -> dict:
     }
 
 
-def win_rates(evaluation: dict) -> dict:
+def label_verdict(pairs: dict | None) -> dict | None:
+    """eval.json's "pairs" (docs/algorithms.md §35) without its per-pair rows."""
+    if not pairs:
+        return None
+    keys = (
+        "n", "accuracy", "ci95", "wins", "ties", "losses", "margin_mean", "margin_ci95", "margin_median",
+        "chosen_logratio_mean", "rejected_logratio_mean", "per_token_accuracy", "per_token_ci95",
+        "skipped_invalid", "max_prompt_tokens", "max_response_tokens",
+    )  # fmt: skip
+    return {k: pairs.get(k) for k in keys}
+
+
+def relative(path, root: Path | None) -> str | None:
+    """`path` relative to the run directory `root` (results name no machine's directories); a path
+    outside it by its name; no `root`: as it is."""
+    if path is None or root is None:
+        return path
+    try:
+        return str(Path(path).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return Path(path).name
+
+
+def win_rates(evaluation: dict, root: Path | None = None) -> dict:
     """Every judge's win rate of the policy over the baseline: raw (ties half), length-controlled
     and length-matched, each with its interval; mean words of both sides."""
     samples = evaluation.get("samples", [])
@@ -167,9 +190,12 @@ def win_rates(evaluation: dict) -> dict:
     for side in ("policy", "baseline"):  # words per response: a shorter policy is a judge's preference
         counts = [len(x[f"{side}_response"].split()) for x in samples if f"{side}_response" in x]
         words[f"{side}_words_mean"] = statistics.fmean(counts) if counts else None
-    judges = evaluation.get("judges") or {evaluation.get("judge", "judge"): evaluation}
+    judges = evaluation.get("judges")
+    if judges is None:  # an eval.json of one judge, from before "judges"
+        judges = {evaluation.get("judge", "judge"): evaluation}
     by_judge = {}
     for name, figures in judges.items():
+        name = relative(name, root)
         cmp, length = figures["comparison"], figures.get("length") or {}
         lc, matched = length.get("length_controlled") or {}, length.get("length_matched") or {}
         by_judge[name] = {
@@ -188,17 +214,19 @@ def win_rates(evaluation: dict) -> dict:
             "length_warning": length.get("warning"),
         }
     return {
-        "policy": evaluation["policy"].get("path"),
-        "baseline": evaluation["baseline"].get("path"),
+        "policy": relative(evaluation["policy"].get("path"), root),
+        "baseline": relative(evaluation["baseline"].get("path"), root),
         **words,
         "prompts_truncated": truncated(evaluation.get("truncation")),
         "judges": by_judge,
+        "held_out_labels": label_verdict(evaluation.get("pairs")),
     }
 
 
 def summarize(out: Path) -> dict:
     """Every figure of the run that exists (a stage not run yet is left out)."""
     result: dict = {"split": json.loads((out / "data" / "split.json").read_text())}
+    result["split"]["data"] = Path(result["split"]["data"]).name  # no machine's directories
     for name in ("rm", "rm2"):
         rm_eval = read_json(out / name / "rm_eval.json")
         if rm_eval:
@@ -224,7 +252,7 @@ def summarize(out: Path) -> dict:
             ],
         }
         if plot_curves(records, out / "ppo_curves.png"):
-            result["ppo"]["curves_png"] = str(out / "ppo_curves.png")
+            result["ppo"]["curves_png"] = "ppo_curves.png"
     comparisons = {
         "ppo_vs_sft": out / "ppo" / "eval.json",
         "dpo_vs_sft": out / "dpo" / "eval.json",
@@ -234,7 +262,7 @@ def summarize(out: Path) -> dict:
     for name, path in comparisons.items():
         evaluation = read_json(path)
         if evaluation:
-            result["win_rates"][name] = win_rates(evaluation)
+            result["win_rates"][name] = win_rates(evaluation, out)
             result.setdefault("samples", {})[name] = [
                 {
                     k: x.get(k)

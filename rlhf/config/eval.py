@@ -29,9 +29,27 @@ class EvalDataConfig:
     # the template's default system prompt (fields.SystemPrompt); None: the --policy run's
     # data.system_prompt from its config.yaml, else "template"
     system_prompt: SystemPrompt | None = None
+    # held-out preference pairs: the judge-free verdict from human labels, eval.json's "pairs"
+    # (--pairs; docs/algorithms.md §35); with no --prompts, the only figures
+    pairs: str = ""
+    pairs_n: int | None = None  # the first N valid pairs; None: every one (--pairs-n)
+    pairs_batch_size: int = 8  # pairs per forward of the verdict
+    # response budget of the pairs in tokens (longer ones right-truncated, EOS kept); None: the --policy
+    # run's data.max_response_tokens from its config.yaml, else the --baseline run's, else 512
+    max_response_tokens: int | None = None
 
     def validate(self, prefix: str) -> None:
         at_least(self.n, 1, f"{prefix}n", " (prompts to evaluate)")
+        at_least(self.pairs_batch_size, 1, f"{prefix}pairs_batch_size")
+        for key in ("pairs_n", "max_response_tokens"):
+            value = getattr(self, key)
+            require(
+                value is None or (isinstance(value, int) and value >= 1),
+                f"{prefix}{key}",
+                value,
+                "must be >= 1 (or null)",
+                f"--{prefix}{key} 300",
+            )
         require(
             self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
             f"{prefix}max_prompt_tokens",
@@ -87,13 +105,21 @@ class EvalConfig:
     def validate(self, prefix: str = "") -> None:
         required(self.policy, f"{prefix}policy", "--policy DIR (or policy: in --config)")
         required(self.baseline, f"{prefix}baseline", "--baseline DIR (or baseline: in --config)")
-        required(
-            self.data.prompts,
-            f"{prefix}data.prompts",
-            "--prompts FILE (or data: {prompts: FILE} in --config)",
-        )
+        if not self.data.pairs:  # --pairs alone is a complete evaluation (the label verdict)
+            required(
+                self.data.prompts,
+                f"{prefix}data.prompts",
+                "--prompts FILE (win rates under a judge) and/or --pairs FILE (the verdict of held-out "
+                "human labels)",
+            )
         validate_groups(self, prefix)
-        if not (self.judge or self.reward_functions):
+        if not self.data.prompts and (self.judge or self.reward_functions):
+            refuse(
+                "--judge / --reward-fn score the answers to --prompts, and no --prompts is given (--pairs "
+                "needs no judge). Fix: add --prompts FILE, or drop --judge and --reward-fn.",
+                "judge",
+            )
+        if self.data.prompts and not (self.judge or self.reward_functions):
             refuse(
                 "--judge is missing (and no --reward-fn is given): nothing would score the responses. "
                 "Fix: --judge RM_DIR (or world:DIR), and/or --reward-fn module:function.",

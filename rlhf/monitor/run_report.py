@@ -360,6 +360,24 @@ def _other_judge(name: str, figures: Any) -> str:
     return text + (_length_paragraph(length) if isinstance(length, Mapping) else "")
 
 
+def _label_pairs_paragraph(pairs: Mapping[str, Any]) -> str:
+    """eval.json's `pairs` (docs/algorithms.md §35): the verdict of held-out human labels."""
+
+    def three(value: Any) -> str:
+        return "-" if num(value) is None else f"{value:.3f}"
+
+    ci = (
+        pairs.get("ci95") if isinstance(pairs.get("ci95"), list) and len(pairs["ci95"]) == 2 else [None, None]
+    )
+    margin = num(pairs.get("margin_mean"))
+    return (
+        f"<p><b>held-out human labels</b>: the policy raised the chosen response's log-ratio to the "
+        f"baseline above the rejected one's on {three(pairs['accuracy'])} [{three(ci[0])}, {three(ci[1])}] "
+        f"of {esc(fmt(pairs.get('n')))} pairs (ties half); mean margin "
+        f"{'-' if margin is None else f'{margin:+.4f}'} nats</p>"
+    )
+
+
 def _evaluation(evaluation: Mapping[str, Any]) -> str:
     rows = []
     for side in ("policy", "baseline"):
@@ -376,6 +394,9 @@ def _evaluation(evaluation: Mapping[str, Any]) -> str:
     length = evaluation.get("length")
     if isinstance(length, Mapping):
         parts.append(_length_paragraph(length))
+    pairs = evaluation.get("pairs")
+    if isinstance(pairs, Mapping) and num(pairs.get("accuracy")) is not None:
+        parts.append(_label_pairs_paragraph(pairs))
     judges = evaluation.get("judges")
     for name, figures in list(judges.items())[1:] if isinstance(judges, Mapping) else []:
         parts.append(_other_judge(name, figures))  # `--judge A --judge B`: the same answers, judge B

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlhf.config import EvalConfig
+from rlhf.config import ConfigError, EvalConfig
 from rlhf.data.chat import stop_token_ids
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt
@@ -20,6 +20,7 @@ from rlhf.evaluation.judging import (
     sample_responses,
     score_rollouts,
 )
+from rlhf.evaluation.label_pairs import label_pair_verdict, pair_logprobs
 from rlhf.evaluation.length_control import judge_length_bias
 from rlhf.models.device import resolve_device
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
@@ -36,27 +37,87 @@ from rlhf.train.context_check import check_prompts_fit, model_context
 
 def run_eval(config: EvalConfig) -> dict:
     """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison.
-    Every model runs on `device` under the `dtype` policy. `config` is validated (load_config)."""
-    data, rollout = config.data, config.rollout
+    With `data.pairs`, also the verdict of held-out human labels (eval.json's "pairs",
+    docs/algorithms.md §35): both policies score the same preference pairs. Every model runs on
+    `device` under the `dtype` policy. `config` is validated (load_config)."""
+    data = config.data
     device = resolve_device(config.device, key="device")
     precision = Precision.resolve(config.dtype, device, key="dtype")
     check_result_path(config)  # before any work: --out is a new file or an earlier eval.json
     tokenizer = prepare_tokenizer(load_tokenizer(config.policy))
     _check_tokenizers(config, tokenizer)
+    pairs = _read_label_pairs(config, tokenizer) if data.pairs else None  # a bad file stops before models
+    prompts_run = _prepare_prompts(config, tokenizer, precision) if data.prompts else None
+    texts, pair_logps = {}, {}
+    for name, path in (("policy", config.policy), ("baseline", config.baseline)):
+        with announce(f"loading --{name} {path}"):
+            model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))
+        if prompts_run is not None:
+            texts[name] = _answer_and_score(prompts_run, name, path, model, tokenizer, config, precision)
+        if pairs is not None:
+            pair_logps[name] = _pair_logprobs(name, path, model, pairs, tokenizer, config, precision)
+        del model
+    results: dict = {}
+    if prompts_run is not None:
+        judges, scores = prompts_run["judges"], prompts_run["scores"]
+        paths = {"policy": config.policy, "baseline": config.baseline}
+        per_judge = {name: judged(paths, texts, scores[name], name, config.seed) for name in judges}
+        judge_name = next(iter(judges))
+        results = {**per_judge[judge_name], "judges": per_judge}  # the first judge's figures on top
+        results["prompts"] = str(data.prompts)
+        results["truncation"] = prompts_run["truncation"].as_dict()
+        results["system_prompt"] = prompts_run["system_prompt"]
+        sampling = prompts_run["sampling"]
+        results["sampling"] = {
+            k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")
+        }
+        results["max_prompt_tokens"] = prompts_run["budget"]
+        examples, prompts = prompts_run["examples"], prompts_run["prompts"]
+        results["samples"] = paired_samples(
+            [ex.prompt for ex in examples], [ex.source for ex in examples], texts, scores[judge_name]
+        )
+        for sample, ids in zip(results["samples"], prompts):  # the prompt as the models saw it
+            sample["prompt_seen"] = tokenizer.decode(ids)
+    else:  # the label verdict alone: no judge, no prompts
+        results = {
+            "policy": {"path": str(config.policy)},
+            "baseline": {"path": str(config.baseline)},
+            "judge": None,
+            "judges": {},
+            "prompts": None,
+        }
+    if pairs is not None:
+        results["pairs"] = label_pairs_result(pairs, pair_logps["policy"], pair_logps["baseline"])
+    out = eval_result_path(config)
+    write_result(out, results)
+    if prompts_run is not None:
+        for name in prompts_run["judges"]:
+            _print_eval_summary(config, results["judges"][name], name, out, results["truncation"])
+    if pairs is not None:
+        _print_pairs_summary(config, results["pairs"], out)
+    return results
+
+
+def _prepare_prompts(config: EvalConfig, tokenizer, precision: Precision) -> dict:
+    """The held-out prompts encoded, the sampling settings and the judges of the win rates."""
+    data = config.data
     skip = data.skip_invalid
-    chat = data.chat_template
     examples = load_examples(data.prompts, kind="prompt", skip_invalid=skip).examples[: data.n]
     budget = eval_prompt_budget(config)
     system_prompt = eval_system_prompt(config)
     truncation = TruncationStats()
     prompts = [
         encode_prompt(
-            tokenizer, ex.prompt, budget, stats=truncation, chat_template=chat, system_prompt=system_prompt
+            tokenizer,
+            ex.prompt,
+            budget,
+            stats=truncation,
+            chat_template=data.chat_template,
+            system_prompt=system_prompt,
         )
         for ex in examples
     ]
     sources = [ex.source for ex in examples]
-    sampling = eval_sampling(rollout)
     reward_fns = config.reward_functions
     if reward_fns:  # Python reward functions added to the judge's score (docs/algorithms.md §31)
         from rlhf.rl.reward_functions import check_row_fields, judge_with_functions, load_reward_functions
@@ -73,46 +134,173 @@ def run_eval(config: EvalConfig) -> dict:
         if reward_fns:
             judge = judge_with_functions(judge, functions, tokenizer, rows)
         judges[" + ".join([*([str(spec)] if spec else []), *map(str, reward_fns)])] = judge
-    texts, scores = {}, {name: {} for name in judges}  # scores[judge][policy or baseline]
-    for name, path in (("policy", config.policy), ("baseline", config.baseline)):
-        with announce(f"loading --{name} {path}"):
-            model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))
-        check_prompts_fit(
-            prompts,
-            sources,
-            context=model_context(model),
-            max_new_tokens=rollout.max_new_tokens,
-            model_name=f"--{name} {path}",
-            fix="shorten that prompt (at most {budget} tokens) or remove it, or lower --max-new-tokens",
-            budget_flag="--max-new-tokens",
-        )
-        stop_ids = stop_token_ids(tokenizer, chat)
-        rollouts, texts[name] = _answer(
-            name, model, tokenizer, prompts, sampling, config, precision, stop_ids
-        )
-        for judge_name, judge in judges.items():
-            shown = f" ({judge_name})" if len(judges) > 1 else ""  # which judge, when several
-            scores[judge_name][name] = _score(name, path, rollouts, texts[name], judge, judge_name, shown)
-        del model, rollouts
-    paths = {"policy": config.policy, "baseline": config.baseline}
-    per_judge = {name: judged(paths, texts, scores[name], name, config.seed) for name in judges}
-    judge_name = next(iter(judges))
-    results = {**per_judge[judge_name], "judges": per_judge}  # the first judge's figures on top
-    results["prompts"] = str(data.prompts)
-    results["truncation"] = truncation.as_dict()
-    results["system_prompt"] = system_prompt
-    results["sampling"] = {
-        k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")
+    return {
+        "examples": examples,
+        "prompts": prompts,
+        "sources": sources,
+        "budget": budget,
+        "system_prompt": system_prompt,
+        "truncation": truncation,
+        "sampling": eval_sampling(config.rollout),
+        "judges": judges,
+        "scores": {name: {} for name in judges},  # scores[judge][policy or baseline]
     }
-    results["max_prompt_tokens"] = budget
-    results["samples"] = paired_samples([ex.prompt for ex in examples], sources, texts, scores[judge_name])
-    for sample, ids in zip(results["samples"], prompts):  # the prompt as the models saw it
-        sample["prompt_seen"] = tokenizer.decode(ids)
-    out = eval_result_path(config)
-    write_result(out, results)
-    for name in judges:
-        _print_eval_summary(config, per_judge[name], name, out, results["truncation"])
-    return results
+
+
+def _answer_and_score(run: dict, name: str, path, model, tokenizer, config: EvalConfig, precision):
+    """The `--name` policy's answers to the prompts (texts), every judge's scores of them in `run`."""
+    prompts, sources = run["prompts"], run["sources"]
+    check_prompts_fit(
+        prompts,
+        sources,
+        context=model_context(model),
+        max_new_tokens=config.rollout.max_new_tokens,
+        model_name=f"--{name} {path}",
+        fix="shorten that prompt (at most {budget} tokens) or remove it, or lower --max-new-tokens",
+        budget_flag="--max-new-tokens",
+    )
+    stop_ids = stop_token_ids(tokenizer, config.data.chat_template)
+    rollouts, texts = _answer(name, model, tokenizer, prompts, run["sampling"], config, precision, stop_ids)
+    judges = run["judges"]
+    for judge_name, judge in judges.items():
+        shown = f" ({judge_name})" if len(judges) > 1 else ""  # which judge, when several
+        run["scores"][judge_name][name] = _score(name, path, rollouts, texts, judge, judge_name, shown)
+    return texts
+
+
+DEFAULT_PAIR_RESPONSE_TOKENS = 512  # for policies that record no response budget
+
+
+def pair_response_budget(config: EvalConfig) -> int:
+    """The pairs' response budget: data.max_response_tokens, else the --policy run's (its config.yaml),
+    else the --baseline run's (a PPO run records none; its SFT baseline does), else 512."""
+    if config.data.max_response_tokens is not None:
+        return config.data.max_response_tokens
+    for directory in (config.policy, config.baseline):
+        recorded = recorded_data_settings(directory).get("max_response_tokens")
+        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+            return recorded
+    return DEFAULT_PAIR_RESPONSE_TOKENS
+
+
+def _read_label_pairs(config: EvalConfig, tokenizer) -> dict:
+    """The held-out pairs, read as `rlhf rm` reads pairs (every pair format; a malformed line stops
+    with its file and line unless --skip-invalid, which skips and counts it) and encoded under the
+    prompt budget of the win rates and the pairs' response budget."""
+    from rlhf.config import RewardConfig, RewardDataConfig
+    from rlhf.stages.rm import encode_pairs
+
+    data = config.data
+    loaded = load_examples(data.pairs, kind="preference", skip_invalid=data.skip_invalid)
+    examples = loaded.examples[: data.pairs_n] if data.pairs_n else loaded.examples
+    settings = RewardDataConfig(
+        path=str(data.pairs),
+        max_prompt_tokens=eval_prompt_budget(config),
+        max_response_tokens=pair_response_budget(config),
+        chat_template=data.chat_template,
+        system_prompt=eval_system_prompt(config),
+    )
+    stats = TruncationStats()
+    rows = encode_pairs(tokenizer, examples, RewardConfig(data=settings), stats)
+    return {
+        "examples": examples,
+        "rows": rows,
+        "read": len(loaded.examples),
+        "skipped": loaded.skipped,
+        "reasons": [str(error) for error in loaded.errors[:20]],
+        "truncation": stats,
+        "settings": settings,
+    }
+
+
+def _pair_logprobs(name, path, model, pairs: dict, tokenizer, config: EvalConfig, precision):
+    """The `--name` model's summed log-probs of every pair's chosen and rejected response."""
+    rows = pairs["rows"]
+    context = model_context(model)
+    if context is not None:
+        for row, example in zip(rows, pairs["examples"]):
+            length = len(row.prompt_ids) + max(len(row.chosen_ids), len(row.rejected_ids))
+            if length > context:
+                raise ConfigError(
+                    f"{example.source}: the pair takes {length} tokens, more than the {context} positions "
+                    f"of --{name} {path}. Fix: lower --data.max_prompt_tokens or --data.max_response_tokens.",
+                    "data.pairs",
+                )
+    with WorkProgress(f"eval --{name}: held-out pairs", len(rows), "pair") as progress:
+        chosen, rejected = pair_logprobs(
+            model,
+            [r.prompt_ids for r in rows],
+            [r.chosen_ids for r in rows],
+            [r.rejected_ids for r in rows],
+            tokenizer.pad_token_id,
+            config.data.pairs_batch_size,
+            precision=precision,
+            on_batch=progress.advance,
+        )
+    return chosen, rejected
+
+
+def label_pairs_result(pairs: dict, policy: tuple, baseline: tuple) -> dict:
+    """eval.json's "pairs": the verdict (label_pairs.label_pair_verdict), how the file was read and
+    encoded, and every pair's two log-ratios."""
+    rows = pairs["rows"]
+    try:
+        verdict = label_pair_verdict(
+            policy[0],
+            policy[1],
+            baseline[0],
+            baseline[1],
+            [len(r.chosen_ids) for r in rows],
+            [len(r.rejected_ids) for r in rows],
+        )
+    except ValueError as error:  # a NaN log-prob: the model, not the file
+        raise ConfigError(
+            f"held-out pairs: {error}. Fix: check the model (its dtype, its weights).", "data.pairs"
+        ) from error
+    settings = pairs["settings"]
+    return {
+        **verdict,
+        "file": settings.path,
+        "pairs_read": pairs["read"],
+        "skipped_invalid": pairs["skipped"],
+        "skipped_reasons": pairs["reasons"],
+        "max_prompt_tokens": settings.max_prompt_tokens,
+        "max_response_tokens": settings.max_response_tokens,
+        "truncation": pairs["truncation"].as_dict(),
+        "per_pair": [
+            {
+                "source": str(ex.source),
+                "chosen_logratio": float(pc - bc),
+                "rejected_logratio": float(pr - br),
+                "chosen_tokens": len(r.chosen_ids),
+                "rejected_tokens": len(r.rejected_ids),
+            }
+            for ex, r, pc, pr, bc, br in zip(
+                pairs["examples"], rows, policy[0], policy[1], baseline[0], baseline[1]
+            )
+        ],
+    }
+
+
+def _print_pairs_summary(config: EvalConfig, pairs: dict, out: Path) -> None:
+    def interval(value, ci, spec=".3f"):
+        return "-" if value is None else f"{value:{spec}} [{ci[0]:{spec}}, {ci[1]:{spec}}]"
+
+    print_summary(
+        f"eval: {config.policy} vs {config.baseline} on held-out human labels (n={pairs['n']})",
+        {
+            "accuracy (ties half)": interval(pairs["accuracy"], pairs["ci95"]) + " (Wilson 95%)",
+            "wins / ties / losses": f"{pairs['wins']} / {pairs['ties']} / {pairs['losses']}",
+            "margin, nats": interval(pairs["margin_mean"], pairs["margin_ci95"], "+.4f"),
+            "log-ratio chosen / rejected": "-"
+            if pairs["chosen_logratio_mean"] is None
+            else f"{pairs['chosen_logratio_mean']:+.4f} / {pairs['rejected_logratio_mean']:+.4f}",
+            "per-token accuracy": interval(pairs.get("per_token_accuracy"), pairs.get("per_token_ci95")),
+            "skipped (invalid)": str(pairs["skipped_invalid"]),
+            "pairs truncated": truncation_row(pairs["truncation"]),
+            "written": str(out),
+        },
+    )
 
 
 def judged(paths: dict, texts: dict, scores: dict, judge_name: str, seed: int) -> dict:
@@ -210,7 +398,8 @@ def _print_eval_summary(
         print(f"warning: {results['length']['warning']}", file=sys.stderr)
 
 
-EVAL_KEYS = ("policy", "baseline", "comparison", "judge")  # what makes a JSON file an earlier eval.json
+# what makes a JSON file an earlier eval.json (judge: None in a result of --pairs only)
+EVAL_KEYS = ("policy", "baseline", "judge")
 
 
 def eval_result_path(config: EvalConfig) -> Path:
@@ -223,7 +412,8 @@ def check_result_path(config: EvalConfig) -> None:
     path = eval_result_path(config)
     refuse_foreign_file(path, EVAL_KEYS, "rlhf eval", "eval.json")
     if not config.out:
-        name = f"eval_{data_stem(config.data.prompts)}_vs_{Path(config.baseline).name or 'baseline'}.json"
+        data_file = config.data.prompts or config.data.pairs
+        name = f"eval_{data_stem(data_file)}_vs_{Path(config.baseline).name or 'baseline'}.json"
         refuse_replacing_other_result(
             path,
             {"prompts": str(config.data.prompts), "baseline": str(config.baseline)},

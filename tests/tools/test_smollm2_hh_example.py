@@ -123,3 +123,33 @@ def test_summary_reads_every_judge_of_an_eval_and_a_logged_truncation(tmp_path):
                    "│ data/prompts_truncated_share          │ 0.375 │\n")  # fmt: skip
     assert summarize.logged_truncation(log) == {"prompts": 400, "truncated": 150, "share": 0.375}
     assert summarize.logged_truncation(tmp_path / "missing.log") is None
+    assert figures["held_out_labels"] is None  # an eval without --pairs
+
+
+def test_summary_reads_the_held_out_label_verdict_and_names_paths_relative_to_the_run(tmp_path):
+    summarize = load("summarize")
+    run = tmp_path / "run"
+    evaluation = {
+        "policy": {"path": str(run / "ppo")},
+        "baseline": {"path": str(run / "sft")},
+        "judge": None,
+        "judges": {},
+        "pairs": {
+            "n": 300,
+            "accuracy": 0.6,
+            "ci95": [0.54, 0.65],
+            "margin_mean": 0.3,
+            "per_pair": [{}] * 300,
+        },
+    }
+    figures = summarize.win_rates(evaluation, run)
+    assert (figures["policy"], figures["baseline"], figures["judges"]) == ("ppo", "sft", {})
+    verdict = figures["held_out_labels"]
+    assert (verdict["n"], verdict["accuracy"], verdict["ci95"], verdict["margin_mean"]) == (
+        300,
+        0.6,
+        [0.54, 0.65],
+        0.3,
+    )
+    assert "per_pair" not in verdict
+    assert summarize.relative("/elsewhere/rm", run) == "rm"

@@ -256,7 +256,7 @@ def _eval_parser(sub) -> argparse.ArgumentParser:
         "--pairs",
         help="held-out preference pairs: the share where the policy raised the chosen response's "
         "log-ratio to --baseline above the rejected one's, eval.json's \"pairs\"; needs no judge "
-        "(data.pairs; docs/algorithms.md §35)",
+        "(data.pairs; docs/algorithms.md §38)",
     )
     ev.add_argument("--pairs-n", type=_scalar, help="the first N valid pairs; default all (data.pairs_n)")
     ev.add_argument("--out", help="write eval.json here (default: beside the policy) (out)")

@@ -113,7 +113,7 @@ stage rm2-eval "$OUT/rm2/rm_eval.json" $RLHF rm-eval --reward-model "$OUT/rm2" -
 
 # 7. win rates on held-out prompts, the same answers scored by both judges, and the verdict of held-out
 #    human labels on the held-out pairs (no judge: did the policy raise the chosen response's
-#    log-ratio to the baseline above the rejected one's; docs/algorithms.md §35)
+#    log-ratio to the baseline above the rejected one's; docs/algorithms.md §38)
 win_rate() {  # win_rate NAME POLICY BASELINE OUT_FILE
   stage "$1" "$4" $RLHF eval --policy "$OUT/$2" --baseline "$OUT/$3" --judge "$OUT/rm" --judge "$OUT/rm2" \
     --prompts "$OUT/data/eval_prompts.jsonl" --n "$EVAL_N" --max-new-tokens "$EVAL_TOKENS" --seed 0 \

@@ -160,7 +160,7 @@ def judge_figures(rm_eval: dict) -> dict:
 
 
 def label_verdict(pairs: dict | None) -> dict | None:
-    """eval.json's "pairs" (docs/algorithms.md §35) without its per-pair rows."""
+    """eval.json's "pairs" (docs/algorithms.md §38) without its per-pair rows."""
     if not pairs:
         return None
     keys = (

@@ -30,7 +30,7 @@ class EvalDataConfig:
     # data.system_prompt from its config.yaml, else "template"
     system_prompt: SystemPrompt | None = None
     # held-out preference pairs: the judge-free verdict from human labels, eval.json's "pairs"
-    # (--pairs; docs/algorithms.md §35); with no --prompts, the only figures
+    # (--pairs; docs/algorithms.md §38); with no --prompts, the only figures
     pairs: str = ""
     pairs_n: int | None = None  # the first N valid pairs; None: every one (--pairs-n)
     pairs_batch_size: int = 8  # pairs per forward of the verdict

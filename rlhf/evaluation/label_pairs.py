@@ -1,4 +1,4 @@
-"""A judge-free verdict from held-out human labels (docs/algorithms.md §35): on preference pairs no
+"""A judge-free verdict from held-out human labels (docs/algorithms.md §38): on preference pairs no
 model was trained on, did the policy P raise the log-likelihood of the response people chose, relative
 to a reference B, more than that of the one they rejected?
 

@@ -361,7 +361,7 @@ def _other_judge(name: str, figures: Any) -> str:
 
 
 def _label_pairs_paragraph(pairs: Mapping[str, Any]) -> str:
-    """eval.json's `pairs` (docs/algorithms.md §35): the verdict of held-out human labels."""
+    """eval.json's `pairs` (docs/algorithms.md §38): the verdict of held-out human labels."""
 
     def three(value: Any) -> str:
         return "-" if num(value) is None else f"{value:.3f}"

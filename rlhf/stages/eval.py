@@ -38,7 +38,7 @@ from rlhf.train.context_check import check_prompts_fit, model_context
 def run_eval(config: EvalConfig) -> dict:
     """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison.
     With `data.pairs`, also the verdict of held-out human labels (eval.json's "pairs",
-    docs/algorithms.md §35): both policies score the same preference pairs. Every model runs on
+    docs/algorithms.md §38): both policies score the same preference pairs. Every model runs on
     `device` under the `dtype` policy. `config` is validated (load_config)."""
     data = config.data
     device = resolve_device(config.device, key="device")

@@ -1,5 +1,5 @@
 """The verdict of held-out human labels (rlhf/evaluation/label_pairs.py, `rlhf eval --pairs`,
-docs/algorithms.md §35), against plain loops: the summed log-probs of a pair's responses one token at
+docs/algorithms.md §38), against plain loops: the summed log-probs of a pair's responses one token at
 a time, one pair at a time and unpadded; the share of pairs whose chosen log-ratio beats the rejected
 one's, ties half."""
 

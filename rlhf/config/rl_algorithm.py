@@ -79,7 +79,9 @@ class AdvantageConfig:
 @dataclass
 class PolicyLossConfig:
     loss: PolicyLossName = "ppo"  # "ppo" | "apa" | "awr" | any loss registered in rlhf.core.losses
-    clip_eps: float = 0.2  # PPO ratio clip
+    clip_eps: float = 0.2  # PPO ratio clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]
+    # the upper bound's epsilon; None: clip_eps. DAPO's clip-higher 0.28 (DAPO paper §3.1; docs/algorithms.md §35)
+    clip_eps_high: float | None = None
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None: off
     # importance-sampling denominator: "old" (behaviour policy) | "ref" (PPO paper §5.3.2)
     ratio_against: Literal["old", "ref"] = "old"
@@ -103,6 +105,13 @@ class PolicyLossConfig:
 
     def validate(self, prefix: str) -> None:
         positive(self.clip_eps, f"{prefix}clip_eps", 0.2)
+        require(
+            self.clip_eps_high is None or self.clip_eps_high > 0,
+            f"{prefix}clip_eps_high",
+            self.clip_eps_high,
+            "must be > 0, or null for the symmetric clip (= clip_eps)",
+            f"--{prefix}clip_eps_high 0.28",
+        )
         positive(self.is_truncation, f"{prefix}is_truncation", 2.0)
         require(
             self.dual_clip is None or self.dual_clip > 1,

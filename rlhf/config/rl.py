@@ -212,6 +212,36 @@ class RLConfig:
         self._validate_estimator(prefix)
         self._validate_critic_keys(prefix)
         self._validate_staleness(prefix)
+        self._validate_dapo(prefix)
+
+    def _validate_dapo(self, prefix: str) -> None:
+        """Dynamic sampling compares the responses to one prompt; the overlong ramp fits the budget."""
+        rollout, reward = self.rollout, self.reward
+        if reward.overlong_buffer > rollout.max_new_tokens:
+            refuse(
+                f"{prefix}reward.overlong_buffer {reward.overlong_buffer} is longer than the response budget "
+                f"{prefix}rollout.max_new_tokens {rollout.max_new_tokens}: the penalty ramps over the last "
+                f"overlong_buffer tokens of the budget. Fix: --{prefix}reward.overlong_buffer "
+                f"{max(1, rollout.max_new_tokens // 5)} (DAPO: a fifth of the budget), or 0 (off).",
+                f"{prefix}reward.overlong_buffer",
+            )
+        if not rollout.dynamic_sampling:
+            return
+        key = f"{prefix}rollout.dynamic_sampling"
+        if rollout.samples_per_prompt < 2:
+            refuse(
+                f"{key} keeps the groups whose responses scored differently, but {prefix}rollout.samples_per_prompt "
+                f"is {rollout.samples_per_prompt}: every group has one response and none would be kept. "
+                f"Fix: --{prefix}rollout.samples_per_prompt 8 (or more than 1), or --{key} false.",
+                key,
+            )
+        if rollout.max_staleness > 0:
+            refuse(
+                f"{key} samples again within an iteration, which {prefix}rollout.max_staleness "
+                f"{rollout.max_staleness} (rollouts sampled ahead by the rollout actors) does not do. "
+                f"Fix: --{prefix}rollout.max_staleness 0, or --{key} false.",
+                key,
+            )
 
     def _validate_staleness(self, prefix: str) -> None:
         """Asynchronous rollouts need a rollout group of their own and PPO's clipped objective."""

@@ -25,6 +25,7 @@ import argparse
 import json
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -69,6 +70,7 @@ PER_ALGORITHM = {
     "dr_grpo": {"advantage": {"estimator": "dr_grpo"}, "policy": {"loss_aggregation": "fixed_length"}},
     "rloo": {},
     "reinforce_pp": {"rollout": {"samples_per_prompt": 1, "batch_size": 256}},
+    # DAPO as shipped: its overlong ramp is a fifth of the 4-token budget, the last token (-1 without EOS)
     "dapo": {},
     # PPO-max: a critic from the SFT trunk (there is no reward model to start it from)
     "ppo_max": {
@@ -126,12 +128,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--iterations", type=int, default=60)
     parser.add_argument("--sft-steps", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--sft-correct-rate", type=float, default=0.0, help="share of right answers in the warm-up data"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (tiny models: 1)")
+    parser.add_argument("--max-operand", type=int, default=ArithmeticConfig.max_operand)
+    parser.add_argument("--heldout-templates", type=int, default=ArithmeticConfig.heldout_templates_per_pair)
+    parser.add_argument("--names", type=int, default=ArithmeticConfig.names_per_problem)
     args, rest = parser.parse_known_args(argv)  # the rest: RL overrides, e.g. --policy_optim.lr 5e-4
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     extra = parse_overrides(rest)
-    task = build_arithmetic(ArithmeticConfig(seed=args.seed))
+    task = build_arithmetic(
+        ArithmeticConfig(
+            seed=args.seed,
+            max_operand=args.max_operand,
+            heldout_templates_per_pair=args.heldout_templates,
+            names_per_problem=args.names,
+            sft_correct_rate=args.sft_correct_rate,
+        )
+    )
     task.write(out / "task")
     t0 = time.perf_counter()
     if not (out / "sft" / "config.json").exists():
@@ -154,6 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
         "seed": args.seed,
         "iterations": args.iterations,
         "sft_steps": args.sft_steps,
+        "task": asdict(task.config),
         "held_out_problems": len(task.test),
         "before": before,
         "after": after,

@@ -215,16 +215,8 @@ class RLConfig:
         self._validate_dapo(prefix)
 
     def _validate_dapo(self, prefix: str) -> None:
-        """Dynamic sampling compares the responses to one prompt; the overlong ramp fits the budget."""
-        rollout, reward = self.rollout, self.reward
-        if reward.overlong_buffer > rollout.max_new_tokens:
-            refuse(
-                f"{prefix}reward.overlong_buffer {reward.overlong_buffer} is longer than the response budget "
-                f"{prefix}rollout.max_new_tokens {rollout.max_new_tokens}: the penalty ramps over the last "
-                f"overlong_buffer tokens of the budget. Fix: --{prefix}reward.overlong_buffer "
-                f"{max(1, rollout.max_new_tokens // 5)} (DAPO: a fifth of the budget), or 0 (off).",
-                f"{prefix}reward.overlong_buffer",
-            )
+        """Dynamic sampling compares the responses to one prompt, in the synchronous loop."""
+        rollout = self.rollout
         if not rollout.dynamic_sampling:
             return
         key = f"{prefix}rollout.dynamic_sampling"

@@ -22,10 +22,11 @@ class RewardProcessingConfig:
     # reward model's score (docs/algorithms.md §31); none imported unless named here
     functions: list[Any] = field(default_factory=list)
     model_weight: float = 1.0  # weight of the reward model's score in the sum (with reward functions)
-    # DAPO soft overlong punishment (DAPO paper §3.4, eq. 13; docs/algorithms.md §37): a response of L tokens
-    # gets factor * penalty added, 0 up to rollout.max_new_tokens - overlong_buffer, then linear to
-    # -factor at max_new_tokens. 0: off (DAPO: 4096 of 20480)
-    overlong_buffer: int = 0
+    # DAPO soft overlong punishment (DAPO paper §3.4, eq. 13; docs/algorithms.md §37): the share of
+    # rollout.max_new_tokens over which the penalty ramps, L_cache = max(1, round(share * budget));
+    # a response gets factor * 0 up to budget - L_cache tokens, then linear to -factor at the budget.
+    # 0: off (DAPO: 0.2, 4096 of 20480 tokens)
+    overlong_buffer: float = 0.0
     overlong_penalty_factor: float = 1.0  # the penalty's scale (-factor at the length limit)
 
     def validate(self, prefix: str) -> None:
@@ -37,7 +38,7 @@ class RewardProcessingConfig:
                 f"{prefix}discounted",
             )
         fraction(self.discount_gamma, f"{prefix}discount_gamma", 0.99)
-        at_least(self.overlong_buffer, 0, f"{prefix}overlong_buffer", " (0: no overlong penalty)")
+        fraction(self.overlong_buffer, f"{prefix}overlong_buffer", 0.2, closed=True)
         at_least(self.overlong_penalty_factor, 0, f"{prefix}overlong_penalty_factor")
         positive_or_off(self.clip, f"{prefix}clip", 10.0)
 

@@ -33,11 +33,16 @@ class Scored:
     behind: int = 0
 
 
+def overlong_buffer_tokens(share: float, max_length: int) -> int:
+    """L_cache in tokens: `share` of the budget, rounded, at least 1 (reward.overlong_buffer)."""
+    return min(max_length, max(1, round(share * max_length)))
+
+
 def shaped_scores(scores: torch.Tensor, lengths: torch.Tensor, max_length: int, buffer: int, factor: float):
     """(scores + factor * overlong_penalty(lengths), the penalties [B]): DAPO's soft overlong
     punishment (DAPO paper §3.4, eq. 13) with L_max = `max_length` (rollout.max_new_tokens, so a
-    truncated response gets -factor) and L_cache = `buffer`; `lengths` count the response's tokens,
-    its EOS included."""
+    truncated response gets -factor) and L_cache = `buffer` tokens; `lengths` count the response's
+    tokens, its EOS included."""
     penalty = factor * overlong_penalty(lengths, max_length, buffer).to(scores.device, scores.dtype)
     return scores + penalty, penalty
 

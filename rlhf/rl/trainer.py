@@ -40,7 +40,7 @@ from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
 from rlhf.monitor.stillness import CODE as STILL_POLICY
 from rlhf.monitor.stillness import StillPolicyCheck
-from rlhf.rl.dapo import Scored, fill_with_informative, shaped_scores
+from rlhf.rl.dapo import Scored, fill_with_informative, overlong_buffer_tokens, shaped_scores
 from rlhf.rl.experience import Experience, concat_experiences
 from rlhf.rl.groups import group_metrics, sample_groups
 from rlhf.rl.metrics import rollout_metrics
@@ -465,8 +465,9 @@ class RLTrainer:
             penalty=c.rollout.truncation_penalty,
         )
         if c.reward.overlong_buffer > 0:  # soft overlong punishment (DAPO §3.4; docs/algorithms.md §37)
+            buffer = overlong_buffer_tokens(c.reward.overlong_buffer, c.rollout.max_new_tokens)
             scores, penalty = shaped_scores(scores, rollout.response_lengths, c.rollout.max_new_tokens,
-                                            c.reward.overlong_buffer, c.reward.overlong_penalty_factor)  # fmt: skip
+                                            buffer, c.reward.overlong_penalty_factor)  # fmt: skip
             self.reward_parts["reward/overlong_penalty"] = float(penalty.mean())
         return raw_scores, scores, keep
 

@@ -12,7 +12,14 @@ import torch
 
 from rlhf.config import ConfigError
 from rlhf.models.sampling import Rollout
-from rlhf.rl.dapo import Scored, concat_rollouts, fill_with_informative, select_rollout, shaped_scores
+from rlhf.rl.dapo import (
+    Scored,
+    concat_rollouts,
+    fill_with_informative,
+    overlong_buffer_tokens,
+    select_rollout,
+    shaped_scores,
+)
 from tests.support.train_testing import MAX_NEW_TOKENS, rl_config
 
 FIRST_TOKEN = "tests.support.dapo_rewards:first_token_even"
@@ -150,6 +157,12 @@ def test_fill_with_informative_draws_nothing_when_the_first_batch_is_informative
     assert real_tokens(joined.rollout) == real_tokens(batch.rollout)
 
 
+def test_overlong_buffer_tokens_is_the_rounded_share_of_the_budget() -> None:
+    assert overlong_buffer_tokens(0.2, 20480) == 4096  # DAPO paper §4.1
+    assert overlong_buffer_tokens(0.2, 64) == 13 and overlong_buffer_tokens(0.2, 4) == 1
+    assert overlong_buffer_tokens(0.01, 5) == 1 and overlong_buffer_tokens(1.0, 5) == 5
+
+
 def test_shaped_scores_add_the_factor_times_the_penalty() -> None:
     scores = torch.tensor([1.0, 1.0, 0.0, 2.0])
     lengths = torch.tensor([2, 4, 5, 6])
@@ -203,7 +216,9 @@ def test_trainer_overlong_penalty_matches_the_closed_form(make_trainer) -> None:
     plain, _ = base.make_experience()
     shaped = make_trainer(
         rl_config(
-            "vanilla_ppo", monte_carlo, reward={"overlong_buffer": buffer, "overlong_penalty_factor": factor}
+            "vanilla_ppo",
+            monte_carlo,
+            reward={"overlong_buffer": buffer / MAX_NEW_TOKENS, "overlong_penalty_factor": factor},
         )
     )
     exp, metrics = shaped.make_experience()
@@ -221,7 +236,7 @@ def test_dapo_switches_refuse_what_cannot_work() -> None:
     with pytest.raises(ConfigError, match="samples_per_prompt"):
         rl_config("vanilla_ppo", rollout={"dynamic_sampling": True})
     with pytest.raises(ConfigError, match="overlong_buffer"):
-        rl_config("vanilla_ppo", reward={"overlong_buffer": MAX_NEW_TOKENS + 1})
+        rl_config("vanilla_ppo", reward={"overlong_buffer": 1.5})
     with pytest.raises(ConfigError, match="max_sampling_rounds"):
         rl_config("grpo", rollout={"dynamic_sampling": True, "max_sampling_rounds": 0})
     with pytest.raises(ConfigError, match="clip_eps_high"):

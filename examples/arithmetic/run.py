@@ -50,7 +50,7 @@ from rlhf.stages.train import run_rl
 from rlhf.worlds.arithmetic import ArithmeticConfig, build_arithmetic, correct
 
 MAX_NEW_TOKENS = 4  # the answer and its EOS, with room for a wrong longer one
-# every RL run: tiny models want large rates; 64 prompts x 8 answers per iteration; the verifier alone
+# every RL run: tiny models want large rates; 256 answers per iteration (32 prompts x 8); the verifier alone
 RL_SETTINGS = {
     "rollout": {
         "batch_size": 32,
@@ -58,16 +58,20 @@ RL_SETTINGS = {
         "max_new_tokens": MAX_NEW_TOKENS,
         "temperature": 1.0,
     },
-    "train": {"ppo_epochs": 1, "minibatches": 1, "micro_batch_size": 256, "device": "cpu"},
+    "train": {"ppo_epochs": 1, "minibatches": 2, "micro_batch_size": 256, "device": "cpu"},
     "policy_optim": {"lr": 1e-3, "warmup_fraction": 0.0},
     "reward": {"functions": ["rlhf.worlds.arithmetic:correct"]},
     "log": {"sinks": ["jsonl"]},
     "dtype": "float32",
 }
 PER_ALGORITHM = {
-    # critic-free presets as shipped; GRPO's KL term in the loss kept (its 0.04)
-    "grpo": {},
-    "dr_grpo": {"advantage": {"estimator": "dr_grpo"}, "policy": {"loss_aggregation": "fixed_length"}},
+    # critic-free presets as shipped, but GRPO's KL term in the loss off: the verifier is the only
+    # signal, as in DAPO (DAPO paper §2.3: no KL term)
+    "grpo": {"policy": {"kl_loss_coef": 0.0}},
+    "dr_grpo": {
+        "advantage": {"estimator": "dr_grpo"},
+        "policy": {"loss_aggregation": "fixed_length", "kl_loss_coef": 0.0},
+    },
     "rloo": {},
     "reinforce_pp": {"rollout": {"samples_per_prompt": 1, "batch_size": 256}},
     # DAPO as shipped: its overlong ramp is a fifth of the 4-token budget, the last token (-1 without EOS)
@@ -125,11 +129,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/arith")
     parser.add_argument("--algorithm", default="grpo", choices=sorted(PER_ALGORITHM))
-    parser.add_argument("--iterations", type=int, default=60)
-    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--sft-steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--sft-correct-rate", type=float, default=0.0, help="share of right answers in the warm-up data"
+        "--sft-correct-rate",
+        type=float,
+        default=ArithmeticConfig.sft_correct_rate,
+        help="share of right answers in the warm-up data (0: the format alone)",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (tiny models: 1)")
     parser.add_argument("--max-operand", type=int, default=ArithmeticConfig.max_operand)

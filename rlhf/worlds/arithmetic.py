@@ -8,10 +8,10 @@ A problem adds two numbers in 0..max_operand, phrased by one of a few templates 
 3 apples and gets 4 more . how many apples ?"); its answer is the sum, one word, so one token of the
 task's word-level tokenizer. Every (a, b) pair appears in training under most templates; the test
 problems are the pairs under the templates held out for that pair: held-out phrasings of sums the
-policy must get right from the numbers alone. `sft_train.jsonl` teaches the answer's *format*: its
-answers are correct with probability `sft_correct_rate` (default 0) and otherwise a uniformly random
-number of the answer range, so a warmed-up model answers with a number and is right by chance
-(about 1 in 2 * max_operand + 1); what it learns beyond that comes from the reward.
+policy must get right from the numbers alone. `sft_train.jsonl` is a noisy warm-up: its answers are
+right with probability `sft_correct_rate` (default 0.5) and otherwise a uniformly random number of
+the answer range, so a short SFT teaches the format and a weak prior (0: the format alone, right by
+chance, 1 in 2 * max_operand + 1); what the policy learns beyond that comes from the reward.
 
 `correct(completions, answer)` is the reward function of the task (`--reward-fn
 rlhf.worlds.arithmetic:correct`, docs/algorithms.md §31): 1.0 when the response, stripped, is the
@@ -46,10 +46,11 @@ NAMES = ("tom", "ana", "li", "sam", "eva", "omar", "kim", "noa")
 class ArithmeticConfig:
     seed: int = 0  # seed of the held-out split, the names and the SFT answers
     max_operand: int = 9  # operands in 0..max_operand; answers in 0..2*max_operand (one token each)
-    heldout_templates_per_pair: int = 2  # templates of each (a, b) pair kept for the test set
-    names_per_problem: int = 2  # distinct names a template with {name} is written with (train and test)
-    sft_examples: int = 2000  # format warm-up examples (sft_train.jsonl)
-    sft_correct_rate: float = 0.0  # share of warm-up answers that are right; the rest uniform at random
+    heldout_templates_per_pair: int = 1  # templates of each (a, b) pair kept for the test set
+    names_per_problem: int = 3  # distinct names a template with {name} is written with (train and test)
+    sft_examples: int = 2000  # warm-up examples (sft_train.jsonl)
+    # share of warm-up answers that are right, the rest uniform at random: 0 teaches the format only
+    sft_correct_rate: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_operand < 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 
 import pytest
@@ -43,9 +44,10 @@ def test_each_pair_holds_out_its_templates_and_every_template_is_held_out(held: 
 
 
 def test_the_task_is_deterministic_and_writes_its_files(tmp_path) -> None:
-    a, b = build_arithmetic(ArithmeticConfig(seed=1)), build_arithmetic(ArithmeticConfig(seed=1))
+    config = ArithmeticConfig(seed=1, sft_correct_rate=0.0)
+    a, b = build_arithmetic(config), build_arithmetic(config)
     assert a.train == b.train and a.test == b.test
-    assert build_arithmetic(ArithmeticConfig(seed=2)).test != a.test
+    assert build_arithmetic(ArithmeticConfig(seed=2, heldout_templates_per_pair=2)).test != a.test
     a.write(tmp_path / "one")
     b.write(tmp_path / "two")
     for name in ("prompts_train.jsonl", "prompts_test.jsonl", "sft_train.jsonl", "arithmetic.json"):
@@ -56,6 +58,11 @@ def test_the_task_is_deterministic_and_writes_its_files(tmp_path) -> None:
     right = sum(r["response"] == str(answer_of(r["prompt"])) for r in sft) / len(sft)
     assert 0.02 < right < 0.09
     assert {r["response"] for r in sft} == {str(i) for i in range(19)}
+    half = build_arithmetic(ArithmeticConfig(seed=1, sft_correct_rate=0.5)).sft_examples(
+        4000, random.Random(0)
+    )
+    right = sum(r["response"] == str(answer_of(r["prompt"])) for r in half) / len(half)
+    assert right == pytest.approx(0.5 + 0.5 / 19, abs=0.03)  # right, or right by chance
 
 
 def test_every_word_of_the_task_is_one_token() -> None:

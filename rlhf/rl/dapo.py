@@ -115,7 +115,7 @@ def fill_with_informative(
 
     Metrics: ``dynamic_sampling/rounds`` (rollouts drawn), ``.../informative_fraction`` (informative
     groups over groups drawn), ``.../fill`` (groups trained on over `groups`; below 1 when the cap
-    ended the search), ``.../seconds`` (the extra rounds' sampling and scoring)."""
+    ended the search), ``time/dynamic_sampling`` (the extra rounds' sampling and scoring)."""
     started = time.perf_counter()
     kept: list[Scored] = []
     count, drawn, informative_count, rounds, scored = 0, 0, 0, 0, first
@@ -136,7 +136,7 @@ def fill_with_informative(
         "dynamic_sampling/rounds": float(rounds),
         "dynamic_sampling/informative_fraction": informative_count / max(drawn, 1),
         "dynamic_sampling/fill": count / groups,
-        "dynamic_sampling/seconds": time.perf_counter() - started,
+        "time/dynamic_sampling": time.perf_counter() - started,
     }
     if not kept:
         return scored, metrics

@@ -20,7 +20,7 @@ from rlhf.rl.dapo import (
     select_rollout,
     shaped_scores,
 )
-from tests.support.train_testing import MAX_NEW_TOKENS, rl_config
+from tests.support.train_testing import MAX_NEW_TOKENS, metric_rows, rl_config
 
 FIRST_TOKEN = "tests.support.dapo_rewards:first_token_even"
 
@@ -241,3 +241,34 @@ def test_dapo_switches_refuse_what_cannot_work() -> None:
         rl_config("grpo", rollout={"dynamic_sampling": True, "max_sampling_rounds": 0})
     with pytest.raises(ConfigError, match="clip_eps_high"):
         rl_config("grpo", policy={"clip_eps_high": 0.0})
+
+
+@pytest.mark.slow
+def test_dapo_run_resumes_to_identical_metrics(make_trainer, tmp_path) -> None:
+    """Extra sampling rounds draw prompts and random numbers: a resumed run draws the same ones."""
+    layers = (
+        GROUPED,
+        {
+            "reward": {"overlong_buffer": 0.4},
+            "train": {"iterations": 3},
+            "checkpoint": {"every": 1, "keep": 1},
+        },
+    )
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    make_trainer(rl_config("dapo", *layers, out=whole), run_dir=whole).train()
+    first = make_trainer(rl_config("dapo", *layers, out=split), run_dir=split)
+    original = first.step
+
+    def step():  # dies as it starts iteration 2 (a killed process), after checkpoint iter_000002
+        if first.iteration == 2:
+            raise KeyboardInterrupt
+        return original()
+
+    first.step = step
+    with pytest.raises(KeyboardInterrupt):
+        first.train()
+    make_trainer(rl_config("dapo", *layers, out=split), run_dir=split, resume=True).train()
+    expected, got = metric_rows(whole), metric_rows(split)
+    assert [r["iteration"] for r in got] == [0, 1, 2] and got == expected
+    assert any(r["dynamic_sampling/rounds"] > 1 for r in expected)  # extra rounds happened
+    assert all("policy/clip_fraction_high" in r and "reward/overlong_penalty" in r for r in expected)

@@ -49,9 +49,16 @@ COMPANIONS = {
     "dist.offload": {"dist.strategy": "fsdp2"},  # offloads fsdp2's shards
     "dist.rollout_gather": {"dist.strategy": "fsdp2"},  # gathers fsdp2's shards per layer
     # samples on a Ray rollout group, corrected by decoupled PPO
-    "rollout.max_staleness": {"dist.runtime": "ray", "ray.rollout.num_actors": 1, "policy.loss": "ppo"},
+    # (and without dynamic sampling, which samples again within an iteration: the dapo preset's)
+    "rollout.max_staleness": {
+        "dist.runtime": "ray",
+        "ray.rollout.num_actors": 1,
+        "policy.loss": "ppo",
+        "rollout.dynamic_sampling": False,
+    },
     # the first other choice is a group estimator with no critic (and so no critic pre-training)
     "advantage.estimator": {"rollout.samples_per_prompt": 2, "critic.pretrain_iterations": 0},
+    "rollout.dynamic_sampling": {"rollout.samples_per_prompt": 2},  # keeps groups of 2 or more responses
 }
 
 
@@ -242,6 +249,7 @@ PAPER_RATES = {
     "grpo": (1e-6, None, 0.0),
     "rloo": (1e-6, None, 0.0),
     "reinforce_pp": (1e-6, None, 0.0),
+    "dapo": (1e-6, None, 0.0),  # DAPO paper §4.1 (its 20-step warm-up: not set, as grpo's)
 }
 
 

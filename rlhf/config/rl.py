@@ -221,6 +221,28 @@ class RLConfig:
                 "Fix: pass one of --reward-model and --reward-url.",
                 f"{prefix}reward.remote.url",
             )
+        self._validate_dapo(prefix)
+
+    def _validate_dapo(self, prefix: str) -> None:
+        """Dynamic sampling compares the responses to one prompt, in the synchronous loop."""
+        rollout = self.rollout
+        if not rollout.dynamic_sampling:
+            return
+        key = f"{prefix}rollout.dynamic_sampling"
+        if rollout.samples_per_prompt < 2:
+            refuse(
+                f"{key} keeps the groups whose responses scored differently, but {prefix}rollout.samples_per_prompt "
+                f"is {rollout.samples_per_prompt}: every group has one response and none would be kept. "
+                f"Fix: --{prefix}rollout.samples_per_prompt 8 (or more than 1), or --{key} false.",
+                key,
+            )
+        if rollout.max_staleness > 0:
+            refuse(
+                f"{key} samples again within an iteration, which {prefix}rollout.max_staleness "
+                f"{rollout.max_staleness} (rollouts sampled ahead by the rollout actors) does not do. "
+                f"Fix: --{prefix}rollout.max_staleness 0, or --{key} false.",
+                key,
+            )
 
     def _validate_staleness(self, prefix: str) -> None:
         """Asynchronous rollouts need a rollout group of their own and PPO's clipped objective."""

@@ -33,6 +33,12 @@ class RewardProcessingConfig:
     functions: list[Any] = field(default_factory=list)
     model_weight: float = 1.0  # weight of the reward model's score in the sum (with reward functions)
     remote: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)  # a reward server (--reward-url)
+    # DAPO soft overlong punishment (DAPO paper §3.4, eq. 13; docs/algorithms.md §37): the share of
+    # rollout.max_new_tokens over which the penalty ramps, L_cache = max(1, round(share * budget));
+    # a response gets factor * 0 up to budget - L_cache tokens, then linear to -factor at the budget.
+    # 0: off (DAPO: 0.2, 4096 of 20480 tokens)
+    overlong_buffer: float = 0.0
+    overlong_penalty_factor: float = 1.0  # the penalty's scale (-factor at the length limit)
 
     def validate(self, prefix: str) -> None:
         if self.discounted and not (self.scale and not self.normalize):
@@ -43,6 +49,8 @@ class RewardProcessingConfig:
                 f"{prefix}discounted",
             )
         fraction(self.discount_gamma, f"{prefix}discount_gamma", 0.99)
+        fraction(self.overlong_buffer, f"{prefix}overlong_buffer", 0.2, closed=True)
+        at_least(self.overlong_penalty_factor, 0, f"{prefix}overlong_penalty_factor")
         positive_or_off(self.clip, f"{prefix}clip", 10.0)
         validate_groups(self, prefix)
 
@@ -91,7 +99,9 @@ class AdvantageConfig:
 @dataclass
 class PolicyLossConfig:
     loss: PolicyLossName = "ppo"  # "ppo" | "apa" | "awr" | any loss registered in rlhf.core.losses
-    clip_eps: float = 0.2  # PPO ratio clip
+    clip_eps: float = 0.2  # PPO ratio clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]
+    # the upper bound's epsilon; None: clip_eps. DAPO's clip-higher 0.28 (DAPO paper §3.1; docs/algorithms.md §35)
+    clip_eps_high: float | None = None
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None: off
     # importance-sampling denominator: "old" (behaviour policy) | "ref" (PPO paper §5.3.2)
     ratio_against: Literal["old", "ref"] = "old"
@@ -115,6 +125,13 @@ class PolicyLossConfig:
 
     def validate(self, prefix: str) -> None:
         positive(self.clip_eps, f"{prefix}clip_eps", 0.2)
+        require(
+            self.clip_eps_high is None or self.clip_eps_high > 0,
+            f"{prefix}clip_eps_high",
+            self.clip_eps_high,
+            "must be > 0, or null for the symmetric clip (= clip_eps)",
+            f"--{prefix}clip_eps_high 0.28",
+        )
         positive(self.is_truncation, f"{prefix}is_truncation", 2.0)
         require(
             self.dual_clip is None or self.dual_clip > 1,

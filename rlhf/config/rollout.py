@@ -39,8 +39,15 @@ class RolloutConfig:
     # policy at most this many updates old, corrected by decoupled PPO (docs/algorithms.md §34;
     # needs dist.runtime ray with ray.rollout.num_actors >= 1). 0: the synchronous loop, exactly
     max_staleness: int = 0
+    # DAPO dynamic sampling (DAPO paper §3.2; docs/algorithms.md §36): groups whose scores are all equal
+    # (no group-relative signal) are dropped and more prompts sampled until batch_size groups remain
+    dynamic_sampling: bool = False
+    # the cap on rollouts per iteration under dynamic_sampling, the first included (extra rounds: this - 1);
+    # when it is reached the batch trains with the informative groups found (dynamic_sampling/fill < 1)
+    max_sampling_rounds: int = 4
 
     def validate(self, prefix: str) -> None:
+        at_least(self.max_sampling_rounds, 1, f"{prefix}max_sampling_rounds", " (rollouts per iteration)")
         at_least(self.max_staleness, 0, f"{prefix}max_staleness", " (0: synchronous)")
         at_least(self.batch_size, 1, f"{prefix}batch_size", " (prompts sampled per iteration)")
         at_least(self.samples_per_prompt, 1, f"{prefix}samples_per_prompt")

@@ -13,6 +13,7 @@ from rlhf.core.advantages import (
     gae,
     register_estimator,
 )
+from rlhf.core.dapo import informative_groups, overlong_penalty
 from rlhf.core.entropy import entropy_from_logits, entropy_target_gate, entropy_target_loss
 from rlhf.core.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_estimate
 from rlhf.core.losses import (
@@ -63,6 +64,7 @@ __all__ = [
     "estimator_spec",
     "explained_variance",
     "gae",
+    "informative_groups",
     "kl_estimate",
     "masked_max",
     "masked_mean",
@@ -71,6 +73,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "micro_batch_weight",
+    "overlong_penalty",
     "policy_loss",
     "policy_loss_params",
     "ppo_loss",

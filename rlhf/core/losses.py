@@ -156,7 +156,13 @@ def _approx_kl_old_new(old_logp: Tensor | None, logp: Tensor, valid: Tensor) -> 
 
 
 @register_policy_loss(
-    "ppo", sources={"clip_eps": "clip_eps", "dual_clip": "dual_clip", "ratio_against": "ratio_against"}
+    "ppo",
+    sources={
+        "clip_eps": "clip_eps",
+        "clip_eps_high": "clip_eps_high",
+        "dual_clip": "dual_clip",
+        "ratio_against": "ratio_against",
+    },
 )
 def ppo_loss(
     logp: Tensor,
@@ -166,20 +172,31 @@ def ppo_loss(
     mask: Tensor,
     *,
     clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
     dual_clip: float | None = None,
     ratio_against: str = "old",
 ) -> LossOutput:
-    """PPO clipped surrogate ``mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))``.
+    """PPO clipped surrogate ``mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps_high)))``.
+
+    clip_eps_high: the upper bound's epsilon; None: clip_eps (the symmetric clip). DAPO's
+        clip-higher (Yu et al. 2025, arXiv 2503.14476, DAPO paper §3.1) raises it (0.28 with
+        clip_eps 0.2) so that low-probability tokens with A > 0 can grow: against entropy collapse.
 
     dual_clip: c > 1 caps the loss of tokens with A < 0 at ``-c * A`` (Ye et al. 2020, dual-clip PPO).
     ratio_against: the importance-sampling denominator, "old" (behaviour policy, the default) or
         "ref" (the reference policy: PPO paper §5.3.2, "infinite experience buffer").
-    Stats: clip_fraction, dual_clip_fraction, approx_kl (k3, old vs new), ratio_mean/min/max.
+    Stats: clip_fraction (tokens where either bound binds: the clipped term is the larger),
+    clip_fraction_low (A < 0, ratio below 1 - clip_eps) and clip_fraction_high (A > 0, ratio above
+    1 + clip_eps_high), which sum to clip_fraction; dual_clip_fraction, approx_kl (k3, old vs new),
+    ratio_mean/min/max.
     """
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     if ratio_against not in ("old", "ref"):
         raise ValueError(f"ppo ratio_against must be 'old' or 'ref', got {ratio_against!r}")
     if not clip_eps > 0:
         raise ValueError(f"ppo clip_eps must be > 0, got {clip_eps}")
+    if not eps_high > 0:
+        raise ValueError(f"ppo clip_eps_high must be > 0 or None (= clip_eps), got {clip_eps_high}")
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"ppo dual_clip must be > 1 or None (off), got {dual_clip}")
     denominator = (
@@ -193,7 +210,7 @@ def ppo_loss(
     log_ratio = (logp - fill_masked(denominator, valid)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = log_ratio.exp()
     unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + eps_high)
     per_token = torch.maximum(unclipped, clipped)
     dual_clipped = torch.zeros_like(valid)
     if dual_clip is not None:
@@ -204,6 +221,9 @@ def ppo_loss(
     with torch.no_grad():
         stats = {
             "clip_fraction": masked_mean((clipped > unclipped).float(), valid),
+            # the clipped term exceeds the unclipped one only where the bound on A's side binds
+            "clip_fraction_low": masked_mean(((clipped > unclipped) & (adv < 0)).float(), valid),
+            "clip_fraction_high": masked_mean(((clipped > unclipped) & (adv > 0)).float(), valid),
             "dual_clip_fraction": masked_mean(dual_clipped.float(), valid),
             "ratio_mean": masked_mean(ratio, valid),
             "ratio_min": masked_min(ratio, valid),

@@ -40,6 +40,7 @@ from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
 from rlhf.monitor.stillness import CODE as STILL_POLICY
 from rlhf.monitor.stillness import StillPolicyCheck
+from rlhf.rl.dapo import Scored, fill_with_informative, overlong_buffer_tokens, shaped_scores
 from rlhf.rl.experience import Experience, concat_experiences
 from rlhf.rl.groups import group_metrics, sample_groups
 from rlhf.rl.metrics import rollout_metrics
@@ -300,6 +301,14 @@ class RLTrainer:
         t1 = time.perf_counter()
         self.status("scoring")
         raw_scores, scores, keep = self.score(rollout)
+        sampling_metrics: dict = {}
+        if c.rollout.dynamic_sampling:  # groups of equal scores dropped and refilled (DAPO §3.2; §36)
+            filled, sampling_metrics = fill_with_informative(
+                Scored(group, rollout, raw_scores, scores, keep, behind), self.sample_scored,
+                c.rollout.batch_size, c.rollout.max_sampling_rounds, self.runtime.tokenizer.pad_token_id or 0,
+            )  # fmt: skip
+            group, rollout, raw_scores, scores, keep = (filled.group, filled.rollout, filled.raw_scores,
+                                                        filled.scores, filled.keep)  # fmt: skip
         self.samples.keep(rollout, raw_scores)
         mask = rollout.response_mask.float() * keep[:, None].float()  # dropped responses train nothing
         t2 = time.perf_counter()
@@ -331,6 +340,7 @@ class RLTrainer:
         metrics = self.experience_metrics(rollout, experience, raw_scores, processed, keep, kl, final_scores)
         metrics.update(async_metrics)
         metrics.update(self.mismatch_metrics(rollout, mask, old_logp, behind))
+        metrics.update(sampling_metrics)
         metrics.update({"time/generate": t1 - t0, "time/score": t2 - t1, "time/forward": t3 - t2})
         return experience, metrics
 
@@ -442,6 +452,11 @@ class RLTrainer:
         metrics.update(self.reward_parts)
         return metrics
 
+    def sample_scored(self) -> Scored:
+        """One more rollout, sampled and scored (a dynamic-sampling round)."""
+        group, rollout, behind = self.take_rollout()
+        return Scored(group, rollout, *self.score(rollout), behind)
+
     def score(self, rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(raw scores [B]: the reward model's and/or the reward functions' weighted sum, scores after
         the truncation policy [B], rows kept [B])."""
@@ -471,6 +486,11 @@ class RLTrainer:
             policy=c.rollout.truncated,
             penalty=c.rollout.truncation_penalty,
         )
+        if c.reward.overlong_buffer > 0:  # soft overlong punishment (DAPO §3.4; docs/algorithms.md §37)
+            buffer = overlong_buffer_tokens(c.reward.overlong_buffer, c.rollout.max_new_tokens)
+            scores, penalty = shaped_scores(scores, rollout.response_lengths, c.rollout.max_new_tokens,
+                                            buffer, c.reward.overlong_penalty_factor)  # fmt: skip
+            self.reward_parts["reward/overlong_penalty"] = float(penalty.mean())
         return raw_scores, scores, keep
 
     def function_rewards(self, rollout, model_scores: torch.Tensor | None) -> torch.Tensor:

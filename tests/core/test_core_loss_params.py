@@ -20,12 +20,23 @@ from rlhf.core import (
 # Every attribute a built-in loss may read, each with a value no other attribute has, so a loss that
 # read the wrong attribute would get a wrong value.
 SOURCE = SimpleNamespace(
-    clip_eps=0.11, dual_clip=3.3, ratio_against="ref", apa_lam=0.44, awr_lam=5.5, awr_max_weight=66.0
+    clip_eps=0.11,
+    clip_eps_high=0.27,
+    dual_clip=3.3,
+    ratio_against="ref",
+    apa_lam=0.44,
+    awr_lam=5.5,
+    awr_max_weight=66.0,
 )
 
 
 def test_each_built_in_loss_reads_its_own_settings():
-    assert policy_loss_params("ppo", SOURCE) == {"clip_eps": 0.11, "dual_clip": 3.3, "ratio_against": "ref"}
+    assert policy_loss_params("ppo", SOURCE) == {
+        "clip_eps": 0.11,
+        "clip_eps_high": 0.27,
+        "dual_clip": 3.3,
+        "ratio_against": "ref",
+    }
     assert policy_loss_params("apa", SOURCE) == {"lam": 0.44}
     assert policy_loss_params("awr", SOURCE) == {"lam": 5.5, "max_weight": 66.0}
 

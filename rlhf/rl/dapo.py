@@ -1,0 +1,162 @@
+"""DAPO's rollout-side switches (Yu et al. 2025, "DAPO", arXiv 2503.14476): dynamic sampling, which
+refills the batch with groups that carry a signal (DAPO paper §3.2; docs/algorithms.md §36), and
+the soft overlong punishment added to the scores (DAPO paper §3.4; docs/algorithms.md §37).
+
+The per-row math is in rlhf/core/dapo.py (`informative_groups`, `overlong_penalty`); here are the
+loop's pieces that sample again and join rollouts. The trainer calls them in one line each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.nn.functional import pad
+
+from rlhf.core import informative_groups, overlong_penalty
+from rlhf.models.sampling import Rollout
+
+
+@dataclass
+class Scored:
+    """One sampled and scored rollout: the group id of each row, the rollout, its raw scores, its
+    scores after the truncation policy (and overlong shaping), the rows kept, and how many
+    updates old its sampler's policy was."""
+
+    group: torch.Tensor  # [B] long
+    rollout: Rollout
+    raw_scores: torch.Tensor  # [B]
+    scores: torch.Tensor  # [B]
+    keep: torch.Tensor  # [B] bool
+    behind: int = 0
+
+
+def overlong_buffer_tokens(share: float, max_length: int) -> int:
+    """L_cache in tokens: `share` of the budget, rounded, at least 1 (reward.overlong_buffer)."""
+    return min(max_length, max(1, round(share * max_length)))
+
+
+def shaped_scores(scores: torch.Tensor, lengths: torch.Tensor, max_length: int, buffer: int, factor: float):
+    """(scores + factor * overlong_penalty(lengths), the penalties [B]): DAPO's soft overlong
+    punishment (DAPO paper §3.4, eq. 13) with L_max = `max_length` (rollout.max_new_tokens, so a
+    truncated response gets -factor) and L_cache = `buffer` tokens; `lengths` count the response's
+    tokens, its EOS included."""
+    penalty = factor * overlong_penalty(lengths, max_length, buffer).to(scores.device, scores.dtype)
+    return scores + penalty, penalty
+
+
+def select_rollout(rollout: Rollout, index: torch.Tensor) -> Rollout:
+    """Rows `index` of a rollout (same columns)."""
+    index = index.to(rollout.input_ids.device)
+    return Rollout(
+        input_ids=rollout.input_ids[index],
+        attention_mask=rollout.attention_mask[index],
+        prompt_length=rollout.prompt_length,
+        response_mask=rollout.response_mask[index],
+        ended_with_eos=rollout.ended_with_eos[index],
+        logprobs=None if rollout.logprobs is None else rollout.logprobs[index],
+        decode_steps=rollout.decode_steps,
+    )
+
+
+def concat_rollouts(rollouts: list[Rollout], pad_token_id: int = 0) -> Rollout:
+    """Rollouts of different prompt and response widths as one, in the rollout layout: every prompt
+    block left-padded to the widest, every response block right-padded to the longest (padding is
+    masked: `pad_token_id` in the ids, 0 in the masks and log-probs). `decode_steps` add up."""
+    if len(rollouts) == 1:
+        return rollouts[0]
+    p_max = max(r.prompt_length for r in rollouts)
+    t_max = max(r.response_mask.shape[1] for r in rollouts)
+    parts: dict[str, list[torch.Tensor]] = {"ids": [], "attn": [], "resp": [], "lp": []}
+    for r in rollouts:
+        left, right = p_max - r.prompt_length, t_max - r.response_mask.shape[1]
+        parts["ids"].append(pad(r.input_ids, (left, right), value=pad_token_id))
+        parts["attn"].append(pad(r.attention_mask, (left, right), value=0))
+        parts["resp"].append(pad(r.response_mask, (0, right), value=0))
+        if r.logprobs is not None:
+            parts["lp"].append(pad(r.logprobs, (0, right), value=0.0))
+    with_logprobs = all(r.logprobs is not None for r in rollouts)
+    return Rollout(
+        input_ids=torch.cat(parts["ids"]),
+        attention_mask=torch.cat(parts["attn"]),
+        prompt_length=p_max,
+        response_mask=torch.cat(parts["resp"]),
+        ended_with_eos=torch.cat([r.ended_with_eos for r in rollouts]),
+        logprobs=torch.cat(parts["lp"]) if with_logprobs else None,
+        decode_steps=sum(r.decode_steps for r in rollouts),
+    )
+
+
+def select_groups(scored: Scored, ids: torch.Tensor) -> Scored:
+    """The rows of `scored` whose group id is in `ids`, in their order."""
+    rows = torch.isin(scored.group, ids.to(scored.group.device)).nonzero().squeeze(1)
+    return Scored(
+        scored.group[rows],
+        select_rollout(scored.rollout, rows),
+        scored.raw_scores[rows],
+        scored.scores[rows],
+        scored.keep[rows],
+        scored.behind,
+    )
+
+
+def fill_with_informative(
+    first: Scored, draw: Callable[[], Scored], groups: int, max_rounds: int, pad_token_id: int = 0
+) -> tuple[Scored, dict[str, float]]:
+    """DAPO dynamic sampling (DAPO paper §3.2, Algorithm 1 lines 5-8): keep the groups of `first`
+    whose kept rows' scores are not all equal (``informative_groups``), and `draw` further rollouts
+    until `groups` informative groups are kept or `max_rounds` rollouts (the first included) are
+    drawn; the batch is then the first `groups` of them, in the order drawn. Group ids are renumbered
+    0..k-1 so that groups of different rounds never share one. When no round gave an informative
+    group the last rollout is trained on as it is (its advantages are 0 where a group estimator
+    reads them; the metrics say so).
+
+    Metrics: ``dynamic_sampling/rounds`` (rollouts drawn), ``.../informative_fraction`` (informative
+    groups over groups drawn), ``.../fill`` (groups trained on over `groups`; below 1 when the cap
+    ended the search), ``time/dynamic_sampling`` (the extra rounds' sampling and scoring)."""
+    started = time.perf_counter()
+    kept: list[Scored] = []
+    count, drawn, informative_count, rounds, scored = 0, 0, 0, 0, first
+    while True:
+        rounds += 1
+        ids = torch.unique(scored.group)
+        drawn += len(ids)
+        good = torch.unique(scored.group[informative_groups(scored.scores, scored.group, keep=scored.keep)])
+        informative_count += len(good)
+        if len(good) and count < groups:
+            good = good[: groups - count]  # in id order: the prompts' order in the batch
+            count += len(good)
+            kept.append(select_groups(scored, good))
+        if count >= groups or rounds >= max_rounds:
+            break
+        scored = draw()
+    metrics = {
+        "dynamic_sampling/rounds": float(rounds),
+        "dynamic_sampling/informative_fraction": informative_count / max(drawn, 1),
+        "dynamic_sampling/fill": count / groups,
+        "time/dynamic_sampling": time.perf_counter() - started,
+    }
+    if not kept:
+        return scored, metrics
+    group = torch.cat(
+        [torch.unique(s.group, return_inverse=True)[1] + offset for s, offset in zip(kept, _offsets(kept))]
+    )
+    joined = Scored(
+        group,
+        concat_rollouts([s.rollout for s in kept], pad_token_id),
+        torch.cat([s.raw_scores for s in kept]),
+        torch.cat([s.scores for s in kept]),
+        torch.cat([s.keep for s in kept]),
+        max(s.behind for s in kept),
+    )
+    return joined, metrics
+
+
+def _offsets(parts: list[Scored]) -> list[int]:
+    offsets, total = [], 0
+    for s in parts:
+        offsets.append(total)
+        total += len(torch.unique(s.group))
+    return offsets

@@ -1,0 +1,190 @@
+"""Ready reward functions for verifiable rewards (`--reward-fn rlhf.rl.verifiers:NAME`; the calling
+convention of docs/algorithms.md §31; the page docs/verifiable_rewards.md).
+
+    exact_answer         1 if the response's final answer is the prompt file's `answer`, as text
+    math_answer          1 if it equals `answer` mathematically (sympy: 1/2 = 0.5 = \\frac{1}{2}); the
+                         optional extra `pip install 'rlhf[math]'`
+    answer_tag_format    1 if the response holds exactly one <answer>...</answer> block
+    think_answer_format  1 if the response is <think>...</think> then <answer>...</answer> (R1's format)
+    length_penalty       -(tokens beyond `max_tokens`, default 0) / 100, per response
+
+The final answer of a response (`final_answer`) is, in this order: the content of its last
+<answer>...</answer> block, of its last \\boxed{...}, the text after its last "####" or "answer:",
+else its last number; None when there is none (the response scores 0).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from rlhf.config import ConfigError
+
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+THINK_ANSWER = re.compile(
+    r"^\s*<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</?answer>).)*</answer>\s*$", re.S
+)
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+MARKER = re.compile(r"(?:####|answer\s*(?:is)?\s*:)", re.I)
+
+
+def _boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...}, braces balanced."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1 : j]
+    return None
+
+
+def final_answer(response: str) -> str | None:
+    """The answer a response states (see the module's docstring), stripped; None if none."""
+    tags = ANSWER_TAG.findall(response)
+    if tags:
+        return tags[-1].strip()
+    boxed = _boxed(response)
+    if boxed is not None:
+        return boxed.strip()
+    markers = list(MARKER.finditer(response))
+    if markers:
+        after = response[markers[-1].end() :].strip()
+        return after.splitlines()[0].strip().rstrip(".") if after else None
+    numbers = NUMBER.findall(response)
+    return numbers[-1] if numbers else None
+
+
+def _normal(text: str) -> str:
+    """Spaces, a trailing period, `$` and thousands separators removed (1,000 -> 1000)."""
+    text = text.strip().strip("$").rstrip(".").replace(" ", "")
+    return re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
+
+
+def _check_lengths(completions: Sequence[str], answer: Sequence[object]) -> None:
+    if len(completions) != len(answer):
+        raise ValueError(f"{len(completions)} completions for {len(answer)} answers")
+
+
+def exact_answer(completions: Sequence[str], answer: Sequence[object], **kwargs) -> list[float]:
+    """1.0 where the response's final answer is the `answer` field as text (spaces, `$`, a final
+    period and thousands separators ignored), else 0.0."""
+    _check_lengths(completions, answer)
+    out = []
+    for response, expected in zip(completions, answer):
+        stated = final_answer(response)
+        out.append(float(stated is not None and _normal(stated) == _normal(str(expected))))
+    return out
+
+
+def _sympy():
+    try:
+        import sympy
+    except ImportError:  # the optional extra
+        raise ConfigError(
+            "rlhf.rl.verifiers:math_answer needs sympy, which is not installed. "
+            "Fix: pip install 'rlhf[math]' (or pip install sympy), or use rlhf.rl.verifiers:exact_answer."
+        ) from None
+    return sympy
+
+
+LATEX = (
+    (re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}"), r"((\1)/(\2))"),
+    (re.compile(r"\\sqrt\{([^{}]*)\}"), r"sqrt(\1)"),
+    (re.compile(r"\\(?:left|right|,|!|;)"), ""),
+    (re.compile(r"\\(?:cdot|times)"), "*"),
+    (re.compile(r"\\pi"), "pi"),
+    (re.compile(r"\^"), "**"),
+    (re.compile(r"[{}]"), lambda m: "(" if m[0] == "{" else ")"),
+)
+
+
+NAMES = {"sqrt", "pi"}  # the only identifiers an answer may use
+EXPONENT = re.compile(r"\*\*(?:-?\d{1,3}(?![\d.])|\(-?\d{1,3}(?:/\d{1,3})?\))")
+
+
+def safe_expression(text: str) -> bool:
+    """Whether `text` is short arithmetic sympy may evaluate: digits, + - * / ( ) ., the names sqrt
+    and pi, and one power whose exponent is a literal of at most 3 digits (2**10, 2**(1/2); no 9**9**9).
+    sympy's parser evaluates Python, so nothing else reaches it (a response is model output)."""
+    if not text or len(text) > 200 or re.search(r"[^0-9a-z+\-*/().]", text):
+        return False
+    if set(re.findall(r"[a-z]+", text)) - NAMES:
+        return False
+    return text.count("**") == len(EXPONENT.findall(text)) <= 1
+
+
+def parse_math(text: str):
+    """A sympy expression of a final answer (plain arithmetic, fractions, powers, sqrt, pi and simple
+    LaTeX: \\frac, \\sqrt, \\cdot, ^; a trailing % divides by 100); None if it does not parse or is
+    not `safe_expression`."""
+    sympy = _sympy()
+    text = _normal(text)
+    percent = text.endswith("%") or text.endswith("\\%")
+    text = text.rstrip("%").rstrip("\\")
+    for pattern, replacement in LATEX:
+        text = pattern.sub(replacement, text)
+    text = re.sub(r"(?<=[\d)])(?=[a-z(])", "*", text)  # implicit products: 2sqrt(2), 2(3), (1)(2)
+    if not safe_expression(text):
+        return None
+    try:
+        value = sympy.sympify(text, rational=True)
+    except (sympy.SympifyError, SyntaxError, TypeError, ValueError, AttributeError):
+        return None
+    return value / 100 if percent else value
+
+
+def equivalent(stated: str, expected: str) -> bool:
+    """Whether two final answers are the same number or expression: equal as text, or sympy's
+    difference simplifies to 0 (|difference| < 1e-9 for numbers)."""
+    if _normal(stated) == _normal(expected):
+        return True
+    a, b = parse_math(stated), parse_math(expected)
+    if a is None or b is None:
+        return False
+    sympy = _sympy()
+    try:
+        difference = sympy.simplify(a - b)
+        if difference == 0:
+            return True
+        return bool(difference.is_number and abs(complex(sympy.N(difference))) < 1e-9)
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def math_answer(completions: Sequence[str], answer: Sequence[object], **kwargs) -> list[float]:
+    """1.0 where the response's final answer equals the `answer` field mathematically (0.5 = 1/2 =
+    \\frac{1}{2} = 50%), else 0.0; needs sympy (`pip install 'rlhf[math]'`)."""
+    _check_lengths(completions, answer)
+    _sympy()  # a missing extra stops the run at the first call, with its fix
+    out = []
+    for response, expected in zip(completions, answer):
+        stated = final_answer(response)
+        out.append(float(stated is not None and equivalent(stated, str(expected))))
+    return out
+
+
+def answer_tag_format(completions: Sequence[str], **kwargs) -> list[float]:
+    """1.0 where the response holds exactly one <answer>...</answer> block, else 0.0."""
+    return [float(len(ANSWER_TAG.findall(c)) == 1 and c.count("<answer>") == 1) for c in completions]
+
+
+def think_answer_format(completions: Sequence[str], **kwargs) -> list[float]:
+    """1.0 where the whole response is one <think>...</think> followed by one <answer>...</answer>
+    (DeepSeek-R1's format reward, Guo et al. 2025 §2.2.2), else 0.0."""
+    return [float(THINK_ANSWER.match(c) is not None) for c in completions]
+
+
+def length_penalty(
+    completion_ids: Sequence[Sequence[int]], max_tokens: Sequence[object] | None = None, **kwargs
+) -> list[float]:
+    """-(tokens beyond the limit) / 100 per response: 0 within the limit, -1 at 100 tokens over it.
+    The limit is the prompt file's `max_tokens` field of the row when the file has one, else 0
+    (every token costs 0.01). For the DAPO paper's soft ramp at the budget use
+    `reward.overlong_buffer` instead (docs/algorithms.md §37)."""
+    limits = [0] * len(completion_ids) if max_tokens is None else [int(m or 0) for m in max_tokens]
+    if len(limits) != len(completion_ids):
+        raise ValueError(f"{len(completion_ids)} responses for {len(limits)} max_tokens")
+    return [-max(0, len(ids) - limit) / 100 for ids, limit in zip(completion_ids, limits)]

@@ -1,0 +1,115 @@
+"""The ready verifiable reward functions (rlhf/rl/verifiers.py), by hand."""
+
+from __future__ import annotations
+
+import builtins
+
+import pytest
+
+from rlhf.config import ConfigError
+from rlhf.rl import verifiers
+from rlhf.rl.reward_functions import call_reward_function, load_reward_functions
+from rlhf.rl.verifiers import (
+    answer_tag_format,
+    equivalent,
+    exact_answer,
+    final_answer,
+    length_penalty,
+    safe_expression,
+    think_answer_format,
+)
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("<think>2+2</think> <answer> 4 </answer>", "4"),
+        ("<answer>1</answer> then <answer>2</answer>", "2"),
+        ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
+        ("x \\boxed{a{b}c} y", "a{b}c"),
+        ("work ... #### 72", "72"),
+        ("The answer is: 18.", "18"),
+        ("first 3 then 1,000 apples", "1,000"),
+        ("no number here", None),
+        ("", None),
+    ],
+)
+def test_final_answer(response: str, expected: str | None) -> None:
+    assert final_answer(response) == expected
+
+
+def test_exact_answer() -> None:
+    got = exact_answer(
+        ["#### 1,000", "<answer>$5</answer>", "it is 4.", "0.5", "nothing"], ["1000", "5", "4", "1/2", "3"]
+    )
+    assert got == [1.0, 1.0, 1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="answers"):
+        exact_answer(["1"], ["1", "2"])
+
+
+@pytest.mark.parametrize(
+    ("stated", "expected", "same"),
+    [
+        ("0.5", "1/2", True),
+        ("\\frac{1}{2}", "0.5", True),
+        ("50%", "1/2", True),
+        ("2\\sqrt{2}", "sqrt(8)", True),
+        ("2^{10}", "1024", True),
+        ("\\pi", "pi", True),
+        ("0.3333", "1/3", False),
+        ("3", "4", False),
+        ("x+1", "1+x", False),  # names other than sqrt and pi never reach sympy
+        ("9**9**9", "1", False),  # a power tower is refused, not computed
+        ("__import__(os)", "1", False),
+    ],
+)
+def test_equivalent(stated: str, expected: str, same: bool) -> None:
+    assert equivalent(stated, expected) is same
+
+
+def test_safe_expression_lets_only_arithmetic_through() -> None:
+    assert safe_expression("2**(1/2)+sqrt(3)*pi") and safe_expression("(1+2)/3")
+    for bad in ("exec(chr(105))", "a.b", "2**1000", "2**2**2", "1" * 201, "", "x_1"):
+        assert not safe_expression(bad), bad
+
+
+def test_math_answer_through_the_reward_function_loader() -> None:
+    [fn] = load_reward_functions(["rlhf.rl.verifiers:math_answer"])
+    rows = [{"answer": "1/2"}, {"answer": "3"}, {"answer": "0.25"}]
+    got = call_reward_function(
+        fn, ["q"] * 3, ["\\boxed{0.5}", "#### 4", "<answer>25%</answer>"], [[1]] * 3, rows
+    )
+    assert got.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_math_answer_without_sympy_names_the_extra(monkeypatch) -> None:
+    real_import = builtins.__import__
+
+    def no_sympy(name, *args, **kwargs):
+        if name == "sympy" or name.startswith("sympy."):
+            raise ImportError("no sympy")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_sympy)
+    with pytest.raises(ConfigError, match=r"rlhf\[math\]"):
+        verifiers.math_answer(["1"], ["1"])
+
+
+def test_format_rewards() -> None:
+    responses = [
+        "<think>a</think><answer>1</answer>",
+        " <think>\na\n</think>\n<answer>1</answer>\n",
+        "<answer>1</answer>",
+        "<think>a</think><answer>1</answer><answer>2</answer>",
+        "<think><think>a</think></think><answer>1</answer>",
+        "text <think>a</think><answer>1</answer>",
+        "",
+    ]
+    assert think_answer_format(responses) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert answer_tag_format(responses) == [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+
+
+def test_length_penalty() -> None:
+    ids = [[1] * 5, [1] * 150, []]
+    assert length_penalty(ids) == pytest.approx([-0.05, -1.5, 0.0])
+    assert length_penalty(ids, max_tokens=[10, 50, None]) == pytest.approx([0.0, -1.0, 0.0])

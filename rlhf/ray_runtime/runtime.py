@@ -11,8 +11,9 @@ sees)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ from rlhf.models.sequences import Sequences
 from rlhf.ray_runtime.hosts import ROLLOUT, group_of, role_hosts
 from rlhf.ray_runtime.placement import place
 from rlhf.ray_runtime.worker import RoleWorker
-from rlhf.rundir.checkpoint import atomic_export
+from rlhf.rundir import checkpoint as ckpt
 from rlhf.runtime.process_group import LostWorker
 
 LEARNERS = ("policy", "critic")
@@ -80,7 +81,7 @@ class RayRuntime:
             self.placements, strategies = place(config.ray, list(self.hosts))
             self._launch(config, strategies, ray.remote(RoleWorker))
         except BaseException:
-            self.shutdown()
+            self.close()
             raise
         self._tokenizer = prepare_tokenizer(
             load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
@@ -248,33 +249,37 @@ class RayRuntime:
             if group in self.actors:
                 self._call(group, "load_rng_state", states)
 
-    def save_weights(self, directory) -> None:
+    def save_checkpoint(self, directory: Path, state: dict[str, Any], steps_done: int) -> None:
+        """The driver's checkpoint: each learner group writes its weights into the directory the
+        driver commits (a sharded group: its DCP shards), the driver the roles' state, `state`, DONE."""
+        with ckpt.atomic_directory(directory) as tmp:
+            self.save_weights(tmp)
+            ckpt.save_state({**state, "roles": self.role_state()}, tmp, "trainer")
+            ckpt.write_done(tmp, steps_done)  # sizes and checksums: verified on resume
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        self.load_weights(directory)
+        state: dict[str, Any] = ckpt.load_state(directory, "trainer")
+        self.load_role_state(state["roles"])
+        return state
+
+    def save_weights(self, directory: Path) -> None:
         for group in self._learner_groups():
             self._call(group, "save_weights", str(directory))
 
-    def load_weights(self, directory) -> None:
+    def load_weights(self, directory: Path) -> None:
         for group in self._learner_groups():
             self._call(group, "load_weights", str(directory))
         self.sync_rollout()
 
-    def export(self, directory) -> None:
+    def export(self, directory: Path) -> None:
         """The trained models and the tokenizer, committed at once (rlhf/rundir/export.py's layout)."""
-        with atomic_export(directory) as tmp:
+        with ckpt.atomic_export(directory) as tmp:
             for group in self._learner_groups():
                 self._call(group, "export_into", str(tmp))
             self._tokenizer.save_pretrained(tmp)
 
-    def release_optimizer_state(self) -> None:
-        for group in self._learner_groups():
-            self._call(group, "release_optimizer_state")
-
-    def whole_models(self):
-        return contextlib.nullcontext()
-
-    def whole_model(self, model):
-        return contextlib.nullcontext()
-
-    def shutdown(self) -> None:
+    def close(self) -> None:
         """End the actors and free their placement groups (and Ray, when started here)."""
         import ray
 

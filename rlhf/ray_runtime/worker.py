@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf.config import RLConfig
+from rlhf.models.backbone import model_context
 from rlhf.models.sequences import Sequences
 from rlhf.ray_runtime.hosts import ROLLOUT
 from rlhf.rl.roles.assemble import load_roles
@@ -31,7 +32,6 @@ from rlhf.rundir.export import write_models
 from rlhf.rundir.sharded_checkpoint import group_shards, save_learner_shards, trained_learners
 from rlhf.runtime import runtime_for
 from rlhf.runtime.process_group import backend_for
-from rlhf.train.context_check import model_context
 
 
 class RoleWorker:
@@ -138,9 +138,6 @@ class RoleWorker:
         """This group's trained models into an export under way (the driver commits it); sharded,
         every actor gathers each model in turn and rank 0 writes it."""
         write_models(Path(tmp) if self.rank == 0 else None, self.roles.exported_models(), whole=self.whole)
-
-    def release_optimizer_state(self) -> None:
-        self.runtime.release_optimizer_state()
 
     # -- a rollout group's copy of the policy --------------------------------------------------
     def policy_weights(self) -> dict[str, torch.Tensor] | None:

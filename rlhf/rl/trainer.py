@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,6 +36,7 @@ from rlhf.core import (
     token_rewards,
     whiten_advantages,
 )
+from rlhf.data.collate import PtxBatches
 from rlhf.models.sampling import Rollout
 from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
@@ -45,15 +47,14 @@ from rlhf.rl.groups import group_metrics, sample_groups
 from rlhf.rl.metrics import rollout_metrics
 from rlhf.rl.prompts import PromptStream
 from rlhf.rl.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
-from rlhf.rl.roles.assemble import Roles, optimizer_steps
+from rlhf.rl.roles.assemble import optimizer_steps
 from rlhf.rl.roles.learner import mean_over_steps
 from rlhf.rl.sample_log import SampleLog
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import open_metrics_logger
 from rlhf.rundir.run_inputs import write_config
-from rlhf.rundir.sharded_checkpoint import save_sharded_checkpoint
 from rlhf.rundir.termination import finish_first
-from rlhf.runtime import LocalRuntime
+from rlhf.runtime.protocol import Ready, RolloutHandle, Runtime
 from rlhf.train.guards import (
     NONFINITE_GRADIENTS,
     SkippedStepStreak,
@@ -68,46 +69,35 @@ Evaluator = Callable[["RLTrainer", int], dict]
 
 @dataclass
 class PendingRollout:
-    """A rollout submitted to the rollout actors (asynchronous): its prompts' group ids and rows of
-    the prompt file, the handle whose `result()` is the Rollout, the policy version that samples it."""
+    """A rollout submitted to the runtime (asynchronous): its prompts' group ids and rows of the
+    prompt file, the handle whose `result()` is the Rollout, the policy version that samples it."""
 
     group: torch.Tensor
     indices: list[int]
-    handle: object
+    handle: RolloutHandle
     version: int
 
 
-@dataclass
-class Ready:
-    """A handle whose result is already here (a pending rollout restored from a checkpoint)."""
-
-    rollout: Rollout
-
-    def result(self) -> Rollout:
-        return self.rollout
-
-
 class RLTrainer:
-    """One RL run: the roles, the runtime that schedules them, and the loop's own state (score
-    statistics, KL coefficient, prompt stream, experience buffer, collapse detector)."""
+    """One RL run: the runtime that serves the roles (rlhf/runtime/protocol.py: the trainer reaches
+    them through it alone), and the loop's own state (score statistics, KL coefficient, prompt
+    stream, experience buffer, collapse detector)."""
 
     def __init__(
         self,
         config: RLConfig,
-        roles: Roles,
+        runtime: Runtime,
         prompts: list[list[int]],
         *,
-        ptx_batches: Callable[[torch.Generator], dict] | None = None,
+        ptx_batches: PtxBatches | None = None,
         evaluator: Evaluator | None = None,
         run_dir: str | Path | None = None,
         resume: bool = False,
         quiet: bool = False,
-        runtime=None,
-        prompt_rows: list[dict] | None = None,
-    ):
+        prompt_rows: list[dict[str, Any]] | None = None,
+    ) -> None:
         c = self.config = config
-        self.roles = roles
-        self.runtime = runtime or LocalRuntime(roles, c.runtime)
+        self.runtime = runtime
         self.run_dir = Path(run_dir or c.out)
         self.evaluator = evaluator
         torch.manual_seed(c.seed)
@@ -201,19 +191,12 @@ class RLTrainer:
                         self.save_checkpoint()
             with finish_first():
                 self.save_checkpoint()
-                if self.runtime.sharded_checkpoints:  # fsdp2: the moments are in the checkpoint's shards
-                    self.runtime.release_optimizer_state()
                 self.runtime.export(
                     self.run_dir
                 )  # fsdp2: every rank gathers each model in turn, rank 0 writes
         finally:
             self.logger.close()
         return last
-
-    @property
-    def sample_generator(self) -> torch.Generator:
-        """The rollouts' random state: the policy's own (in its checkpointed state); in this process."""
-        return self.roles.policy.generator
 
     def step(self) -> dict:
         """One iteration: rollout, experience, update, metrics."""
@@ -516,7 +499,6 @@ class RLTrainer:
             "iteration": self.iteration,
             "pretrain_done": self.pretrain_done,
             "pretrain_state": {k: (v if math.isfinite(v) else None) for k, v in self.pretrain_state.items()},
-            "roles": self.runtime.role_state(),  # the policy's sampling generator among them
             "score_processor": self.score_processor.state_dict(),
             "kl_controller": self.kl_controller.state_dict(),
             "prompts": self.prompts.state_dict(),
@@ -540,61 +522,30 @@ class RLTrainer:
         return states
 
     def save_checkpoint(self) -> Path:
+        """The checkpoint of this iteration: the loop's `state`, the roles' weights and state (the
+        runtime's: whole files, or each rank's shards under fsdp2); the oldest past `keep` pruned."""
         target = self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}"
-        if self.runtime.sharded_checkpoints:  # fsdp2: every rank writes its shards (DCP)
-            return save_sharded_checkpoint(self, target)
-        with self.runtime.whole_models():  # fsdp2: every rank gathers the weights and optimizer state
-            state = self.state()
-            if not self.runtime.writer:  # every rank holds the same state: rank 0 writes it
-                return target
-            with ckpt.atomic_directory(target) as tmp:
-                self.runtime.save_weights(tmp)
-                ckpt.save_state(state, tmp, "trainer")
-                ckpt.write_done(tmp, self.iteration)  # sizes and checksums: verified on resume
-        ckpt.prune_checkpoints(self.run_dir, self.config.checkpoint.keep)
+        self.runtime.save_checkpoint(target, self.state(), self.iteration)
+        if self.runtime.writer:
+            ckpt.prune_checkpoints(self.run_dir, self.config.checkpoint.keep)
         return target
 
     def load_checkpoint(self, path: Path) -> None:
-        self.runtime.load_weights(path)  # an fsdp2 run's shards load at any number of ranks too
-        state = ckpt.load_state(path, "trainer")
+        state = self.runtime.load_checkpoint(path)  # the roles' weights and state loaded
         self.iteration = state["iteration"]
         self.pretrain_done = state["pretrain_done"]
         self.pretrain_state = {k: (math.inf if v is None else v) for k, v in state["pretrain_state"].items()}
-        self.runtime.load_role_state(roles_state(state))
         self.score_processor.load_state_dict(state["score_processor"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.prompts.load_state_dict(state["prompts"])
         self.detector.load_state_dict(state["detector"])
         ckpt.set_rng_state(state["rng"], {"shuffle": self.shuffle_generator})
         self.buffer = [Experience(**e).to(self.runtime.device) for e in state["buffer"]]
-        pending = state.get("pending") or []
-        for p in [pending] if isinstance(pending, dict) else pending:  # one (a dict): written before K > 1
+        for p in state["pending"]:
             version = self.runtime.policy_version - p["behind"]
             self.pending.append(
                 PendingRollout(p["group"], list(p["indices"]), Ready(Rollout(**p["rollout"])), version)
             )
-
-
-def roles_state(state: dict) -> dict:
-    """The roles' state of a checkpoint; one written before the policy kept its sampling generator
-    (the trainer's rng "sample" then) or before the roles held their own state is converted."""
-    roles = state["roles"] if "roles" in state else roles_state_of_v1(state)
-    sample = state["rng"]["generators"].get("sample")
-    if sample is not None and "sample_generator" not in roles["policy"]:
-        roles["policy"]["sample_generator"] = sample
-    return roles
-
-
-def roles_state_of_v1(state: dict) -> dict:
-    """The roles' state from a checkpoint written before the roles held their own (optimizers and
-    schedules at the top level, the ptx generator among the trainer's), so such a run resumes."""
-    roles = {"policy": {"optimizer": state["policy_opt"], "scheduler": state["policy_sched"]}}
-    ptx = state["rng"]["generators"].get("ptx")
-    if ptx is not None:
-        roles["policy"]["ptx_generator"] = ptx
-    if "critic_opt" in state:
-        roles["critic"] = {"optimizer": state["critic_opt"], "scheduler": state["critic_sched"]}
-    return roles
 
 
 def warmup_iterations(config: RLConfig) -> int:

@@ -11,20 +11,28 @@ sees)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlhf.config import RLConfig
+from rlhf.data.collate import PtxBatches
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
+from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.ray_runtime.hosts import ROLLOUT, group_of, role_hosts
 from rlhf.ray_runtime.placement import place
 from rlhf.ray_runtime.worker import RoleWorker
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.runtime.process_group import LostWorker
+from rlhf.runtime.protocol import Minibatch
+
+if TYPE_CHECKING:  # Ray is imported when a run asks for it
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 LEARNERS = ("policy", "critic")
 
@@ -44,7 +52,7 @@ def start_ray(config: RLConfig) -> bool:
         address=config.ray.address,
         include_dashboard=False,
         log_to_driver=not quiet,
-        logging_level="WARNING" if quiet else "INFO",
+        logging_level=logging.WARNING if quiet else logging.INFO,
         configure_logging=True,
     )
     return config.ray.address is None
@@ -54,11 +62,12 @@ class PendingCall:
     """A call running on a group's actors; `result()` is its first actor's answer (and checks the
     weight loads submitted before it: `loads`)."""
 
-    def __init__(self, runtime: RayRuntime, group: str, refs: list, loads: list) -> None:
+    def __init__(self, runtime: RayRuntime, group: str, refs: list[Any], loads: list[Any]) -> None:
         self.runtime, self.group, self.refs, self.loads = runtime, group, refs, loads
 
-    def result(self):
-        return self.runtime._get(self.group, self.refs, self.loads)[0]
+    def result(self) -> Rollout:
+        rollout: Rollout = self.runtime._get(self.group, self.refs, self.loads)[0]
+        return rollout
 
 
 class RayRuntime:
@@ -73,10 +82,10 @@ class RayRuntime:
         self.config = config
         self.hosts = role_hosts(config)
         self.started_ray = start_ray(config)
-        self.placements: list = []
-        self.actors: dict[str, list] = {}
+        self.placements: list[PlacementGroup] = []
+        self.actors: dict[str, list[Any]] = {}  # Ray actor handles of RoleWorker, by group
         self.nodes: dict[str, list[str]] = {}
-        self.loading: list = []  # the rollout actors' weight loads not yet checked (`sync_rollout`)
+        self.loading: list[Any] = []  # the rollout actors' weight loads not yet checked (`sync_rollout`)
         try:
             self.placements, strategies = place(config.ray, list(self.hosts))
             self._launch(config, strategies, ray.remote(RoleWorker))
@@ -89,7 +98,12 @@ class RayRuntime:
         self.facts = self._first("policy", "facts")
         self.policy_version = 0  # the policy's updates the rollout group's copy has received
 
-    def _launch(self, config: RLConfig, strategies: dict[str, list], remote_worker) -> None:
+    def _launch(
+        self,
+        config: RLConfig,
+        strategies: dict[str, list[PlacementGroupSchedulingStrategy]],
+        remote_worker: Any,
+    ) -> None:
         """Start every group's actors (each group's members meet at its first actor's address). Every
         actor's process starts at once: each imports torch and transformers, seconds apiece."""
         for group in self.hosts:
@@ -115,7 +129,7 @@ class RayRuntime:
             self.nodes[group] = self._get(group, refs)
 
     # -- calls ---------------------------------------------------------------------------------
-    def _get(self, group: str, refs: list, loads: list | None = None) -> list:
+    def _get(self, group: str, refs: list[Any], loads: list[Any] | None = None) -> list[Any]:
         """The answers of `group`'s actors; a user's mistake raised in an actor is raised here as it
         is, a dead actor as ActorFailed naming it. On the rollout group the weight loads submitted
         before `refs` are checked first (`loads`; None: every unchecked one)."""
@@ -141,21 +155,22 @@ class RayRuntime:
                 f"`rlhf train --resume {self.config.out}` (no checkpoint yet: start again)."
             ) from None
 
-    def _call(self, group: str, method: str, *args) -> list:
+    def _call(self, group: str, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every actor of `group`; their answers."""
         return self._get(group, [getattr(a, method).remote(*args) for a in self.actors[group]])
 
-    def _first(self, group: str, method: str, *args):
+    def _first(self, group: str, method: str, *args: Any) -> Any:
         """`method(*args)` on every actor of `group`; the first actor's answer."""
         return self._call(group, method, *args)[0]
 
     def _learner_groups(self) -> list[str]:
         return [g for g in self.hosts if g != ROLLOUT and any(r in LEARNERS for r in self.hosts[g])]
 
-    def generate(self, prompts: list[list[int]], return_logprobs: bool):
+    def generate(self, prompts: list[list[int]], return_logprobs: bool) -> Rollout:
         """The rollout: sampled by the rollout group when there is one, else by the policy's."""
         group = ROLLOUT if ROLLOUT in self.actors else "policy"
-        return self._first(group, "generate", prompts, return_logprobs)
+        rollout: Rollout = self._first(group, "generate", prompts, return_logprobs)
+        return rollout
 
     def submit_generate(self, prompts: list[list[int]], return_logprobs: bool) -> PendingCall:
         """The rollout group's sampling of `prompts`, started now; `.result()` waits for it (the
@@ -178,13 +193,17 @@ class RayRuntime:
         self.policy_version += 1
 
     def forward(self, role: str, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
-        return self._first(group_of(self.hosts, role), "forward", role, sequences, temperature)
+        result: torch.Tensor = self._first(
+            group_of(self.hosts, role), "forward", role, sequences, temperature
+        )
+        return result
 
-    def sample(self, prompts: list[list[int]], sampling, seed: int):
+    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         """An evaluator's sampling by the policy's group (the trained weights, never a stale copy)."""
-        return self._first("policy", "sample", prompts, sampling, seed)
+        rollout: Rollout = self._first("policy", "sample", prompts, sampling, seed)
+        return rollout
 
-    def train(self, roles: Sequence[str], minibatches: Sequence) -> list[dict[str, float]]:
+    def train(self, roles: Sequence[str], minibatches: Sequence[Minibatch]) -> list[dict[str, float]]:
         """Each named learner's steps, the groups' at once (the minibatches sent once, shared)."""
         import ray
 
@@ -202,7 +221,7 @@ class RayRuntime:
 
     # -- facts, state, weights, export -----------------------------------------------------------
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         """The policy's tokenizer, read by the driver itself (prompts, texts for reward functions)."""
         return self._tokenizer
 
@@ -219,7 +238,8 @@ class RayRuntime:
     @property
     def policy_context(self) -> int | None:
         """The policy's positions (for the prompts' length check)."""
-        return self.facts["context"]
+        context: int | None = self.facts["context"]
+        return context
 
     def learning_rates(self) -> dict[str, float]:
         rates: dict[str, float] = {}
@@ -227,11 +247,11 @@ class RayRuntime:
             rates.update(self._first(group, "learning_rates"))
         return rates
 
-    def use_ptx(self, batches, coef: float, seed: int) -> None:
+    def use_ptx(self, batches: PtxBatches, coef: float, seed: int) -> None:
         self._call("policy", "use_ptx", batches, coef, seed)
 
-    def role_state(self) -> dict:
-        state: dict = {}
+    def role_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
         for group in self._learner_groups():
             state.update(self._first(group, "role_state"))
         if ROLLOUT in self.actors:  # the generator that drew the rollouts is the rollout group's
@@ -240,7 +260,7 @@ class RayRuntime:
         state["actor_rng"] = {group: self._call(group, "rng_state") for group in self.actors}
         return state
 
-    def load_role_state(self, state: dict) -> None:
+    def load_role_state(self, state: dict[str, Any]) -> None:
         for group in self._learner_groups():
             self._call(group, "load_role_state", state)
         if ROLLOUT in self.actors and "sample_generator" in state["policy"]:

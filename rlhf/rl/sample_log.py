@@ -19,6 +19,7 @@ import torch
 
 from rlhf.config import RLConfig
 from rlhf.monitor import MetricsLogger
+from rlhf.rundir.directory import SilentLogger
 
 
 class SampleLog:
@@ -59,7 +60,7 @@ class SampleLog:
                 row["gold"] = round(float(g), 4)
         return rows
 
-    def write(self, logger: MetricsLogger, iteration: int) -> None:
+    def write(self, logger: MetricsLogger | SilentLogger, iteration: int) -> None:
         if self.n and self._kept is not None:
             logger.log_samples(iteration, self.rows())
 

@@ -44,7 +44,7 @@ from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.runtime import fsdp
 from rlhf.runtime.fsdp import Lockstep
-from rlhf.runtime.local import LocalRuntime
+from rlhf.runtime.local import LocalRuntime, RoleSet
 from rlhf.runtime.peers import Peers
 from rlhf.runtime.protocol import Minibatch
 from rlhf.runtime.rollout_share import join_rollouts, row_share
@@ -55,7 +55,7 @@ class DistributedRuntime(LocalRuntime):
 
     def __init__(
         self,
-        roles: Any,
+        roles: RoleSet,
         config: RuntimeConfig,
         group: dist.ProcessGroup | None = None,
         strategy: str = "ddp",
@@ -215,7 +215,7 @@ class DistributedRuntime(LocalRuntime):
         return None  # one process group: the policy's and critic's all-reduces must not interleave
 
 
-def runtime_for(roles: Any, config: RLConfig) -> LocalRuntime:
+def runtime_for(roles: RoleSet, config: RLConfig) -> LocalRuntime:
     """The runtime of a run: distributed inside a torchrun process group (`data_parallel`), else local."""
     if dist.is_available() and dist.is_initialized():
         d = config.dist

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -34,8 +34,53 @@ from rlhf.runtime.flops import (
     handover_step,
     training_flops_per_token,
 )
+from rlhf.runtime.peers import Peers
 from rlhf.runtime.protocol import Minibatch, Ready, RolloutHandle
 from rlhf.runtime.threads import by_row_halves, run_side_by_side, side_by_side_threads
+
+
+class RoleSet(Protocol):
+    """What a runtime in this process asks of its roles (rlhf.rl.roles.assemble.Roles, a higher
+    layer: not named here). A role is itself loosely typed (Any): the roles' package is not yet
+    strict (pyproject.toml [tool.mypy])."""
+
+    tokenizer: Any
+    policy: Any
+    reference: Any
+    critic: Any
+    reward_model: Any
+
+    def hosts(self, name: str) -> bool: ...
+
+    def learner(self, name: str) -> Any: ...
+
+    def learners(self, train_policy: bool = True) -> list[Any]: ...
+
+    def learner_names(self, train_policy: bool = True) -> list[str]: ...
+
+    def learning_rates(self) -> dict[str, float]: ...
+
+    def forward_of(
+        self, name: str, temperature: float | None = None
+    ) -> AbstractContextManager[Callable[[Sequences], torch.Tensor]]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def save_weights(self, directory: Path) -> None: ...
+
+    def load_weights(self, directory: Path) -> None: ...
+
+    def save_checkpoint(
+        self, directory: Path, state: dict[str, Any], steps_done: int, peers: Peers | None = None
+    ) -> None: ...
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]: ...
+
+    def export(self, directory: Path, whole: Any = None, write: bool = True) -> None: ...
+
+    def release_optimizer_state(self) -> None: ...
 
 
 def on_cpu(*models: nn.Module) -> bool:
@@ -46,8 +91,8 @@ def on_cpu(*models: nn.Module) -> bool:
 class LocalRuntime:
     """Places nothing (the roles arrive on their device) and schedules the roles' work in this process."""
 
-    def __init__(self, roles: Any, config: RuntimeConfig) -> None:
-        self.roles = roles  # rlhf.rl.roles.assemble.Roles (a higher layer: not named here)
+    def __init__(self, roles: RoleSet, config: RuntimeConfig) -> None:
+        self.roles = roles
         self.config = config
         self.policy_version = 0  # the policy's updates (`train` with "policy")
         if config.keep_freed_memory:
@@ -60,13 +105,14 @@ class LocalRuntime:
         return True
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         return self.roles.tokenizer
 
     @property
     def device(self) -> torch.device:
         """Where the loop's tensors (the experience buffer) live: the policy's device."""
-        return self.roles.policy.device
+        device: torch.device = self.roles.policy.device
+        return device
 
     def has_role(self, name: str) -> bool:
         """Whether the run has the role `name` ("critic": none when critic-free; "reward_model": none
@@ -95,8 +141,7 @@ class LocalRuntime:
             self.roles.save_checkpoint(directory, {**state, "roles": self.role_state()}, steps_done)
 
     def load_checkpoint(self, directory: Path) -> dict[str, Any]:
-        state: dict[str, Any] = self.roles.load_checkpoint(directory)
-        return state
+        return self.roles.load_checkpoint(directory)
 
     def export(self, directory: Path) -> None:
         """The trained models as Hugging Face directories with the tokenizer (every rank calls it)."""
@@ -108,8 +153,7 @@ class LocalRuntime:
     # -- what a Ray role group's actor asks of the runtime it runs (rlhf/ray_runtime/worker.py) ----
     def role_state(self) -> dict[str, Any]:
         """The trained roles' optimizer, schedule and random state (weights: `save_weights`)."""
-        state: dict[str, Any] = self.roles.state_dict()
-        return state
+        return self.roles.state_dict()
 
     def load_role_state(self, state: dict[str, Any]) -> None:
         self.roles.load_state_dict(state)
@@ -204,9 +248,9 @@ class LocalRuntime:
         flops = [self.step_flops(learner, minibatches) for learner in learners]
         here, beside = (0, 1) if flops[0] >= flops[1] else (1, 0)
         handover = handover_step(len(steps[here]), flops[here], len(steps[beside]), flops[beside])
-        collected: list[list[dict]] = [[], []]
+        collected: list[list[dict[str, float]]] = [[], []]
 
-        def recorded(side: int, step):
+        def recorded(side: int, step: Callable[[], dict[str, float]]) -> Callable[[], None]:
             return lambda: collected[side].append(step())
 
         run_side_by_side(
@@ -218,10 +262,11 @@ class LocalRuntime:
         return collected[0] + collected[1]
 
     @staticmethod
-    def _step(learner, minibatch) -> dict[str, float]:
-        return learner.train_step(minibatch, learner.loss_denominator(minibatch))
+    def _step(learner: Any, minibatch: Minibatch) -> dict[str, float]:
+        stats: dict[str, float] = learner.train_step(minibatch, learner.loss_denominator(minibatch))
+        return stats
 
-    def overlap_threads(self, learners: Sequence) -> int | None:
+    def overlap_threads(self, learners: Sequence[Any]) -> int | None:
         """Intra-op threads per side when two learners' steps run side by side, else None:
         one learner, `runtime.overlap_critic` off, a model off the CPU, or a single core."""
         if len(learners) != 2 or not self.config.overlap_critic:
@@ -232,7 +277,7 @@ class LocalRuntime:
             return None
         return side_by_side_threads()
 
-    def step_flops(self, learner, minibatches: Sequence) -> float:
+    def step_flops(self, learner: Any, minibatches: Sequence[Minibatch]) -> float:
         """Estimated FLOPs of one optimizer step of `learner` (the mean over `minibatches`): a policy's
         output head sees only the response columns; a critic's scalar head (hidden -> 1, negligible)
         is counted on every column."""

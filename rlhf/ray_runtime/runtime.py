@@ -74,7 +74,6 @@ class RayRuntime:
     """The runtime of `rlhf train --dist.runtime ray` (rlhf/runtime/__init__.py names its calls)."""
 
     writer = True  # the driver writes the run directory; the learner groups add their weights
-    sharded_checkpoints = False
 
     def __init__(self, config: RLConfig) -> None:
         import ray

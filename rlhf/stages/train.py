@@ -22,7 +22,9 @@ from rlhf.stages.prompt_files import load_prompts, prompt_rows, ptx_sampler
 from rlhf.train.context_check import check_prompts_fit
 
 
-def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: bool = False) -> dict:
+def run_rl(
+    config: RLConfig, *, resume: bool = False, evaluator: Evaluator | None = None, quiet: bool = False
+) -> dict[str, Any]:
     from rlhf.rl.reward_functions import load_reward_functions
 
     # a malformed name, a module that fails to import or a function that cannot be called stops
@@ -125,13 +127,13 @@ def train_with(
     return final
 
 
-def kl_first(shown: dict) -> dict:
+def kl_first(shown: dict[str, Any]) -> dict[str, Any]:
     """The summary's rows with the KL to the reference led by k3 (`kl/k3`, never negative), then
     the configured estimator's `kl/ref` (k1 by default: unbiased, but negative when the sampled
     tokens happen to be likelier under the reference)."""
     if "kl/k3" not in shown:
         return shown
-    rows: dict = {}
+    rows: dict[str, Any] = {}
     for key, value in shown.items():
         if key.startswith("kl/") and "kl/k3" not in rows:
             rows["kl/k3"] = shown["kl/k3"]

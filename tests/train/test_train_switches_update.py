@@ -209,7 +209,7 @@ def test_ptx_loss_trains_on_the_sft_batch(coef, make_trainer, tok, ptx_rows, tmp
     trainer = make_trainer(config, ptx=draw)
     with torch.no_grad():
         trainer.runtime.roles.reward_model.model.head.weight.zero_()  # zero advantages: only ptx can move the policy
-    batch = draw(torch.Generator().manual_seed(config.seed + 3))  # the trainer's ptx generator
+    batch = draw.draw(torch.Generator().manual_seed(config.seed + 3))  # the trainer's ptx generator
     with torch.no_grad():
         nll, count = model_token_nll(
             trainer.runtime.roles.policy.model,

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 # `make test` runs every test (CI runs it); `make test-fast` leaves out those marked `slow` (over ~2 s each:
 # end-to-end CLI runs, spawned ranks, the demo), the inner loop: under 2 minutes on 2 cores.
-.PHONY: setup test test-fast demo lint bench bench-demo bench-memory mutate clean
+.PHONY: setup test test-fast demo lint typecheck bench bench-demo bench-memory mutate clean
 
 setup: $(STAMP)
 
@@ -28,9 +28,15 @@ test-fast: setup
 demo: setup
 	$(VENV)/bin/rlhf demo
 
-lint: setup
+lint: setup typecheck
 	$(VENV)/bin/ruff check rlhf tests bench examples tools
 	$(VENV)/bin/ruff format --check rlhf tests bench examples tools
+
+# mypy on the packages pyproject.toml's [tool.mypy] names: the runtimes, their protocol and the RL loop
+# strictly (every runtime is a Runtime: tests/runtime/runtime_conformance.py). Minutes on a cold cache
+# (it reads torch), seconds after.
+typecheck: setup
+	$(PY) -m mypy
 
 bench: setup
 	$(PY) bench/run.py

@@ -87,6 +87,7 @@ def smollm2_run(model_dir: Path, algorithm: str, iterations: int) -> dict:
     from rlhf.models.scalar_head import ScalarHeadModel
     from rlhf.rl.roles.assemble import assemble_roles
     from rlhf.rl.trainer import RLTrainer
+    from rlhf.runtime import LocalRuntime
 
     torch.set_num_threads(1)
     tokenizer, policy = load(model_dir)
@@ -113,7 +114,7 @@ def smollm2_run(model_dir: Path, algorithm: str, iterations: int) -> dict:
         overrides["model"]["critic_lora"] = {"enabled": True}
     config = load_config(RLConfig, preset=algorithm, overrides=overrides)
     roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
-    trainer = RLTrainer(config, roles, chat_prompts(tokenizer, 64), quiet=True)
+    trainer = RLTrainer(config, LocalRuntime(roles, config.runtime), chat_prompts(tokenizer, 64), quiet=True)
     seconds = []
     for _ in range(iterations):
         started = time.perf_counter()

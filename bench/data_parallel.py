@@ -67,7 +67,7 @@ def run(workload_name: str, iters: int, warmup: int, threads: int) -> dict:
         trainer = build_trainer(workload, 0, out)
         gather = Stopwatch()
         if parallel:
-            trainer.runtime = DistributedRuntime(trainer.roles, trainer.config.runtime)
+            trainer.runtime = DistributedRuntime(trainer.runtime.roles, trainer.config.runtime)
             peers = trainer.runtime.peers
             peers.gather_rows = gather.wrap(peers.gather_rows)
         record_shapes(trainer)

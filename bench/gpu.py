@@ -94,7 +94,7 @@ def build_trainer(workload: Workload, device: str, dtype: str, seed: int, run_di
 def synchronize_phase_ends(trainer, device: str) -> None:
     """Each call that ends one of the trainer's timed phases waits for the device before returning,
     so the phase times (`time/generate|score|forward|update`) hold the work queued in the phase."""
-    roles = trainer.roles
+    roles = trainer.runtime.roles
     synchronized_after(roles.policy, "generate", device)  # ends `generate`
     synchronized_after(roles.reward_model, "score", device)  # ends `score`
     synchronized_after(roles.critic, "values", device)  # the last no-grad forward: ends `forward`

@@ -80,7 +80,7 @@ def allocated_mb(device: torch.device, peak: bool = False) -> float:
 def phase_peaks(trainer, device: torch.device) -> dict:
     """Wrap each phase's entry so that it records the allocator's peak over its call."""
     peaks: dict[str, float] = {}
-    roles = trainer.roles
+    roles = trainer.runtime.roles
 
     def wrap(owner, attr: str, phase: str) -> None:
         original = getattr(owner, attr)
@@ -110,6 +110,7 @@ def run(name: str, dtype: str, device: str, iters: int, seed: int = 0) -> dict:
     from rlhf.models.scalar_head import ScalarHeadModel
     from rlhf.rl.roles.assemble import assemble_roles
     from rlhf.rl.trainer import RLTrainer
+    from rlhf.runtime import LocalRuntime
 
     dev = torch.device(device)
     rng = random.Random(seed)
@@ -132,7 +133,7 @@ def run(name: str, dtype: str, device: str, iters: int, seed: int = 0) -> dict:
         config = load_config(RLConfig, preset="ppo_max", overrides=overrides)
         reset_peak(dev)
         roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
-        trainer = RLTrainer(config, roles, prompts, run_dir=run_dir, quiet=True)
+        trainer = RLTrainer(config, LocalRuntime(roles, config.runtime), prompts, run_dir=run_dir, quiet=True)
         synchronize(dev)
         resident = allocated_mb(dev)
         peaks = phase_peaks(trainer, dev)

@@ -41,6 +41,7 @@ def trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed: int, run_d
     from rlhf.models.scalar_head import ScalarHeadModel
     from rlhf.rl.roles.assemble import assemble_roles
     from rlhf.rl.trainer import RLTrainer
+    from rlhf.runtime import LocalRuntime
 
     reward_model = ScalarHeadModel.from_causal_lm(reward_lm)
     overrides = {
@@ -64,7 +65,7 @@ def trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed: int, run_d
     }
     config = load_config(RLConfig, preset="vanilla_ppo", overrides=deep_merge(overrides, extra or {}))
     roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
-    trainer = RLTrainer(config, roles, prompts, run_dir=run_dir, quiet=True)
+    trainer = RLTrainer(config, LocalRuntime(roles, config.runtime), prompts, run_dir=run_dir, quiet=True)
     return trainer
 
 
@@ -113,7 +114,7 @@ def phase_flops(trainer, shape: tuple[int, int, int], ppo_epochs: int, lora_poli
     from bench.flops import IterationShape, ModelShape, iteration_phases
     from rlhf.models.backbone import unwrap_causal_lm
 
-    r = trainer.roles
+    r = trainer.runtime.roles
     rows, prompt, response = shape
     return iteration_phases(
         ModelShape.from_config(unwrap_causal_lm(r.policy.model).config),

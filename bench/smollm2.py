@@ -340,6 +340,7 @@ def ppo_case(model_dir: Path, batch: int, new_tokens: int, iters: int, warmup: i
     from rlhf.models.scalar_head import ScalarHeadModel
     from rlhf.rl.roles.assemble import assemble_roles
     from rlhf.rl.trainer import RLTrainer
+    from rlhf.runtime import LocalRuntime
 
     memory = {"after_imports": rss_mb()}
     tokenizer, policy = load(model_dir)
@@ -359,7 +360,9 @@ def ppo_case(model_dir: Path, batch: int, new_tokens: int, iters: int, warmup: i
         },
     )
     roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
-    trainer = RLTrainer(config, roles, chat_prompts(tokenizer, 64), run_dir=run_dir, quiet=True)
+    trainer = RLTrainer(
+        config, LocalRuntime(roles, config.runtime), chat_prompts(tokenizer, 64), run_dir=run_dir, quiet=True
+    )
     memory["after_setup"] = rss_mb()
     record_shapes(trainer)
     rows = run_iterations(trainer, iters)
@@ -384,7 +387,7 @@ def _bytes(tensors) -> int:
 def memory_model(trainer) -> dict:
     """What the iteration must hold, in MiB: unique weights of the four roles (a reference that
     shares the policy's storage adds nothing), gradients of the trainable parameters, AdamW state."""
-    roles = trainer.roles
+    roles = trainer.runtime.roles
     seen: dict[int, int] = {}
     for module in (roles.policy.model, roles.reference.model, roles.critic.model, roles.reward_model.model):
         for p in module.parameters():
@@ -414,7 +417,7 @@ def saved_tensor_mb(trainer, fn) -> float:
     """MiB of the distinct non-parameter tensors autograd saves for backward while `fn` runs."""
     import torch
 
-    r = trainer.roles
+    r = trainer.runtime.roles
     params = {
         p.untyped_storage().data_ptr()
         for m in (r.policy.model, r.critic.model, r.reward_model.model)
@@ -439,7 +442,7 @@ def activation_mb(trainer) -> dict:
     from rlhf.models.logprobs import response_logprobs
     from rlhf.models.scalar_head import response_values
 
-    r, c = trainer.roles, trainer.config
+    r, c = trainer.runtime.roles, trainer.config
     micro = next(trainer.buffer[-1].micro_batches(c.train.micro_batch_size))
     args = (micro.input_ids, micro.attention_mask, micro.prompt_length)
     policy = saved_tensor_mb(

@@ -16,21 +16,16 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
+from rlhf.runtime import LocalRuntime
 from rlhf.worlds import build_world
 from tests.support.train_testing import rl_config
 
 MAX_NEW_TOKENS = 6
 
 
-class Unreachable:
-    """Roles whose every attribute is out of reach (as the driver's view of roles on Ray actors)."""
-
-    def __getattr__(self, name):
-        raise AssertionError(f"the evaluator reached trainer.roles.{name}")
-
-
 class RecordingRuntime:
-    """The trainer's runtime, each call of the evaluator's seam recorded."""
+    """The trainer's runtime, each call of the evaluator's seam recorded; it has no other member
+    (the trainer holds no roles: an evaluator reaching for anything else fails)."""
 
     def __init__(self, runtime) -> None:
         self.runtime, self.calls = runtime, []
@@ -56,13 +51,13 @@ def world_run(tmp_path_factory):
     roles = assemble_roles(config, tokenizer=tok, policy=policy, reward_model=reward_model)
     texts = [ex["prompt"] for ex in world.sft_examples(8, random.Random(0))]
     ids = [encode_prompt(tok, t, 64) for t in texts]
-    trainer = RLTrainer(config, roles, ids, quiet=True)
+    trainer = RLTrainer(config, LocalRuntime(roles, config.runtime), ids, quiet=True)
     return world, reward_model, trainer, texts, ids
 
 
 def test_the_rl_evaluator_reaches_the_roles_only_through_the_runtime(world_run):
     world, reward_model, trainer, texts, ids = world_run
-    roles = trainer.roles
+    roles = trainer.runtime.roles
     with torch.no_grad():  # the policy moved off its reference: KL is not 0
         for p in roles.policy.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -73,11 +68,11 @@ def test_the_rl_evaluator_reaches_the_roles_only_through_the_runtime(world_run):
     history, samples = [], {}
     evaluator = rl_evaluator(world.tokenizer, world, texts, ids, 3, MAX_NEW_TOKENS, history, samples)
     recording = RecordingRuntime(trainer.runtime)
-    trainer.runtime, trainer.roles = recording, Unreachable()
+    trainer.runtime = recording
     try:
         record = evaluator(trainer, 4)
     finally:
-        trainer.runtime, trainer.roles = recording.runtime, roles
+        trainer.runtime = recording.runtime
     assert recording.calls == [
         ("sample", 1003, 1.0),  # the eval seed, 1000 + the run's seed; temperature 1
         ("forward", "reward_model", None),

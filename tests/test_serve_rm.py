@@ -81,7 +81,7 @@ def test_the_servers_scores_equal_the_local_reward_models(make_trainer, server, 
 def test_a_run_scored_by_the_server_equals_one_scored_locally(make_trainer, server):
     """The loop's raw scores of one iteration: the server's, and the local reward model's."""
     remote = make_trainer(rl_config("vanilla_ppo", reward={"remote": {"url": server.url}}))
-    remote.roles.reward_model = None  # the server alone scores
+    remote.runtime.roles.reward_model = None  # the server alone scores
     local = make_trainer(rl_config("vanilla_ppo"))
     _, remote_metrics = remote.make_experience()
     _, local_metrics = local.make_experience()
@@ -307,7 +307,7 @@ def test_a_reward_function_adds_to_the_servers_score(fake, make_trainer):
         reward={"remote": {"url": server.url}, "functions": ["tests.support.reward_fns_testing:constant"]},
     )
     trainer = make_trainer(config)
-    trainer.roles.reward_model = None  # the server alone stands for the reward model
+    trainer.runtime.roles.reward_model = None  # the server alone stands for the reward model
     _, metrics = trainer.make_experience()
     assert metrics["reward/raw_scores"] == [0.75] * 8
     assert metrics["reward/part/reward_model"] == 0.5

@@ -103,6 +103,7 @@ def test_iteration_phases_match_the_trainer(tokenizer, tmp_path, from_sampler):
     from rlhf.models.scalar_head import ScalarHeadModel
     from rlhf.rl.roles.assemble import assemble_roles
     from rlhf.rl.trainer import RLTrainer
+    from rlhf.runtime import LocalRuntime
 
     policy = eager_lm(tokenizer, seed=0)
     reward_model = ScalarHeadModel.from_causal_lm(eager_lm(tokenizer, seed=2))
@@ -120,8 +121,8 @@ def test_iteration_phases_match_the_trainer(tokenizer, tmp_path, from_sampler):
     )
     roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
-    trainer = RLTrainer(config, roles, prompts, quiet=True)
-    trainer.roles.policy.sampling = replace(trainer.roles.policy.sampling, stop_at_eos=False)
+    trainer = RLTrainer(config, LocalRuntime(roles, config.runtime), prompts, quiet=True)
+    trainer.runtime.roles.policy.sampling = replace(trainer.runtime.roles.policy.sampling, stop_at_eos=False)
     with FlopCounterMode(display=False) as counter:
         experience, _ = trainer.make_experience()
     rollout_flops = counter.get_total_flops()

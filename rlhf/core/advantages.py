@@ -22,7 +22,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -33,15 +32,9 @@ from rlhf.core.stats import masked_whiten
 EstimatorOutput = tuple[Tensor, Tensor]
 
 
-class EstimatorFn(Protocol):
-    def __call__(
-        self,
-        token_rewards: Tensor,
-        mask: Tensor,
-        values: Tensor | None,
-        group: Tensor | None,
-        **params: object,
-    ) -> EstimatorOutput: ...
+# (token_rewards, mask, values, group, **keyword parameters with defaults) -> (advantages, returns):
+# each estimator names its own keyword parameters, so the registry holds them as Callable[...]
+EstimatorFn = Callable[..., EstimatorOutput]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -45,16 +44,9 @@ LossOutput = tuple[Tensor, dict[str, Tensor]]
 MAX_LOG_RATIO = 20.0
 
 
-class PolicyLossFn(Protocol):
-    def __call__(
-        self,
-        logp: Tensor,
-        old_logp: Tensor | None,
-        ref_logp: Tensor | None,
-        advantages: Tensor,
-        mask: Tensor,
-        **params: object,
-    ) -> LossOutput: ...
+# (logp, old_logp, ref_logp, advantages, mask, **keyword parameters with defaults) -> (loss, stats):
+# each loss names its own keyword parameters, so the registry holds them as Callable[...]
+PolicyLossFn = Callable[..., LossOutput]
 
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}

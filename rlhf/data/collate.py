@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -107,6 +108,24 @@ def collate_sft(
     batch["loss_mask"] = batch["response_mask"]
     batch["labels"] = torch.where(batch["response_mask"] > 0, batch["input_ids"], IGNORE_INDEX)
     return batch
+
+
+@dataclass
+class PtxBatches:
+    """PPO-ptx's SFT rows, encoded ((prompt ids, response ids) each), and the size of a batch of
+    them: plain data, so it reaches a policy in another process (a Ray actor) as it is; the policy
+    draws its batches with `draw` from a generator of its own."""
+
+    rows: list[tuple[list[int], list[int]]]
+    batch_size: int
+    pad_token_id: int
+
+    def draw(self, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """A right-padded batch of `batch_size` rows drawn uniformly with replacement (`collate_sft`)."""
+        index = torch.randint(0, len(self.rows), (self.batch_size,), generator=generator).tolist()
+        return collate_sft(
+            [self.rows[i][0] for i in index], [self.rows[i][1] for i in index], self.pad_token_id
+        )
 
 
 def collate_pairs(

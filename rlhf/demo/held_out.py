@@ -10,6 +10,7 @@ stage, whose policy and reference are plain modules in this process, through `Mo
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -21,15 +22,24 @@ from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.rl.metrics import distinct_n
+from rlhf.worlds import World
 
 TEMPERATURE = 1.0  # the held-out responses are sampled, and their log-probs read, at temperature 1
+
+
+class HeldOutModels(Protocol):
+    """What the evaluation asks of the models it evaluates: a `Runtime`'s two calls."""
+
+    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout: ...
+
+    def forward(self, role: str, sequences: Sequences, temperature: float | None = None) -> torch.Tensor: ...
 
 
 class ModulesInProcess:
     """The evaluator's two calls over modules in this process: the whole batch in one forward."""
 
     def __init__(
-        self, policy: nn.Module, reference: ReferenceModel, reward_model: ScalarHeadModel, tokenizer
+        self, policy: nn.Module, reference: ReferenceModel, reward_model: ScalarHeadModel, tokenizer: Any
     ) -> None:
         self.policy, self.reference, self.reward_model = policy, reference, reward_model
         self.tokenizer = tokenizer
@@ -52,7 +62,16 @@ class ModulesInProcess:
 
 
 @torch.inference_mode()
-def evaluate_policy(models, tokenizer, world, prompts, prompt_ids, *, seed, max_new_tokens):
+def evaluate_policy(
+    models: HeldOutModels,
+    tokenizer: Any,
+    world: World,
+    prompts: list[str],
+    prompt_ids: list[list[int]],
+    *,
+    seed: int,
+    max_new_tokens: int,
+) -> tuple[dict[str, float], list[dict[str, Any]], torch.Tensor]:
     """(figures, the first 4 samples, gold rewards [N]) of the policy `models` answers for (a
     runtime, or ModulesInProcess): one response per prompt sampled from `seed`; KL to the reference
     is the summed k1 per response, log pi - log pi_ref, averaged over responses."""

@@ -55,6 +55,7 @@ from rlhf.monitor import print_summary
 from rlhf.monitor.report import write_report
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
+from rlhf.runtime import LocalRuntime
 from rlhf.stages.dpo import DPOStage
 from rlhf.stages.prompt_files import encode_prompts
 from rlhf.stages.rm import encode_pairs, evaluate_pairs, run_reward_training
@@ -451,7 +452,8 @@ def run_one(
     )
     started = time.perf_counter()
     # RLTrainer itself on the default world; a world with rm_* options distorts the scores RL sees
-    trainer = trainer_class(cfg.world)(config, roles, train_prompts, evaluator=evaluator, quiet=quiet)
+    runtime = LocalRuntime(roles, config.runtime)
+    trainer = trainer_class(cfg.world)(config, runtime, train_prompts, evaluator=evaluator, quiet=quiet)
     trainer.train()
     if not history or history[-1]["iteration"] != trainer.iteration:
         evaluator(trainer, trainer.iteration)

@@ -145,3 +145,13 @@ def forward_changes_state(model: nn.Module) -> bool:
             if any(stateful in kind for stateful in STATEFUL_ROPE_TYPES):
                 return True
     return False
+
+
+def model_context(model: object) -> int | None:
+    """The number of positions a model was built for (None when its config does not say)."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

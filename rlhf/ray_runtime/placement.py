@@ -7,8 +7,14 @@ any model loads, naming what was asked."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlhf.config import ConfigError
 from rlhf.config.ray import RayConfig, RoleGroupConfig
+
+if TYPE_CHECKING:  # Ray is imported when a run asks for it
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 
 def bundle(cpus: float, gpus: float) -> dict[str, float]:
@@ -57,7 +63,9 @@ def check_fits(ray_config: RayConfig, groups: list[str], available: dict[str, fl
             )
 
 
-def place(ray_config: RayConfig, groups: list[str]) -> tuple[list, dict[str, list]]:
+def place(
+    ray_config: RayConfig, groups: list[str]
+) -> tuple[list[PlacementGroup], dict[str, list[PlacementGroupSchedulingStrategy]]]:
     """(the placement groups, {group: each actor's scheduling strategy}), once their resources are
     reserved; a placement not ready within `ray.placement_timeout` stops the run."""
     import ray
@@ -77,7 +85,7 @@ def place(ray_config: RayConfig, groups: list[str]) -> tuple[list, dict[str, lis
             "Fix: free the resources, ask for fewer per role, or --ray.placement_timeout 600.",
             "ray.placement_timeout",
         )
-    strategies: dict[str, list] = {}
+    strategies: dict[str, list[PlacementGroupSchedulingStrategy]] = {}
     for index, group in enumerate(groups):
         spec: RoleGroupConfig = getattr(ray_config, group)
         pg = placements[0] if ray_config.placement == "colocate" else placements[index]

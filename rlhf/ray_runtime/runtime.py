@@ -11,19 +11,28 @@ sees)."""
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlhf.config import RLConfig
+from rlhf.data.collate import PtxBatches
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
+from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.ray_runtime.hosts import ROLLOUT, group_of, role_hosts
 from rlhf.ray_runtime.placement import place
 from rlhf.ray_runtime.worker import RoleWorker
-from rlhf.rundir.checkpoint import atomic_export
+from rlhf.rundir import checkpoint as ckpt
 from rlhf.runtime.process_group import LostWorker
+from rlhf.runtime.protocol import Minibatch
+
+if TYPE_CHECKING:  # Ray is imported when a run asks for it
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 LEARNERS = ("policy", "critic")
 
@@ -43,7 +52,7 @@ def start_ray(config: RLConfig) -> bool:
         address=config.ray.address,
         include_dashboard=False,
         log_to_driver=not quiet,
-        logging_level="WARNING" if quiet else "INFO",
+        logging_level=logging.WARNING if quiet else logging.INFO,
         configure_logging=True,
     )
     return config.ray.address is None
@@ -53,18 +62,18 @@ class PendingCall:
     """A call running on a group's actors; `result()` is its first actor's answer (and checks the
     weight loads submitted before it: `loads`)."""
 
-    def __init__(self, runtime: RayRuntime, group: str, refs: list, loads: list) -> None:
+    def __init__(self, runtime: RayRuntime, group: str, refs: list[Any], loads: list[Any]) -> None:
         self.runtime, self.group, self.refs, self.loads = runtime, group, refs, loads
 
-    def result(self):
-        return self.runtime._get(self.group, self.refs, self.loads)[0]
+    def result(self) -> Rollout:
+        rollout: Rollout = self.runtime._get(self.group, self.refs, self.loads)[0]
+        return rollout
 
 
 class RayRuntime:
     """The runtime of `rlhf train --dist.runtime ray` (rlhf/runtime/__init__.py names its calls)."""
 
     writer = True  # the driver writes the run directory; the learner groups add their weights
-    sharded_checkpoints = False
 
     def __init__(self, config: RLConfig) -> None:
         import ray
@@ -72,15 +81,15 @@ class RayRuntime:
         self.config = config
         self.hosts = role_hosts(config)
         self.started_ray = start_ray(config)
-        self.placements: list = []
-        self.actors: dict[str, list] = {}
+        self.placements: list[PlacementGroup] = []
+        self.actors: dict[str, list[Any]] = {}  # Ray actor handles of RoleWorker, by group
         self.nodes: dict[str, list[str]] = {}
-        self.loading: list = []  # the rollout actors' weight loads not yet checked (`sync_rollout`)
+        self.loading: list[Any] = []  # the rollout actors' weight loads not yet checked (`sync_rollout`)
         try:
             self.placements, strategies = place(config.ray, list(self.hosts))
             self._launch(config, strategies, ray.remote(RoleWorker))
         except BaseException:
-            self.shutdown()
+            self.close()
             raise
         self._tokenizer = prepare_tokenizer(
             load_tokenizer(config.model.policy, gguf_file=config.model.gguf_file)
@@ -88,7 +97,12 @@ class RayRuntime:
         self.facts = self._first("policy", "facts")
         self.policy_version = 0  # the policy's updates the rollout group's copy has received
 
-    def _launch(self, config: RLConfig, strategies: dict[str, list], remote_worker) -> None:
+    def _launch(
+        self,
+        config: RLConfig,
+        strategies: dict[str, list[PlacementGroupSchedulingStrategy]],
+        remote_worker: Any,
+    ) -> None:
         """Start every group's actors (each group's members meet at its first actor's address). Every
         actor's process starts at once: each imports torch and transformers, seconds apiece."""
         for group in self.hosts:
@@ -114,7 +128,7 @@ class RayRuntime:
             self.nodes[group] = self._get(group, refs)
 
     # -- calls ---------------------------------------------------------------------------------
-    def _get(self, group: str, refs: list, loads: list | None = None) -> list:
+    def _get(self, group: str, refs: list[Any], loads: list[Any] | None = None) -> list[Any]:
         """The answers of `group`'s actors; a user's mistake raised in an actor is raised here as it
         is, a dead actor as ActorFailed naming it. On the rollout group the weight loads submitted
         before `refs` are checked first (`loads`; None: every unchecked one)."""
@@ -140,21 +154,22 @@ class RayRuntime:
                 f"`rlhf train --resume {self.config.out}` (no checkpoint yet: start again)."
             ) from None
 
-    def _call(self, group: str, method: str, *args) -> list:
+    def _call(self, group: str, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every actor of `group`; their answers."""
         return self._get(group, [getattr(a, method).remote(*args) for a in self.actors[group]])
 
-    def _first(self, group: str, method: str, *args):
+    def _first(self, group: str, method: str, *args: Any) -> Any:
         """`method(*args)` on every actor of `group`; the first actor's answer."""
         return self._call(group, method, *args)[0]
 
     def _learner_groups(self) -> list[str]:
         return [g for g in self.hosts if g != ROLLOUT and any(r in LEARNERS for r in self.hosts[g])]
 
-    def generate(self, prompts: list[list[int]], return_logprobs: bool):
+    def generate(self, prompts: list[list[int]], return_logprobs: bool) -> Rollout:
         """The rollout: sampled by the rollout group when there is one, else by the policy's."""
         group = ROLLOUT if ROLLOUT in self.actors else "policy"
-        return self._first(group, "generate", prompts, return_logprobs)
+        rollout: Rollout = self._first(group, "generate", prompts, return_logprobs)
+        return rollout
 
     def submit_generate(self, prompts: list[list[int]], return_logprobs: bool) -> PendingCall:
         """The rollout group's sampling of `prompts`, started now; `.result()` waits for it (the
@@ -177,13 +192,17 @@ class RayRuntime:
         self.policy_version += 1
 
     def forward(self, role: str, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
-        return self._first(group_of(self.hosts, role), "forward", role, sequences, temperature)
+        result: torch.Tensor = self._first(
+            group_of(self.hosts, role), "forward", role, sequences, temperature
+        )
+        return result
 
-    def sample(self, prompts: list[list[int]], sampling, seed: int):
+    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         """An evaluator's sampling by the policy's group (the trained weights, never a stale copy)."""
-        return self._first("policy", "sample", prompts, sampling, seed)
+        rollout: Rollout = self._first("policy", "sample", prompts, sampling, seed)
+        return rollout
 
-    def train(self, roles: Sequence[str], minibatches: Sequence) -> list[dict[str, float]]:
+    def train(self, roles: Sequence[str], minibatches: Sequence[Minibatch]) -> list[dict[str, float]]:
         """Each named learner's steps, the groups' at once (the minibatches sent once, shared)."""
         import ray
 
@@ -201,7 +220,7 @@ class RayRuntime:
 
     # -- facts, state, weights, export -----------------------------------------------------------
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         """The policy's tokenizer, read by the driver itself (prompts, texts for reward functions)."""
         return self._tokenizer
 
@@ -218,7 +237,8 @@ class RayRuntime:
     @property
     def policy_context(self) -> int | None:
         """The policy's positions (for the prompts' length check)."""
-        return self.facts["context"]
+        context: int | None = self.facts["context"]
+        return context
 
     def learning_rates(self) -> dict[str, float]:
         rates: dict[str, float] = {}
@@ -226,11 +246,11 @@ class RayRuntime:
             rates.update(self._first(group, "learning_rates"))
         return rates
 
-    def use_ptx(self, batches, coef: float, seed: int) -> None:
+    def use_ptx(self, batches: PtxBatches, coef: float, seed: int) -> None:
         self._call("policy", "use_ptx", batches, coef, seed)
 
-    def role_state(self) -> dict:
-        state: dict = {}
+    def role_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
         for group in self._learner_groups():
             state.update(self._first(group, "role_state"))
         if ROLLOUT in self.actors:  # the generator that drew the rollouts is the rollout group's
@@ -239,7 +259,7 @@ class RayRuntime:
         state["actor_rng"] = {group: self._call(group, "rng_state") for group in self.actors}
         return state
 
-    def load_role_state(self, state: dict) -> None:
+    def load_role_state(self, state: dict[str, Any]) -> None:
         for group in self._learner_groups():
             self._call(group, "load_role_state", state)
         if ROLLOUT in self.actors and "sample_generator" in state["policy"]:
@@ -248,33 +268,37 @@ class RayRuntime:
             if group in self.actors:
                 self._call(group, "load_rng_state", states)
 
-    def save_weights(self, directory) -> None:
+    def save_checkpoint(self, directory: Path, state: dict[str, Any], steps_done: int) -> None:
+        """The driver's checkpoint: each learner group writes its weights into the directory the
+        driver commits (a sharded group: its DCP shards), the driver the roles' state, `state`, DONE."""
+        with ckpt.atomic_directory(directory) as tmp:
+            self.save_weights(tmp)
+            ckpt.save_state({**state, "roles": self.role_state()}, tmp, "trainer")
+            ckpt.write_done(tmp, steps_done)  # sizes and checksums: verified on resume
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        self.load_weights(directory)
+        state: dict[str, Any] = ckpt.load_state(directory, "trainer")
+        self.load_role_state(state["roles"])
+        return state
+
+    def save_weights(self, directory: Path) -> None:
         for group in self._learner_groups():
             self._call(group, "save_weights", str(directory))
 
-    def load_weights(self, directory) -> None:
+    def load_weights(self, directory: Path) -> None:
         for group in self._learner_groups():
             self._call(group, "load_weights", str(directory))
         self.sync_rollout()
 
-    def export(self, directory) -> None:
+    def export(self, directory: Path) -> None:
         """The trained models and the tokenizer, committed at once (rlhf/rundir/export.py's layout)."""
-        with atomic_export(directory) as tmp:
+        with ckpt.atomic_export(directory) as tmp:
             for group in self._learner_groups():
                 self._call(group, "export_into", str(tmp))
             self._tokenizer.save_pretrained(tmp)
 
-    def release_optimizer_state(self) -> None:
-        for group in self._learner_groups():
-            self._call(group, "release_optimizer_state")
-
-    def whole_models(self):
-        return contextlib.nullcontext()
-
-    def whole_model(self, model):
-        return contextlib.nullcontext()
-
-    def shutdown(self) -> None:
+    def close(self) -> None:
         """End the actors and free their placement groups (and Ray, when started here)."""
         import ray
 

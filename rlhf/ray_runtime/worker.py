@@ -15,23 +15,28 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import socket
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from rlhf.config import RLConfig
+from rlhf.data.collate import PtxBatches
+from rlhf.models.backbone import model_context
+from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.ray_runtime.hosts import ROLLOUT
 from rlhf.rl.roles.assemble import load_roles
 from rlhf.rundir.checkpoint import rng_state, set_rng_state
 from rlhf.rundir.export import write_models
 from rlhf.rundir.sharded_checkpoint import group_shards, save_learner_shards, trained_learners
-from rlhf.runtime import runtime_for
+from rlhf.runtime import DistributedRuntime, runtime_for
 from rlhf.runtime.process_group import backend_for
-from rlhf.train.context_check import model_context
+from rlhf.runtime.protocol import Minibatch
 
 
 class RoleWorker:
@@ -44,7 +49,8 @@ class RoleWorker:
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        node: str = ray.util.get_node_ip_address()
+        return node, port
 
     def setup(
         self,
@@ -75,23 +81,24 @@ class RoleWorker:
         # sharded: rank 0 alone reads the weights, the others' shards come from its (as torchrun's)
         self.roles = load_roles(config, on_meta=self.sharded and rank > 0, hosted=frozenset(roles))
         self.runtime = runtime_for(self.roles, config)
-        return ray.util.get_node_ip_address()
+        node: str = ray.util.get_node_ip_address()
+        return node
 
     # -- the loop's calls --------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], return_logprobs: bool):
+    def generate(self, prompts: list[list[int]], return_logprobs: bool) -> Rollout:
         return self.runtime.generate(prompts, return_logprobs)
 
     def forward(self, role: str, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
         return self.runtime.forward(role, sequences, temperature)
 
-    def sample(self, prompts: list[list[int]], sampling, seed: int):
+    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         return self.runtime.sample(prompts, sampling, seed)
 
-    def train(self, roles: list[str], minibatches: list) -> list[dict[str, float]]:
+    def train(self, roles: list[str], minibatches: list[Minibatch]) -> list[dict[str, float]]:
         return self.runtime.train(roles, minibatches)
 
     # -- facts, state, weights ---------------------------------------------------------------
-    def facts(self) -> dict:
+    def facts(self) -> dict[str, Any]:
         """What the driver asks once: the learners' names, the policy's positions (when served here)."""
         r = self.roles
         return {
@@ -102,21 +109,21 @@ class RoleWorker:
     def learning_rates(self) -> dict[str, float]:
         return self.runtime.learning_rates()
 
-    def use_ptx(self, batches, coef: float, seed: int) -> None:
+    def use_ptx(self, batches: PtxBatches, coef: float, seed: int) -> None:
         self.runtime.use_ptx(batches, coef, seed)
 
-    def role_state(self) -> dict:
+    def role_state(self) -> dict[str, Any]:
         return self.runtime.role_state()
 
-    def load_role_state(self, state: dict) -> None:
+    def load_role_state(self, state: dict[str, Any]) -> None:
         self.runtime.load_role_state(state)
 
     def save_weights(self, directory: str) -> None:
         """The group's trained parameters into a checkpoint under way: sharded, every actor's shards
         and AdamW moments (DCP, `group_shards`); else rank 0's whole files (every member holds them)."""
-        if self.sharded:
+        if isinstance(self.runtime, DistributedRuntime) and self.sharded:
             self.runtime.shard_roles()  # a no-op after the first use
-            save_learner_shards(self.learners(), group_shards(directory, self.group))
+            save_learner_shards(self.learners(), group_shards(Path(directory), self.group))
         elif self.rank == 0:
             self.runtime.save_weights(Path(directory))
 
@@ -126,11 +133,11 @@ class RoleWorker:
         files (rlhf/rl/roles/assemble.py)."""
         self.runtime.load_weights(Path(directory))
 
-    def learners(self) -> dict:
+    def learners(self) -> dict[str, Any]:
         """{name: learner} of the trained roles this group hosts (a shared critic: the policy's)."""
         return {n: r for n, r in trained_learners(self.roles).items() if self.roles.hosts(n)}
 
-    def whole(self, model):
+    def whole(self, model: torch.nn.Module) -> AbstractContextManager[None]:
         """`model` whole for the body: gathered on every actor of a sharded group (all must call)."""
         return self.runtime.whole_model(model) if self.sharded else contextlib.nullcontext()
 
@@ -138,9 +145,6 @@ class RoleWorker:
         """This group's trained models into an export under way (the driver commits it); sharded,
         every actor gathers each model in turn and rank 0 writes it."""
         write_models(Path(tmp) if self.rank == 0 else None, self.roles.exported_models(), whole=self.whole)
-
-    def release_optimizer_state(self) -> None:
-        self.runtime.release_optimizer_state()
 
     # -- a rollout group's copy of the policy --------------------------------------------------
     def policy_weights(self) -> dict[str, torch.Tensor] | None:
@@ -182,11 +186,11 @@ class RoleWorker:
         )
 
     # -- this process's global random state (a role drawing from it, e.g. dropout) ----------------
-    def rng_state(self) -> dict:
+    def rng_state(self) -> dict[str, Any]:
         """Python's, NumPy's and torch's global generators in this actor (a checkpoint's)."""
         return rng_state()
 
-    def load_rng_state(self, states: list[dict]) -> None:
+    def load_rng_state(self, states: list[dict[str, Any]]) -> None:
         """This actor's state among its group's (by rank); an actor the checkpoint's run did not
         have (more actors on resume) keeps its own."""
         if self.rank < len(states):

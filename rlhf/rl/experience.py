@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -62,11 +63,12 @@ class Experience:
 
     def to(self, device: torch.device | str) -> Experience:
         """The same experience with every tensor on `device`."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "prompt_length"}
-        return Experience(
-            prompt_length=self.prompt_length,
-            **{k: v if v is None else v.to(device) for k, v in moved.items()},
-        )
+        moved: dict[str, Any] = {
+            f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+            for f in fields(self)
+            if f.name != "prompt_length"
+        }
+        return Experience(prompt_length=self.prompt_length, **moved)
 
     def select(self, index: torch.Tensor) -> Experience:
         """Rows `index`, with columns that are padding in every selected row trimmed away."""

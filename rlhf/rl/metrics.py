@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from rlhf.models.sampling import Rollout
+from rlhf.rl.experience import Experience
 
 
 def distinct_n(response_ids: torch.Tensor, response_mask: torch.Tensor, n: int = 2) -> float:
@@ -15,8 +20,8 @@ def distinct_n(response_ids: torch.Tensor, response_mask: torch.Tensor, n: int =
 
 
 def rollout_metrics(
-    rollout,
-    experience,
+    rollout: Rollout,
+    experience: Experience,
     raw_scores: torch.Tensor,
     processed: torch.Tensor,
     keep: torch.Tensor,
@@ -25,7 +30,7 @@ def rollout_metrics(
     beta: float,
     *,
     with_values: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """The monitors of one rollout (PPO paper §5.2): reward before and after processing, KL to
     the reference per response (the configured estimator and k3), perplexities, length, EOS rate,
     distinct-2, advantage/return/value statistics (value: `with_values`, a critic's run). KL means are

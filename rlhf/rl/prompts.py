@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -31,7 +33,7 @@ class PromptStream:
             self.position += 1
         return batch
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,
             "position": self.position,
@@ -39,7 +41,7 @@ class PromptStream:
             "generator": self.generator.get_state(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = state["epoch"]
         self.position = state["position"]
         self.order = list(state["order"])

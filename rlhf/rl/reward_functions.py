@@ -32,10 +32,13 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import FrameType, ModuleType
+from typing import Any
 
 import torch
 
 from rlhf.config import ConfigError
+from rlhf.models.sampling import Rollout
 
 # the keyword arguments a reward function may name -> what each holds
 STANDARD_ARGUMENTS = ("prompts", "completions", "completion_ids")
@@ -53,7 +56,7 @@ class RewardFunctionError(ConfigError):
 class RewardFunction:
     name: str  # "module:function", as the user wrote it
     weight: float
-    fn: Callable
+    fn: Callable[..., Any]
     # how it is called: "positional" (the 4-argument form) or "keyword" (by the names it takes)
     style: str = "positional"
     named: tuple[str, ...] = ()  # the parameters it names (keyword style)
@@ -103,7 +106,7 @@ def _watch_ctrl_c() -> Iterator[list[bool]]:
         return
     previous = signal.getsignal(signal.SIGINT)
 
-    def on_sigint(signum, frame):
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
         seen[0] = True
         if callable(previous):
             previous(signum, frame)
@@ -140,7 +143,7 @@ def _user_frame(err: BaseException, file: str | None = None) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
-def _source_file(fn: Callable) -> str | None:
+def _source_file(fn: Callable[..., Any]) -> str | None:
     try:
         return inspect.getsourcefile(fn)
     except TypeError:  # a builtin, or a callable instance
@@ -182,7 +185,7 @@ def _import_failure(name: str, module_name: str, err: BaseException) -> RewardFu
     )
 
 
-def _import(name: str, module_name: str):
+def _import(name: str, module_name: str) -> ModuleType:
     with _watch_ctrl_c() as ctrl_c:
         try:
             return importlib.import_module(module_name)
@@ -196,7 +199,7 @@ def _import(name: str, module_name: str):
             raise _import_failure(name, module_name, err) from None
 
 
-def calling_style(name: str, fn: Callable) -> dict:
+def calling_style(name: str, fn: Callable[..., Any]) -> dict[str, Any]:
     """How `fn` is called: by the keywords it names (TRL's form), or positionally as the older
     `fn(prompts, responses, response_token_ids, rows)` when it takes four positional arguments of
     other names (`def f(p, r, ids, rows)`)."""
@@ -239,7 +242,7 @@ def load_reward_functions(specs: Sequence[object], key: str = "reward.functions"
     for name, weight in parse_specs(specs, key):
         module_name, _, attribute = name.partition(":")
         module = _import(name, module_name)
-        fn = module
+        fn: Any = module
         for part in attribute.split("."):
             fn = getattr(fn, part, None)
         if not callable(fn):
@@ -252,7 +255,7 @@ def load_reward_functions(specs: Sequence[object], key: str = "reward.functions"
 
 
 def check_row_fields(
-    functions: Sequence[RewardFunction], rows: list[dict], path: str = "the prompts file"
+    functions: Sequence[RewardFunction], rows: list[dict[str, Any]], path: str = "the prompts file"
 ) -> None:
     """Before any model runs: every argument a function requires is a standard one or a field of
     every line of the prompt file."""
@@ -278,8 +281,8 @@ def _arguments(
     prompts: list[str],
     responses: list[str],
     token_ids: list[list[int]],
-    rows: list[dict],
-) -> dict:
+    rows: list[dict[str, Any]],
+) -> dict[str, Any]:
     standard = {"prompts": prompts, "completions": responses, "completion_ids": token_ids}
     fields = sorted({k for row in rows for k in row if k not in NOT_FIELDS and k not in standard})
     wanted = set(reward.named)
@@ -318,7 +321,7 @@ def call_reward_function(
     prompts: list[str],
     responses: list[str],
     response_token_ids: list[list[int]],
-    rows: list[dict],
+    rows: list[dict[str, Any]],
     *,
     where: str = "",
 ) -> torch.Tensor:
@@ -327,10 +330,12 @@ def call_reward_function(
     fix = "Fix: make it return one finite float per response, in order; stopped before training on it."
     size = len(prompts)
     first = f"the first: {responses[0][:60]!r} to {prompts[0][:60]!r}" if size else "no responses"
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
     if reward.style == "keyword":
-        args, kwargs = (), _arguments(reward, prompts, responses, response_token_ids, rows)
+        kwargs = _arguments(reward, prompts, responses, response_token_ids, rows)
     else:
-        args, kwargs = (prompts, responses, response_token_ids, rows), {}
+        args = (prompts, responses, response_token_ids, rows)
     with _watch_ctrl_c() as ctrl_c:
         try:
             out = reward.fn(*args, **kwargs)
@@ -368,12 +373,17 @@ def call_reward_function(
 
 
 def _require_finite(
-    reward: RewardFunction, values: torch.Tensor, prompts, responses, where: str, fix: str
+    reward: RewardFunction,
+    values: torch.Tensor,
+    prompts: list[str],
+    responses: list[str],
+    where: str,
+    fix: str,
 ) -> None:
     """Each value finite, and still finite in float32 once weighted (the dtype the loss uses)."""
     weighted = reward.weight * values.float()
-    bad = (~torch.isfinite(values) | ~torch.isfinite(values.float()) | ~torch.isfinite(weighted)).nonzero()
-    bad = bad.flatten().tolist()
+    nonfinite = ~torch.isfinite(values) | ~torch.isfinite(values.float()) | ~torch.isfinite(weighted)
+    bad = nonfinite.nonzero().flatten().tolist()
     if not bad:
         return
     i = bad[0]
@@ -399,7 +409,7 @@ def weighted_reward(
     prompts: list[str],
     responses: list[str],
     response_token_ids: list[list[int]],
-    rows: list[dict],
+    rows: list[dict[str, Any]],
     *,
     where: str = "",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -427,7 +437,7 @@ def part_metrics(parts: dict[str, torch.Tensor]) -> dict[str, float]:
     return {f"reward/part/{name}": float(values.mean()) for name, values in parts.items()}
 
 
-def rollout_texts(tokenizer, rollout) -> tuple[list[str], list[str], list[list[int]]]:
+def rollout_texts(tokenizer: Any, rollout: Rollout) -> tuple[list[str], list[str], list[list[int]]]:
     """(prompt texts, response texts without EOS, response token ids with the EOS) of a rollout."""
     from rlhf.evaluation.judging import decode_responses
 
@@ -442,14 +452,23 @@ def rollout_texts(tokenizer, rollout) -> tuple[list[str], list[str], list[list[i
     return prompts, decode_responses(tokenizer, rollout), token_ids
 
 
-def judge_with_functions(judge_factory, functions: Sequence[RewardFunction], tokenizer, rows: list[dict]):
+Judge = Callable[[Rollout, list[str]], torch.Tensor]  # (rollout, response texts) -> scores [B]
+JudgeFactory = Callable[[int, int], Judge]  # (first row, end row) -> the judge of those rows
+
+
+def judge_with_functions(
+    judge_factory: JudgeFactory | None,
+    functions: Sequence[RewardFunction],
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+) -> JudgeFactory:
     """`rlhf eval`'s judge factory with the reward functions added (weight each; the judge's own score,
     if any, with weight 1): `factory(start, end) -> judge(rollout, responses) -> [B]`."""
 
-    def factory(start: int, end: int):
+    def factory(start: int, end: int) -> Judge:
         base = judge_factory(start, end) if judge_factory is not None else None
 
-        def judge(rollout, responses: list[str]) -> torch.Tensor:
+        def judge(rollout: Rollout, responses: list[str]) -> torch.Tensor:
             scores = base(rollout, responses) if base is not None else None
             prompts, _, token_ids = rollout_texts(tokenizer, rollout)
             total, _ = weighted_reward(

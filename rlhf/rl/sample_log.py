@@ -14,21 +14,25 @@ The gold reward is read from the world whose `world.json` sits beside the prompt
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from rlhf.config import RLConfig
+from rlhf.models.sampling import Rollout
 from rlhf.monitor import MetricsLogger
+from rlhf.rundir.directory import SilentLogger
+from rlhf.worlds import World
 
 
 class SampleLog:
-    def __init__(self, config: RLConfig, tokenizer):
+    def __init__(self, config: RLConfig, tokenizer: Any) -> None:
         self.n = config.log.samples_to_log
         self.tokenizer = tokenizer
         self.world = world_of_prompts(config.data.prompts) if self.n else None
-        self._kept = None
+        self._kept: tuple[torch.Tensor, ...] | None = None
 
-    def keep(self, rollout, raw_scores: torch.Tensor) -> None:
+    def keep(self, rollout: Rollout, raw_scores: torch.Tensor) -> None:
         """Remember the first rows of this rollout (tensors only; decoding waits for `write`)."""
         if self.n:
             n = self.n
@@ -41,7 +45,7 @@ class SampleLog:
                 raw_scores[:n],
             )
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[dict[str, Any]]:
         """The kept rows as {"prompt", "response", "score", "ended_with_eos"[, "gold"]} (empty before
         any `keep`); `score` is the raw reward-model score, before any truncation penalty."""
         if self._kept is None:
@@ -59,15 +63,16 @@ class SampleLog:
                 row["gold"] = round(float(g), 4)
         return rows
 
-    def write(self, logger: MetricsLogger, iteration: int) -> None:
+    def write(self, logger: MetricsLogger | SilentLogger, iteration: int) -> None:
         if self.n and self._kept is not None:
             logger.log_samples(iteration, self.rows())
 
     def _decode(self, ids: torch.Tensor) -> str:
-        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        text: str = self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        return text
 
 
-def world_of_prompts(prompts_path: str):
+def world_of_prompts(prompts_path: str) -> World | None:
     """The built-in world that wrote the prompts file (its world.json beside it), else None."""
     if not prompts_path:
         return None

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,6 +36,7 @@ from rlhf.core import (
     token_rewards,
     whiten_advantages,
 )
+from rlhf.data.collate import PtxBatches
 from rlhf.models.sampling import Rollout
 from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
@@ -49,15 +51,14 @@ from rlhf.rl.mismatch import MismatchMonitor
 from rlhf.rl.prompts import PromptStream
 from rlhf.rl.remote_reward import remote_reward
 from rlhf.rl.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
-from rlhf.rl.roles.assemble import Roles, optimizer_steps
+from rlhf.rl.roles.assemble import optimizer_steps
 from rlhf.rl.roles.learner import mean_over_steps
 from rlhf.rl.sample_log import SampleLog
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import open_metrics_logger
 from rlhf.rundir.run_inputs import write_config
-from rlhf.rundir.sharded_checkpoint import save_sharded_checkpoint
 from rlhf.rundir.termination import finish_first
-from rlhf.runtime import LocalRuntime
+from rlhf.runtime.protocol import Ready, RolloutHandle, Runtime
 from rlhf.train.guards import (
     NONFINITE_GRADIENTS,
     SkippedStepStreak,
@@ -67,51 +68,59 @@ from rlhf.train.guards import (
 
 # on the console line; the KL is k3's, never negative (kl/ref, the configured estimator, may be: k1)
 KEY_METRICS = ("reward/raw_mean", "kl/k3", "policy_ppl", "response/length_mean", "policy/clip_fraction")
-Evaluator = Callable[["RLTrainer", int], dict]
+Evaluator = Callable[["RLTrainer", int], dict[str, float]]
+Metrics = dict[str, Any]  # an iteration's metrics: numbers, and lists or flags (`reward/raw_scores`, `stop`)
+
+
+@dataclass
+class PretrainState:
+    """Critic pre-training's progress: iterations done, the best value loss, iterations since it improved."""
+
+    iterations: int = 0
+    best: float = math.inf
+    stale: int = 0
+
+    def state_dict(self) -> dict[str, float | None]:
+        return {"iterations": self.iterations, "best": self.best if math.isfinite(self.best) else None,
+                "stale": self.stale}  # fmt: skip
+
+    @classmethod
+    def of(cls, state: dict[str, Any]) -> PretrainState:
+        best = state["best"]
+        return cls(int(state["iterations"]), math.inf if best is None else float(best), int(state["stale"]))
 
 
 @dataclass
 class PendingRollout:
-    """A rollout submitted to the rollout actors (asynchronous): its prompts' group ids and rows of
-    the prompt file, the handle whose `result()` is the Rollout, the policy version that samples it."""
+    """A rollout submitted to the runtime (asynchronous): its prompts' group ids and rows of the
+    prompt file, the handle whose `result()` is the Rollout, the policy version that samples it."""
 
     group: torch.Tensor
     indices: list[int]
-    handle: object
+    handle: RolloutHandle
     version: int
 
 
-@dataclass
-class Ready:
-    """A handle whose result is already here (a pending rollout restored from a checkpoint)."""
-
-    rollout: Rollout
-
-    def result(self) -> Rollout:
-        return self.rollout
-
-
 class RLTrainer:
-    """One RL run: the roles, the runtime that schedules them, and the loop's own state (score
-    statistics, KL coefficient, prompt stream, experience buffer, collapse detector)."""
+    """One RL run: the runtime that serves the roles (rlhf/runtime/protocol.py: the trainer reaches
+    them through it alone), and the loop's own state (score statistics, KL coefficient, prompt
+    stream, experience buffer, collapse detector)."""
 
     def __init__(
         self,
         config: RLConfig,
-        roles: Roles,
+        runtime: Runtime,
         prompts: list[list[int]],
         *,
-        ptx_batches: Callable[[torch.Generator], dict] | None = None,
+        ptx_batches: PtxBatches | None = None,
         evaluator: Evaluator | None = None,
         run_dir: str | Path | None = None,
         resume: bool = False,
         quiet: bool = False,
-        runtime=None,
-        prompt_rows: list[dict] | None = None,
-    ):
+        prompt_rows: list[dict[str, Any]] | None = None,
+    ) -> None:
         c = self.config = config
-        self.roles = roles
-        self.runtime = runtime or LocalRuntime(roles, c.runtime)
+        self.runtime = runtime
         self.run_dir = Path(run_dir or c.out)
         self.evaluator = evaluator
         torch.manual_seed(c.seed)
@@ -148,7 +157,7 @@ class RLTrainer:
         self.pending: list[PendingRollout] = []
         self.batch_indices: list[int] = []  # the prompt file's rows of the rollout being scored
         self.pretrain_done = c.critic.pretrain_iterations == 0
-        self.pretrain_state = {"iterations": 0, "best": math.inf, "stale": 0}
+        self.pretrain_state = PretrainState()
         self.skipped_streak = SkippedStepStreak()
         self.detector = collapse_detector(c)
         # a policy that does not move (a learning rate far too small): said once, with the fix
@@ -185,14 +194,14 @@ class RLTrainer:
     # ----------------------------------------------------------------------------------------
     # the loop
     # ----------------------------------------------------------------------------------------
-    def train(self) -> dict:
+    def train(self) -> Metrics:
         c = self.config
         if self.runtime.writer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_config(c, self.run_dir)  # only when it changes; its sha256 recorded (run_inputs.json)
         if self.ptx_note and self.iteration == 0:
             self.logger.warn(self.ptx_note, step=0)
-        last: dict = {}
+        last: Metrics = {}
         try:
             # critic pre-training: value loss only, policy frozen (PPO paper §5.3.3)
             while not self.pretrain_done:
@@ -207,8 +216,6 @@ class RLTrainer:
                         self.save_checkpoint()
             with finish_first():
                 self.save_checkpoint()
-                if self.runtime.sharded_checkpoints:  # fsdp2: the moments are in the checkpoint's shards
-                    self.runtime.release_optimizer_state()
                 self.runtime.export(
                     self.run_dir
                 )  # fsdp2: every rank gathers each model in turn, rank 0 writes
@@ -216,12 +223,7 @@ class RLTrainer:
             self.logger.close()
         return last
 
-    @property
-    def sample_generator(self) -> torch.Generator:
-        """The rollouts' random state: the policy's own (in its checkpointed state); in this process."""
-        return self.roles.policy.generator
-
-    def step(self) -> dict:
+    def step(self) -> Metrics:
         """One iteration: rollout, experience, update, metrics."""
         c = self.config
         started = time.perf_counter()
@@ -262,7 +264,7 @@ class RLTrainer:
         if self.pretrain_done:
             self.logger.status(what, self.iteration, "iteration")
         else:
-            self.logger.status(what, self.pretrain_state["iterations"], "pretrain")
+            self.logger.status(what, self.pretrain_state.iterations, "pretrain")
 
     def pretrain_step(self) -> None:
         """One critic pre-training iteration; stops early when the value loss plateaus."""
@@ -270,29 +272,26 @@ class RLTrainer:
         experience, _ = self.make_experience()
         self.status("updating the critic")
         stats = self.update(experience, train_policy=False)
-        loss = stats["value/loss"]
-        state["iterations"] += 1
-        improved = state["iterations"] == 1 or loss < state["best"] * (1 - c.critic.pretrain_min_delta)
+        loss = float(stats["value/loss"])
+        state.iterations += 1
+        improved = state.iterations == 1 or loss < state.best * (1 - c.critic.pretrain_min_delta)
         if improved:  # the first iteration sets the baseline (inf * 0 would be NaN for min_delta 1)
-            state["best"], state["stale"] = loss, 0
+            state.best, state.stale = loss, 0
         else:
-            state["stale"] += 1
+            state.stale += 1
         self.logger.log(
-            state["iterations"] - 1,
+            state.iterations - 1,
             {
                 "critic_pretrain/value_loss": loss,
                 "critic_pretrain/explained_var": stats["value/explained_variance"],
             },
             kind="pretrain",
         )
-        if (
-            state["iterations"] >= c.critic.pretrain_iterations
-            or state["stale"] >= c.critic.pretrain_patience
-        ):
+        if state.iterations >= c.critic.pretrain_iterations or state.stale >= c.critic.pretrain_patience:
             self.pretrain_done = True
 
     @torch.inference_mode()
-    def make_experience(self) -> tuple[Experience, dict]:
+    def make_experience(self) -> tuple[Experience, Metrics]:
         """Sample, score, run the no-grad forwards, and turn scores into advantages."""
         c = self.config
         t0 = time.perf_counter()
@@ -315,8 +314,10 @@ class RLTrainer:
         self.status("forwards")
         old_logp, ref_logp, values = self.forwards(rollout, mask)
         self.require_finite_forwards(rollout, mask, old_logp, ref_logp, values)
-        is_weights, async_metrics = None, {}
+        is_weights = torch.ones_like(mask)  # each token's surrogate weight: 1 when synchronous
+        async_metrics: dict[str, float] = {}
         if self.asynchronous:  # decoupled PPO: the sampler's policy was `behind` updates old (§34)
+            assert rollout.logprobs is not None  # submitted with them (`submit_rollout`)
             is_weights, async_metrics = decoupled_is_weights(
                 old_logp, rollout.logprobs, mask, self.config.policy.is_truncation
             )
@@ -370,7 +371,7 @@ class RLTrainer:
         handle = self.runtime.submit_generate(prompts, True)  # the behaviour log-probs with it
         return PendingRollout(group, indices, handle, self.runtime.policy_version)
 
-    def take_rollout(self):
+    def take_rollout(self) -> tuple[torch.Tensor, Rollout, int]:
         """(group ids, the rollout, updates its sampler's policy was behind): the oldest pending one
         (asynchronous), or sampled now by the current policy."""
         if not self.pending and self.asynchronous:
@@ -383,7 +384,9 @@ class RLTrainer:
         from_sampler = self.config.rollout.logprobs_from_sampler or self.mismatch.due(self.iteration)
         return group, self.runtime.generate(prompts, from_sampler), 0
 
-    def forwards(self, rollout, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def forwards(
+        self, rollout: Rollout, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The no-grad forwards: old log-probs (the sampler's when it kept them), reference
         log-probs, and the critic's values (None for a critic-free estimator)."""
         run, sequences = self.runtime, rollout.sequences
@@ -408,7 +411,14 @@ class RLTrainer:
             self.logger.warn(warning, step=self.iteration, code=MISMATCH)
         return metrics
 
-    def require_finite_forwards(self, rollout, mask, old_logp, ref_logp, values) -> None:
+    def require_finite_forwards(
+        self,
+        rollout: Rollout,
+        mask: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor,
+        values: torch.Tensor | None,
+    ) -> None:
         """A NaN/inf log-prob or value inside a response stops the run before it reaches an advantage
         (rlhf/train/guards.py): a silent NaN turns every later weight into NaN."""
         outputs = [("the policy", "log-probs", old_logp), ("the reference", "log-probs", ref_logp)]
@@ -420,7 +430,7 @@ class RLTrainer:
         when = (
             f"iteration {self.iteration}"
             if self.pretrain_done
-            else f"critic pre-training iteration {self.pretrain_state['iterations']}"
+            else f"critic pre-training iteration {self.pretrain_state.iterations}"
         )
         for model, quantity, tokens in outputs:
             require_finite_tokens(
@@ -442,12 +452,22 @@ class RLTrainer:
             "--dtype float32, or lower --policy_optim.lr / --critic_optim.lr."
         )
 
-    def experience_metrics(self, rollout, experience, raw_scores, processed, keep, kl, final_scores) -> dict:
+    def experience_metrics(
+        self,
+        rollout: Rollout,
+        experience: Experience,
+        raw_scores: torch.Tensor,
+        processed: torch.Tensor,
+        keep: torch.Tensor,
+        kl: torch.Tensor,
+        final_scores: torch.Tensor,
+    ) -> Metrics:
         """The rollout monitors, group statistics when prompts are sampled in groups, reward parts."""
         c = self.config
         metrics = rollout_metrics(rollout, experience, raw_scores, processed, keep, kl, c.kl.estimator,
                                   self.kl_controller.value, with_values=self.runtime.has_role("critic"))  # fmt: skip
         if c.rollout.samples_per_prompt > 1:
+            assert experience.group is not None  # make_experience gives every row its prompt's group
             metrics.update(group_metrics(final_scores, experience.group, keep))
         metrics.update(self.reward_parts)
         return metrics
@@ -457,7 +477,7 @@ class RLTrainer:
         group, rollout, behind = self.take_rollout()
         return Scored(group, rollout, *self.score(rollout), behind)
 
-    def score(self, rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def score(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(raw scores [B]: the reward model's and/or the reward functions' weighted sum, scores after
         the truncation policy [B], rows kept [B])."""
         c, run = self.config, self.runtime
@@ -493,7 +513,7 @@ class RLTrainer:
             self.reward_parts["reward/overlong_penalty"] = float(penalty.mean())
         return raw_scores, scores, keep
 
-    def function_rewards(self, rollout, model_scores: torch.Tensor | None) -> torch.Tensor:
+    def function_rewards(self, rollout: Rollout, model_scores: torch.Tensor | None) -> torch.Tensor:
         """``reward.model_weight * RM + sum_k weight_k * fn_k`` [B]; each part's mean kept for the metrics."""
         n = self.config.rollout.samples_per_prompt
         indices = [i for i in self.batch_indices for _ in range(n)]
@@ -512,7 +532,7 @@ class RLTrainer:
         self.reward_parts = part_metrics(parts)
         return total
 
-    def update(self, experience: Experience, *, train_policy: bool = True) -> dict:
+    def update(self, experience: Experience, *, train_policy: bool = True) -> Metrics:
         """`ppo_epochs` passes of shuffled minibatches, one optimizer step of each learner per minibatch."""
         c = self.config
         minibatches = []
@@ -528,7 +548,8 @@ class RLTrainer:
                     )
                 elif c.advantage.clip is not None:
                     minibatch.advantages = minibatch.advantages.clamp(-c.advantage.clip, c.advantage.clip)
-                if self.asynchronous:  # decoupled PPO: each token's surrogate weighted (§34)
+                if self.asynchronous and minibatch.is_weights is not None:  # decoupled PPO: each token's
+                    # surrogate weighted (§34; None never: Experience sets 1s when not given)
                     minibatch.advantages = minibatch.advantages * minibatch.is_weights
                 minibatches.append(minibatch)
         steps = self.runtime.train(self.runtime.learner_names(train_policy), minibatches)
@@ -536,7 +557,7 @@ class RLTrainer:
         self.check_skipped_steps(stats)
         return {**stats, **self.runtime.learning_rates()}
 
-    def check_skipped_steps(self, stats: dict) -> None:
+    def check_skipped_steps(self, stats: dict[str, float]) -> None:
         """Warn when optimizer steps were skipped for NaN/inf gradients (rlhf/train/optim.py); stop
         when a learner skipped all of them in 3 updates in a row (rlhf/train/guards.py)."""
         for prefix, role in (("policy", "policy"), ("value", "critic")):
@@ -553,12 +574,11 @@ class RLTrainer:
     # ----------------------------------------------------------------------------------------
     # checkpoints
     # ----------------------------------------------------------------------------------------
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return {
             "iteration": self.iteration,
             "pretrain_done": self.pretrain_done,
-            "pretrain_state": {k: (v if math.isfinite(v) else None) for k, v in self.pretrain_state.items()},
-            "roles": self.runtime.role_state(),  # the policy's sampling generator among them
+            "pretrain_state": self.pretrain_state.state_dict(),
             "score_processor": self.score_processor.state_dict(),
             "kl_controller": self.kl_controller.state_dict(),
             "prompts": self.prompts.state_dict(),
@@ -568,7 +588,7 @@ class RLTrainer:
             "pending": self.pending_state(),
         }
 
-    def pending_state(self) -> list[dict]:
+    def pending_state(self) -> list[dict[str, Any]]:
         """The rollouts sampled ahead (asynchronous), waited for, in their order: a resumed run trains
         on them as the uninterrupted one does, each as many versions behind."""
         states = []
@@ -582,61 +602,30 @@ class RLTrainer:
         return states
 
     def save_checkpoint(self) -> Path:
+        """The checkpoint of this iteration: the loop's `state`, the roles' weights and state (the
+        runtime's: whole files, or each rank's shards under fsdp2); the oldest past `keep` pruned."""
         target = self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}"
-        if self.runtime.sharded_checkpoints:  # fsdp2: every rank writes its shards (DCP)
-            return save_sharded_checkpoint(self, target)
-        with self.runtime.whole_models():  # fsdp2: every rank gathers the weights and optimizer state
-            state = self.state()
-            if not self.runtime.writer:  # every rank holds the same state: rank 0 writes it
-                return target
-            with ckpt.atomic_directory(target) as tmp:
-                self.runtime.save_weights(tmp)
-                ckpt.save_state(state, tmp, "trainer")
-                ckpt.write_done(tmp, self.iteration)  # sizes and checksums: verified on resume
-        ckpt.prune_checkpoints(self.run_dir, self.config.checkpoint.keep)
+        self.runtime.save_checkpoint(target, self.state(), self.iteration)
+        if self.runtime.writer:
+            ckpt.prune_checkpoints(self.run_dir, self.config.checkpoint.keep)
         return target
 
     def load_checkpoint(self, path: Path) -> None:
-        self.runtime.load_weights(path)  # an fsdp2 run's shards load at any number of ranks too
-        state = ckpt.load_state(path, "trainer")
+        state = self.runtime.load_checkpoint(path)  # the roles' weights and state loaded
         self.iteration = state["iteration"]
         self.pretrain_done = state["pretrain_done"]
-        self.pretrain_state = {k: (math.inf if v is None else v) for k, v in state["pretrain_state"].items()}
-        self.runtime.load_role_state(roles_state(state))
+        self.pretrain_state = PretrainState.of(state["pretrain_state"])
         self.score_processor.load_state_dict(state["score_processor"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self.prompts.load_state_dict(state["prompts"])
         self.detector.load_state_dict(state["detector"])
         ckpt.set_rng_state(state["rng"], {"shuffle": self.shuffle_generator})
         self.buffer = [Experience(**e).to(self.runtime.device) for e in state["buffer"]]
-        pending = state.get("pending") or []
-        for p in [pending] if isinstance(pending, dict) else pending:  # one (a dict): written before K > 1
+        for p in state["pending"]:
             version = self.runtime.policy_version - p["behind"]
             self.pending.append(
                 PendingRollout(p["group"], list(p["indices"]), Ready(Rollout(**p["rollout"])), version)
             )
-
-
-def roles_state(state: dict) -> dict:
-    """The roles' state of a checkpoint; one written before the policy kept its sampling generator
-    (the trainer's rng "sample" then) or before the roles held their own state is converted."""
-    roles = state["roles"] if "roles" in state else roles_state_of_v1(state)
-    sample = state["rng"]["generators"].get("sample")
-    if sample is not None and "sample_generator" not in roles["policy"]:
-        roles["policy"]["sample_generator"] = sample
-    return roles
-
-
-def roles_state_of_v1(state: dict) -> dict:
-    """The roles' state from a checkpoint written before the roles held their own (optimizers and
-    schedules at the top level, the ptx generator among the trainer's), so such a run resumes."""
-    roles = {"policy": {"optimizer": state["policy_opt"], "scheduler": state["policy_sched"]}}
-    ptx = state["rng"]["generators"].get("ptx")
-    if ptx is not None:
-        roles["policy"]["ptx_generator"] = ptx
-    if "critic_opt" in state:
-        roles["critic"] = {"optimizer": state["critic_opt"], "scheduler": state["critic_sched"]}
-    return roles
 
 
 def warmup_iterations(config: RLConfig) -> int:

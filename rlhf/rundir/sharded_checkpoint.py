@@ -20,6 +20,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from rlhf.rundir import checkpoint as ckpt
+from rlhf.runtime.peers import Peers
 
 SHARDS = "shards"
 GROUPS = "groups"  # a Ray run's sharded role groups, each its own `shards/`
@@ -49,17 +50,7 @@ def shard_state(learners: dict) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_sharded_checkpoint(trainer, target: Path) -> Path:
-    """The trainer's checkpoint `target`, each rank writing its shards (every rank calls it)."""
-    state = trainer.state()  # the optimizer moments stay out (Learner.state_dict under fsdp2)
-    learners = trained_learners(trainer.runtime.roles)
-    write_shards_and_state(learners, trainer.runtime.peers, target, state, trainer.iteration)
-    if trainer.runtime.writer:
-        ckpt.prune_checkpoints(trainer.run_dir, trainer.config.checkpoint.keep)
-    return target
-
-
-def write_shards_and_state(learners: dict, peers, target: Path, state: dict, steps_done: int) -> None:
+def write_shards_and_state(learners: dict, peers: Peers, target: Path, state: dict, steps_done: int) -> None:
     """The checkpoint `target` of sharded `learners` ({name: learner}): every rank writes its shards of
     their parameters and moments (every rank calls this); rank 0 `state` (`trainer.*`, the moments
     left out) and DONE, after every rank's shards."""

@@ -31,16 +31,22 @@ Rank 0 alone writes the run directory (`writer`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
-from rlhf.config import ConfigError, RuntimeConfig
-from rlhf.models.sampling import SamplingConfig
+from rlhf.config import ConfigError, RLConfig, RuntimeConfig
+from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.runtime import fsdp
 from rlhf.runtime.fsdp import Lockstep
-from rlhf.runtime.local import LocalRuntime
+from rlhf.runtime.local import LocalRuntime, RoleSet
 from rlhf.runtime.peers import Peers
+from rlhf.runtime.protocol import Minibatch
 from rlhf.runtime.rollout_share import join_rollouts, row_share
 
 
@@ -49,9 +55,9 @@ class DistributedRuntime(LocalRuntime):
 
     def __init__(
         self,
-        roles,
+        roles: RoleSet,
         config: RuntimeConfig,
-        group=None,
+        group: dist.ProcessGroup | None = None,
         strategy: str = "ddp",
         offload: bool = False,
         rollout_gather: str = "whole",
@@ -74,7 +80,6 @@ class DistributedRuntime(LocalRuntime):
         # fsdp2: every role is sharded at its first use, after a resumed run loaded its state (on
         # rank 0 alone when the other ranks built their models on the meta device)
         self.shard_pending = self.sharded
-        self.sharded_checkpoints = self.sharded
 
     def shard_roles(self) -> None:
         """fsdp2, on the first call: every role sharded per layer (the frozen ones without optimizer)."""
@@ -98,13 +103,30 @@ class DistributedRuntime(LocalRuntime):
             if module is not None and r.hosts(name):  # a Ray group's others are on the meta device
                 fsdp.shard_from_rank0(module, self.peers, bf16_compute=bf16, offload=self.offload)
 
-    def whole_models(self):
+    def whole_models(self) -> AbstractContextManager[None]:
         self.shard_roles()
         return fsdp.whole_copies([learner.module for learner in self.learners])
 
-    def whole_model(self, model):
+    def whole_model(self, model: nn.Module) -> AbstractContextManager[None]:
         self.shard_roles()
         return fsdp.whole_copies([model])
+
+    def save_checkpoint(self, directory: Path, state: dict[str, Any], steps_done: int) -> None:
+        """ddp: rank 0 writes it all (every rank holds the same); fsdp2: every rank writes its shards
+        of the parameters and optimizer moments (DCP), rank 0 the rest (Roles.save_checkpoint)."""
+        if not self.sharded:
+            super().save_checkpoint(directory, state, steps_done)
+            return
+        self.shard_roles()
+        roles_state = self.role_state()  # the optimizer moments left out: they are in the shards
+        self.roles.save_checkpoint(directory, {**state, "roles": roles_state}, steps_done, peers=self.peers)
+
+    def export(self, directory: Path) -> None:
+        """fsdp2: the optimizer moments freed first (the last checkpoint's shards hold them), so each
+        model's whole parameters are gathered in turn with that memory free."""
+        if self.sharded:
+            self.release_optimizer_state()
+        super().export(directory)
 
     @property
     def writer(self) -> bool:
@@ -117,18 +139,24 @@ class DistributedRuntime(LocalRuntime):
                 f"some would have no row. Fix: --rollout.batch_size {self.peers.world_size} or more."
             )
 
-    def generate(self, prompts: list[list[int]], return_logprobs: bool):
+    def generate(self, prompts: list[list[int]], return_logprobs: bool) -> Rollout:
         """This rank's share of the rollout, joined with the other ranks' into the whole batch's."""
         policy = self.roles.policy
         return self._sampled(prompts, return_logprobs, policy.sampling, policy.generator)
 
-    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int):
+    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         """An evaluator's sampling, shared over the ranks as `generate` (every rank seeds the same
         generator, so the tokens are the one process's)."""
         generator = torch.Generator(self.roles.policy.device).manual_seed(seed)
         return self._sampled(prompts, False, sampling, generator)
 
-    def _sampled(self, prompts, return_logprobs: bool, sampling: SamplingConfig, generator):
+    def _sampled(
+        self,
+        prompts: list[list[int]],
+        return_logprobs: bool,
+        sampling: SamplingConfig,
+        generator: torch.Generator,
+    ) -> Rollout:
         self.check_rows(len(prompts))
         share = row_share(self.peers, len(prompts))
         self.shard_roles()
@@ -162,7 +190,7 @@ class DistributedRuntime(LocalRuntime):
             mine = forward(sequences.rows(torch.tensor(index)))[: share.stop - share.start]
         return self.peers.gather_rows(mine, rows)
 
-    def train(self, roles: Sequence[str], minibatches: Sequence) -> list[dict[str, float]]:
+    def steps(self, roles: Sequence[str], minibatches: Sequence[Minibatch]) -> list[dict[str, float]]:
         """Each named learner's steps on this rank's rows of every minibatch, the loss denominator the
         whole minibatch's; the stats (summed over the ranks inside the step) of every step."""
         self.shard_roles()
@@ -176,21 +204,19 @@ class DistributedRuntime(LocalRuntime):
                 )
         return steps
 
-    def lockstep(self, learner, minibatch) -> Lockstep:
+    def lockstep(self, learner: Any, minibatch: Minibatch) -> Lockstep:
         """The micro-batches every rank runs in `learner`'s step on `minibatch` (the largest rank's
         count; the filler: its first row, weighing nothing): DDP's and FSDP2's collectives in the
         backward need the same passes on every rank."""
         width = -(-minibatch.batch_size // self.peers.world_size)  # the largest rank's rows
         return Lockstep(-(-width // learner.micro_batch_size), minibatch.filler())
 
-    def overlap_threads(self, learners: Sequence) -> int | None:
+    def overlap_threads(self, learners: Sequence[Any]) -> int | None:
         return None  # one process group: the policy's and critic's all-reduces must not interleave
 
 
-def runtime_for(roles, config) -> LocalRuntime:
+def runtime_for(roles: RoleSet, config: RLConfig) -> LocalRuntime:
     """The runtime of a run: distributed inside a torchrun process group (`data_parallel`), else local."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         d = config.dist
         return DistributedRuntime(

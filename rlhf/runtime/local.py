@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from rlhf.config import RuntimeConfig
-from rlhf.models.backbone import causal_lm_parts, forward_changes_state
-from rlhf.models.sampling import SamplingConfig
+from rlhf.data.collate import PtxBatches
+from rlhf.models.backbone import causal_lm_parts, forward_changes_state, model_context
+from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.runtime.allocator import keep_freed_memory
 from rlhf.runtime.flops import (
@@ -30,7 +34,53 @@ from rlhf.runtime.flops import (
     handover_step,
     training_flops_per_token,
 )
+from rlhf.runtime.peers import Peers
+from rlhf.runtime.protocol import Minibatch, Ready, RolloutHandle
 from rlhf.runtime.threads import by_row_halves, run_side_by_side, side_by_side_threads
+
+
+class RoleSet(Protocol):
+    """What a runtime in this process asks of its roles (rlhf.rl.roles.assemble.Roles, a higher
+    layer: not named here). A role is itself loosely typed (Any): the roles' package is not yet
+    strict (pyproject.toml [tool.mypy])."""
+
+    tokenizer: Any
+    policy: Any
+    reference: Any
+    critic: Any
+    reward_model: Any
+
+    def hosts(self, name: str) -> bool: ...
+
+    def learner(self, name: str) -> Any: ...
+
+    def learners(self, train_policy: bool = True) -> list[Any]: ...
+
+    def learner_names(self, train_policy: bool = True) -> list[str]: ...
+
+    def learning_rates(self) -> dict[str, float]: ...
+
+    def forward_of(
+        self, name: str, temperature: float | None = None
+    ) -> AbstractContextManager[Callable[[Sequences], torch.Tensor]]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def save_weights(self, directory: Path) -> None: ...
+
+    def load_weights(self, directory: Path) -> None: ...
+
+    def save_checkpoint(
+        self, directory: Path, state: dict[str, Any], steps_done: int, peers: Peers | None = None
+    ) -> None: ...
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]: ...
+
+    def export(self, directory: Path, whole: Any = None, write: bool = True) -> None: ...
+
+    def release_optimizer_state(self) -> None: ...
 
 
 def on_cpu(*models: nn.Module) -> bool:
@@ -41,24 +91,28 @@ def on_cpu(*models: nn.Module) -> bool:
 class LocalRuntime:
     """Places nothing (the roles arrive on their device) and schedules the roles' work in this process."""
 
-    writer = True  # this process writes the run directory (under torchrun: rank 0 alone)
-    sharded_checkpoints = False  # fsdp2: each rank writes its checkpoint shards (DCP)
-
-    def __init__(self, roles, config: RuntimeConfig) -> None:
+    def __init__(self, roles: RoleSet, config: RuntimeConfig) -> None:
         self.roles = roles
         self.config = config
+        self.policy_version = 0  # the policy's updates (`train` with "policy")
         if config.keep_freed_memory:
             keep_freed_memory()
 
     # -- the roles' facts, state, weights and export: the loop reaches a role only through these --
     @property
-    def tokenizer(self):
+    def writer(self) -> bool:
+        """This process writes the run directory (under torchrun: rank 0 alone)."""
+        return True
+
+    @property
+    def tokenizer(self) -> Any:
         return self.roles.tokenizer
 
     @property
     def device(self) -> torch.device:
         """Where the loop's tensors (the experience buffer) live: the policy's device."""
-        return self.roles.policy.device
+        device: torch.device = self.roles.policy.device
+        return device
 
     def has_role(self, name: str) -> bool:
         """Whether the run has the role `name` ("critic": none when critic-free; "reward_model": none
@@ -71,51 +125,76 @@ class LocalRuntime:
     def learning_rates(self) -> dict[str, float]:
         return self.roles.learning_rates()
 
-    def use_ptx(self, batches, coef: float, seed: int) -> None:
-        """PPO-ptx: the policy's SFT batches (`batches(generator)`), weight `coef`, generator `seed`."""
+    @property
+    def policy_context(self) -> int | None:
+        return model_context(self.roles.policy.model)
+
+    def use_ptx(self, batches: PtxBatches, coef: float, seed: int) -> None:
+        """PPO-ptx: the policy draws SFT batches from `batches`, weight `coef`, generator `seed`."""
         self.roles.policy.use_ptx(batches, coef, seed)
 
-    def role_state(self) -> dict:
+    # -- checkpoints and export ----------------------------------------------------------------
+    def save_checkpoint(self, directory: Path, state: dict[str, Any], steps_done: int) -> None:
+        """The writer writes it all (every process holds the same weights and state): the trained
+        roles' parameters, `state` with the roles' own (`roles`) and DONE (Roles.save_checkpoint)."""
+        if self.writer:
+            self.roles.save_checkpoint(directory, {**state, "roles": self.role_state()}, steps_done)
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        return self.roles.load_checkpoint(directory)
+
+    def export(self, directory: Path) -> None:
+        """The trained models as Hugging Face directories with the tokenizer (every rank calls it)."""
+        self.roles.export(directory, whole=self.whole_model, write=self.writer)
+
+    def close(self) -> None:
+        """Nothing to free: the roles are in this process, the caller's."""
+
+    # -- what a Ray role group's actor asks of the runtime it runs (rlhf/ray_runtime/worker.py) ----
+    def role_state(self) -> dict[str, Any]:
         """The trained roles' optimizer, schedule and random state (weights: `save_weights`)."""
         return self.roles.state_dict()
 
-    def load_role_state(self, state: dict) -> None:
+    def load_role_state(self, state: dict[str, Any]) -> None:
         self.roles.load_state_dict(state)
 
-    def save_weights(self, directory) -> None:
+    def save_weights(self, directory: Path) -> None:
         """The trained roles' parameters into a checkpoint's `directory` (the writer alone calls it)."""
         self.roles.save_weights(directory)
 
-    def load_weights(self, directory) -> None:
+    def load_weights(self, directory: Path) -> None:
         self.roles.load_weights(directory)
-
-    def export(self, directory) -> None:
-        """The trained models as Hugging Face directories with the tokenizer (every rank calls it)."""
-        self.roles.export(directory, whole=self.whole_model, write=self.writer)
 
     def release_optimizer_state(self) -> None:
         self.roles.release_optimizer_state()
 
-    def whole_models(self):
+    def whole_models(self) -> AbstractContextManager[None]:
         """A context in which every role's model holds its whole parameters (under fsdp2 they are
         gathered on every rank; here they always are)."""
         return contextlib.nullcontext()
 
-    def whole_model(self, model: nn.Module):
+    def whole_model(self, model: nn.Module) -> AbstractContextManager[None]:
         """A context in which `model` (any role's, or a part of one) holds its whole parameters."""
         return contextlib.nullcontext()
 
     # -- sampling ------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], return_logprobs: bool):
+    def generate(self, prompts: list[list[int]], return_logprobs: bool) -> Rollout:
         """The policy's rollout of the whole batch of `prompts` (its own random state draws)."""
-        return self.roles.policy.generate(prompts, return_logprobs)
+        rollout: Rollout = self.roles.policy.generate(prompts, return_logprobs)
+        return rollout
 
-    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int):
+    def submit_generate(self, prompts: list[list[int]], return_logprobs: bool) -> RolloutHandle:
+        """Sampled now, by the current policy: what a rollout group sampling while the loop goes on
+        gives (the loop's next calls are the update, after which the rollout's policy is stale)."""
+        return Ready(self.generate(prompts, return_logprobs))
+
+    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         """An evaluator's sampling: the policy's responses to `prompts` under `sampling`, drawn from
         a generator seeded `seed` (the rollouts' own random state untouched)."""
         policy = self.roles.policy
         generator = torch.Generator(policy.device).manual_seed(seed)
-        return policy.generate(prompts, False, sampling=sampling, generator=generator)
+        rollout: Rollout = policy.generate(prompts, False, sampling=sampling, generator=generator)
+        return rollout
 
     # -- no-grad forwards ----------------------------------------------------------------------
     def forward(self, role: str, sequences: Sequences, temperature: float | None = None) -> torch.Tensor:
@@ -148,9 +227,14 @@ class LocalRuntime:
         return side_by_side_threads()
 
     # -- optimizer steps -----------------------------------------------------------------------
-    def train(self, roles: Sequence[str], minibatches: Sequence) -> list[dict[str, float]]:
+    def train(self, roles: Sequence[str], minibatches: Sequence[Minibatch]) -> list[dict[str, float]]:
         """Each named learner's `train_step` on every minibatch ("policy", "critic": Roles.learner),
         in order; the stats of every step."""
+        if "policy" in roles:
+            self.policy_version += 1
+        return self.steps(roles, minibatches)
+
+    def steps(self, roles: Sequence[str], minibatches: Sequence[Minibatch]) -> list[dict[str, float]]:
         learners = [self.roles.learner(name) for name in roles]
         steps = [[partial(self._step, learner, m) for m in minibatches] for learner in learners]
         results: list[dict[str, float]] = []
@@ -164,9 +248,9 @@ class LocalRuntime:
         flops = [self.step_flops(learner, minibatches) for learner in learners]
         here, beside = (0, 1) if flops[0] >= flops[1] else (1, 0)
         handover = handover_step(len(steps[here]), flops[here], len(steps[beside]), flops[beside])
-        collected: list[list[dict]] = [[], []]
+        collected: list[list[dict[str, float]]] = [[], []]
 
-        def recorded(side: int, step):
+        def recorded(side: int, step: Callable[[], dict[str, float]]) -> Callable[[], None]:
             return lambda: collected[side].append(step())
 
         run_side_by_side(
@@ -178,10 +262,11 @@ class LocalRuntime:
         return collected[0] + collected[1]
 
     @staticmethod
-    def _step(learner, minibatch) -> dict[str, float]:
-        return learner.train_step(minibatch, learner.loss_denominator(minibatch))
+    def _step(learner: Any, minibatch: Minibatch) -> dict[str, float]:
+        stats: dict[str, float] = learner.train_step(minibatch, learner.loss_denominator(minibatch))
+        return stats
 
-    def overlap_threads(self, learners: Sequence) -> int | None:
+    def overlap_threads(self, learners: Sequence[Any]) -> int | None:
         """Intra-op threads per side when two learners' steps run side by side, else None:
         one learner, `runtime.overlap_critic` off, a model off the CPU, or a single core."""
         if len(learners) != 2 or not self.config.overlap_critic:
@@ -192,7 +277,7 @@ class LocalRuntime:
             return None
         return side_by_side_threads()
 
-    def step_flops(self, learner, minibatches: Sequence) -> float:
+    def step_flops(self, learner: Any, minibatches: Sequence[Minibatch]) -> float:
         """Estimated FLOPs of one optimizer step of `learner` (the mean over `minibatches`): a policy's
         output head sees only the response columns; a critic's scalar head (hidden -> 1, negligible)
         is counted on every column."""

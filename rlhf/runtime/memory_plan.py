@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 STRATEGIES = ("none", "ddp", "fsdp2")
 STAGES = ("rl", "sft", "rm", "dpo")  # an RL run (its preset's roles) or a supervised stage
@@ -193,7 +194,7 @@ class RoleMemory:
 
 @dataclass
 class Plan:
-    job: dict
+    job: dict[str, Any]
     roles: list[RoleMemory]
     phases: dict[str, int]  # bytes per rank at each phase's peak
     extras: dict[str, int]  # what the phases add to the resident roles, bytes per rank
@@ -203,7 +204,7 @@ class Plan:
     advice: list[str] = field(default_factory=list)
     host_bytes_per_rank: int = 0  # --offload: the shards and AdamW state held in CPU memory
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         out = asdict(self)
         return {"per_rank_peak_bytes": self.per_rank_peak_bytes, "fits": self.fits, **out}
 
@@ -344,7 +345,7 @@ def plan(job: Job, *, with_advice: bool = True) -> Plan:
         for phase, keys in PHASE_EXTRAS.items()
         if job.stage == "rl" or phase != "rollout"  # the supervised stages sample nothing
     }
-    peak_phase = max(phases, key=phases.get)
+    peak_phase = max(phases, key=lambda phase: phases[phase])
     peak = phases[peak_phase]
     fits = peak <= job.gpu_memory
     return Plan(
@@ -375,8 +376,8 @@ def advice(job: Job) -> list[str]:
     """What would bring the peak under the GPU's memory, most effective first (each re-planned); the
     per-layer rollout first, with the reason, when it alone makes the job fit (the whole policy
     gathered for sampling is then what does not fit)."""
-    tries = []
-    options = [
+    tries: list[tuple[bool, int, str, bool]] = []
+    options: list[tuple[str, dict[str, Any]]] = [
         ("--strategy fsdp2 (shard every role per layer)", {"strategy": "fsdp2"}),
         (PER_LAYER_ADVICE, {"strategy": "fsdp2", "rollout_gather": "per_layer"}),
         ("--offload (shards and AdamW state in CPU memory)", {"strategy": "fsdp2", "offload": True}),

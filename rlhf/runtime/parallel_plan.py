@@ -10,6 +10,7 @@ run has loaded the whole state (rlhf/runtime/distributed.py). Outside one there 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rlhf.config import DistConfig
 from rlhf.runtime.peers import Peers, current_peers
@@ -23,7 +24,7 @@ class ParallelPlan:
     offload: bool = False  # dist.offload: the shards and AdamW state in CPU memory
     sync_once: bool = False  # dist.grad_sync step: gradients reduced once per optimizer step
 
-    def learner_options(self) -> dict:
+    def learner_options(self) -> dict[str, Any]:
         """The keyword arguments of rlhf.train.learner.Learner that carry this plan."""
         return {
             "peers": self.peers, "strategy": self.strategy, "bf16_compute": self.bf16_compute,

@@ -11,6 +11,7 @@ DistributedDataParallel sums them (rlhf/runtime/replicated.py), FSDP2's reduce-s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,7 +20,7 @@ import torch.distributed as dist
 class Peers:
     """The ranks of `group` (None: the default group), as seen from this one."""
 
-    def __init__(self, group=None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -41,9 +42,9 @@ class Peers:
         """Whether `flag` holds on every rank."""
         return self.sum(0.0 if flag else 1.0) == 0
 
-    def gather(self, value) -> list:
+    def gather(self, value: Any) -> list[Any]:
         """Every rank's `value` (a small picklable object), in rank order."""
-        out: list = [None] * self.world_size
+        out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, value, group=self.group)
         return out
 

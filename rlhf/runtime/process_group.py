@@ -14,6 +14,7 @@ import datetime
 import os
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -115,7 +116,8 @@ def agreed_on_rank0(check: Callable[[], T]) -> T | None:
     None elsewhere; without a process group it is just `check()`."""
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return check()
-    result, verdict, failure = None, [None], None
+    result, failure = None, None
+    verdict: list[tuple[str, bool] | None] = [None]
     if dist.get_rank() == 0:
         try:
             result = check()
@@ -152,7 +154,7 @@ def is_lost_peer(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and any(name in str(err) for name in ("gloo", "NCCL"))
 
 
-def lost_peer_message(err: BaseException, run_dir=None) -> str:
+def lost_peer_message(err: BaseException, run_dir: str | Path | None = None) -> str:
     if isinstance(err, LostWorker):
         return str(err)
     summary = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__

@@ -60,7 +60,7 @@ def join_rollouts(
     )
 
 
-def _pad_columns(block: torch.Tensor, extra: int, value) -> torch.Tensor:
+def _pad_columns(block: torch.Tensor, extra: int, value: float) -> torch.Tensor:
     """`block` [B, T] with `extra` columns of `value` on the right."""
     if extra == 0:
         return block

@@ -22,6 +22,7 @@ from rlhf.evaluation.judging import (
 )
 from rlhf.evaluation.label_pairs import label_pair_verdict, pair_logprobs
 from rlhf.evaluation.length_control import judge_length_bias
+from rlhf.models.backbone import model_context
 from rlhf.models.device import resolve_device
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
 from rlhf.models.precision import Precision
@@ -32,7 +33,7 @@ from rlhf.monitor.progress import WorkProgress, announce
 from rlhf.monitor.run_files import recorded_data_settings
 from rlhf.stages.prompt_files import prompt_rows
 from rlhf.stages.result_files import refuse_foreign_file, refuse_replacing_other_result, write_result
-from rlhf.train.context_check import check_prompts_fit, model_context
+from rlhf.train.context_check import check_prompts_fit
 
 
 def run_eval(config: EvalConfig) -> dict:

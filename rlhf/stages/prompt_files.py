@@ -3,11 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
-from rlhf.data.collate import collate_sft
+from rlhf.data.collate import PtxBatches
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt, encode_sft
 
@@ -53,8 +49,8 @@ def ptx_sampler(
     max_response_tokens: int = 256,
     chat_template: bool | str = "auto",
     system_prompt: str = "template",
-):
-    """The PPO-ptx batches of the SFT file `path`: `batches(generator)` draws a right-padded batch."""
+) -> PtxBatches:
+    """The PPO-ptx rows of the SFT file `path`, encoded (the policy draws its batches: `PtxBatches.draw`)."""
     loaded = load_examples(path, kind="sft")
     rows = [
         encode_sft(
@@ -68,19 +64,3 @@ def ptx_sampler(
         for ex in loaded.examples
     ]
     return PtxBatches(rows, batch_size, tokenizer.pad_token_id)
-
-
-@dataclass
-class PtxBatches:
-    """Encoded SFT rows ((prompt ids, response ids) each) and how to draw a batch of them: plain data,
-    so it reaches a policy in another process (a Ray actor) as it is."""
-
-    rows: list[tuple[list[int], list[int]]]
-    batch_size: int
-    pad_token_id: int
-
-    def __call__(self, generator: torch.Generator) -> dict:
-        index = torch.randint(0, len(self.rows), (self.batch_size,), generator=generator).tolist()
-        return collate_sft(
-            [self.rows[i][0] for i in index], [self.rows[i][1] for i in index], self.pad_token_id
-        )

@@ -27,6 +27,7 @@ from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats
 from rlhf.evaluation.length_control import reward_model_length_bias
 from rlhf.evaluation.pair_stats import sigmoid, summarize_margins, worst_indices
+from rlhf.models.backbone import model_context
 from rlhf.models.device import resolve_device, to_device
 from rlhf.models.loading import load_tokenizer
 from rlhf.models.precision import Precision
@@ -36,7 +37,6 @@ from rlhf.monitor.progress import WorkProgress, announce
 from rlhf.monitor.run_files import recorded_data_settings
 from rlhf.stages.result_files import refuse_foreign_file, refuse_replacing_other_result, write_result
 from rlhf.stages.rm import EncodedPair, encode_pairs
-from rlhf.train.context_check import model_context
 from rlhf.train.guards import require_finite_scores
 
 RESULT_NAME = "rm_eval.json"

@@ -4,6 +4,7 @@ write the report and print the summary."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rlhf.config import RLConfig
 from rlhf.data.tokenize import TruncationStats
@@ -11,17 +12,20 @@ from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.tokenizer_match import check_same_tokenizer
 from rlhf.monitor import print_summary
 from rlhf.rl.roles.assemble import load_roles
-from rlhf.rl.trainer import RLTrainer
+from rlhf.rl.trainer import Evaluator, RLTrainer
 from rlhf.rundir.final_report import write_final_report
 from rlhf.rundir.footprint import footprint_line
 from rlhf.rundir.run_inputs import model_inputs, record_models
 from rlhf.runtime import runtime_for
 from rlhf.runtime.process_group import is_writer_process, sharded_launch
+from rlhf.runtime.protocol import Runtime
 from rlhf.stages.prompt_files import load_prompts, prompt_rows, ptx_sampler
-from rlhf.train.context_check import check_prompts_fit, model_context
+from rlhf.train.context_check import check_prompts_fit
 
 
-def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: bool = False) -> dict:
+def run_rl(
+    config: RLConfig, *, resume: bool = False, evaluator: Evaluator | None = None, quiet: bool = False
+) -> dict[str, Any]:
     from rlhf.rl.reward_functions import load_reward_functions
 
     # a malformed name, a module that fails to import or a function that cannot be called stops
@@ -31,35 +35,40 @@ def run_rl(config: RLConfig, *, resume: bool = False, evaluator=None, quiet: boo
     check_reward_server(config)
     writer = is_writer_process()
     inputs = model_inputs(config) if writer and not resume else None  # the files, before they are read
-    roles, runtime = start_roles(config, writer)
+    runtime = start_runtime(config, writer)
     try:
-        return train_with(config, roles, runtime, functions, inputs, resume, evaluator, quiet)
+        return train_with(config, runtime, functions, inputs, resume, evaluator, quiet)
     finally:
-        if roles is None:
-            runtime.shutdown()  # Ray's actors and placement groups
+        runtime.close()  # Ray's actors and placement groups
 
 
-def start_roles(config: RLConfig, writer: bool):
-    """(the roles in this process, or None when Ray actors hold them; the runtime)."""
+def start_runtime(config: RLConfig, writer: bool) -> Runtime:
+    """The run's runtime, its roles built: on Ray actors, or in this process (alone or a torchrun rank).
+    An in-loop evaluator asks `trainer.runtime` (sample, forward) wherever the roles are."""
     if config.dist.runtime == "ray":
         from rlhf.ray_runtime import RayRuntime
 
-        # the roles live on the actors: an in-loop evaluator asks `trainer.runtime` (sample, forward)
-        return None, RayRuntime(config)
+        return RayRuntime(config)
     # fsdp2 under torchrun: rank 0 alone reads the weights, the others build the models' structure on
     # the meta device and receive their shards from rank 0 (rlhf/runtime/fsdp.py shard_from_rank0)
     roles = load_roles(config, on_meta=sharded_launch(config.dist.strategy) and not writer)
-    return roles, runtime_for(roles, config)
+    return runtime_for(roles, config)
 
 
 def train_with(
-    config: RLConfig, roles, runtime, functions, inputs, resume: bool, evaluator, quiet: bool
-) -> dict:
+    config: RLConfig,
+    runtime: Runtime,
+    functions: list[Any],
+    inputs: Any,
+    resume: bool,
+    evaluator: Evaluator | None,
+    quiet: bool,
+) -> dict[str, Any]:
     """The run with its roles started: the prompts and PPO-ptx rows read, the loop, the summary."""
     from rlhf.rl.reward_functions import check_row_fields
 
     tokenizer = runtime.tokenizer
-    context = runtime.policy_context if roles is None else model_context(roles.policy.model)
+    context = runtime.policy_context
     stats = TruncationStats()
     prompts, sources = load_prompts(
         tokenizer,
@@ -97,13 +106,12 @@ def train_with(
         check_row_fields(functions, rows, str(config.data.prompts))
     trainer = RLTrainer(
         config,
-        roles,
+        runtime,
         prompts,
         ptx_batches=ptx,
         evaluator=evaluator,
         resume=resume,
         quiet=quiet,
-        runtime=runtime,
         prompt_rows=rows,
     )
     if inputs is not None:  # the run directory is claimed (no earlier run in it): record what it reads
@@ -121,13 +129,13 @@ def train_with(
     return final
 
 
-def kl_first(shown: dict) -> dict:
+def kl_first(shown: dict[str, Any]) -> dict[str, Any]:
     """The summary's rows with the KL to the reference led by k3 (`kl/k3`, never negative), then
     the configured estimator's `kl/ref` (k1 by default: unbiased, but negative when the sampled
     tokens happen to be likelier under the reference)."""
     if "kl/k3" not in shown:
         return shown
-    rows: dict = {}
+    rows: dict[str, Any] = {}
     for key, value in shown.items():
         if key.startswith("kl/") and "kl/k3" not in rows:
             rows["kl/k3"] = shown["kl/k3"]

@@ -11,16 +11,6 @@ from __future__ import annotations
 from rlhf.data.errors import DataError, Source
 
 
-def model_context(model) -> int | None:
-    """The number of positions a model was built for (None when its config does not say)."""
-    config = getattr(model, "config", None)
-    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 def check_prompts_fit(
     prompt_ids: list[list[int]],
     sources: list[Source | None],

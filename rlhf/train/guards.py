@@ -6,6 +6,7 @@ the model, the rows and the fix. And the stop for a learner whose every step is 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -16,7 +17,7 @@ class NonFiniteScoresError(ValueError):
     """A model gave NaN or infinite scores: no mean, advantage or win rate can be computed from them."""
 
 
-def require_finite_scores(scores: torch.Tensor, **message) -> None:
+def require_finite_scores(scores: torch.Tensor, **message: Any) -> None:
     """Raise `NonFiniteScoresError` when a score [B] is NaN or infinite: "`model` gave non-finite
     scores (nan/inf) to n of N `what` `row(i)`, ... (the first `limit` such rows). `consequence`
     Fix: `fix`" (`message`: require_finite_tokens's keywords, `quantity` aside)."""

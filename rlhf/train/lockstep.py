@@ -12,6 +12,7 @@ fillers (rlhf/rl/roles/learner.py). The largest rank's share is ceil(rows / rank
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rlhf.runtime.peers import Peers
 
@@ -22,7 +23,7 @@ def lockstep_count(rows: int, world_size: int, size: int) -> int:
     return math.ceil(largest / size)
 
 
-def with_fillers(groups: list, rows: int, size: int, peers: Peers | None, per_layer: bool) -> list:
+def with_fillers(groups: list[Any], rows: int, size: int, peers: Peers | None, per_layer: bool) -> list[Any]:
     """This rank's micro-batches `groups` (of its share of `rows`, `size` rows each), followed by
     None (a filler) up to the largest rank's count when the model is sharded per layer; else `groups`."""
     if peers is None or not per_layer:

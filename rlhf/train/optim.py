@@ -17,7 +17,7 @@ def build_optimizer(params, config: OptimConfig, total_steps: int):
     optimizer = torch.optim.AdamW(
         params,
         lr=config.lr,
-        betas=tuple(config.betas),
+        betas=(config.betas[0], config.betas[1]),
         weight_decay=config.weight_decay,
         eps=1e-8,
         # one kernel over all tensors (CPU and CUDA); a model built on the meta device (a sharded

@@ -50,6 +50,7 @@ from rlhf.config import ConfigError
 from rlhf.data.length_grouping import length_grouped_order
 from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats
+from rlhf.models.backbone import model_context
 from rlhf.models.device import resolve_device
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.precision import Precision, cast_parameters
@@ -61,7 +62,7 @@ from rlhf.rundir.export import export_models
 from rlhf.rundir.final_report import write_final_report
 from rlhf.rundir.footprint import footprint_line
 from rlhf.runtime.peers import Peers, current_peers
-from rlhf.train.context_check import check_rows_fit, model_context
+from rlhf.train.context_check import check_rows_fit
 from rlhf.train.learner import Learner
 from rlhf.train.model_call import ModelCall
 from rlhf.train.optim import step_metrics

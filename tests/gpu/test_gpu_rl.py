@@ -16,6 +16,7 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
+from rlhf.runtime import LocalRuntime
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,7 +49,9 @@ def trainer_for(preset: str, run_dir, *, resume=False, **layers) -> RLTrainer:
     )
     roles = assemble_roles(config, tokenizer=tok, policy=policy, reward_model=reward)
     prompts = [tok(" ".join(WORDS[i : i + 2 + i % 3]))["input_ids"] for i in range(12)]
-    return RLTrainer(config, roles, prompts, run_dir=run_dir, resume=resume, quiet=True)
+    return RLTrainer(
+        config, LocalRuntime(roles, config.runtime), prompts, run_dir=run_dir, resume=resume, quiet=True
+    )
 
 
 def records(run_dir) -> list[dict]:
@@ -64,7 +67,7 @@ def records(run_dir) -> list[dict]:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_three_iterations_of_each_preset_on_cuda(preset, dtype, tmp_path):
     trainer = trainer_for(preset, tmp_path / "run", dtype=dtype)
-    assert next(trainer.roles.policy.model.parameters()).device.type == "cuda"
+    assert next(trainer.runtime.roles.policy.model.parameters()).device.type == "cuda"
     assert trainer.sample_generator.device.type == "cuda"
     trainer.train()
     rows = [r for r in records(tmp_path / "run") if "iteration" in r]

@@ -273,7 +273,7 @@ def test_asking_for_more_cpus_than_the_cluster_has_stops_before_loading_naming_t
 
 def test_an_evaluator_reaches_the_roles_through_ray_as_through_the_local_runtime(models, cluster, tmp_path):
     """An in-loop evaluator (as `rlhf demo`'s, rlhf/demo/held_out.py) under Ray: the roles are on
-    the actors (`trainer.roles` is None) and it asks the runtime: `sample` from a seed of its own (the
+    the actors (the trainer holds a RayRuntime, as any run holds no roles) and it asks the runtime: `sample` from a seed of its own (the
     policy's actor) and log-probs at temperature 1 (the policy's and the reference's). After the
     first update: the local run's tokens bit for bit, its log-probs to float rounding."""
     from rlhf.config import RLConfig, load_config
@@ -290,7 +290,7 @@ def test_an_evaluator_reaches_the_roles_through_ray_as_through_the_local_runtime
                 forwards = {
                     r: trainer.runtime.forward(r, rollout.sequences, 1.0) for r in ("policy", "reference")
                 }
-            seen.append((trainer.roles is None, rollout.input_ids, forwards))
+            seen.append((type(trainer.runtime).__name__, rollout.input_ids, forwards))
             return {"sampled_rows": float(len(prompts))}
 
         return evaluator
@@ -314,9 +314,9 @@ def test_an_evaluator_reaches_the_roles_through_ray_as_through_the_local_runtime
             evaluator=evaluator_into(runs[runtime]),
             quiet=True,
         )
-    ((local_roles, want, want_forwards),) = runs["local"]
-    ((ray_roles, got, got_forwards),) = runs["ray"]
-    assert (local_roles, ray_roles) == (False, True)
+    ((local_runtime, want, want_forwards),) = runs["local"]
+    ((ray_runtime, got, got_forwards),) = runs["ray"]
+    assert (local_runtime, ray_runtime) == ("LocalRuntime", "RayRuntime")
     assert torch.equal(got, want)
     for role in ("policy", "reference"):
         torch.testing.assert_close(got_forwards[role], want_forwards[role])

@@ -50,7 +50,10 @@ def one_update(make_trainer, monkeypatch, tmp_path, *, cores: int, **overrides):
     metrics = trainer.step()
     params = [
         p.detach().clone()
-        for p in (*trainer.roles.policy.model.parameters(), *trainer.roles.critic.model.parameters())
+        for p in (
+            *trainer.runtime.roles.policy.model.parameters(),
+            *trainer.runtime.roles.critic.model.parameters(),
+        )
     ]
     return metrics, params, calls
 
@@ -94,16 +97,16 @@ def test_step_flops_follow_the_models_and_the_minibatch(make_trainer):
     fully trained critic becomes the longer side and runs on the caller's thread."""
     trainer = make_trainer(rl_config("vanilla_ppo", train={"minibatches": 1}))
     experience, _ = trainer.make_experience()
-    policy, critic = trainer.roles.learners(train_policy=True)
+    policy, critic = trainer.runtime.roles.learners(train_policy=True)
     policy_flops, critic_flops = (trainer.runtime.step_flops(r, [experience]) for r in (policy, critic))
-    decoder = trainer.roles.policy.model.model  # the decoder (LlamaModel) under the output head
+    decoder = trainer.runtime.roles.policy.model.model  # the decoder (LlamaModel) under the output head
     trunk = sum(q.numel() for n, q in decoder.named_parameters() if q.dim() == 2 and "embed" not in n)
-    head = trainer.roles.policy.model.lm_head.weight.numel()
+    head = trainer.runtime.roles.policy.model.lm_head.weight.numel()
     rows, width = experience.input_ids.shape
     tokens = rows * (width - 1)  # one minibatch of every row; the decoders never compute the last column
     share = experience.response_mask.shape[1] / (width - 1)
     assert policy_flops == pytest.approx(6 * (trunk + head * share) * tokens)
-    critic_head = trainer.roles.critic.model.head.weight.numel()
+    critic_head = trainer.runtime.roles.critic.model.head.weight.numel()
     assert critic_flops == pytest.approx(6 * (trunk + critic_head) * tokens)
     # several minibatches: the mean of their steps, each on its own rows and columns
     halves = list(experience.minibatches(2, torch.Generator().manual_seed(0)))
@@ -113,7 +116,7 @@ def test_step_flops_follow_the_models_and_the_minibatch(make_trainer):
     )
     lora = make_trainer(rl_config("vanilla_ppo", train={"minibatches": 1}, model={"lora": {"enabled": True}}))
     lora_policy_flops, lora_critic_flops = (
-        lora.runtime.step_flops(r, [experience]) for r in lora.roles.learners(train_policy=True)
+        lora.runtime.step_flops(r, [experience]) for r in lora.runtime.roles.learners(train_policy=True)
     )
     assert lora_policy_flops < lora_critic_flops == pytest.approx(critic_flops)
 
@@ -175,14 +178,14 @@ def test_split_forwards_equal_the_whole_batch(make_trainer, monkeypatch, tmp_pat
         )
         if lora:  # an adapter that changes the policy, so a reference with it left on would differ
             generator = torch.Generator().manual_seed(0)
-            for name, q in trainer.roles.policy.model.named_parameters():
+            for name, q in trainer.runtime.roles.policy.model.named_parameters():
                 if "lora_B" in name:
                     q.data.normal_(0.0, 0.3, generator=generator)
             entered = []
             monkeypatch.setattr(
-                trainer.roles.policy.model,
+                trainer.runtime.roles.policy.model,
                 "disable_adapter",
-                partial(count_calls, entered, trainer.roles.policy.model.disable_adapter),
+                partial(count_calls, entered, trainer.runtime.roles.policy.model.disable_adapter),
             )
         calls.clear()
         experiences[split], metrics = trainer.make_experience()
@@ -228,7 +231,7 @@ def test_models_whose_forward_rewrites_rope_frequencies_are_never_split(
     monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
     trainer = make_trainer(rl_config("vanilla_ppo"))
     if rope is not None:
-        reward_config = trainer.roles.reward_model.model.causal_lm.config
+        reward_config = trainer.runtime.roles.reward_model.model.causal_lm.config
         reward_config.rope_parameters = {"rope_theta": 10000.0, **rope}
     assert (trainer.runtime.split_forward_threads(tokens=10**9) is None) is stateful
 
@@ -268,7 +271,7 @@ def test_sampler_logprobs_replace_the_old_logprob_forward(make_trainer, monkeypa
         forward_module, "response_logprobs", lambda *a, **k: calls.append(a[0]) or original(*a, **k)
     )
     experience, _ = from_sampler.make_experience()
-    policy = from_sampler.roles.policy.model
+    policy = from_sampler.runtime.roles.policy.model
     assert calls and all(model is not policy for model in calls)  # the reference's forwards only
     assert torch.equal(experience.input_ids, reference.input_ids)  # same seed, same draws
     assert experience.response_mask.eq(0).any()  # padding inside the batch
@@ -377,7 +380,7 @@ def test_pack_weights_reaches_the_sampler_and_draws_the_same_rollout(make_traine
         trainer = make_trainer(
             rl_config("vanilla_ppo", runtime={"pack_weights": pack}), run_dir=tmp_path / str(pack)
         )
-        assert trainer.roles.policy.sampling.pack_weights is pack
+        assert trainer.runtime.roles.policy.sampling.pack_weights is pack
         experiences[pack], _ = trainer.make_experience()
         assert bool(calls) is (pack and packed_linear.packing_available())
     assert torch.equal(experiences[True].input_ids, experiences[False].input_ids)

@@ -74,13 +74,12 @@ def trainer_of(
     ptx = ptx_sampler(tok, ptx_file, config.data.ptx_batch_size, max_prompt_tokens=8) if ptx_file else None
     return RLTrainer(
         config,
-        roles,
+        runtime_for(roles, config),
         [tok(text)["input_ids"] for text in PROMPT_TEXTS],
         ptx_batches=ptx,
         run_dir=run_dir,
         resume=resume,
         quiet=True,
-        runtime=runtime_for(roles, config),
     )
 
 
@@ -93,7 +92,7 @@ def ppo_run(run_dir: str, preset: str, layers: list[dict], ptx_file: str | None 
     config = rl_config(preset, case, *layers, out=run_dir)
     trainer = trainer_of(config, Path(run_dir), ptx_file=ptx_file)
     last = trainer.train()
-    roles = trainer.roles
+    roles = trainer.runtime.roles
     written = metric_rows(run_dir) if trainer.runtime.writer else None
     with trainer.runtime.whole_models():  # fsdp2: the whole parameters, gathered on every rank
         policy = {n: p.detach().clone() for n, p in roles.policy.module.named_parameters()}
@@ -152,7 +151,7 @@ def sharding_accounting(run_dir: str) -> dict:
         "ppo_max", case, {"dist": {"strategy": "fsdp2"}, "train": {"iterations": 1}}, out=run_dir
     )
     trainer = trainer_of(config, Path(run_dir), num_layers=2)
-    r, run = trainer.roles, trainer.runtime
+    r, run = trainer.runtime.roles, trainer.runtime
     watch = LargestTensors()
 
     phase = watch.during

@@ -47,7 +47,7 @@ def watched_rollout_run(run_dir: str, gather: str, max_new_tokens: int = 20) -> 
         "ppo_max", case, {"dist": {"strategy": "fsdp2", "rollout_gather": gather}}, out=run_dir
     )
     trainer = trainer_of(config, Path(run_dir), num_layers=2)
-    runtime, policy = trainer.runtime, trainer.roles.policy
+    runtime, policy = trainer.runtime, trainer.runtime.roles.policy
     blocks = transformer_blocks(policy.module)
     watch = GatheredParameters(policy.module)
     layer_calls = [0]  # decoder-layer forwards while sampling

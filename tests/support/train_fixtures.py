@@ -16,6 +16,7 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
+from rlhf.runtime import LocalRuntime
 from tests.support.train_testing import PROMPT_TEXTS, WORDS
 
 
@@ -56,7 +57,7 @@ def make_trainer(tok, prompts, _models, tmp_path):
         roles = assemble_roles(config, tokenizer=tok, policy=policy, reward_model=reward_model)
         return RLTrainer(
             config,
-            roles,
+            LocalRuntime(roles, config.runtime),
             prompts,
             ptx_batches=ptx,
             evaluator=evaluator,

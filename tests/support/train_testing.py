@@ -77,7 +77,7 @@ def perturb(module: torch.nn.Module, scale: float, seed: int = 0) -> None:
 def raw_scores(trainer, exp) -> torch.Tensor:
     """The reward model's scores [B] of an experience's rollout."""
     with torch.no_grad():
-        return trainer.roles.reward_model.model.score(exp.input_ids, exp.attention_mask)
+        return trainer.runtime.roles.reward_model.model.score(exp.input_ids, exp.attention_mask)
 
 
 def loop_gae(rewards, values, mask, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:

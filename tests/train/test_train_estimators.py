@@ -11,6 +11,7 @@ from rlhf.config import ConfigError, RLConfig, load_config
 from rlhf.core import kl_estimate, masked_mean
 from rlhf.rl.experience import Experience, concat_experiences
 from rlhf.rl.prompts import PromptStream
+from rlhf.rundir import checkpoint as ckpt
 from tests.support.train_testing import metric_rows, perturb, rl_config
 from tests.train.test_train_resume import Interrupted, interrupt_at
 
@@ -36,7 +37,8 @@ def test_samples_per_prompt_with_gae_equals_prompts_duplicated_by_hand(make_trai
         assert _without_timing(have) == _without_timing(want)
     assert "group/reward_std" in have and "group/reward_std" not in want
     for (name, a), (_, b) in zip(
-        grouped.roles.policy.model.named_parameters(), by_hand.roles.policy.model.named_parameters()
+        grouped.runtime.roles.policy.model.named_parameters(),
+        by_hand.runtime.roles.policy.model.named_parameters(),
     ):
         assert torch.equal(a, b), name
 
@@ -78,13 +80,14 @@ def test_a_buffer_of_two_rollouts_keeps_their_groups_apart():
 def test_a_grpo_run_builds_trains_and_saves_no_critic(make_trainer, tmp_path):
     config = rl_config("vanilla_ppo", GRPO, out=tmp_path / "run")
     trainer = make_trainer(config, run_dir=tmp_path / "run")
-    assert trainer.roles.critic is None
-    assert trainer.roles.learners() == [trainer.roles.policy]
+    assert trainer.runtime.roles.critic is None
+    assert trainer.runtime.roles.learners() == [trainer.runtime.roles.policy]
     last = trainer.train()
     checkpoint = next((tmp_path / "run" / "checkpoints").iterdir())
     assert (checkpoint / "policy.trained.safetensors").exists()
     assert not list(checkpoint.glob("critic*"))
-    assert set(trainer.state()["roles"]) == {"policy"}  # no critic optimizer or schedule either
+    roles = ckpt.load_state(checkpoint, "trainer")["roles"]
+    assert set(roles) == {"policy"}  # no critic optimizer or schedule either
     assert not (tmp_path / "run" / "critic").exists()
     rows = metric_rows(tmp_path / "run", kinds=("iteration",))
     assert rows and all(not k.startswith("value/") for row in rows for k in row)
@@ -97,7 +100,9 @@ def test_grpo_advantages_are_the_group_z_scores_of_the_processed_scores(make_tra
     mask = experience.response_mask
     per_row = [float(experience.advantages[b][mask[b] > 0][0]) for b in range(experience.batch_size)]
     with torch.no_grad():
-        scores = trainer.roles.reward_model.model.score(experience.input_ids, experience.attention_mask)
+        scores = trainer.runtime.roles.reward_model.model.score(
+            experience.input_ids, experience.attention_mask
+        )
     for g in range(4):
         pair = scores[2 * g : 2 * g + 2].double()
         z = (pair - pair.mean()) / (pair.std() + 1e-6)
@@ -168,17 +173,19 @@ def test_a_group_estimator_needs_two_samples_per_prompt():
 
 def test_the_kl_loss_is_the_k3_mean_of_the_policy_against_the_reference(make_trainer):
     trainer = make_trainer(rl_config("vanilla_ppo", GRPO, policy={"kl_loss_coef": 0.5}))
-    perturb(trainer.roles.policy.model, 0.05)  # a policy that differs from its reference
+    perturb(trainer.runtime.roles.policy.model, 0.05)  # a policy that differs from its reference
     experience, _ = trainer.make_experience()
     mask = experience.response_mask
     expected = float(masked_mean(kl_estimate(experience.old_logp, experience.ref_logp, "k3", mask), mask))
     assert expected > 1e-4
-    stats = trainer.roles.policy.train_step(experience, experience.num_tokens)  # first step: logp = old_logp
+    stats = trainer.runtime.roles.policy.train_step(
+        experience, experience.num_tokens
+    )  # first step: logp = old_logp
     assert stats["policy/kl_loss"] == pytest.approx(expected, rel=1e-4)
 
 
 def _policy_gradients(trainer, experience) -> dict[str, torch.Tensor]:
-    policy = trainer.roles.policy
+    policy = trainer.runtime.roles.policy
     policy.optimizer_step = lambda: 0.0
     policy.train_step(experience, policy.loss_denominator(experience))
     return {n: q.grad.clone() for n, q in policy.module.named_parameters() if q.grad is not None}
@@ -197,7 +204,7 @@ def test_fixed_length_aggregation_divides_the_token_sum_by_rows_times_max_new_to
         run_dir=tmp_path / "b",
     )
     rows, max_new = experience.batch_size, config.rollout.max_new_tokens
-    assert fixed.roles.policy.loss_denominator(experience) == rows * max_new
+    assert fixed.runtime.roles.policy.loss_denominator(experience) == rows * max_new
     tokens = experience.num_tokens
     assert tokens < rows * max_new  # some responses ended early: the two losses differ
     want = _policy_gradients(token_mean, experience)

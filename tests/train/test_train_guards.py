@@ -25,7 +25,7 @@ def test_a_nan_reward_stops_the_run_naming_the_model_the_rows_and_the_fix(make_t
     trainer = make_trainer(rl_config("ppo_max", model={"reward_model": "runs/broken-rm"}))
     moments_before = trainer.score_processor.state_dict()
     with torch.no_grad():
-        trainer.roles.reward_model.model.head.bias.fill_(float("nan"))
+        trainer.runtime.roles.reward_model.model.head.bias.fill_(float("nan"))
     with pytest.raises(NonFiniteScoresError) as caught:
         trainer.make_experience()
     message = str(caught.value)
@@ -59,7 +59,7 @@ def test_a_nan_critic_value_stops_the_run_naming_the_critic_and_the_rows(make_tr
     trainer = make_trainer(rl_config("ppo_max"))
     trainer.pretrain_done = not pretraining
     with torch.no_grad():
-        trainer.roles.critic.model.head.bias.fill_(float("nan"))
+        trainer.runtime.roles.critic.model.head.bias.fill_(float("nan"))
     with pytest.raises(NonFiniteScoresError) as caught:
         trainer.make_experience()
     message = str(caught.value)
@@ -130,7 +130,7 @@ def test_three_updates_in_a_row_with_every_step_skipped_stop_the_run():
 
 def test_a_policy_step_with_nan_gradients_is_skipped_warned_and_the_run_goes_on(make_trainer, tmp_path):
     trainer = make_trainer(rl_config("ppo_max", critic={"pretrain_iterations": 0}, train={"iterations": 1}))
-    policy = trainer.roles.policy
+    policy = trainer.runtime.roles.policy
     calls = {"n": 0}
 
     def first_backward_nan(grad):  # the first micro-batch's gradient of one weight is NaN

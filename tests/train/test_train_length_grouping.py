@@ -187,7 +187,7 @@ def test_ppo_minibatch_gradient_is_the_same_with_sorted_micro_batches(rows, make
     trainer = make_trainer(rl_config("ppo_max", train={"micro_batch_size": 3}))
     experience = rollout_experience(trainer)
     minibatch = experience.select(torch.arange(8) if rows == "all" else torch.tensor([4]))
-    for role in trainer.roles.learners():
+    for role in trainer.runtime.roles.learners():
         role.micro_batch_size = 8  # the reference: the whole minibatch in one forward
         expected = step_grads(role, minibatch)
         role.micro_batch_size = 3
@@ -211,7 +211,7 @@ def test_sorted_micro_batches_cover_every_row_once_with_rows_of_similar_length(m
 @pytest.mark.parametrize("role", ["policy", "reference", "critic", "reward_model"])
 def test_rollout_forwards_by_length_give_each_row_its_own_result(role, make_trainer):
     trainer = make_trainer(rl_config("ppo_max", train={"micro_batch_size": 3}))
-    r = trainer.roles
+    r = trainer.runtime.roles
     experience = rollout_experience(trainer)
     sequences = experience.sequences
 
@@ -259,7 +259,7 @@ def test_in_row_chunks_by_length_restores_the_row_order():
 def test_sort_by_length_switch_reaches_every_role(make_trainer):
     for value in (True, False):
         trainer = make_trainer(rl_config("ppo_max", runtime={"sort_by_length": value}))
-        r = trainer.roles
+        r = trainer.runtime.roles
         holders = (r.policy, r.critic, r.reference, r.reward_model)
         assert all(h.sort_by_length is value for h in holders)
 

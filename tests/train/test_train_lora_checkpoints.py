@@ -55,10 +55,10 @@ def test_a_lora_checkpoint_holds_the_trained_parameters_only_and_resumes_exactly
         stored(checkpoint / "policy.trained.safetensors"),
         stored(checkpoint / "critic.trained.safetensors"),
     )
-    trainable = {n: p for n, p in first.roles.policy.model.named_parameters() if p.requires_grad}
+    trainable = {n: p for n, p in first.runtime.roles.policy.model.named_parameters() if p.requires_grad}
     assert set(policy) == set(trainable) and all("lora_" in n for n in policy)
     assert all(policy[n].shape == p.shape for n, p in trainable.items())
-    critic_trainable = {n for n, p in first.roles.critic.model.named_parameters() if p.requires_grad}
+    critic_trainable = {n for n, p in first.runtime.roles.critic.model.named_parameters() if p.requires_grad}
     assert set(critic) == critic_trainable and {"head.weight", "head.bias"} <= set(critic)
     assert (
         not (checkpoint / "policy.safetensors").exists() and not (checkpoint / "critic.safetensors").exists()
@@ -72,7 +72,8 @@ def test_a_lora_checkpoint_holds_the_trained_parameters_only_and_resumes_exactly
     resumed.train()
     assert metric_rows(split) == metric_rows(whole)
     for (name, want), (_, got) in zip(
-        uninterrupted.roles.policy.model.state_dict().items(), resumed.roles.policy.model.state_dict().items()
+        uninterrupted.runtime.roles.policy.model.state_dict().items(),
+        resumed.runtime.roles.policy.model.state_dict().items(),
     ):
         assert torch.equal(got, want), name
 
@@ -85,7 +86,7 @@ def test_a_checkpoint_of_the_whole_model_format_still_resumes(make_trainer, tmp_
     run_until(first, 3)
     checkpoint = split / "checkpoints" / "iter_000002"
     for role in ("policy", "critic"):  # rewrite it as the old format did: the whole model
-        model = getattr(first.roles, role).model
+        model = getattr(first.runtime.roles, role).model
         load_trained(model, checkpoint, role)  # the model as it was when the checkpoint was written
         (checkpoint / f"{role}.trained.safetensors").unlink()
         save_model(model, str(checkpoint / f"{role}.safetensors"))
@@ -96,6 +97,7 @@ def test_a_checkpoint_of_the_whole_model_format_still_resumes(make_trainer, tmp_
 
 def test_resuming_on_other_base_weights_stops_with_the_fix(make_trainer, tok, _models, tmp_path):
     from rlhf.rl.trainer import RLTrainer
+    from rlhf.runtime import LocalRuntime
 
     out = tmp_path / "run"
     run_until(make_trainer(lora_config(out), run_dir=out), 3)
@@ -104,7 +106,13 @@ def test_resuming_on_other_base_weights_stops_with_the_fix(make_trainer, tok, _m
         policy.lm_head.weight.add_(0.01)  # another SFT model
     roles = assemble_roles(lora_config(out), tokenizer=tok, policy=policy, reward_model=reward_model)
     with pytest.raises(ConfigError, match="frozen weights differ.*same base model") as error:
-        RLTrainer(lora_config(out), roles, [[1, 2]], run_dir=out, resume=True)
+        RLTrainer(
+            lora_config(out),
+            LocalRuntime(roles, lora_config(out).runtime),
+            [[1, 2]],
+            run_dir=out,
+            resume=True,
+        )
     assert "policy.trained.safetensors" in str(error.value)
 
 

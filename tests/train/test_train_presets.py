@@ -53,18 +53,19 @@ def test_preset_runs_with_sane_metrics(preset, make_trainer, tmp_path):
     else:
         config = rl_config(preset, SMALL_GROUPS if preset != "reinforce_pp" else {})
     trainer = make_trainer(config, run_dir=tmp_path / preset)
-    policy_before = params_of(trainer.roles.policy.model)
-    critic_before = params_of(trainer.roles.critic.model) if uses_critic else {}
+    policy_before = params_of(trainer.runtime.roles.policy.model)
+    critic_before = params_of(trainer.runtime.roles.critic.model) if uses_critic else {}
     trainer.train()
 
-    for name, param in trainer.roles.policy.model.named_parameters():
+    for name, param in trainer.runtime.roles.policy.model.named_parameters():
         assert not param.detach().equal(policy_before[name]), f"{name} did not move"
     if uses_critic:
         assert any(
-            not p.detach().equal(critic_before[n]) for n, p in trainer.roles.critic.model.named_parameters()
+            not p.detach().equal(critic_before[n])
+            for n, p in trainer.runtime.roles.critic.model.named_parameters()
         )
     else:
-        assert trainer.roles.critic is None
+        assert trainer.runtime.roles.critic is None
     expected = COMMON + PER_LOSS[config.policy.loss] + (CRITIC if uses_critic else ())
     expected += GROUPS if config.rollout.samples_per_prompt > 1 else ()
 

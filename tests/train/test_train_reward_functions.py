@@ -21,6 +21,7 @@ from rlhf.rl.reward_functions import (
 )
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
+from rlhf.runtime import LocalRuntime
 from tests.support import reward_fns_testing
 from tests.support.train_testing import rl_config
 
@@ -34,7 +35,7 @@ def test_weighted_sum_with_the_reward_model_is_the_sum_of_the_parts(make_trainer
     reward_fns_testing.CALLS.clear()
     experience, metrics = trainer.make_experience()
     with torch.no_grad():
-        rm = trainer.roles.reward_model.model.score(experience.input_ids, experience.attention_mask)
+        rm = trainer.runtime.roles.reward_model.model.score(experience.input_ids, experience.attention_mask)
     lengths = experience.response_mask.sum(1)  # the EOS is one of the tokens the function counts
     expected = 2.0 * rm + 0.5 * lengths + 0.25
     assert metrics["reward/raw_scores"] == pytest.approx([round(float(x), 4) for x in expected], abs=1e-4)
@@ -57,7 +58,9 @@ def test_the_prompt_files_rows_reach_the_function_in_group_order(tok, prompts, _
     )
     policy, reward_model = copy.deepcopy(_models)
     roles = assemble_roles(config, tokenizer=tok, policy=policy, reward_model=reward_model)
-    trainer = RLTrainer(config, roles, prompts, run_dir=tmp_path, quiet=True, prompt_rows=rows)
+    trainer = RLTrainer(
+        config, LocalRuntime(roles, config.runtime), prompts, run_dir=tmp_path, quiet=True, prompt_rows=rows
+    )
     _, metrics = trainer.make_experience()
     picked = trainer.prompts.last_indices
     assert metrics["reward/raw_scores"] == [float(i) for i in picked for _ in range(2)]
@@ -71,7 +74,9 @@ def test_a_run_needs_no_reward_model(tok, prompts, _models, tmp_path):
     )
     roles = assemble_roles(config, tokenizer=tok, policy=copy.deepcopy(_models[0]), reward_model=None)
     assert roles.reward_model is None and roles.critic is None
-    last = RLTrainer(config, roles, prompts, run_dir=tmp_path, quiet=True).train()
+    last = RLTrainer(
+        config, LocalRuntime(roles, config.runtime), prompts, run_dir=tmp_path, quiet=True
+    ).train()
     assert (
         "reward/part/reward_model" not in last
         and "reward/part/tests.support.reward_fns_testing:length" in last
@@ -142,10 +147,10 @@ def test_a_failing_function_stops_the_run_before_any_update(make_trainer):
     trainer = make_trainer(
         rl_config("vanilla_ppo", reward={"functions": ["tests.support.reward_fns_testing:nan_at_row_two"]})
     )
-    before = [p.detach().clone() for p in trainer.roles.policy.model.parameters()]
+    before = [p.detach().clone() for p in trainer.runtime.roles.policy.model.parameters()]
     with pytest.raises(RewardFunctionError, match="iteration 0, response"):
         trainer.step()
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.roles.policy.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.runtime.roles.policy.model.parameters()))
 
 
 @pytest.mark.slow

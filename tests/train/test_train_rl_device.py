@@ -19,10 +19,12 @@ from tests.support.train_testing import metric_rows, rl_config
 def test_bf16_runs_train_and_export_float32(make_trainer, tmp_path, dtype):
     run = tmp_path / dtype
     trainer = make_trainer(rl_config("ppo_max", dtype=dtype), run_dir=run)
-    policy = trainer.roles.policy.model
+    policy = trainer.runtime.roles.policy.model
     stored = torch.bfloat16 if dtype == "bfloat16-pure" else torch.float32
     assert {p.dtype for p in policy.parameters()} == {stored}
-    assert trainer.roles.critic.model.head.weight.dtype == torch.float32  # the scalar head stays float32
+    assert (
+        trainer.runtime.roles.critic.model.head.weight.dtype == torch.float32
+    )  # the scalar head stays float32
     before = {n: p.detach().float().clone() for n, p in policy.named_parameters()}
     trainer.train()
     rows = metric_rows(run, kinds=("iteration",))
@@ -42,7 +44,9 @@ def test_bf16_autocast_experience_is_float32(make_trainer):
     for name in ("old_logp", "ref_logp", "old_values", "advantages", "returns"):
         assert getattr(experience, name).dtype == torch.float32, name
     # bf16 forwards drift from float32 ones, but stay close on a tiny model
-    policy = trainer.roles.policy.model  # float32 weights: a forward without autocast is a float32 one
+    policy = (
+        trainer.runtime.roles.policy.model
+    )  # float32 weights: a forward without autocast is a float32 one
     with torch.no_grad():
         exact = response_logprobs(
             policy, experience.input_ids, experience.attention_mask, experience.prompt_length
@@ -60,20 +64,20 @@ def test_gradient_checkpointing_gives_the_same_update(make_trainer, tmp_path):
     checkpointed = make_trainer(
         rl_config("ppo_max", model={"gradient_checkpointing": True}), run_dir=tmp_path / "ckpt"
     )
-    assert is_gradient_checkpointing(checkpointed.roles.policy.model)
-    assert is_gradient_checkpointing(checkpointed.roles.critic.model)
-    assert not checkpointed.roles.policy.model.training  # dropout stays off
+    assert is_gradient_checkpointing(checkpointed.runtime.roles.policy.model)
+    assert is_gradient_checkpointing(checkpointed.runtime.roles.critic.model)
+    assert not checkpointed.runtime.roles.policy.model.training  # dropout stays off
 
     def mlp_calls_in_a_step(trainer) -> int:
         """Calls of the first layer's MLP in one policy step: the recompute in the backward calls it again."""
         calls = []
-        mlp = trainer.roles.policy.model.model.layers[0].mlp
+        mlp = trainer.runtime.roles.policy.model.model.layers[0].mlp
         forward = mlp.forward  # an instance wrapper: module hooks do not fire in the recompute
         mlp.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
         experience, _ = trainer.make_experience()
         calls.clear()
         experience.advantages = experience.response_mask.clone()
-        trainer.roles.policy.train_step(experience, experience.num_tokens)
+        trainer.runtime.roles.policy.train_step(experience, experience.num_tokens)
         del mlp.forward
         return len(calls)
 

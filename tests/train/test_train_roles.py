@@ -14,18 +14,16 @@ from rlhf.models.scalar_head import response_values
 from rlhf.rl.experience import concat_experiences
 from rlhf.rl.roles.critic import Critic, SharedCritic
 from rlhf.rl.roles.policy import Policy
-from rlhf.rundir import checkpoint as ckpt
-from tests.support.train_testing import metric_rows, rl_config
-from tests.train.test_train_resume import Interrupted, interrupt_at, resumable_config
+from tests.support.train_testing import rl_config
 
 
 def test_learners_are_the_roles_that_step(make_trainer):
     separate = make_trainer(rl_config("ppo_max"))
-    r = separate.roles
+    r = separate.runtime.roles
     assert isinstance(r.policy, Policy) and isinstance(r.critic, Critic)
     assert r.learners() == [r.policy, r.critic]
     assert r.learners(train_policy=False) == [r.critic]
-    shared = make_trainer(rl_config("ppo_max", model={"critic_mode": "shared"})).roles
+    shared = make_trainer(rl_config("ppo_max", model={"critic_mode": "shared"})).runtime.roles
     assert isinstance(shared.critic, SharedCritic)
     assert shared.learners() == [shared.policy]  # the value loss is part of the policy's step
     assert shared.learners(train_policy=False) == [shared.critic]
@@ -52,8 +50,8 @@ def test_rows_split_between_workers_give_the_whole_minibatch_gradient(make_train
         experience.advantages.shape, generator=torch.Generator().manual_seed(0)
     )
     experience.advantages *= experience.response_mask
-    alone = getattr(trainer.roles, role_name)
-    split = getattr(make_trainer(config, run_dir=trainer.run_dir.parent / "twin").roles, role_name)
+    alone = getattr(trainer.runtime.roles, role_name)
+    split = getattr(make_trainer(config, run_dir=trainer.run_dir.parent / "twin").runtime.roles, role_name)
     whole_tokens = experience.num_tokens
     first, second = experience.select(torch.arange(0, 3)), experience.select(torch.arange(3, 8))
     assert first.num_tokens != second.num_tokens
@@ -70,7 +68,7 @@ def test_explained_variance_is_over_the_whole_minibatch(make_trainer):
     config = rl_config("ppo_max", train={"micro_batch_size": 2, "minibatches": 1})
     trainer = make_trainer(config)
     experience, _ = trainer.make_experience()
-    critic = trainer.roles.critic
+    critic = trainer.runtime.roles.critic
     with torch.no_grad():
         values = response_values(
             critic.model, experience.input_ids, experience.attention_mask, experience.prompt_length
@@ -90,7 +88,7 @@ def test_each_trained_role_is_one_module_forward(make_trainer):
     trainer = make_trainer(rl_config("ppo_max"))
     experience, _ = trainer.make_experience()
     seqs = experience.sequences
-    policy, critic = trainer.roles.policy, trainer.roles.critic
+    policy, critic = trainer.runtime.roles.policy, trainer.runtime.roles.critic
     assert isinstance(policy.forward, torch.nn.Module) and isinstance(critic.forward, torch.nn.Module)
     with torch.no_grad():
         logp = policy.forward(seqs, policy.sampling.temperature)[0]
@@ -114,8 +112,8 @@ def test_a_ddp_wrapped_policy_forward_trains_like_the_plain_one(make_trainer, tm
     trainer = make_trainer(rl_config("ppo_max"))
     experience, _ = trainer.make_experience()
     experience.advantages = experience.response_mask.clone()
-    plain = trainer.roles.policy
-    wrapped = make_trainer(rl_config("ppo_max"), run_dir=tmp_path / "twin").roles.policy
+    plain = trainer.runtime.roles.policy
+    wrapped = make_trainer(rl_config("ppo_max"), run_dir=tmp_path / "twin").runtime.roles.policy
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         wrapped.forward = DistributedDataParallel(wrapped.forward)
@@ -125,39 +123,6 @@ def test_a_ddp_wrapped_policy_forward_trains_like_the_plain_one(make_trainer, tm
         dist.destroy_process_group()
     for (name, a), (_, b) in zip(plain.model.named_parameters(), wrapped.model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7, msg=name)
-
-
-def test_a_checkpoint_written_before_the_roles_resumes_exactly(make_trainer, tok, tmp_path):
-    """Checkpoints of the layout before the roles (optimizers at the top level, the ptx and sampling
-    generators among the trainer's) resume to the metrics of an uninterrupted run."""
-    from rlhf.stages.prompt_files import ptx_sampler
-    from tests.support.train_testing import WORDS, write_jsonl
-
-    rows = [
-        {"prompt": " ".join(WORDS[i : i + 2]), "response": " ".join(WORDS[i + 2 : i + 5])} for i in range(6)
-    ]
-    data = str(write_jsonl(tmp_path / "ptx.jsonl", rows))
-
-    def ptx():
-        return ptx_sampler(tok, data, batch_size=2, max_prompt_tokens=8)
-
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    make_trainer(resumable_config(whole), run_dir=whole, ptx=ptx()).train()
-    first = make_trainer(resumable_config(split), run_dir=split, ptx=ptx())
-    interrupt_at(first, 3)
-    with pytest.raises(Interrupted):
-        first.train()
-    [path] = list((split / "checkpoints").iterdir())
-    state = ckpt.load_state(path, "trainer")
-    roles = state.pop("roles")
-    state["policy_opt"], state["policy_sched"] = roles["policy"]["optimizer"], roles["policy"]["scheduler"]
-    state["critic_opt"], state["critic_sched"] = roles["critic"]["optimizer"], roles["critic"]["scheduler"]
-    state["rng"]["generators"]["ptx"] = roles["policy"]["ptx_generator"]
-    state["rng"]["generators"]["sample"] = roles["policy"]["sample_generator"]
-    ckpt.save_state(state, path, "trainer")
-    ckpt.write_done(path, state["iteration"])  # the files changed: record their new checksums
-    make_trainer(resumable_config(split), run_dir=split, ptx=ptx(), resume=True).train()
-    assert metric_rows(split) == metric_rows(whole)
 
 
 def test_moved_runtime_keys_load_from_old_files_and_name_their_new_place(tmp_path):
@@ -205,8 +170,8 @@ def test_rollout_sampling_paper_reaches_the_sampler_and_the_reference(make_train
     """`rollout.sampling: paper`: the policy samples with the PPO paper's §6.1 settings and the
     reference scores at the same temperature (the first PPO ratio stays 1)."""
     trainer = make_trainer(rl_config("ppo_max", rollout={"sampling": "paper"}))
-    sampling = trainer.roles.policy.sampling
+    sampling = trainer.runtime.roles.policy.sampling
     assert (sampling.temperature, sampling.top_p, sampling.repetition_penalty) == (0.8, 0.9, 1.1)
-    assert trainer.roles.reference.temperature == 0.8
+    assert trainer.runtime.roles.reference.temperature == 0.8
     experience, _ = trainer.make_experience()
     assert float((experience.old_logp - experience.ref_logp).abs().max()) == 0.0

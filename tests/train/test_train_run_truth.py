@@ -19,6 +19,7 @@ from rlhf.monitor.stillness import (
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer, warmup_iterations
 from rlhf.rundir.footprint import footprint_line, human_bytes
+from rlhf.runtime import LocalRuntime
 from rlhf.stages.train import kl_first
 from tests.support.train_testing import rl_config
 
@@ -26,7 +27,9 @@ from tests.support.train_testing import rl_config
 def train_with_console(tok, prompts, _models, tmp_path, config):
     policy, reward_model = copy.deepcopy(_models)
     roles = assemble_roles(config, tokenizer=tok, policy=policy, reward_model=reward_model)
-    trainer = RLTrainer(config, roles, prompts, run_dir=tmp_path / "run")  # not quiet: the console too
+    trainer = RLTrainer(
+        config, LocalRuntime(roles, config.runtime), prompts, run_dir=tmp_path / "run"
+    )  # not quiet: the console too
     trainer.train()
     return trainer
 

@@ -23,7 +23,7 @@ def experience(make_trainer, *, perturb_policy: float = 0.0, **overrides):
     overrides.setdefault("advantage", MONTE_CARLO)
     trainer = make_trainer(rl_config("vanilla_ppo", **overrides))
     if perturb_policy:
-        perturb(trainer.roles.policy.model, perturb_policy)  # old != ref, so the KL is not 0
+        perturb(trainer.runtime.roles.policy.model, perturb_policy)  # old != ref, so the KL is not 0
     exp, metrics = trainer.make_experience()
     return trainer, exp, metrics
 
@@ -141,7 +141,7 @@ def test_kl_adaptive_controller_moves_beta(adaptive, make_trainer):
         "vanilla_ppo", kl={"beta": beta, "adaptive": adaptive, "target": target, "horizon": horizon}
     )
     trainer = make_trainer(config)
-    perturb(trainer.roles.policy.model, 0.05)
+    perturb(trainer.runtime.roles.policy.model, 0.05)
     metrics = trainer.step()
     assert metrics["kl/beta"] == beta  # the beta used for this iteration's rewards
     if adaptive:  # e = clip(KL / target - 1, +-0.2); beta *= 1 + e * n / horizon
@@ -211,7 +211,7 @@ def test_truncated_responses(policy, make_trainer):
     )
     raw = raw_scores(trainer, exp)
     ids, attn, prompt = exp.input_ids, exp.attention_mask, exp.prompt_length
-    ended = (ids[:, prompt:] == trainer.roles.tokenizer.eos_token_id) & attn[:, prompt:].bool()
+    ended = (ids[:, prompt:] == trainer.runtime.roles.tokenizer.eos_token_id) & attn[:, prompt:].bool()
     ended = ended.any(1)
     assert 0 < int(ended.sum()) < len(ended)  # some responses hit the 2-token limit, some ended
     assert metrics["response/eos_rate"] == pytest.approx(float(ended.float().mean()))

@@ -43,7 +43,7 @@ def zero_advantage_trainer(make_trainer, **overrides):
         rl_config("vanilla_ppo", ONE_BATCH, {"model": {"critic_init": "policy"}}, **overrides)
     )
     with torch.no_grad():
-        trainer.roles.reward_model.model.head.weight.zero_()
+        trainer.runtime.roles.reward_model.model.head.weight.zero_()
     return trainer
 
 
@@ -77,8 +77,8 @@ def perturbed_update(make_trainer, *, scale: float = 0.1, **policy):
         rl_config("vanilla_ppo", ONE_BATCH, model={"critic_init": "reward_model"}, policy=policy)
     )
     exp, _ = trainer.make_experience()
-    perturb(trainer.roles.policy.model, scale)
-    ratio = torch.exp(logp_of(trainer.roles.policy.model, exp) - exp.old_logp)
+    perturb(trainer.runtime.roles.policy.model, scale)
+    ratio = torch.exp(logp_of(trainer.runtime.roles.policy.model, exp) - exp.old_logp)
     return trainer.update(exp, train_policy=True), exp, ratio
 
 
@@ -107,7 +107,7 @@ def test_dual_clip_caps_negative_advantage_tokens(make_trainer):
 @pytest.mark.parametrize("against", ["old", "ref"])
 def test_ratio_against_picks_the_denominator(against, make_trainer):
     trainer = make_trainer(rl_config("vanilla_ppo", ONE_BATCH, policy={"ratio_against": against}))
-    perturb(trainer.roles.policy.model, 0.1)  # the behaviour policy now differs from the reference
+    perturb(trainer.runtime.roles.policy.model, 0.1)  # the behaviour policy now differs from the reference
     exp, _ = trainer.make_experience()
     stats = trainer.update(exp, train_policy=True)
     if against == "old":
@@ -125,7 +125,9 @@ def test_entropy_bonus_raises_the_entropy(make_trainer):
 
     def mean_entropy() -> float:
         return float(
-            masked_mean(logp_of(trainer.roles.policy.model, exp, with_entropy=True)[1], exp.response_mask)
+            masked_mean(
+                logp_of(trainer.runtime.roles.policy.model, exp, with_entropy=True)[1], exp.response_mask
+            )
         )
 
     before = mean_entropy()
@@ -140,7 +142,7 @@ def entropy_target_gradient(make_trainer, micro_batch_size: int, target_shift: f
     target at H + target_shift, where H is the minibatch's token-mean entropy before the step."""
     probe = zero_advantage_trainer(make_trainer)
     exp, _ = probe.make_experience()
-    policy = probe.roles.policy.model
+    policy = probe.runtime.roles.policy.model
     _, entropy = response_logprobs(  # clones: the experience holds inference tensors
         policy, exp.input_ids.clone(), exp.attention_mask.clone(), exp.prompt_length, with_entropy=True
     )
@@ -159,7 +161,7 @@ def entropy_target_gradient(make_trainer, micro_batch_size: int, target_shift: f
         train={"micro_batch_size": micro_batch_size},
         policy={"entropy_coef": coef, "entropy_target": target, "entropy_clip": clip},
     )
-    role = trainer.roles.policy
+    role = trainer.runtime.roles.policy
     role.optimizer_step = lambda: 0.0  # keep the gradients
     stats = role.train_step(exp, exp.num_tokens)
     got = {
@@ -206,21 +208,24 @@ def test_ptx_loss_trains_on_the_sft_batch(coef, make_trainer, tok, ptx_rows, tmp
     draw = ptx_sampler(tok, ptx_rows, batch_size=3, max_prompt_tokens=8)
     trainer = make_trainer(config, ptx=draw)
     with torch.no_grad():
-        trainer.roles.reward_model.model.head.weight.zero_()  # zero advantages: only ptx can move the policy
-    batch = draw(torch.Generator().manual_seed(config.seed + 3))  # the trainer's ptx generator
+        trainer.runtime.roles.reward_model.model.head.weight.zero_()  # zero advantages: only ptx can move the policy
+    batch = draw.draw(torch.Generator().manual_seed(config.seed + 3))  # the trainer's ptx generator
     with torch.no_grad():
         nll, count = model_token_nll(
-            trainer.roles.policy.model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+            trainer.runtime.roles.policy.model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["loss_mask"],
         )
-    before = params_of(trainer.roles.policy.model)
+    before = params_of(trainer.runtime.roles.policy.model)
     trainer.train()
     row = metric_rows(tmp_path / "run")[0]
     if coef:
         assert row["ptx/loss"] == pytest.approx(float(nll) / count, rel=1e-5)
-        assert max_change(before, trainer.roles.policy.model) > 0
+        assert max_change(before, trainer.runtime.roles.policy.model) > 0
     else:
         assert "ptx/loss" not in row
-        assert max_change(before, trainer.roles.policy.model) == 0.0
+        assert max_change(before, trainer.runtime.roles.policy.model) == 0.0
 
 
 def test_ptx_coef_without_data_warns(make_trainer, tmp_path):
@@ -247,9 +252,9 @@ def test_value_clip_limits_the_value_step(clip, make_trainer):
 def test_critic_init(init, make_trainer):
     trainer = make_trainer(rl_config("ppo_max", model={"critic_init": init}))
     critic, rm, policy = (
-        trainer.roles.critic.model,
-        trainer.roles.reward_model.model,
-        trainer.roles.policy.model,
+        trainer.runtime.roles.critic.model,
+        trainer.runtime.roles.reward_model.model,
+        trainer.runtime.roles.policy.model,
     )
     exp, metrics = trainer.make_experience()
     if init == "reward_model":  # a copy of the reward model, head included (PPO paper §5.3.3)
@@ -272,11 +277,11 @@ def test_critic_init(init, make_trainer):
 def test_shared_critic_is_a_head_on_the_policy_trunk(make_trainer, tmp_path):
     config = rl_config("vanilla_ppo", model={"critic_mode": "shared"}, train={"iterations": 1})
     trainer = make_trainer(config)
-    assert trainer.roles.critic.model.causal_lm is trainer.roles.policy.model
+    assert trainer.runtime.roles.critic.model.causal_lm is trainer.runtime.roles.policy.model
     assert not hasattr(trainer, "critic_opt")
-    head_before = params_of(trainer.roles.critic.model.head)
+    head_before = params_of(trainer.runtime.roles.critic.model.head)
     trainer.train()
-    assert max_change(head_before, trainer.roles.critic.model.head) > 0  # the value head learns
+    assert max_change(head_before, trainer.runtime.roles.critic.model.head) > 0  # the value head learns
     assert not (tmp_path / "run" / "critic").exists()
     assert "value/loss" in metric_rows(tmp_path / "run")[0]
 
@@ -290,12 +295,12 @@ def test_shared_critic_pretraining_trains_only_the_head(make_trainer):
     )
     trainer = make_trainer(config)
     policy_before, head_before = (
-        params_of(trainer.roles.policy.model),
-        params_of(trainer.roles.critic.model.head),
+        params_of(trainer.runtime.roles.policy.model),
+        params_of(trainer.runtime.roles.critic.model.head),
     )
     trainer.train()
-    assert max_change(policy_before, trainer.roles.policy.model) == 0.0
-    assert max_change(head_before, trainer.roles.critic.model.head) > 0
+    assert max_change(policy_before, trainer.runtime.roles.policy.model) == 0.0
+    assert max_change(head_before, trainer.runtime.roles.critic.model.head) > 0
 
 
 # -- optimization structure ----------------------------------------------------------------------
@@ -321,8 +326,8 @@ def test_max_grad_norm_clips_policy_and_critic(max_norm, make_trainer):
     )
     trainer = make_trainer(config)
     policy_norms, critic_norms = (
-        record_steps(trainer.roles.policy.optimizer),
-        record_steps(trainer.roles.critic.optimizer),
+        record_steps(trainer.runtime.roles.policy.optimizer),
+        record_steps(trainer.runtime.roles.critic.optimizer),
     )
     metrics = trainer.step()
     assert len(policy_norms) == len(critic_norms) == config.train.minibatches
@@ -359,8 +364,8 @@ def test_epochs_and_minibatches_set_the_optimizer_step_count(epochs, minibatches
     )
     trainer = make_trainer(config)
     policy_norms, critic_norms = (
-        record_steps(trainer.roles.policy.optimizer),
-        record_steps(trainer.roles.critic.optimizer),
+        record_steps(trainer.runtime.roles.policy.optimizer),
+        record_steps(trainer.runtime.roles.critic.optimizer),
     )
     trainer.train()
     assert len(policy_norms) == 2 * epochs * minibatches
@@ -370,7 +375,7 @@ def test_epochs_and_minibatches_set_the_optimizer_step_count(epochs, minibatches
 def test_lora_policy_uses_the_disabled_adapter_as_reference(make_trainer, tmp_path):
     config = rl_config("ppo_max", train={"iterations": 1}, model={"lora": {"enabled": True, "r": 4}})
     trainer = make_trainer(config)
-    policy, reference = trainer.roles.policy.model, trainer.roles.reference.reference
+    policy, reference = trainer.runtime.roles.policy.model, trainer.runtime.roles.reference.reference
     assert reference.mode == "adapter" and reference.model is policy  # no second copy of the weights
     trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -396,18 +401,20 @@ def test_entropy_and_losses_are_finite_with_a_fully_dropped_batch(make_trainer):
     # every response truncated and dropped: no token reaches the update, nothing may turn NaN
     trainer = make_trainer(rl_config("vanilla_ppo", rollout={"max_new_tokens": 1, "truncated": "drop"}))
     with torch.no_grad():  # EOS logit 0 far below the best of the other (scaled-up) logits: never sampled
-        trainer.roles.policy.model.lm_head.weight.mul_(100.0)[trainer.roles.tokenizer.eos_token_id] = 0.0
-    before = params_of(trainer.roles.policy.model)
+        trainer.runtime.roles.policy.model.lm_head.weight.mul_(100.0)[
+            trainer.runtime.roles.tokenizer.eos_token_id
+        ] = 0.0
+    before = params_of(trainer.runtime.roles.policy.model)
     metrics = trainer.step()
     assert metrics["response/eos_rate"] == 0.0
     numbers = {k: v for k, v in metrics.items() if isinstance(v, float)}
     assert all(math.isfinite(v) for v in numbers.values()), numbers
-    assert max_change(before, trainer.roles.policy.model) == 0.0
+    assert max_change(before, trainer.runtime.roles.policy.model) == 0.0
 
 
 def test_critic_lora_trains_adapters_and_head_only(make_trainer):
     trainer = make_trainer(rl_config("ppo_max", model={"critic_lora": {"enabled": True, "r": 2}}))
-    critic = trainer.roles.critic.model
+    critic = trainer.runtime.roles.critic.model
     trainable = {name for name, p in critic.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name or name.startswith("head.") for name in trainable)
     assert any(name.startswith("head.") for name in trainable)

@@ -27,7 +27,7 @@ def test_first_ratio_is_exactly_one(lora, make_trainer):
     )
     trainer = make_trainer(config)
     exp, _ = trainer.make_experience()
-    assert fresh_logp(trainer.roles.policy.model, exp).equal(exp.old_logp)
+    assert fresh_logp(trainer.runtime.roles.policy.model, exp).equal(exp.old_logp)
     assert 0 < float(exp.response_mask.sum()) < exp.response_mask.numel()  # mixed lengths, padded rows
     stats = trainer.update(exp, train_policy=True)
     assert stats["policy/ratio_min"] == stats["policy/ratio_max"] == stats["policy/ratio_mean"] == 1.0
@@ -44,7 +44,7 @@ def test_first_ratio_is_one_up_to_rounding_on_regrouped_micro_batches(make_train
     for minibatch in exp.minibatches(3, torch.Generator().manual_seed(0)):
         for micro in minibatch.micro_batches(2):
             torch.testing.assert_close(
-                fresh_logp(trainer.roles.policy.model, micro), micro.old_logp, rtol=0, atol=1e-5
+                fresh_logp(trainer.runtime.roles.policy.model, micro), micro.old_logp, rtol=0, atol=1e-5
             )
     stats = trainer.update(exp, train_policy=True)
     assert stats["policy/ratio_min"] == pytest.approx(1.0, abs=1e-5)
@@ -57,7 +57,7 @@ def test_zero_advantages_without_kl_give_zero_policy_gradient(make_trainer):
         rl_config("vanilla_ppo", train={"minibatches": 1}, model={"critic_init": "policy"})
     )
     exp, _ = trainer.make_experience()
-    policy = trainer.roles.policy.model
+    policy = trainer.runtime.roles.policy.model
     micro = exp.select(torch.arange(exp.batch_size))
     logp, _ = response_logprobs(policy, micro.input_ids, micro.attention_mask, micro.prompt_length)
     zeros = torch.zeros_like(micro.advantages)
@@ -72,7 +72,7 @@ def test_zero_advantages_without_kl_give_zero_policy_gradient(make_trainer):
     # end to end: a reward model scoring 0 everywhere and a zero critic head (critic from the
     # policy) make every reward, value and advantage 0, so a whole iteration leaves the policy as is
     with torch.no_grad():
-        trainer.roles.reward_model.model.head.weight.zero_()
+        trainer.runtime.roles.reward_model.model.head.weight.zero_()
     before = params_of(policy)
     metrics = trainer.step()
     assert metrics["advantage/mean"] == 0.0 and metrics["policy/loss"] == 0.0
@@ -92,7 +92,7 @@ def test_apa_drives_log_ratio_towards_advantage_over_lam(make_trainer):
     target = exp.advantages / config.policy.apa_lam
 
     def residual() -> float:
-        log_ratio = fresh_logp(trainer.roles.policy.model, exp) - exp.ref_logp
+        log_ratio = fresh_logp(trainer.runtime.roles.policy.model, exp) - exp.ref_logp
         return float(masked_mean((log_ratio - target) ** 2, exp.response_mask))
 
     history = [residual()]
@@ -117,18 +117,18 @@ def test_critic_pretraining_lowers_value_loss_and_freezes_policy(make_trainer, t
     def loss_on_exp() -> float:
         with torch.no_grad():
             values = response_values(
-                trainer.roles.critic.model, exp.input_ids, exp.attention_mask, exp.prompt_length
+                trainer.runtime.roles.critic.model, exp.input_ids, exp.attention_mask, exp.prompt_length
             )
             return float(value_loss(values, exp.old_values, exp.returns, exp.response_mask)[0])
 
     policy_before, critic_before = (
-        params_of(trainer.roles.policy.model),
-        params_of(trainer.roles.critic.model),
+        params_of(trainer.runtime.roles.policy.model),
+        params_of(trainer.runtime.roles.critic.model),
     )
     loss_before = loss_on_exp()
     trainer.train()
-    assert max_change(policy_before, trainer.roles.policy.model) == 0.0  # bitwise equal
-    assert max_change(critic_before, trainer.roles.critic.model) > 0.0
+    assert max_change(policy_before, trainer.runtime.roles.policy.model) == 0.0  # bitwise equal
+    assert max_change(critic_before, trainer.runtime.roles.critic.model) > 0.0
     assert loss_on_exp() < 0.7 * loss_before
     rows = metric_rows(tmp_path / "run", kinds=("pretrain",))
     assert [r["pretrain"] for r in rows] == [0, 1, 2, 3]

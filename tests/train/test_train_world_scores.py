@@ -10,6 +10,7 @@ import torch
 from rlhf.demo.world_scores import trainer_class
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
+from rlhf.runtime import LocalRuntime
 from rlhf.worlds import WorldConfig
 from tests.support.train_testing import metric_rows, rl_config
 
@@ -27,7 +28,8 @@ def test_a_scaled_world_feeds_rl_the_scaled_scores(tok, prompts, _models, tmp_pa
     seen = []
     original = roles.reward_model.score
     roles.reward_model.score = lambda sequences: seen.append(original(sequences)) or seen[-1]
-    trainer = trainer_class(world)(config, roles, prompts, run_dir=tmp_path / "run", quiet=True)
+    runtime = LocalRuntime(roles, config.runtime)
+    trainer = trainer_class(world)(config, runtime, prompts, run_dir=tmp_path / "run", quiet=True)
     assert isinstance(trainer, RLTrainer) and type(trainer) is not RLTrainer
     trainer.train()
     rows = metric_rows(tmp_path / "run", kinds=("iteration",))

@@ -25,10 +25,18 @@ from rlhf.rl.roles.critic import Critic, SharedCritic
 from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.frozen import Reference, RewardModel
 from rlhf.rl.roles.policy import JointValue, Policy
+from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.export import export_models
-from rlhf.rundir.sharded_checkpoint import has_shards, load_group_shards, load_sharded_weights
+from rlhf.rundir.sharded_checkpoint import (
+    has_shards,
+    load_group_shards,
+    load_sharded_weights,
+    trained_learners,
+    write_shards_and_state,
+)
 from rlhf.rundir.weights import load_trained, save_trained
 from rlhf.runtime.parallel_plan import ParallelPlan, parallel_plan
+from rlhf.runtime.peers import Peers
 from rlhf.runtime.process_group import in_sharded_group
 from rlhf.train.setup import with_lora
 
@@ -145,6 +153,29 @@ class Roles:
         for name, role in self._trained(separate_only=False).items():
             if name not in loaded:
                 load_trained(role.model, directory, name)
+
+    def save_checkpoint(
+        self, directory: Path, state: dict, steps_done: int, peers: Peers | None = None
+    ) -> None:
+        """The checkpoint `directory`, written whole or not at all: the trained parameters
+        (`save_weights`), `state` (`trainer.*`) and DONE. `peers` (roles sharded over a process group):
+        every rank calls it and writes its shards of the parameters and optimizer moments (DCP),
+        rank 0 the rest (rlhf/rundir/sharded_checkpoint.py)."""
+        if peers is not None:
+            write_shards_and_state(trained_learners(self), peers, directory, state, steps_done)
+            return
+        with ckpt.atomic_directory(directory) as tmp:
+            self.save_weights(tmp)
+            ckpt.save_state(state, tmp, "trainer")
+            ckpt.write_done(tmp, steps_done)  # sizes and checksums: verified on resume
+
+    def load_checkpoint(self, directory: Path) -> dict:
+        """A checkpoint's trained parameters (`load_weights`) and roles' state (its `roles`); the
+        state it holds (`trainer.*`)."""
+        self.load_weights(directory)  # an fsdp2 run's shards load at any number of ranks too
+        state = ckpt.load_state(directory, "trainer")
+        self.load_state_dict(state["roles"])
+        return state
 
     def exported_models(self) -> dict[str, torch.nn.Module]:
         """{subdirectory: model} of an export: the trained policy in the directory itself, a separate

@@ -24,7 +24,7 @@ from rlhf.core import (
     policy_loss,
     policy_loss_params,
 )
-from rlhf.data.collate import left_pad
+from rlhf.data.collate import PtxBatches, left_pad
 from rlhf.models.precision import Precision
 from rlhf.models.sampling import Rollout, RowShare, SamplingConfig
 from rlhf.models.sequences import Sequences
@@ -38,10 +38,10 @@ from rlhf.train.optim import step_metrics
 
 @dataclass
 class PtxObjective:
-    """PPO-ptx (InstructGPT): `coef` x the SFT loss on batches drawn from `batches(generator)`,
-    beside the RL loss, against the alignment tax (docs/algorithms.md#17-ppo-ptx)."""
+    """PPO-ptx (InstructGPT): `coef` x the SFT loss on batches drawn from `batches` with
+    `generator`, beside the RL loss, against the alignment tax (docs/algorithms.md#17-ppo-ptx)."""
 
-    batches: Callable[[torch.Generator], dict]
+    batches: PtxBatches
     coef: float
     generator: torch.Generator
 
@@ -240,7 +240,7 @@ class Policy(RoleLearner):
         sharded per layer, every rank runs it on as many rows (rows past its share weigh nothing)."""
         if not self.with_ptx:
             return
-        batch = {k: v.to(self.device) for k, v in self.ptx.batches(self.ptx.generator).items()}
+        batch = {k: v.to(self.device) for k, v in self.ptx.batches.draw(self.ptx.generator).items()}
         if self.peers is not None:  # data parallel: this rank's rows, the token mean over every rank's
             batch = rank_rows(batch, self.peers, lockstep)
         nll, count = self.train_forward(lm_batch=batch) if len(batch["input_ids"]) else (None, 0)
@@ -253,8 +253,8 @@ class Policy(RoleLearner):
     def with_ptx(self) -> bool:
         return self.ptx is not None and self.ptx.coef > 0
 
-    def use_ptx(self, batches: Callable[[torch.Generator], dict], coef: float, seed: int) -> None:
-        """PPO-ptx on: `coef` x the SFT loss on `batches(generator)`, its generator seeded `seed`."""
+    def use_ptx(self, batches: PtxBatches, coef: float, seed: int) -> None:
+        """PPO-ptx on: `coef` x the SFT loss on batches drawn from `batches`, its generator seeded `seed`."""
         self.ptx = PtxObjective(batches, coef, torch.Generator().manual_seed(seed))
 
     def state_dict(self) -> dict:

@@ -56,6 +56,47 @@ def _scalar(raw: str):
     return parse_overrides(["--value", raw])["value"]
 
 
+def _positive_int(raw: str) -> int:
+    """An argparse type: a whole number >= 1 (a count of seeds, jobs, GPUs)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {raw!r}. Fix: e.g. 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}. Fix: e.g. 1")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    import math
+
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {raw!r}. Fix: e.g. 2.0") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {raw!r}. Fix: e.g. 2.0")
+    return value
+
+
+def _memory_size(raw: str) -> str:
+    """--gpu-memory: a size with its unit (80GB, 24GiB, 512MB); a bare number is refused, since 80
+    could be GB or bytes."""
+    import re
+
+    text = str(raw).strip().lower().replace(" ", "")
+    number = re.fullmatch(r"(\d+(\.\d+)?)(gib|gb|g|mib|mb|m)?", text)
+    if number is None:
+        raise argparse.ArgumentTypeError(f"must be a size like 80GB or 24GiB, got {raw!r}. Fix: --gpu-memory 80GB")
+    if number.group(3) is None:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} has no unit (GB? bytes?). Fix: --gpu-memory {number.group(1)}GB (or MiB, GiB)"
+        )
+    if float(number.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {raw!r}. Fix: --gpu-memory 80GB")
+    return raw
+
+
 def _add_device_flags(parser: argparse.ArgumentParser) -> None:
     """--device and --dtype of eval and rm-eval (the `device` and `dtype` keys of their configs)."""
     parser.add_argument("--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N")
@@ -100,6 +141,21 @@ RM_EVAL_FLAGS = {
     "dtype": "dtype",
     "skip_invalid": "data.skip_invalid",
 }
+
+# dotted key -> the named flag that sets it (for the message when both are given)
+SUPERVISED_FLAGS = {"model": "--model", "data.path": "--data", "out": "--out", "data.skip_invalid": "--skip-invalid"}
+TRAIN_FLAGS = {
+    "model.policy": "--policy",
+    "model.reward_model": "--reward-model",
+    "data.prompts": "--prompts",
+    "out": "--out",
+    "data.skip_invalid": "--skip-invalid",
+}
+
+
+def _flag_names(flags: dict[str, str]) -> dict[str, str]:
+    """{argparse dest: dotted key} -> {dotted key: "--flag-name"}."""
+    return {key: "--" + dest.replace("_", "-") for dest, key in flags.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,15 +209,15 @@ def _demo_parsers(sub) -> None:
         metavar="NAMES",
         help="--compare with only these runs, comma-separated (e.g. ppo_max,dpo)",
     )
-    demo.add_argument("--seeds", type=int, default=1, help="seeds per algorithm")
+    demo.add_argument("--seeds", type=_positive_int, default=1, help="seeds per algorithm")
     demo.add_argument("--config", help="YAML file of demo settings")
 
     ablate = sub.add_parser("ablate", help=STAGES["ablate"], description=STAGES["ablate"])
     ablate.add_argument("--preset", default="ppo_max", help="the preset whose tricks are switched")
-    ablate.add_argument("--seeds", type=int, default=3, help="seeds per variant (95%% intervals over them)")
+    ablate.add_argument("--seeds", type=_positive_int, default=3, help="seeds per variant (95%% intervals over them)")
     ablate.add_argument("--out", default="runs/ablate", help="output directory (ablation.json, report.html)")
-    ablate.add_argument("--jobs", type=int, default=1, help="runs at a time, one process each")
-    ablate.add_argument("--kl-budget", type=float, default=2.0, help="KL at which the gold gain is read")
+    ablate.add_argument("--jobs", type=_positive_int, default=1, help="runs at a time, one process each")
+    ablate.add_argument("--kl-budget", type=_positive_float, default=2.0, help="KL at which the gold gain is read")
     ablate.add_argument("--config", help="YAML file of demo settings (world, model, steps, iterations)")
 
 
@@ -241,7 +297,7 @@ def _eval_parser(sub) -> argparse.ArgumentParser:
     )
     ev.add_argument("--prompts", help="held-out prompts file (data.prompts)")
     ev.add_argument("--out", help="write eval.json here (default: beside the policy) (out)")
-    ev.add_argument("--n", type=_scalar, help="prompts to evaluate, the first N; 256 (data.n)")
+    ev.add_argument("--n", type=_scalar, help="prompts to evaluate, the first N, N >= 1 (as in `rlhf rm-eval`); 256 (data.n)")
     ev.add_argument("--max-new-tokens", type=_scalar, help="response budget; 64 (rollout.max_new_tokens)")
     ev.add_argument(
         "--max-prompt-tokens",
@@ -283,7 +339,7 @@ def _rm_eval_parser(sub) -> argparse.ArgumentParser:
         "--data", help="preference pairs (prompt/chosen/rejected, HH-RLHF, chat) (data.path)"
     )
     rm_eval.add_argument("--out", help="write rm_eval.json here (default: in the reward-model directory)")
-    rm_eval.add_argument("--n", type=_scalar, help="score only the first N valid pairs (n)")
+    rm_eval.add_argument("--n", type=_scalar, help="score only the first N valid pairs, N >= 1 (as in `rlhf eval`); no --n: every pair (n)")
     rm_eval.add_argument("--batch-size", type=_scalar, help="pairs per forward; 8 (batch_size)")
     rm_eval.add_argument("--worst", type=_scalar, help="worst pairs (most negative margin) to keep; 10")
     rm_eval.add_argument("--calibration-bins", type=_scalar, help="bins of sigmoid(|margin|); 10")
@@ -303,20 +359,22 @@ def _plan_parser(sub) -> None:
         help="an rlhf train preset (its roles: a critic, separate or shared, or none), or sft | rm | dpo",
     )
     plan.add_argument("--lora", action="store_true", help="train LoRA adapters (the reference: adapter off)")
-    plan.add_argument("--lora-rank", type=int, default=16)
+    plan.add_argument("--lora-rank", type=_positive_int, default=16)
     plan.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | bfloat16-pure")
     plan.add_argument(
         "--strategy",
         default="fsdp2",
         help="none | ddp | fsdp2 (every role sharded per layer)",
     )
-    plan.add_argument("--nodes", type=int, default=1)
-    plan.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) per node")
-    plan.add_argument("--gpu-memory", default="80GB", help="memory of one GPU, e.g. 80GB, 24GiB")
-    plan.add_argument("--micro-batch", type=int, default=2, help="rows per update forward/backward")
-    plan.add_argument("--rollout-batch", type=int, help="responses per rollout (default: the preset's)")
-    plan.add_argument("--prompt-tokens", type=int, default=512)
-    plan.add_argument("--response-tokens", type=int, default=512)
+    plan.add_argument("--nodes", type=_positive_int, default=1)
+    plan.add_argument("--gpus", type=_positive_int, default=8, help="GPUs (ranks) per node")
+    plan.add_argument(
+        "--gpu-memory", type=_memory_size, default="80GB", help="memory of one GPU with its unit: 80GB, 24GiB"
+    )
+    plan.add_argument("--micro-batch", type=_positive_int, default=2, help="rows per update forward/backward")
+    plan.add_argument("--rollout-batch", type=_positive_int, help="responses per rollout (default: the preset's)")
+    plan.add_argument("--prompt-tokens", type=_positive_int, default=512)
+    plan.add_argument("--response-tokens", type=_positive_int, default=512)
     plan.add_argument("--gradient-checkpointing", action="store_true")
     plan.add_argument("--offload", action="store_true", help="fsdp2: shards and AdamW state in CPU memory")
     plan.add_argument(
@@ -345,13 +403,25 @@ def _add_safety_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
-    from rlhf.config import deep_merge, parse_overrides
+def _overrides(rest: list[str], named: dict[str, str | None], flags: dict[str, str] | None = None) -> dict:
+    """The dotted overrides of `rest` with the named flags' values (`named`: dotted key -> value) under
+    them. A named flag and its dotted key given with two values is one setting said twice: refused,
+    naming both (`flags`: dotted key -> the named flag's spelling, for the message)."""
+    from rlhf.config import ConfigError, deep_merge, parse_overrides
 
     overrides = parse_overrides(rest)
     for dotted, value in named.items():
         if value is None:
             continue
+        node = overrides
+        for part in dotted.split("."):
+            node = node.get(part, _UNSET) if isinstance(node, dict) else _UNSET
+        if node is not _UNSET and node != value and not isinstance(node, dict):
+            flag = (flags or {}).get(dotted) or "--" + dotted.split(".")[-1].replace("_", "-")
+            raise ConfigError(
+                f"command line: {flag} {value!r} and --{dotted} {node!r} are one setting ({flag} sets "
+                f"{dotted}) given two values. Fix: give only one of them."
+            )
         node: dict = {}
         top = node
         parts = dotted.split(".")
@@ -360,6 +430,9 @@ def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
         node[parts[-1]] = value
         overrides = deep_merge(top, overrides)  # explicit dotted flags win over named ones
     return overrides
+
+
+_UNSET = object()
 
 
 def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
@@ -379,13 +452,13 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
         from rlhf.rundir.supervised_resume import supervised_resume_config
 
         config = supervised_resume_config(
-            config_class, args.resume, stage=ctx.stage, file=args.config, overrides=_overrides(rest, named)
+            config_class, args.resume, stage=ctx.stage, file=args.config, overrides=_overrides(rest, named, SUPERVISED_FLAGS)
         )
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
             agreed_on_rank0(lambda: _prepare_resume(ctx.run_dir))  # every rank stops if rank 0 refuses
             run(config, resume=True)
         return 0
-    config = load_config(config_class, file=args.config, overrides=_overrides(rest, named))
+    config = load_config(config_class, file=args.config, overrides=_overrides(rest, named, SUPERVISED_FLAGS))
     _require(config.model, "--model")
     _require(config.data.path, "--data")
     check_out_dir(config.out, {"--model": config.model})
@@ -436,7 +509,7 @@ def run_train_command(args, rest, ctx) -> int:
 
         check_config_unedited(args.resume)  # a hand-edited config.yaml would lie about the run
         config = resume_config(
-            args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named)
+            args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named, TRAIN_FLAGS)
         )
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
             # rank 0 checks (and tidies) the run directory; every rank stops if it refuses
@@ -450,7 +523,9 @@ def run_train_command(args, rest, ctx) -> int:
             "--resume-allow-changed-models applies to `rlhf train --resume RUN_DIR` only; a new run records "
             "the models it starts from. Fix: drop --resume-allow-changed-models, or add --resume RUN_DIR."
         )
-    config = load_config(RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named))
+    config = load_config(
+        RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named, TRAIN_FLAGS)
+    )
     config.reward.functions = [*config.reward.functions, *(args.reward_fn or [])]  # weight 1 each
     _require(config.model.policy, "--policy")
     _require(config.model.reward_model or config.reward.functions, "--reward-model (or --reward-fn)")
@@ -524,7 +599,7 @@ def eval_config(args, rest: list[str]):
     judges = named.pop("judge") or []  # --judge A --judge B: A is `judge`, B on `extra_judges`
     named["judge"] = judges[0] if judges else None
     named["extra_judges"] = judges[1:] or None
-    return load_config(EvalConfig, file=args.config, overrides=_overrides(rest, named))
+    return load_config(EvalConfig, file=args.config, overrides=_overrides(rest, named, _flag_names(EVAL_FLAGS)))
 
 
 def rm_eval_config(args, rest: list[str]):
@@ -532,7 +607,7 @@ def rm_eval_config(args, rest: list[str]):
     from rlhf.stages.rm_eval import rm_eval_config as build
 
     named = {key: getattr(args, dest) for dest, key in RM_EVAL_FLAGS.items()}
-    return build(file=args.config, overrides=_overrides(rest, named))
+    return build(file=args.config, overrides=_overrides(rest, named, _flag_names(RM_EVAL_FLAGS)))
 
 
 def run_eval_command(args, rest, ctx) -> int:

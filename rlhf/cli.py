@@ -87,7 +87,9 @@ def _memory_size(raw: str) -> str:
     text = str(raw).strip().lower().replace(" ", "")
     number = re.fullmatch(r"(\d+(\.\d+)?)(gib|gb|g|mib|mb|m)?", text)
     if number is None:
-        raise argparse.ArgumentTypeError(f"must be a size like 80GB or 24GiB, got {raw!r}. Fix: --gpu-memory 80GB")
+        raise argparse.ArgumentTypeError(
+            f"must be a size like 80GB or 24GiB, got {raw!r}. Fix: --gpu-memory 80GB"
+        )
     if number.group(3) is None:
         raise argparse.ArgumentTypeError(
             f"{raw!r} has no unit (GB? bytes?). Fix: --gpu-memory {number.group(1)}GB (or MiB, GiB)"
@@ -143,7 +145,12 @@ RM_EVAL_FLAGS = {
 }
 
 # dotted key -> the named flag that sets it (for the message when both are given)
-SUPERVISED_FLAGS = {"model": "--model", "data.path": "--data", "out": "--out", "data.skip_invalid": "--skip-invalid"}
+SUPERVISED_FLAGS = {
+    "model": "--model",
+    "data.path": "--data",
+    "out": "--out",
+    "data.skip_invalid": "--skip-invalid",
+}
 TRAIN_FLAGS = {
     "model.policy": "--policy",
     "model.reward_model": "--reward-model",
@@ -214,10 +221,14 @@ def _demo_parsers(sub) -> None:
 
     ablate = sub.add_parser("ablate", help=STAGES["ablate"], description=STAGES["ablate"])
     ablate.add_argument("--preset", default="ppo_max", help="the preset whose tricks are switched")
-    ablate.add_argument("--seeds", type=_positive_int, default=3, help="seeds per variant (95%% intervals over them)")
+    ablate.add_argument(
+        "--seeds", type=_positive_int, default=3, help="seeds per variant (95%% intervals over them)"
+    )
     ablate.add_argument("--out", default="runs/ablate", help="output directory (ablation.json, report.html)")
     ablate.add_argument("--jobs", type=_positive_int, default=1, help="runs at a time, one process each")
-    ablate.add_argument("--kl-budget", type=_positive_float, default=2.0, help="KL at which the gold gain is read")
+    ablate.add_argument(
+        "--kl-budget", type=_positive_float, default=2.0, help="KL at which the gold gain is read"
+    )
     ablate.add_argument("--config", help="YAML file of demo settings (world, model, steps, iterations)")
 
 
@@ -245,6 +256,7 @@ def _supervised_parsers(sub) -> list:
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR from its last checkpoint (saved every --checkpoint.every N steps)",
     )
+    _add_allow_changed_flag(dpo)
     return [sft, rm, dpo]
 
 
@@ -265,13 +277,17 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     train.add_argument(
         "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint"
     )
-    train.add_argument(
+    _add_allow_changed_flag(train)
+    return train
+
+
+def _add_allow_changed_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--resume-allow-changed-models",
         action="store_true",
         help="with --resume: continue although a model file the run reads (policy/reference, reward model) "
         "changed since the run started (refused otherwise; the change is recorded in run_inputs.json)",
     )
-    return train
 
 
 def _eval_parser(sub) -> argparse.ArgumentParser:
@@ -297,7 +313,11 @@ def _eval_parser(sub) -> argparse.ArgumentParser:
     )
     ev.add_argument("--prompts", help="held-out prompts file (data.prompts)")
     ev.add_argument("--out", help="write eval.json here (default: beside the policy) (out)")
-    ev.add_argument("--n", type=_scalar, help="prompts to evaluate, the first N, N >= 1 (as in `rlhf rm-eval`); 256 (data.n)")
+    ev.add_argument(
+        "--n",
+        type=_scalar,
+        help="prompts to evaluate, the first N, N >= 1 (as in `rlhf rm-eval`); 256 (data.n)",
+    )
     ev.add_argument("--max-new-tokens", type=_scalar, help="response budget; 64 (rollout.max_new_tokens)")
     ev.add_argument(
         "--max-prompt-tokens",
@@ -339,7 +359,11 @@ def _rm_eval_parser(sub) -> argparse.ArgumentParser:
         "--data", help="preference pairs (prompt/chosen/rejected, HH-RLHF, chat) (data.path)"
     )
     rm_eval.add_argument("--out", help="write rm_eval.json here (default: in the reward-model directory)")
-    rm_eval.add_argument("--n", type=_scalar, help="score only the first N valid pairs, N >= 1 (as in `rlhf eval`); no --n: every pair (n)")
+    rm_eval.add_argument(
+        "--n",
+        type=_scalar,
+        help="score only the first N valid pairs, N >= 1 (as in `rlhf eval`); no --n: every pair (n)",
+    )
     rm_eval.add_argument("--batch-size", type=_scalar, help="pairs per forward; 8 (batch_size)")
     rm_eval.add_argument("--worst", type=_scalar, help="worst pairs (most negative margin) to keep; 10")
     rm_eval.add_argument("--calibration-bins", type=_scalar, help="bins of sigmoid(|margin|); 10")
@@ -372,7 +396,9 @@ def _plan_parser(sub) -> None:
         "--gpu-memory", type=_memory_size, default="80GB", help="memory of one GPU with its unit: 80GB, 24GiB"
     )
     plan.add_argument("--micro-batch", type=_positive_int, default=2, help="rows per update forward/backward")
-    plan.add_argument("--rollout-batch", type=_positive_int, help="responses per rollout (default: the preset's)")
+    plan.add_argument(
+        "--rollout-batch", type=_positive_int, help="responses per rollout (default: the preset's)"
+    )
     plan.add_argument("--prompt-tokens", type=_positive_int, default=512)
     plan.add_argument("--response-tokens", type=_positive_int, default=512)
     plan.add_argument("--gradient-checkpointing", action="store_true")
@@ -452,19 +478,45 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
         from rlhf.rundir.supervised_resume import supervised_resume_config
 
         config = supervised_resume_config(
-            config_class, args.resume, stage=ctx.stage, file=args.config, overrides=_overrides(rest, named, SUPERVISED_FLAGS)
+            config_class,
+            args.resume,
+            stage=ctx.stage,
+            file=args.config,
+            overrides=_overrides(rest, named, SUPERVISED_FLAGS),
         )
+        allow = args.resume_allow_changed_models
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
-            agreed_on_rank0(lambda: _prepare_resume(ctx.run_dir))  # every rank stops if rank 0 refuses
+
+            def check() -> None:
+                _prepare_resume(ctx.run_dir)
+                _check_resumed_models(config, ctx.run_dir, allow, command=f"rlhf {ctx.stage}")
+
+            agreed_on_rank0(check)  # every rank stops if rank 0 refuses
             run(config, resume=True)
         return 0
+    _refuse_allow_changed_without_resume(args)
     config = load_config(config_class, file=args.config, overrides=_overrides(rest, named, SUPERVISED_FLAGS))
     _require(config.model, "--model")
     _require(config.data.path, "--data")
     check_out_dir(config.out, {"--model": config.model})
+    check_fresh_out(config.out, ctx.stage, args.config)
     with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
+        from rlhf.rundir.run_inputs import model_inputs, record_models
+
+        # the model files it starts from, before they are read: a resume checks them (as train's)
+        agreed_on_rank0(lambda: record_models(config.out, model_inputs(config)))
         run(config)
     return 0
+
+
+def _refuse_allow_changed_without_resume(args) -> None:
+    if getattr(args, "resume_allow_changed_models", False):
+        from rlhf.config import ConfigError
+
+        raise ConfigError(
+            "--resume-allow-changed-models applies to `--resume RUN_DIR` only; a new run records "
+            "the models it starts from. Fix: drop --resume-allow-changed-models, or add --resume RUN_DIR."
+        )
 
 
 def run_sft_command(args, rest, ctx) -> int:
@@ -516,13 +568,7 @@ def run_train_command(args, rest, ctx) -> int:
             agreed_on_rank0(lambda: _check_resume(config, ctx.run_dir, args.resume_allow_changed_models))
             run_rl(config, resume=True)
         return 0
-    if args.resume_allow_changed_models:
-        from rlhf.config import ConfigError
-
-        raise ConfigError(
-            "--resume-allow-changed-models applies to `rlhf train --resume RUN_DIR` only; a new run records "
-            "the models it starts from. Fix: drop --resume-allow-changed-models, or add --resume RUN_DIR."
-        )
+    _refuse_allow_changed_without_resume(args)
     config = load_config(
         RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named, TRAIN_FLAGS)
     )
@@ -532,9 +578,19 @@ def run_train_command(args, rest, ctx) -> int:
     _require(config.data.prompts, "--prompts")
     _refuse_reward_model_as_policy(config.model.policy)
     check_out_dir(config.out, {"--policy": config.model.policy, "--reward-model": config.model.reward_model})
+    check_fresh_out(config.out, "train", args.config)
     with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
         run_rl(config)
     return 0
+
+
+def check_fresh_out(out: str, stage: str, config_file: str | None) -> None:
+    """A fresh run's --out: no earlier run's metrics (resume or another --out), nothing of the user's."""
+    from rlhf.rundir.directory import check_fresh_run_dir
+    from rlhf.rundir.outputs import check_out_holds_nothing_of_yours
+
+    check_fresh_run_dir(out, resumable=stage in ("train", *RESUMABLE_SUPERVISED))
+    check_out_holds_nothing_of_yours(out, stage, config_file)
 
 
 def _refuse_reward_model_as_policy(policy: str) -> None:
@@ -574,7 +630,7 @@ def _prepare_resume(run_dir) -> None:
         )
 
 
-def _check_resumed_models(config, run_dir, allow_changed: bool) -> None:
+def _check_resumed_models(config, run_dir, allow_changed: bool, command: str = "rlhf train") -> None:
     """The models of a resumed run are the files it started from (run_inputs.json), or the user
     accepted the change."""
     from rlhf.rundir import checkpoint as ckpt
@@ -588,6 +644,7 @@ def _check_resumed_models(config, run_dir, allow_changed: bool) -> None:
         allow_changed=allow_changed,
         iteration=iteration,
         warn=lambda message: print(message, file=sys.stderr),
+        command=command,
     )
 
 
@@ -599,7 +656,9 @@ def eval_config(args, rest: list[str]):
     judges = named.pop("judge") or []  # --judge A --judge B: A is `judge`, B on `extra_judges`
     named["judge"] = judges[0] if judges else None
     named["extra_judges"] = judges[1:] or None
-    return load_config(EvalConfig, file=args.config, overrides=_overrides(rest, named, _flag_names(EVAL_FLAGS)))
+    return load_config(
+        EvalConfig, file=args.config, overrides=_overrides(rest, named, _flag_names(EVAL_FLAGS))
+    )
 
 
 def rm_eval_config(args, rest: list[str]):

@@ -13,7 +13,6 @@ from rlhf.config.checks import refuse, require, required, validate_groups
 from rlhf.config.fields import Dtype
 from rlhf.config.rm import RewardDataConfig
 
-
 MAX_BINS = 1000  # calibration and histogram bins: more than any figure shows
 
 

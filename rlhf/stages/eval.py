@@ -221,7 +221,9 @@ def check_result_path(config: EvalConfig) -> None:
     """Refuse an --out that is not a new file nor an earlier `rlhf eval` result (it would be replaced),
     and, without --out, an eval.json of other prompts or another baseline (a comparison of its own)."""
     path = eval_result_path(config)
-    refuse_foreign_file(path, EVAL_KEYS, "rlhf eval", "eval.json")
+    refuse_foreign_file(
+        path, EVAL_KEYS, "rlhf eval", "eval.json", "" if config.out else "in the --policy folder"
+    )
     if not config.out:
         name = f"eval_{data_stem(config.data.prompts)}_vs_{Path(config.baseline).name or 'baseline'}.json"
         refuse_replacing_other_result(

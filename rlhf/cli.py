@@ -484,6 +484,7 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
             file=args.config,
             overrides=_overrides(rest, named, SUPERVISED_FLAGS),
         )
+        preflight(config)
         allow = args.resume_allow_changed_models
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
 
@@ -498,6 +499,7 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     config = load_config(config_class, file=args.config, overrides=_overrides(rest, named, SUPERVISED_FLAGS))
     _require(config.model, "--model")
     _require(config.data.path, "--data")
+    preflight(config)
     check_out_dir(config.out, {"--model": config.model})
     check_fresh_out(config.out, ctx.stage, args.config)
     with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
@@ -563,6 +565,7 @@ def run_train_command(args, rest, ctx) -> int:
         config = resume_config(
             args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named, TRAIN_FLAGS)
         )
+        preflight(config)
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
             # rank 0 checks (and tidies) the run directory; every rank stops if it refuses
             agreed_on_rank0(lambda: _check_resume(config, ctx.run_dir, args.resume_allow_changed_models))
@@ -577,6 +580,7 @@ def run_train_command(args, rest, ctx) -> int:
     _require(config.model.reward_model or config.reward.functions, "--reward-model (or --reward-fn)")
     _require(config.data.prompts, "--prompts")
     _refuse_reward_model_as_policy(config.model.policy)
+    preflight(config)
     check_out_dir(config.out, {"--policy": config.model.policy, "--reward-model": config.model.reward_model})
     check_fresh_out(config.out, "train", args.config)
     with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
@@ -672,14 +676,18 @@ def rm_eval_config(args, rest: list[str]):
 def run_eval_command(args, rest, ctx) -> int:
     from rlhf.stages.eval import run_eval
 
-    run_eval(eval_config(args, rest))
+    config = eval_config(args, rest)
+    preflight(config)
+    run_eval(config)
     return 0
 
 
 def run_rm_eval_command(args, rest, ctx) -> int:
     from rlhf.stages.rm_eval import run_rm_eval
 
-    run_rm_eval(rm_eval_config(args, rest))
+    config = rm_eval_config(args, rest)
+    preflight(config)
+    run_rm_eval(config)
     return 0
 
 
@@ -758,6 +766,13 @@ def run_report_command(args, rest, ctx) -> int:
     if rest:
         raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf report --help`.")
     return run_report(args.directory)
+
+
+def preflight(config) -> None:
+    """The checks of rlhf/preflight.py: optional packages, input file kinds, world judges, a Ray address."""
+    from rlhf.preflight import preflight as check
+
+    check(config)
 
 
 def _require(value, flag: str) -> None:
@@ -864,7 +879,9 @@ def _dispatch(parser, args, rest, ctx) -> int:
         if rest:
             raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf data check --help`.")
         from rlhf.data.check import run_check
+        from rlhf.preflight import check_input_file
 
+        check_input_file(args.file, "FILE")
         return run_check(args)
     handler = {
         "sft": run_sft_command,

@@ -135,7 +135,8 @@ def judged(paths: dict, texts: dict, scores: dict, judge_name: str, seed: int) -
 
 def _check_tokenizers(config: EvalConfig, tokenizer) -> None:
     """The baseline and the judge read the policy tokenizer's ids: their tokenizers must be its."""
-    for flag, other in (("--baseline", config.baseline), ("--judge", config.judge)):
+    judges = [("--judge", judge) for judge in (config.judge, *config.extra_judges)]  # every judge alike
+    for flag, other in (("--baseline", config.baseline), *judges):
         if other and not str(other).startswith("world:"):
             check_same_tokenizer(
                 tokenizer,

@@ -566,6 +566,7 @@ def run_train_command(args, rest, ctx) -> int:
             args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named, TRAIN_FLAGS)
         )
         preflight(config)
+        _fit_ray(config, args.config, rest)
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
             # rank 0 checks (and tidies) the run directory; every rank stops if it refuses
             agreed_on_rank0(lambda: _check_resume(config, ctx.run_dir, args.resume_allow_changed_models))
@@ -581,6 +582,7 @@ def run_train_command(args, rest, ctx) -> int:
     _require(config.data.prompts, "--prompts")
     _refuse_reward_model_as_policy(config.model.policy)
     preflight(config)
+    _fit_ray(config, args.config, rest)
     check_out_dir(config.out, {"--policy": config.model.policy, "--reward-model": config.model.reward_model})
     check_fresh_out(config.out, "train", args.config)
     with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
@@ -773,6 +775,21 @@ def preflight(config) -> None:
     from rlhf.preflight import preflight as check
 
     check(config)
+
+
+def _fit_ray(config, file: str | None, rest: list[str]) -> None:
+    """Ray started here: the roles' default CPU reservations scaled to this machine (said on stderr);
+    the values a --config file or a flag set are kept (and refused when they cannot fit)."""
+    from rlhf.config import parse_overrides, read_yaml
+    from rlhf.preflight import fit_ray_to_machine
+    from rlhf.rundir.resume import flatten_keys
+
+    explicit = set(flatten_keys(parse_overrides(rest)))
+    if file:
+        explicit |= set(flatten_keys(read_yaml(file)))
+    said = fit_ray_to_machine(config, explicit)
+    if said:
+        print(said, file=sys.stderr)
 
 
 def _require(value, flag: str) -> None:

@@ -696,7 +696,10 @@ def run_rm_eval_command(args, rest, ctx) -> int:
 def run_demo_command(args, rest, ctx) -> int:
     from rlhf.demo.run import run_demo
     from rlhf.rundir.lock import run_dir_lock
+    from rlhf.rundir.outputs import DEMO_OUTPUTS, check_out_holds_nothing_of_yours
 
+    # the demo clears its earlier outputs: never a folder of anything else
+    check_out_holds_nothing_of_yours(args.out, "demo", args.config, leftovers=DEMO_OUTPUTS)
     with run_dir_lock(args.out) as ctx.run_dir:
         return run_demo(
             out=args.out,

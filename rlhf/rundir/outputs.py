@@ -29,9 +29,19 @@ RUN_LEFTOVERS = frozenset(
 )
 
 
-def check_out_holds_nothing_of_yours(out: str | Path, command: str, config_file: str | None = None) -> None:
+# What `rlhf demo` writes into its --out (and clears on a re-run: rlhf/demo/run.py clear_demo_outputs)
+DEMO_OUTPUTS = frozenset(
+    {LOCK_FILE, "error.log", "world", "sft", "rm", "runs", "summary.json", "runs.json", "report.html",
+     "report_overview.png"}
+)  # fmt: skip
+
+
+def check_out_holds_nothing_of_yours(
+    out: str | Path, command: str, config_file: str | None = None, leftovers: frozenset[str] = RUN_LEFTOVERS
+) -> None:
     """Raise ConfigError, before any work, when the fresh run's `--out` holds something of the
-    user's: the `--config` file itself, or files no earlier `rlhf` run left there."""
+    user's: the `--config` file itself, or files no earlier `rlhf` run left there (`leftovers`: the
+    names an earlier run of `command` leaves, beside its lock file)."""
     target = Path(out)
     if config_file:
         config_path = Path(config_file).resolve()
@@ -48,15 +58,19 @@ def check_out_holds_nothing_of_yours(out: str | Path, command: str, config_file:
         return  # check_writable_dir speaks for a folder that cannot be read
     if not entries:
         return
-    foreign = [name for name in entries if name not in RUN_LEFTOVERS]
+    foreign = [name for name in entries if name not in leftovers]
     if LOCK_FILE in entries and not foreign:
         return  # an earlier run stopped before its work: its metrics file says whether it ran
     shown = ", ".join(foreign[:5] or entries[:5]) + (" ..." if len(foreign or entries) > 5 else "")
-    what = "a model directory" if "config.json" in entries else "a folder no `rlhf` run made"
+    what = "a model directory" if "config.json" in entries else f"a folder no `rlhf {command}` made"
+    writes = (
+        "its world, models, runs and report.html"
+        if command == "demo"
+        else "config.yaml, metrics, report.html and model files"
+    )
     raise ConfigError(
-        f"--out {out} is {what} and not empty ({shown}): `rlhf {command}` writes config.yaml, metrics, "
-        f"report.html and model files there, replacing what has those names. Fix: --out a new or empty "
-        f"directory (e.g. {target / command} or runs/NAME)."
+        f"--out {out} is {what} and not empty ({shown}): `rlhf {command}` writes {writes} there, replacing "
+        f"what has those names. Fix: --out a new or empty directory (e.g. {target / command} or runs/NAME)."
     )
 
 

@@ -499,6 +499,8 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     config = load_config(config_class, file=args.config, overrides=_overrides(rest, named, SUPERVISED_FLAGS))
     _require(config.model, "--model")
     _require(config.data.path, "--data")
+    if ctx.stage in ("sft", "dpo"):  # a reward model's trunk has no trained LM head
+        _refuse_reward_model_as_policy(config.model, "--model", ctx.stage)
     preflight(config)
     check_out_dir(config.out, {"--model": config.model})
     check_fresh_out(config.out, ctx.stage, args.config)
@@ -599,14 +601,17 @@ def check_fresh_out(out: str, stage: str, config_file: str | None) -> None:
     check_out_holds_nothing_of_yours(out, stage, config_file)
 
 
-def _refuse_reward_model_as_policy(policy: str) -> None:
+def _refuse_reward_model_as_policy(policy: str, flag: str = "--policy", stage: str = "train") -> None:
     from rlhf.config import ConfigError
     from rlhf.models.scalar_head import HEAD_WEIGHTS_NAME
 
     if (Path(policy) / HEAD_WEIGHTS_NAME).is_file():
+        also = ", and this one as --reward-model" if stage == "train" else ""
         raise ConfigError(
-            f"--policy {policy} is a reward-model directory (it holds {HEAD_WEIGHTS_NAME}); the policy is "
-            "a causal LM. Fix: pass the --out directory of `rlhf sft` as --policy, and this one as --reward-model."
+            f"{flag} {policy} is a reward-model directory (it holds {HEAD_WEIGHTS_NAME}); `rlhf {stage}` "
+            f"trains a causal LM (its language-model head). Fix: pass "
+            f"{'a base causal LM (a save_pretrained directory or hub id)' if stage == 'sft' else 'the --out directory of `rlhf sft`'} "
+            f"as {flag}{also}."
         )
 
 

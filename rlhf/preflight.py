@@ -16,6 +16,7 @@ import importlib.util
 import os
 import socket
 import stat
+import sys
 
 from rlhf.config import ConfigError
 
@@ -152,6 +153,9 @@ def fit_ray_to_machine(config, explicit: set[str], cpus: int | None = None) -> s
     (`explicit`: dotted keys) are kept, and refused here when they cannot fit. Returns the line that
     says what was chosen (None: nothing changed)."""
     if getattr(config.dist, "runtime", "local") != "ray" or config.ray.address is not None:
+        return None
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():  # a Ray this process started: its own CPU count holds
         return None
     from rlhf.ray_runtime.hosts import role_hosts
     from rlhf.ray_runtime.placement import planned_bundles

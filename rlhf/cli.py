@@ -67,18 +67,6 @@ def _positive_int(raw: str) -> int:
     return value
 
 
-def _positive_float(raw: str) -> float:
-    import math
-
-    try:
-        value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {raw!r}. Fix: e.g. 2.0") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {raw!r}. Fix: e.g. 2.0")
-    return value
-
-
 def _memory_size(raw: str) -> str:
     """--gpu-memory: a size with its unit (80GB, 24GiB, 512MB); a bare number is refused, since 80
     could be GB or bytes."""
@@ -221,14 +209,10 @@ def _demo_parsers(sub) -> None:
 
     ablate = sub.add_parser("ablate", help=STAGES["ablate"], description=STAGES["ablate"])
     ablate.add_argument("--preset", default="ppo_max", help="the preset whose tricks are switched")
-    ablate.add_argument(
-        "--seeds", type=_positive_int, default=3, help="seeds per variant (95%% intervals over them)"
-    )
+    ablate.add_argument("--seeds", type=int, default=3, help="seeds per variant (95%% intervals over them)")
     ablate.add_argument("--out", default="runs/ablate", help="output directory (ablation.json, report.html)")
-    ablate.add_argument("--jobs", type=_positive_int, default=1, help="runs at a time, one process each")
-    ablate.add_argument(
-        "--kl-budget", type=_positive_float, default=2.0, help="KL at which the gold gain is read"
-    )
+    ablate.add_argument("--jobs", type=int, default=1, help="runs at a time, one process each")
+    ablate.add_argument("--kl-budget", type=float, default=2.0, help="KL at which the gold gain is read")
     ablate.add_argument("--config", help="YAML file of demo settings (world, model, steps, iterations)")
 
 

@@ -75,7 +75,7 @@ def device_names(config: Any, prefix: str = "") -> None:
                 DEVICE_NAME.fullmatch(text) is not None,
                 f"{prefix}device",
                 value,
-                "must be auto, cpu, cuda or cuda:N",
+                "must be one of auto, cpu, cuda, cuda:N",
                 f"--{prefix}device auto",
             )
 

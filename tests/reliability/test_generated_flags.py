@@ -146,10 +146,18 @@ def subparser(name: str) -> argparse.ArgumentParser:
 
 
 @pytest.mark.parametrize("command", ["demo", "ablate", "plan"])
-def test_every_typed_flag_refuses_wrong_values(command, capsys):
+def test_every_typed_flag_refuses_wrong_values(command, capsys, tmp_path, monkeypatch):
+    import rlhf.demo.ablate.runner as ablate
+    import rlhf.demo.run as demo
+
+    def stop(*args, **kwargs):  # a value let through stops here, before any work
+        raise Reached
+
+    monkeypatch.setattr(demo, "prepare_stage", stop)
+    monkeypatch.setattr(ablate, "_stage", stop)
     flags = typed_flags(subparser(command))
     assert flags, command
-    base = ["--model", "7b"] if command == "plan" else []
+    base = ["--model", "7b"] if command == "plan" else ["--out", str(tmp_path / "out")]
     failed = []
     for action in flags:
         flag = action.option_strings[0]

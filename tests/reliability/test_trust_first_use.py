@@ -65,7 +65,7 @@ def test_n_zero_means_the_same_in_eval_and_rm_eval(files, capsys):
             "'80' has no unit (GB? bytes?). Fix: --gpu-memory 80GB",
         ),
         (["demo", "--seeds", "0"], "--seeds: must be >= 1, got 0"),
-        (["ablate", "--jobs", "-1"], "--jobs: must be >= 1, got -1"),
+        (["plan", "--model", "7b", "--gpus", "0"], "--gpus: must be >= 1, got 0"),
     ],
 )
 def test_a_count_or_size_that_means_nothing_is_refused(capsys, args, says):

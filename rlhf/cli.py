@@ -487,13 +487,15 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
         _refuse_reward_model_as_policy(config.model, "--model", ctx.stage)
     preflight(config)
     check_out_dir(config.out, {"--model": config.model})
-    check_fresh_out(config.out, ctx.stage, args.config)
-    with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
-        from rlhf.rundir.run_inputs import model_inputs, record_models
+    with data_parallel(config.dist, config.train.device):
+        # rank 0 alone reads --out (another rank could see the files rank 0 starts writing)
+        agreed_on_rank0(lambda: check_fresh_out(config.out, ctx.stage, args.config))
+        with writer_lock(config.out) as ctx.run_dir:
+            from rlhf.rundir.run_inputs import model_inputs, record_models
 
-        # the model files it starts from, before they are read: a resume checks them (as train's)
-        agreed_on_rank0(lambda: record_models(config.out, model_inputs(config)))
-        run(config)
+            # the model files it starts from, before they are read: a resume checks them (as train's)
+            agreed_on_rank0(lambda: record_models(config.out, model_inputs(config)))
+            run(config)
     return 0
 
 
@@ -570,9 +572,10 @@ def run_train_command(args, rest, ctx) -> int:
     preflight(config)
     _fit_ray(config, args.config, rest)
     check_out_dir(config.out, {"--policy": config.model.policy, "--reward-model": config.model.reward_model})
-    check_fresh_out(config.out, "train", args.config)
-    with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
-        run_rl(config)
+    with data_parallel(config.dist, config.train.device):
+        agreed_on_rank0(lambda: check_fresh_out(config.out, "train", args.config))  # rank 0 reads --out
+        with writer_lock(config.out) as ctx.run_dir:
+            run_rl(config)
     return 0
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rlhf.config import RLConfig
+from rlhf.config import ConfigError, RLConfig
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.sequences import Sequences
 from rlhf.ray_runtime.hosts import ROLLOUT, group_of, role_hosts
@@ -39,13 +39,20 @@ def start_ray(config: RLConfig) -> bool:
     if ray.is_initialized():
         return False
     quiet = not config.ray.show_logs
-    ray.init(
-        address=config.ray.address,
-        include_dashboard=False,
-        log_to_driver=not quiet,
-        logging_level="WARNING" if quiet else "INFO",
-        configure_logging=True,
-    )
+    try:
+        ray.init(
+            address=config.ray.address,
+            include_dashboard=False,
+            log_to_driver=not quiet,
+            logging_level="WARNING" if quiet else "INFO",
+            configure_logging=True,
+        )
+    except ConnectionError as err:  # an address that answers but is no Ray cluster (rlhf/preflight.py)
+        raise ConfigError(
+            f"ray.address {config.ray.address!r}: {str(err).splitlines()[0]}. Fix: the address `ray start --head` "
+            "printed (HOST:6379), or leave --ray.address out to start Ray on this machine.",
+            "ray.address",
+        ) from None
     return config.ray.address is None
 
 

@@ -582,8 +582,10 @@ def run_train_command(args, rest, ctx) -> int:
 def check_fresh_out(out: str, stage: str, config_file: str | None) -> None:
     """A fresh run's --out: no earlier run's metrics (resume or another --out), nothing of the user's."""
     from rlhf.rundir.directory import check_fresh_run_dir
+    from rlhf.rundir.lock import refuse_if_in_use
     from rlhf.rundir.outputs import check_out_holds_nothing_of_yours
 
+    refuse_if_in_use(out)  # a run writing there now is said first
     check_fresh_run_dir(out, resumable=stage in ("train", *RESUMABLE_SUPERVISED))
     check_out_holds_nothing_of_yours(out, stage, config_file)
 
@@ -687,10 +689,11 @@ def run_rm_eval_command(args, rest, ctx) -> int:
 
 def run_demo_command(args, rest, ctx) -> int:
     from rlhf.demo.run import run_demo
-    from rlhf.rundir.lock import run_dir_lock
+    from rlhf.rundir.lock import refuse_if_in_use, run_dir_lock
     from rlhf.rundir.outputs import DEMO_OUTPUTS, check_out_holds_nothing_of_yours
 
     # the demo clears its earlier outputs: never a folder of anything else
+    refuse_if_in_use(args.out)
     check_out_holds_nothing_of_yours(args.out, "demo", args.config, leftovers=DEMO_OUTPUTS)
     with run_dir_lock(args.out) as ctx.run_dir:
         return run_demo(

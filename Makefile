@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# `make demo` needs only the package and its runtime dependencies; the dev extra (pytest, ray, ruff,
+# hypothesis, gguf: about 2 minutes to install) comes with `make test` / `make lint` (STAMP).
+BASE_STAMP := $(VENV)/.base-stamp
 
 # `make test` runs every test (CI runs it); `make test-fast` leaves out those marked `slow` (over ~2 s each:
 # end-to-end CLI runs, spawned ranks, the demo), the inner loop: under 2 minutes on 2 cores.
@@ -11,9 +14,13 @@ STAMP  := $(VENV)/.installed-stamp
 setup: $(STAMP)
 
 # Re-installs only when pyproject.toml changes. torch is pinned exactly to the local CPU wheel.
-$(STAMP): pyproject.toml
+$(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
@@ -25,7 +32,7 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
-demo: setup
+demo: $(BASE_STAMP)
 	$(VENV)/bin/rlhf demo
 
 lint: setup typecheck
@@ -43,6 +50,7 @@ bench: setup
 
 # Peak resident memory of sft, rm and train (LoRA policy) on SmolLM2-135M and HH pairs against each
 # stage's floor (about 30 minutes on 2 cores; bench/results/memory_latest.json, docs/memory.md).
+# The model and the pairs: RLHF_BENCH_MODEL=DIR RLHF_BENCH_PAIRS=FILE.jsonl.gz (skipped without them).
 bench-memory: setup
 	$(PY) bench/memory.py
 

@@ -4,8 +4,9 @@
     .venv/bin/python bench/memory.py --stages sft,sft+gc --before bench/results/memory_before.json
 
 Each stage runs the `rlhf` command in its own subprocess (a clean heap; its peak resident set is
-read with wait4) on SmolLM2-135M-Instruct in float32 (/work/models/smollm2-f32) and HH-RLHF
-harmless-base pairs (the longest ones), with the shapes of issue 17: prompts and responses
+read with wait4) on SmolLM2-135M-Instruct in float32 (--model DIR or $RLHF_BENCH_MODEL) and HH-RLHF
+harmless-base pairs (--pairs FILE or $RLHF_BENCH_PAIRS: the first 1,500 of harmless-base test; the
+longest ones are used), with the shapes of issue 17: prompts and responses
 <= 256 tokens each, 8 sequences per SFT and RM micro-batch, PPO-max with a LoRA policy on
 8 prompts <= 256 tokens, 64 new tokens, micro-batches of up to 4 rows (the constants below; the
 preset's 4 minibatches of 8 rollouts make each update micro-batch 2 rows).
@@ -37,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import child_env, run_case  # noqa: E402
 
-MODEL = Path("/work/models/smollm2-f32")
-PAIRS = Path("/work/shared/data/hh-rlhf/harmless-base-test-first1500.jsonl.gz")
+# where the model and the pairs are: flags, else these environment variables (no machine paths here)
+MODEL_ENV, PAIRS_ENV = "RLHF_BENCH_MODEL", "RLHF_BENCH_PAIRS"
 MIB = 1 << 20
 F32 = 4
 
@@ -145,7 +146,9 @@ def lora_params(shape: dict, rank: int) -> int:
 # -- data ------------------------------------------------------------------------------------------
 
 
-def write_data(directory: Path, model: Path, rows: int) -> tuple[dict[str, Path], dict[str, int]]:
+def write_data(
+    directory: Path, model: Path, rows: int, hh_pairs: Path
+) -> tuple[dict[str, Path], dict[str, int]]:
     """For each stage, the `rows` HH pairs whose encoded rows are longest (as the stage encodes
     them: chat template, budgets), written as they are (`hh` format: SFT takes the chosen
     dialogue, RM the pair, train the prompt). Every micro-batch is then about as wide as the
@@ -159,7 +162,7 @@ def write_data(directory: Path, model: Path, rows: int) -> tuple[dict[str, Path]
     from rlhf.stages.rm import encode_pairs
     from rlhf.stages.sft import encode_sft_examples
 
-    with gzip.open(PAIRS, "rt") as f:
+    with gzip.open(hh_pairs, "rt") as f:
         lines = [line for line in f if line.strip()]
     every = directory / "all.jsonl"
     every.write_text("".join(lines))
@@ -252,9 +255,9 @@ def stage_command(
 
 def run(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="rlhf-memory-"))
-    results: dict = {"model": str(args.model), "threads": args.threads, "steps": args.steps, "stages": {}}
+    results: dict = {"model": args.model.name, "threads": args.threads, "steps": args.steps, "stages": {}}
     try:
-        data, widths = write_data(work, args.model, args.rows)
+        data, widths = write_data(work, args.model, args.rows, args.pairs)
         results["longest_row_tokens"] = widths
         results["floor_mib"] = floors(args.model, widths)
         env = child_env(args.threads)
@@ -312,7 +315,10 @@ def print_table(results: dict, before: dict | None) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--model", type=Path, default=os.environ.get(MODEL_ENV), help=f"(or ${MODEL_ENV})")
+    parser.add_argument(
+        "--pairs", type=Path, default=os.environ.get(PAIRS_ENV), help=f"HH pairs, .jsonl.gz (or ${PAIRS_ENV})"
+    )
     parser.add_argument("--stages", default="sft,rm,train")
     parser.add_argument("--rows", type=int, default=24, help="HH pairs per stage (the longest)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps (train: iterations) per stage")
@@ -324,8 +330,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/memory_latest.json")
     parser.add_argument("--before", type=Path, help="an earlier result to print beside this one")
     args = parser.parse_args()
-    if not args.model.is_dir() or not PAIRS.is_file():
-        print(f"memory bench skipped: needs {args.model} and {PAIRS}", file=sys.stderr)
+    if not args.model or not args.pairs or not args.model.is_dir() or not args.pairs.is_file():
+        print(
+            f"memory bench skipped: needs a model directory (--model or ${MODEL_ENV}: {args.model}) and HH "
+            f"pairs (--pairs or ${PAIRS_ENV}: {args.pairs})",
+            file=sys.stderr,
+        )
         return 0
     results = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)

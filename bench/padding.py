@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 
 import torch
 
@@ -31,8 +32,8 @@ from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response, encode_sft
 from rlhf.models.loading import load_tokenizer
 
-DATA = "/work/shared/data/hh-rlhf/harmless-base-test-first1500.jsonl.gz"
-TOKENIZER = "/work/models/smollm2-f32"
+# the HH pairs and the tokenizer: flags, else these environment variables (no machine paths here)
+DATA_ENV, TOKENIZER_ENV = "RLHF_BENCH_PAIRS", "RLHF_BENCH_MODEL"
 
 
 def fraction(real: int, computed: int) -> float:
@@ -80,10 +81,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data", default=DATA)
-    parser.add_argument("--tokenizer", default=TOKENIZER)
+    parser.add_argument(
+        "--data", default=os.environ.get(DATA_ENV), help=f"HH pairs (harmless-base test), or ${DATA_ENV}"
+    )
+    parser.add_argument(
+        "--tokenizer", default=os.environ.get(TOKENIZER_ENV), help=f"SmolLM2's directory, or ${TOKENIZER_ENV}"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     args = parser.parse_args()
+    if not args.data or not args.tokenizer:
+        parser.error(f"needs --data (or ${DATA_ENV}) and --tokenizer (or ${TOKENIZER_ENV})")
     logging.getLogger("rlhf.data.loading").setLevel(logging.ERROR)  # the 5 malformed HH lines: skipped
     tokenizer = load_tokenizer(args.tokenizer)
     stats = TruncationStats()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -24,8 +25,8 @@ from rlhf.config import RewardConfig, SFTConfig, load_config
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats
 
-DATA = "/work/shared/data/hh-rlhf/harmless-base-test-first1500.jsonl.gz"
-MODEL = "/work/models/smollm2-f32"
+# the HH pairs and SmolLM2 (float32): these environment variables (no machine paths here)
+DATA_ENV, MODEL_ENV = "RLHF_BENCH_PAIRS", "RLHF_BENCH_MODEL"
 
 
 class Timer:
@@ -55,6 +56,9 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    data, model = os.environ.get(DATA_ENV), os.environ.get(MODEL_ENV)
+    if not data or not model:
+        parser.error(f"set ${DATA_ENV} (HH pairs, harmless-base test) and ${MODEL_ENV} (SmolLM2's directory)")
     set_threads(args.threads)
     logging.getLogger("rlhf.data.loading").setLevel(logging.ERROR)
     from rlhf.data.length_grouping import micro_batch_groups, padded_tokens
@@ -62,12 +66,12 @@ def main() -> None:
     from rlhf.stages import rm as reward_model
     from rlhf.stages import sft
 
-    tokenizer = load_tokenizer(MODEL)
+    tokenizer = load_tokenizer(model)
     kind = "sft" if args.stage == "sft" else "preference"
-    examples = load_examples(DATA, kind=kind, skip_invalid=True).examples[: args.rows]
+    examples = load_examples(data, kind=kind, skip_invalid=True).examples[: args.rows]
     out = tempfile.mkdtemp(prefix="padding_timing_")
     overrides = {
-        "model": MODEL,
+        "model": model,
         "out": f"{out}/run",
         "data": {"max_prompt_tokens": args.max_tokens, "max_response_tokens": args.max_tokens},
         "train": {

@@ -59,6 +59,37 @@ def _scalar(raw: str):
     return parse_overrides(["--value", raw])["value"]
 
 
+def _positive_int(raw: str) -> int:
+    """An argparse type: a whole number >= 1 (a count of seeds, jobs, GPUs)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {raw!r}. Fix: e.g. 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}. Fix: e.g. 1")
+    return value
+
+
+def _memory_size(raw: str) -> str:
+    """--gpu-memory: a size with its unit (80GB, 24GiB, 512MB); a bare number is refused, since 80
+    could be GB or bytes."""
+    import re
+
+    text = str(raw).strip().lower().replace(" ", "")
+    number = re.fullmatch(r"(\d+(\.\d+)?)(gib|gb|g|mib|mb|m)?", text)
+    if number is None:
+        raise argparse.ArgumentTypeError(
+            f"must be a size like 80GB or 24GiB, got {raw!r}. Fix: --gpu-memory 80GB"
+        )
+    if number.group(3) is None:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} has no unit (GB? bytes?). Fix: --gpu-memory {number.group(1)}GB (or MiB, GiB)"
+        )
+    if float(number.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {raw!r}. Fix: --gpu-memory 80GB")
+    return raw
+
+
 def _add_device_flags(parser: argparse.ArgumentParser) -> None:
     """--device and --dtype of eval and rm-eval (the `device` and `dtype` keys of their configs)."""
     parser.add_argument("--device", help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N")
@@ -105,6 +136,26 @@ RM_EVAL_FLAGS = {
     "dtype": "dtype",
     "skip_invalid": "data.skip_invalid",
 }
+
+# dotted key -> the named flag that sets it (for the message when both are given)
+SUPERVISED_FLAGS = {
+    "model": "--model",
+    "data.path": "--data",
+    "out": "--out",
+    "data.skip_invalid": "--skip-invalid",
+}
+TRAIN_FLAGS = {
+    "model.policy": "--policy",
+    "model.reward_model": "--reward-model",
+    "data.prompts": "--prompts",
+    "out": "--out",
+    "data.skip_invalid": "--skip-invalid",
+}
+
+
+def _flag_names(flags: dict[str, str]) -> dict[str, str]:
+    """{argparse dest: dotted key} -> {dotted key: "--flag-name"}."""
+    return {key: "--" + dest.replace("_", "-") for dest, key in flags.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,7 +210,7 @@ def _demo_parsers(sub) -> None:
         metavar="NAMES",
         help="--compare with only these runs, comma-separated (e.g. ppo_max,dpo)",
     )
-    demo.add_argument("--seeds", type=int, default=1, help="seeds per algorithm")
+    demo.add_argument("--seeds", type=_positive_int, default=1, help="seeds per algorithm")
     demo.add_argument("--config", help="YAML file of demo settings")
 
     ablate = sub.add_parser("ablate", help=STAGES["ablate"], description=STAGES["ablate"])
@@ -195,6 +246,7 @@ def _supervised_parsers(sub) -> list:
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR from its last checkpoint (saved every --checkpoint.every N steps)",
     )
+    _add_allow_changed_flag(dpo)
     return [sft, rm, dpo]
 
 
@@ -223,13 +275,17 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     train.add_argument(
         "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint"
     )
-    train.add_argument(
+    _add_allow_changed_flag(train)
+    return train
+
+
+def _add_allow_changed_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--resume-allow-changed-models",
         action="store_true",
         help="with --resume: continue although a model file the run reads (policy/reference, reward model) "
         "changed since the run started (refused otherwise; the change is recorded in run_inputs.json)",
     )
-    return train
 
 
 def _eval_parser(sub) -> argparse.ArgumentParser:
@@ -262,7 +318,11 @@ def _eval_parser(sub) -> argparse.ArgumentParser:
     )
     ev.add_argument("--pairs-n", type=_scalar, help="the first N valid pairs; default all (data.pairs_n)")
     ev.add_argument("--out", help="write eval.json here (default: beside the policy) (out)")
-    ev.add_argument("--n", type=_scalar, help="prompts to evaluate, the first N; 256 (data.n)")
+    ev.add_argument(
+        "--n",
+        type=_scalar,
+        help="prompts to evaluate, the first N, N >= 1 (as in `rlhf rm-eval`); 256 (data.n)",
+    )
     ev.add_argument("--max-new-tokens", type=_scalar, help="response budget; 64 (rollout.max_new_tokens)")
     ev.add_argument(
         "--max-prompt-tokens",
@@ -304,7 +364,11 @@ def _rm_eval_parser(sub) -> argparse.ArgumentParser:
         "--data", help="preference pairs (prompt/chosen/rejected, HH-RLHF, chat) (data.path)"
     )
     rm_eval.add_argument("--out", help="write rm_eval.json here (default: in the reward-model directory)")
-    rm_eval.add_argument("--n", type=_scalar, help="score only the first N valid pairs (n)")
+    rm_eval.add_argument(
+        "--n",
+        type=_scalar,
+        help="score only the first N valid pairs, N >= 1 (as in `rlhf eval`); no --n: every pair (n)",
+    )
     rm_eval.add_argument("--batch-size", type=_scalar, help="pairs per forward; 8 (batch_size)")
     rm_eval.add_argument("--worst", type=_scalar, help="worst pairs (most negative margin) to keep; 10")
     rm_eval.add_argument("--calibration-bins", type=_scalar, help="bins of sigmoid(|margin|); 10")
@@ -338,20 +402,24 @@ def _plan_parser(sub) -> None:
         help="an rlhf train preset (its roles: a critic, separate or shared, or none), or sft | rm | dpo",
     )
     plan.add_argument("--lora", action="store_true", help="train LoRA adapters (the reference: adapter off)")
-    plan.add_argument("--lora-rank", type=int, default=16)
+    plan.add_argument("--lora-rank", type=_positive_int, default=16)
     plan.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | bfloat16-pure")
     plan.add_argument(
         "--strategy",
         default="fsdp2",
         help="none | ddp | fsdp2 (every role sharded per layer)",
     )
-    plan.add_argument("--nodes", type=int, default=1)
-    plan.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) per node")
-    plan.add_argument("--gpu-memory", default="80GB", help="memory of one GPU, e.g. 80GB, 24GiB")
-    plan.add_argument("--micro-batch", type=int, default=2, help="rows per update forward/backward")
-    plan.add_argument("--rollout-batch", type=int, help="responses per rollout (default: the preset's)")
-    plan.add_argument("--prompt-tokens", type=int, default=512)
-    plan.add_argument("--response-tokens", type=int, default=512)
+    plan.add_argument("--nodes", type=_positive_int, default=1)
+    plan.add_argument("--gpus", type=_positive_int, default=8, help="GPUs (ranks) per node")
+    plan.add_argument(
+        "--gpu-memory", type=_memory_size, default="80GB", help="memory of one GPU with its unit: 80GB, 24GiB"
+    )
+    plan.add_argument("--micro-batch", type=_positive_int, default=2, help="rows per update forward/backward")
+    plan.add_argument(
+        "--rollout-batch", type=_positive_int, help="responses per rollout (default: the preset's)"
+    )
+    plan.add_argument("--prompt-tokens", type=_positive_int, default=512)
+    plan.add_argument("--response-tokens", type=_positive_int, default=512)
     plan.add_argument("--gradient-checkpointing", action="store_true")
     plan.add_argument("--offload", action="store_true", help="fsdp2: shards and AdamW state in CPU memory")
     plan.add_argument(
@@ -380,13 +448,25 @@ def _add_safety_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
-    from rlhf.config import deep_merge, parse_overrides
+def _overrides(rest: list[str], named: dict[str, str | None], flags: dict[str, str] | None = None) -> dict:
+    """The dotted overrides of `rest` with the named flags' values (`named`: dotted key -> value) under
+    them. A named flag and its dotted key given with two values is one setting said twice: refused,
+    naming both (`flags`: dotted key -> the named flag's spelling, for the message)."""
+    from rlhf.config import ConfigError, deep_merge, parse_overrides
 
     overrides = parse_overrides(rest)
     for dotted, value in named.items():
         if value is None:
             continue
+        node = overrides
+        for part in dotted.split("."):
+            node = node.get(part, _UNSET) if isinstance(node, dict) else _UNSET
+        if node is not _UNSET and node != value and not isinstance(node, dict):
+            flag = (flags or {}).get(dotted) or "--" + dotted.split(".")[-1].replace("_", "-")
+            raise ConfigError(
+                f"command line: {flag} {value!r} and --{dotted} {node!r} are one setting ({flag} sets "
+                f"{dotted}) given two values. Fix: give only one of them."
+            )
         node: dict = {}
         top = node
         parts = dotted.split(".")
@@ -395,6 +475,9 @@ def _overrides(rest: list[str], named: dict[str, str | None]) -> dict:
         node[parts[-1]] = value
         overrides = deep_merge(top, overrides)  # explicit dotted flags win over named ones
     return overrides
+
+
+_UNSET = object()
 
 
 def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
@@ -414,19 +497,51 @@ def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
         from rlhf.rundir.supervised_resume import supervised_resume_config
 
         config = supervised_resume_config(
-            config_class, args.resume, stage=ctx.stage, file=args.config, overrides=_overrides(rest, named)
+            config_class,
+            args.resume,
+            stage=ctx.stage,
+            file=args.config,
+            overrides=_overrides(rest, named, SUPERVISED_FLAGS),
         )
+        preflight(config)
+        allow = args.resume_allow_changed_models
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
-            agreed_on_rank0(lambda: _prepare_resume(ctx.run_dir))  # every rank stops if rank 0 refuses
+
+            def check() -> None:
+                _prepare_resume(ctx.run_dir)
+                _check_resumed_models(config, ctx.run_dir, allow, command=f"rlhf {ctx.stage}")
+
+            agreed_on_rank0(check)  # every rank stops if rank 0 refuses
             run(config, resume=True)
         return 0
-    config = load_config(config_class, file=args.config, overrides=_overrides(rest, named))
+    _refuse_allow_changed_without_resume(args)
+    config = load_config(config_class, file=args.config, overrides=_overrides(rest, named, SUPERVISED_FLAGS))
     _require(config.model, "--model")
     _require(config.data.path, "--data")
+    if ctx.stage in ("sft", "dpo"):  # a reward model's trunk has no trained LM head
+        _refuse_reward_model_as_policy(config.model, "--model", ctx.stage)
+    preflight(config)
     check_out_dir(config.out, {"--model": config.model})
-    with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
-        run(config)
+    with data_parallel(config.dist, config.train.device):
+        # rank 0 alone reads --out (another rank could see the files rank 0 starts writing)
+        agreed_on_rank0(lambda: check_fresh_out(config.out, ctx.stage, args.config))
+        with writer_lock(config.out) as ctx.run_dir:
+            from rlhf.rundir.run_inputs import model_inputs, record_models
+
+            # the model files it starts from, before they are read: a resume checks them (as train's)
+            agreed_on_rank0(lambda: record_models(config.out, model_inputs(config)))
+            run(config)
     return 0
+
+
+def _refuse_allow_changed_without_resume(args) -> None:
+    if getattr(args, "resume_allow_changed_models", False):
+        from rlhf.config import ConfigError
+
+        raise ConfigError(
+            "--resume-allow-changed-models applies to `--resume RUN_DIR` only; a new run records "
+            "the models it starts from. Fix: drop --resume-allow-changed-models, or add --resume RUN_DIR."
+        )
 
 
 def run_sft_command(args, rest, ctx) -> int:
@@ -472,21 +587,19 @@ def run_train_command(args, rest, ctx) -> int:
 
         check_config_unedited(args.resume)  # a hand-edited config.yaml would lie about the run
         config = resume_config(
-            args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named)
+            args.resume, preset=args.preset, file=args.config, overrides=_overrides(rest, named, TRAIN_FLAGS)
         )
+        preflight(config)
+        _fit_ray(config, args.config, rest)
         with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
             # rank 0 checks (and tidies) the run directory; every rank stops if it refuses
             agreed_on_rank0(lambda: _check_resume(config, ctx.run_dir, args.resume_allow_changed_models))
             run_rl(config, resume=True)
         return 0
-    if args.resume_allow_changed_models:
-        from rlhf.config import ConfigError
-
-        raise ConfigError(
-            "--resume-allow-changed-models applies to `rlhf train --resume RUN_DIR` only; a new run records "
-            "the models it starts from. Fix: drop --resume-allow-changed-models, or add --resume RUN_DIR."
-        )
-    config = load_config(RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named))
+    _refuse_allow_changed_without_resume(args)
+    config = load_config(
+        RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named, TRAIN_FLAGS)
+    )
     config.reward.functions = [*config.reward.functions, *(args.reward_fn or [])]  # weight 1 each
     _require(config.model.policy, "--policy")
     _require(
@@ -495,20 +608,38 @@ def run_train_command(args, rest, ctx) -> int:
     )
     _require(config.data.prompts, "--prompts")
     _refuse_reward_model_as_policy(config.model.policy)
+    preflight(config)
+    _fit_ray(config, args.config, rest)
     check_out_dir(config.out, {"--policy": config.model.policy, "--reward-model": config.model.reward_model})
-    with data_parallel(config.dist, config.train.device), writer_lock(config.out) as ctx.run_dir:
-        run_rl(config)
+    with data_parallel(config.dist, config.train.device):
+        agreed_on_rank0(lambda: check_fresh_out(config.out, "train", args.config))  # rank 0 reads --out
+        with writer_lock(config.out) as ctx.run_dir:
+            run_rl(config)
     return 0
 
 
-def _refuse_reward_model_as_policy(policy: str) -> None:
+def check_fresh_out(out: str, stage: str, config_file: str | None) -> None:
+    """A fresh run's --out: no earlier run's metrics (resume or another --out), nothing of the user's."""
+    from rlhf.rundir.directory import check_fresh_run_dir
+    from rlhf.rundir.lock import refuse_if_in_use
+    from rlhf.rundir.outputs import check_out_holds_nothing_of_yours
+
+    refuse_if_in_use(out)  # a run writing there now is said first
+    check_fresh_run_dir(out, resumable=stage in ("train", *RESUMABLE_SUPERVISED))
+    check_out_holds_nothing_of_yours(out, stage, config_file)
+
+
+def _refuse_reward_model_as_policy(policy: str, flag: str = "--policy", stage: str = "train") -> None:
     from rlhf.config import ConfigError
     from rlhf.models.scalar_head import HEAD_WEIGHTS_NAME
 
     if (Path(policy) / HEAD_WEIGHTS_NAME).is_file():
+        also = ", and this one as --reward-model" if stage == "train" else ""
         raise ConfigError(
-            f"--policy {policy} is a reward-model directory (it holds {HEAD_WEIGHTS_NAME}); the policy is "
-            "a causal LM. Fix: pass the --out directory of `rlhf sft` as --policy, and this one as --reward-model."
+            f"{flag} {policy} is a reward-model directory (it holds {HEAD_WEIGHTS_NAME}); `rlhf {stage}` "
+            f"trains a causal LM (its language-model head). Fix: pass "
+            f"{'a base causal LM (a save_pretrained directory or hub id)' if stage == 'sft' else 'the --out directory of `rlhf sft`'} "
+            f"as {flag}{also}."
         )
 
 
@@ -538,7 +669,7 @@ def _prepare_resume(run_dir) -> None:
         )
 
 
-def _check_resumed_models(config, run_dir, allow_changed: bool) -> None:
+def _check_resumed_models(config, run_dir, allow_changed: bool, command: str = "rlhf train") -> None:
     """The models of a resumed run are the files it started from (run_inputs.json), or the user
     accepted the change."""
     from rlhf.rundir import checkpoint as ckpt
@@ -552,6 +683,7 @@ def _check_resumed_models(config, run_dir, allow_changed: bool) -> None:
         allow_changed=allow_changed,
         iteration=iteration,
         warn=lambda message: print(message, file=sys.stderr),
+        command=command,
     )
 
 
@@ -563,7 +695,9 @@ def eval_config(args, rest: list[str]):
     judges = named.pop("judge") or []  # --judge A --judge B: A is `judge`, B on `extra_judges`
     named["judge"] = judges[0] if judges else None
     named["extra_judges"] = judges[1:] or None
-    return load_config(EvalConfig, file=args.config, overrides=_overrides(rest, named))
+    return load_config(
+        EvalConfig, file=args.config, overrides=_overrides(rest, named, _flag_names(EVAL_FLAGS))
+    )
 
 
 def rm_eval_config(args, rest: list[str]):
@@ -571,27 +705,35 @@ def rm_eval_config(args, rest: list[str]):
     from rlhf.stages.rm_eval import rm_eval_config as build
 
     named = {key: getattr(args, dest) for dest, key in RM_EVAL_FLAGS.items()}
-    return build(file=args.config, overrides=_overrides(rest, named))
+    return build(file=args.config, overrides=_overrides(rest, named, _flag_names(RM_EVAL_FLAGS)))
 
 
 def run_eval_command(args, rest, ctx) -> int:
     from rlhf.stages.eval import run_eval
 
-    run_eval(eval_config(args, rest))
+    config = eval_config(args, rest)
+    preflight(config)
+    run_eval(config)
     return 0
 
 
 def run_rm_eval_command(args, rest, ctx) -> int:
     from rlhf.stages.rm_eval import run_rm_eval
 
-    run_rm_eval(rm_eval_config(args, rest))
+    config = rm_eval_config(args, rest)
+    preflight(config)
+    run_rm_eval(config)
     return 0
 
 
 def run_demo_command(args, rest, ctx) -> int:
     from rlhf.demo.run import run_demo
-    from rlhf.rundir.lock import run_dir_lock
+    from rlhf.rundir.lock import refuse_if_in_use, run_dir_lock
+    from rlhf.rundir.outputs import DEMO_OUTPUTS, check_out_holds_nothing_of_yours
 
+    # the demo clears its earlier outputs: never a folder of anything else
+    refuse_if_in_use(args.out)
+    check_out_holds_nothing_of_yours(args.out, "demo", args.config, leftovers=DEMO_OUTPUTS)
     with run_dir_lock(args.out) as ctx.run_dir:
         return run_demo(
             out=args.out,
@@ -671,6 +813,28 @@ def run_report_command(args, rest, ctx) -> int:
     if rest:
         raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf report --help`.")
     return run_report(args.directory)
+
+
+def preflight(config) -> None:
+    """The checks of rlhf/preflight.py: optional packages, input file kinds, world judges, a Ray address."""
+    from rlhf.preflight import preflight as check
+
+    check(config)
+
+
+def _fit_ray(config, file: str | None, rest: list[str]) -> None:
+    """Ray started here: the roles' default CPU reservations scaled to this machine (said on stderr);
+    the values a --config file or a flag set are kept (and refused when they cannot fit)."""
+    from rlhf.config import parse_overrides, read_yaml
+    from rlhf.preflight import fit_ray_to_machine
+    from rlhf.rundir.resume import flatten_keys
+
+    explicit = set(flatten_keys(parse_overrides(rest)))
+    if file:
+        explicit |= set(flatten_keys(read_yaml(file)))
+    said = fit_ray_to_machine(config, explicit)
+    if said:
+        print(said, file=sys.stderr)
 
 
 def _require(value, flag: str) -> None:
@@ -777,7 +941,9 @@ def _dispatch(parser, args, rest, ctx) -> int:
         if rest:
             raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf data check --help`.")
         from rlhf.data.check import run_check
+        from rlhf.preflight import check_input_file
 
+        check_input_file(args.file, "FILE")
         return run_check(args)
     handler = {
         "sft": run_sft_command,

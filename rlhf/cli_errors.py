@@ -42,8 +42,12 @@ def is_user_error(err: BaseException) -> bool:
     from rlhf.config import ConfigError
     from rlhf.data.errors import DataError
     from rlhf.models.loading import ModelLoadingError
+    from rlhf.monitor.sinks import MissingDependencyError
+    from rlhf.worlds import WorldConfigError
 
-    if isinstance(err, (ConfigError, DataError, ModelLoadingError)):
+    # a missing optional package and an unreadable world are the user's to fix (rlhf/preflight.py
+    # checks both before any work; these catch a path it does not see)
+    if isinstance(err, (ConfigError, DataError, ModelLoadingError, MissingDependencyError, WorldConfigError)):
         return True
     return isinstance(err, ValueError) and "Fix:" in str(err)
 

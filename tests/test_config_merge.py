@@ -76,7 +76,12 @@ def leaves(config, prefix: str = "") -> list[tuple[str, typing.Any, typing.Any]]
 
 
 # Keys whose next value breaks a rule of their own: their other value.
-OTHER = {"histogram_bins": 12, "reward.remote.url": "http://127.0.0.1:8000"}  # even; a URL
+OTHER = {
+    "histogram_bins": 12,
+    "reward.remote.url": "http://127.0.0.1:8000",
+    "device": "cpu",
+    "train.device": "cpu",
+}  # even; a URL; a device name
 
 
 def other_value(key: str, tp, value):

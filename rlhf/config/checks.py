@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Any
 
 from rlhf.config.errors import ConfigError
@@ -56,6 +57,27 @@ def refuse(message: str, key: str) -> None:
 
 def warn(message: str, *args: Any) -> None:
     logger.warning(message, *args)
+
+
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")  # rlhf.models.device.resolve_device reads these
+
+
+def device_names(config: Any, prefix: str = "") -> None:
+    """Every `device` field of `config`, at any depth, names a device ("auto", "cpu", "cuda", "cuda:N");
+    whether this machine has it is asked when the command starts (rlhf.models.device)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            device_names(value, f"{prefix}{f.name}.")
+        elif f.name == "device" and isinstance(value, str):
+            text = value.strip().lower()
+            require(
+                DEVICE_NAME.fullmatch(text) is not None,
+                f"{prefix}device",
+                value,
+                "must be one of auto, cpu, cuda, cuda:N",
+                f"--{prefix}device auto",
+            )
 
 
 def validate_groups(config: Any, prefix: str) -> None:

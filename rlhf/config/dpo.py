@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhf.config.checks import at_least, fraction, positive, require
+from rlhf.config.checks import at_least, positive, require
 from rlhf.config.common import OptimConfig
 from rlhf.config.supervised import SupervisedConfig, SupervisedDataConfig, SupervisedTrainConfig
 
@@ -42,8 +42,15 @@ class DPOLossConfig:
                 "must be in [0, 0.5) for dpo.loss robust (it divides by 1 - 2 eps)",
                 f"--{prefix}label_smoothing 0.1",
             )
-        else:
-            fraction(self.label_smoothing, f"{prefix}label_smoothing", 0.0, closed=True)
+        else:  # cDPO: at 0.5 each label counts as much as its flip (nothing to learn), above it flips them
+            require(
+                0 <= self.label_smoothing < 0.5,
+                f"{prefix}label_smoothing",
+                self.label_smoothing,
+                "must be in [0, 0.5) (the rate of flipped labels: at 0.5 the pairs carry no preference, above "
+                "it the loss learns the flipped one)",
+                f"--{prefix}label_smoothing 0.1",
+            )
         if self.loss == "ipo":
             require(
                 self.label_smoothing == 0,

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from rlhf.config import presets
+from rlhf.config.checks import device_names
 from rlhf.config.errors import ConfigError
 from rlhf.config.fields import coerce, is_group, type_hints
 from rlhf.config.rl import RLConfig
@@ -232,6 +233,7 @@ def load_config(
     config = from_dict(cls, merged, origin=f"preset {preset}" if preset else "config")
     try:
         config.validate()
+        device_names(config)
     except ConfigError as err:  # a rule refused a key: name the file or flags that set it
         origin = _origin_of(err.key, [(str(file), file_data), ("command line", overrides or {})])
         if origin is None:

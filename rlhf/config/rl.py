@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlhf.config import presets
-from rlhf.config.checks import at_least, refuse, validate_groups, warn
+from rlhf.config.checks import at_least, fraction, positive, positive_or_off, refuse, validate_groups, warn
 from rlhf.config.common import LoraConfig, OptimConfig
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
 from rlhf.config.ray import RayConfig, RLDistConfig
@@ -116,6 +116,18 @@ class CollapseConfig:
     def validate(self, prefix: str) -> None:
         for key in ("window", "baseline_steps", "patience"):
             at_least(getattr(self, key), 1, f"{prefix}{key}")
+        positive(self.kl_floor, f"{prefix}kl_floor", 0.5, " (nats per response)")
+        for key, fix in (
+            ("kl_rise", 3.0),
+            ("ppl_drop", 0.25),
+            ("length_drift", 0.3),
+            ("diversity_drop", 0.4),
+        ):
+            positive_or_off(getattr(self, key), f"{prefix}{key}", fix)
+        for key in ("ppl_drop", "diversity_drop"):  # a fraction of the baseline that falls away
+            value = getattr(self, key)
+            if value is not None:
+                fraction(value, f"{prefix}{key}", 0.25 if key == "ppl_drop" else 0.4)
 
 
 @dataclass

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import statistics
@@ -168,12 +169,38 @@ def demo_config(config_file: str | None, overrides: list[str]) -> DemoConfig:
     if config_file:
         data = read_yaml(config_file)
     data = deep_merge(data, parse_overrides(overrides))
+    origin = config_file or "command line"
     try:
-        return from_dict(DemoConfig, data, origin=config_file or "command line")
+        cfg = from_dict(DemoConfig, data, origin=origin)
     except (TypeError, ValueError) as err:
         if isinstance(err, ConfigError):
             raise
-        raise ConfigError(str(err)) from None
+        raise ConfigError(
+            f"{origin}: {str(err).replace('WorldConfig.', 'world.')}. Fix: give the world setting a value in its range."
+        ) from None
+    check_demo_ranges(cfg, origin)
+    return cfg
+
+
+# DemoConfig fields that may be 0 (the rest of the counts must be >= 1, the rates > 0)
+DEMO_ZERO_OK = {"threads": "0: torch's own thread count", "rm_lm_coef": "0: no LM term"}
+
+
+def check_demo_ranges(cfg: DemoConfig, origin: str) -> None:
+    """Every count of the demo >= 1 and every rate > 0 (those in DEMO_ZERO_OK >= 0), the key named."""
+    groups = (("", cfg), ("model.", cfg.model))
+    for prefix, group in groups:
+        for f in dataclasses.fields(group):
+            value = getattr(group, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            low_ok = value >= 0 if f.name in DEMO_ZERO_OK else value > 0
+            if not low_ok:
+                need = ">= 0" if f.name in DEMO_ZERO_OK else ">= 1" if isinstance(value, int) else "> 0"
+                raise ConfigError(
+                    f"{origin}: {prefix}{f.name} must be {need}, got {value!r}. "
+                    f"Fix: --{prefix}{f.name} {f.default if f.default is not dataclasses.MISSING else 1}."
+                )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,9 +48,10 @@ A run without iterations (DPO) has "steps" in place of "iterations" and "collaps
 - A prompt may be a string or a list of chat messages {"role", "content"}. All text is HTML-escaped.
 - None (NaN in jsonl) and missing values are skipped; a missing piece leaves a note in its section.
 
-Sections (h2, always present, in this order; `SECTIONS`): Overview, Curves, Training monitors,
-Gold reward against KL, Reward distribution over training, Final figures, Sample responses,
-Collapse warnings. Figures: the curves (also written beside the
+Sections (h2, always present, in this order; `SECTIONS`): the verdict first (Findings: the runs,
+the findings with PASS/FAIL, the SFT and reward-model figures; Final figures; Curves), then Gold
+reward against KL, Training monitors, Reward distribution over training, Sample responses, Collapse
+warnings, and the Settings last, folded (<details>). Figures: the curves (also written beside the
 html as `report_overview.png`), the per-iteration training monitors (if any "metrics"), gold
 against KL (if gold and KL were recorded), the reward distribution (if any "reward_samples").
 """
@@ -77,15 +78,16 @@ from rlhf.monitor.html_parts import page
 from rlhf.monitor.html_parts import table as _table
 from rlhf.monitor.records import read_metrics
 
-SECTIONS = (
-    "Overview",
-    "Curves",
-    "Training monitors",
-    "Gold reward against KL",
-    "Reward distribution over training",
+SECTIONS = (  # the verdict first, the settings last
+    "Findings",
     "Final figures",
+    "Curves",
+    "Gold reward against KL",
+    "Training monitors",
+    "Reward distribution over training",
     "Sample responses",
     "Collapse warnings",
+    "Settings",
 )
 OVERVIEW_PNG = "report_overview.png"
 
@@ -243,11 +245,6 @@ def _overview(summary: Mapping[str, Any], runs, notes: Sequence[str] | None) -> 
         parts.append(f"<p><b>Runs:</b> {_esc(what)}.</p>")
     else:
         parts.append(_note("No runs were given."))
-    world = summary.get("world")
-    if isinstance(world, Mapping):
-        parts.append("<p><b>World:</b></p>" + _table(("key", "value"), [(k, v) for k, v in world.items()]))
-    elif world is not None:
-        parts.append(f"<p><b>World:</b> {_esc(world)}</p>")
     rows = []
     sft = summary.get("sft") or {}
     if sft:
@@ -263,11 +260,6 @@ def _overview(summary: Mapping[str, Any], runs, notes: Sequence[str] | None) -> 
     ):
         if _num(rm.get(key)) is not None:
             rows.append(("reward model", label, _NumText(f"{100 * rm[key]:.1f}%")))
-    parts.append(
-        _table(("model", "figure", "value"), rows)
-        if rows
-        else _note("No SFT or reward-model figures recorded.")
-    )
     findings = summary.get("findings") or []
     if findings:
         held = sum(bool(f.get("holds")) for f in findings)
@@ -283,9 +275,29 @@ def _overview(summary: Mapping[str, Any], runs, notes: Sequence[str] | None) -> 
             for f in findings
         ]
         parts.append(_table(("claim", "result", "evidence"), table_rows))
+    parts.append(
+        _table(("model", "figure", "value"), rows)
+        if rows
+        else _note("No SFT or reward-model figures recorded.")
+    )
     if notes:
         parts.append("<ul>" + "".join(f"<li>{_esc(n)}</li>" for n in notes) + "</ul>")
     return "".join(parts)
+
+
+def _settings(summary: Mapping[str, Any]) -> str:
+    """The settings the runs were made with (the world's), folded: the page opens on the verdict."""
+    world = summary.get("world")
+    if isinstance(world, Mapping):
+        rows = [(k, v) for k, v in world.items()]
+        return (
+            f"<details><summary>World: {len(rows)} settings</summary>"
+            + _table(("key", "value"), rows)
+            + "</details>"
+        )
+    if world is not None:
+        return f"<p><b>World:</b> {_esc(world)}</p>"
+    return _note("No settings recorded.")
 
 
 def _final_table(entries: Sequence[Mapping[str, Any]]) -> str:
@@ -444,7 +456,8 @@ def write_report(
         "Training monitors": _monitors_section(groups, metric_keys, colors, markers),
         "Gold reward against KL": _frontier_section(groups, eval_bands, metric_keys, colors, summary),
         "Reward distribution over training": _reward_section(groups, colors, reward_buckets),
-        "Overview": _overview(summary, runs, notes),
+        "Findings": _overview(summary, runs, notes),
+        "Settings": _settings(summary),
         "Final figures": _final_table(_run_entries(summary, runs, metric_keys)),
         "Sample responses": _samples(runs, max_samples),
         "Collapse warnings": _warnings(runs),

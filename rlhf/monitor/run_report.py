@@ -4,7 +4,7 @@
 
 Sections (h2, in this order; `SECTIONS`):
 - Summary: what ran and how far (records, planned length, warnings, exported model), the headline
-  metrics (first, final, best and where), the configuration highlights;
+  metrics (first, final, best and where), then the configuration highlights, folded (<details>);
 - Monitors: one figure per monitor group (run_kinds.py), collapse warnings as dashed lines, plus
   the reward distribution over training (RL) or the held-out margins (reward model);
 - Warnings: every warning the run logged, with its step; collapse warnings first named as such;
@@ -131,10 +131,11 @@ def _summary(run: RunFiles) -> str:
         if shown
         else note("No config.yaml in the directory: no configuration to show.")
     )
-    return (
-        f'<div class="columns"><div>{table(("run", ""), facts)}</div><div>{config}</div></div>'
+    return (  # what ran and its figures first; the settings folded below them
+        table(("run", ""), facts)
         + "<h3>Headline metrics</h3>"
         + _headline(run)
+        + f"<details><summary>Configuration ({len(shown)} settings)</summary>{config}</details>"
     )
 
 

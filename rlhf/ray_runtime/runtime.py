@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlhf.config import RLConfig
+from rlhf.config import ConfigError, RLConfig
 from rlhf.data.collate import PtxBatches
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.sampling import Rollout, SamplingConfig
@@ -48,13 +48,20 @@ def start_ray(config: RLConfig) -> bool:
     if ray.is_initialized():
         return False
     quiet = not config.ray.show_logs
-    ray.init(
-        address=config.ray.address,
-        include_dashboard=False,
-        log_to_driver=not quiet,
-        logging_level=logging.WARNING if quiet else logging.INFO,
-        configure_logging=True,
-    )
+    try:
+        ray.init(
+            address=config.ray.address,
+            include_dashboard=False,
+            log_to_driver=not quiet,
+            logging_level=logging.WARNING if quiet else logging.INFO,
+            configure_logging=True,
+        )
+    except ConnectionError as err:  # an address that answers but is no Ray cluster (rlhf/preflight.py)
+        raise ConfigError(
+            f"ray.address {config.ray.address!r}: {str(err).splitlines()[0]}. Fix: the address `ray start --head` "
+            "printed (HOST:6379), or leave --ray.address out to start Ray on this machine.",
+            "ray.address",
+        ) from None
     return config.ray.address is None
 
 

@@ -29,6 +29,26 @@ def _holder_pid(fd: int) -> str:
     return text or "unknown"
 
 
+def refuse_if_in_use(run_dir: str | os.PathLike) -> None:
+    """Raise `RunDirInUse` when another live process holds the lock of `run_dir` (checked and let go
+    at once; nothing is created): a busy directory is said as such before any other check of it."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return  # no lock file (or none we may open): nobody holds it
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirInUse(
+                f"run directory {Path(run_dir)} is in use by another rlhf process (pid {_holder_pid(fd)}). "
+                "Fix: wait for that run to finish (or stop it), or pass another --out."
+            ) from None
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def run_dir_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
     """Hold the exclusive lock of `run_dir` (created if missing) for the body of the `with`.

@@ -113,4 +113,21 @@ def resume_config(
             f"new run (another --out) with them. A resume may change only: {', '.join(k + '*' if k.endswith('.') else k for k in RESUMABLE_KEYS)}."
         )
     config.validate()  # the changes a resume may make are checked as a fresh run's are
+    _refuse_going_back(run_dir, config.train.iterations, recorded["train"]["iterations"])
     return config
+
+
+def _refuse_going_back(run_dir: Path, iterations: int, recorded: int) -> None:
+    """A resume never rewrites the past: `--train.iterations` below what the run's newest checkpoint
+    already holds is refused (equal to it: nothing to do, and config.yaml is left as it was)."""
+    from rlhf.rundir.checkpoint import latest_verified
+
+    latest = latest_verified(run_dir, warn=lambda message: None)
+    done = 0 if latest is None else int(latest.name.split("_")[1])
+    if iterations < done:
+        raise ConfigError(
+            f"rlhf train --resume {run_dir}: train.iterations {iterations} is fewer than the {done} iterations "
+            f"the run already did (its newest checkpoint, {latest.name}); a resume cannot undo them. Fix: "
+            f"--train.iterations {max(done + 1, recorded)} or more to continue the run, or use the run as it is.",
+            "train.iterations",
+        )

@@ -34,12 +34,16 @@ ALLOW_CHANGED_MODELS_FLAG = "--resume-allow-changed-models"
 FORMAT = 1
 
 
-def model_inputs(config: RLConfig) -> dict[str, dict]:
-    """{config key: {"path", "files": {name: {"size", "sha256"}}}} of every model `config` reads; a
-    model that is no local directory (a hub id) is recorded with `"files": null` (not checked)."""
-    models = {"model.policy": (config.model.policy, config.model.gguf_file)}
-    if config.model.reward_model:
-        models["model.reward_model"] = (config.model.reward_model, None)
+def model_inputs(config) -> dict[str, dict]:
+    """{config key: {"path", "files": {name: {"size", "sha256"}}}} of every model `config` reads (an
+    RLConfig's policy and reward model; a supervised stage's `model`); a model that is no local
+    directory (a hub id) is recorded with `"files": null` (not checked)."""
+    if isinstance(config.model, str):  # sft, rm, dpo: the one model trained (dpo's reference too)
+        models = {"model": (config.model, config.gguf_file)}
+    else:
+        models = {"model.policy": (config.model.policy, config.model.gguf_file)}
+        if config.model.reward_model:
+            models["model.reward_model"] = (config.model.reward_model, None)
     found = {}
     for key, (path, gguf_file) in models.items():
         if not path:
@@ -161,12 +165,13 @@ def _file_changes(recorded: dict, now: dict) -> list[str]:
 
 
 def check_models(
-    config: RLConfig,
+    config,
     run_dir: str | Path,
     *,
     allow_changed: bool = False,
     iteration: int | None = None,
     warn: Callable[[str], None] = print,
+    command: str = "rlhf train",
 ) -> None:
     """On resume: compare every model file `config` reads with the run's record. A change raises
     ConfigError naming the model key, the directory and the files, unless `allow_changed` (then it is
@@ -194,7 +199,7 @@ def check_models(
         return
     if not allow_changed:
         raise ConfigError(
-            f"rlhf train --resume {run_dir}: a model the run reads is not the one it started from: "
+            f"{command} --resume {run_dir}: a model the run reads is not the one it started from: "
             f"{'; '.join(problems)}. Continuing would mix two runs in one record (another reference gives "
             f"another KL, another reward model other rewards). Fix: put back the model files the run started "
             f"from (their sha256 are in {run_dir / RECORD}), or pass {ALLOW_CHANGED_MODELS_FLAG} to continue "

@@ -324,7 +324,8 @@ def judged(paths: dict, texts: dict, scores: dict, judge_name: str, seed: int) -
 
 def _check_tokenizers(config: EvalConfig, tokenizer) -> None:
     """The baseline and the judge read the policy tokenizer's ids: their tokenizers must be its."""
-    for flag, other in (("--baseline", config.baseline), ("--judge", config.judge)):
+    judges = [("--judge", judge) for judge in (config.judge, *config.extra_judges)]  # every judge alike
+    for flag, other in (("--baseline", config.baseline), *judges):
         if other and not str(other).startswith("world:"):
             check_same_tokenizer(
                 tokenizer,
@@ -411,7 +412,9 @@ def check_result_path(config: EvalConfig) -> None:
     """Refuse an --out that is not a new file nor an earlier `rlhf eval` result (it would be replaced),
     and, without --out, an eval.json of other prompts or another baseline (a comparison of its own)."""
     path = eval_result_path(config)
-    refuse_foreign_file(path, EVAL_KEYS, "rlhf eval", "eval.json")
+    refuse_foreign_file(
+        path, EVAL_KEYS, "rlhf eval", "eval.json", "" if config.out else "in the --policy folder"
+    )
     if not config.out:
         data_file = config.data.prompts or config.data.pairs
         name = f"eval_{data_stem(data_file)}_vs_{Path(config.baseline).name or 'baseline'}.json"

@@ -12,18 +12,24 @@ import os
 from pathlib import Path
 
 from rlhf.config import ConfigError
+from rlhf.rundir.outputs import check_result_writable, keep_unwritable_result
 
 
-def refuse_foreign_file(path: Path, keys: tuple[str, ...], command: str, default_name: str) -> None:
+def refuse_foreign_file(
+    path: Path, keys: tuple[str, ...], command: str, default_name: str, default_note: str = ""
+) -> None:
     """Raise ConfigError when `path` exists and is not an earlier result of `command` (a JSON object
-    holding every one of `keys`), or is a directory."""
+    holding every one of `keys`), or is a directory, or its folder cannot be written (`default_note`:
+    where the default result goes when no --out is given, for the message)."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(
             f"--out {path} is a directory; {command} writes one JSON file. Fix: --out {path / default_name}."
         )
     if not path.exists():
+        check_result_writable(path, default_note=default_note)
         return
+    check_result_writable(path, default_note=default_note)
     try:
         data = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError, OSError):
@@ -40,13 +46,18 @@ def refuse_foreign_file(path: Path, keys: tuple[str, ...], command: str, default
 def write_result(path: Path, result: dict) -> None:
     """Write `result` as JSON to `path` whole or not at all (a temporary file renamed over it)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
         os.replace(tmp, path)
+    except OSError as err:  # checked before the work, and still failing: the work is kept elsewhere
+        raise keep_unwritable_result(path, result, err) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def refuse_replacing_other_result(

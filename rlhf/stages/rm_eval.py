@@ -97,7 +97,9 @@ def run_rm_eval(config: RMEvalConfig, *, model: ScalarHeadModel | None = None, t
     `config` is validated (`rm_eval_config`); a given `model` / `tokenizer` is used instead of
     loading `config.reward_model` (which still names it)."""
     out = Path(config.out) if config.out else Path(config.reward_model) / RESULT_NAME
-    refuse_foreign_file(out, RESULT_KEYS, "rlhf rm-eval", RESULT_NAME)  # before any work
+    refuse_foreign_file(  # before any work
+        out, RESULT_KEYS, "rlhf rm-eval", RESULT_NAME, "" if config.out else "in the --reward-model folder"
+    )
     if not config.out:  # the default file: never a result of another data file (--out names one)
         stem = Path(str(config.data.path)).name.split(".")[0] or "data"
         refuse_replacing_other_result(

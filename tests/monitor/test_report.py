@@ -257,3 +257,21 @@ def test_curves_mark_warnings_with_vertical_lines_and_save_figure(tmp_path):
     assert [text.get_text() for text in gold_axis.texts] == ["not recorded"]
     path = plots.save_figure(figure, tmp_path / "fig" / "curves.png")
     assert path.read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_the_page_opens_on_the_verdict_and_folds_the_settings(tmp_path):
+    """The findings come first (before any settings table), then the final figures and the curves;
+    the world's settings are the last section, inside <details>."""
+    runs = [make_run("ppo", 0)]
+    summary = {
+        **make_summary(runs),
+        "world": {f"key_{i}": i for i in range(45)},
+        "findings": [{"claim": "PPO-max beats SFT on gold", "holds": True, "evidence": "+1.2"}],
+    }
+    page = write_report(tmp_path / "report.html", summary, runs).read_text()
+    assert headings(page)[:3] == ["Findings", "Final figures", "Curves"] and headings(page)[-1] == "Settings"
+    findings = page.split("<h2>Findings</h2>")[1].split("</section>")[0]
+    assert "PPO-max beats SFT on gold" in findings and "key_0" not in findings
+    settings = page.split("<h2>Settings</h2>")[1].split("</section>")[0]
+    assert settings.startswith("<details><summary>World: 45 settings</summary>") and "key_44" in settings
+    assert page.index("PPO-max beats SFT on gold") < page.index("key_0")

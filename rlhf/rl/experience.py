@@ -86,9 +86,17 @@ class Experience:
                 out[k] = v[:, :width]
         return Experience(prompt_length=self.prompt_length - lead, **out)
 
+    def lengths(self) -> list[int]:
+        """Each row's real tokens (prompt + valid response): what micro-batches are cut by."""
+        return (self.attention_mask[:, : self.prompt_length].sum(1) + self.response_mask.sum(1)).tolist()
+
+    def take(self, index: list[int]) -> Experience:
+        """Rows `index` (`select`): the engine's view of a batch (rlhf/train/learner.py `Rows`)."""
+        return self.select(torch.tensor(index, dtype=torch.long))
+
     def filler(self) -> Experience:
         """Its first row with the response mask zeroed: a micro-batch that runs every forward and
-        backward a real one runs and weighs nothing (a sharded rank's padding, rlhf/runtime/fsdp.py)."""
+        backward a real one runs and weighs nothing (a data-parallel rank's padding, rlhf/train/learner.py)."""
         row = self.select(torch.tensor([0]))
         row.response_mask = torch.zeros_like(row.response_mask)
         return row
@@ -115,9 +123,8 @@ class Experience:
         `by_length`, the rows are taken longest first (real prompt + valid response tokens), so
         rows of similar length share a micro-batch; the token-weighted sum over micro-batches
         (docs/algorithms.md §18) is the same whatever the grouping, up to float summation order."""
-        lengths = self.attention_mask[:, : self.prompt_length].sum(1) + self.response_mask.sum(1)
-        for group in micro_batch_groups(lengths.tolist(), size, by_length):
-            yield self.select(torch.tensor(group, dtype=torch.long))
+        for group in micro_batch_groups(self.lengths(), size, by_length):
+            yield self.take(group)
 
 
 def concat_experiences(batches: list[Experience]) -> Experience:

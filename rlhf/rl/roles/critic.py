@@ -23,9 +23,8 @@ from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.rl.experience import Experience, in_row_chunks
 from rlhf.rl.roles.forward import ValueForward
-from rlhf.rl.roles.learner import Lockstep, RoleLearner, StepStats
 from rlhf.runtime.parallel_plan import ParallelPlan
-from rlhf.train.optim import step_metrics
+from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
 
 if TYPE_CHECKING:
     from rlhf.rl.roles.policy import Policy
@@ -50,7 +49,7 @@ def value_micro_loss(
     return loss
 
 
-class Critic(RoleLearner):
+class Critic(Learner):
     prefix = "value"
     shares_policy = False  # a network and an optimizer of its own
 
@@ -69,25 +68,29 @@ class Critic(RoleLearner):
         self.model = model
         self.value_clip = value_clip
         self.forward = ValueForward(model, precision)
-        super().__init__(self.forward, optim, total_steps, micro_batch_size, sort_by_length, parallel)
+        super().__init__(
+            self.forward, optim, total_steps, micro_batch_size=micro_batch_size, by_length=sort_by_length,
+            **(parallel.learner_options() if parallel else {}),
+        )  # fmt: skip
 
     @torch.no_grad()
     def values(self, sequences: Sequences) -> torch.Tensor:
         """V [B, T] of every response token (0 at padding)."""
-        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.sort_by_length)
+        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.by_length)
 
-    def train_step(
-        self, minibatch: Experience, total_tokens: float, lockstep: Lockstep | None = None
-    ) -> dict[str, float]:
+    def loss_denominator(self, minibatch: Experience) -> float:
+        return minibatch.num_tokens  # the value loss is a token mean
+
+    def train_step(self, minibatch: Experience, total_tokens: float | None = None) -> dict[str, float]:
+        """One optimizer step of the value loss on `minibatch` (rlhf/train/learner.py `Learner.step`)."""
         stats = StepStats()
-        micro_batches = list(self.micro_batches(minibatch, total_tokens, lockstep))
-        passes = self.passes(len(micro_batches))
-        for micro, weight in micro_batches:
-            with passes.next_pass():
-                loss = value_micro_loss(self.train_forward, micro, self.value_clip, stats, weight)
-                (weight * loss).backward()
-        self.drop_weightless_gradients(total_tokens, lockstep)
-        grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
+
+        def loss(micro: MicroBatch) -> tuple[torch.Tensor, dict]:
+            value = value_micro_loss(self.train_forward, micro.rows, self.value_clip, stats, micro.weight)
+            return micro.weight * value, {}
+
+        total = minibatch.num_tokens if total_tokens is None else total_tokens
+        _, grad_norm = self.step(minibatch, [loss], valid_tokens, total)
         return {**stats.result(self.peers), **step_metrics("value", grad_norm)}
 
 
@@ -105,32 +108,36 @@ class SharedCritic:
         self.model: ScalarHeadModel = self.joint.forward.model
         self.forward = partial(policy.module, part="value")  # through the policy's module (fsdp2 gathers it)
         self.micro_batch_size = policy.micro_batch_size
-        self.sort_by_length = policy.sort_by_length
+        self.by_length = policy.by_length
 
     @torch.no_grad()
     def values(self, sequences: Sequences) -> torch.Tensor:
-        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.sort_by_length)
+        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.by_length)
 
     def loss_denominator(self, minibatch: Experience) -> float:
         return minibatch.num_tokens  # the value loss is a token mean
 
-    def train_step(
-        self, minibatch: Experience, total_tokens: float, lockstep: Lockstep | None = None
-    ) -> dict[str, float]:
-        """Critic pre-training (PPO paper §5.3.3): the value loss alone; the trunk stays as it is, only the
-        value head's gradients are kept."""
+    def train_step(self, minibatch: Experience, total_tokens: float | None = None) -> dict[str, float]:
+        """Critic pre-training (PPO paper §5.3.3): the value loss alone, in the policy's optimizer step;
+        the trunk stays as it is, only the value head's gradients are kept."""
         stats = StepStats()
-        micro_batches = list(self.policy.micro_batches(minibatch, total_tokens, lockstep))
-        passes = self.policy.passes(len(micro_batches))
         values = partial(self.policy.train_forward, part="value")  # a training pass (ddp: through DDP)
-        for micro, weight in micro_batches:
-            with passes.next_pass():
-                loss = value_micro_loss(values, micro, self.joint.value_clip, stats, weight)
-                (weight * self.joint.coef * loss).backward()
-        self.policy.drop_weightless_gradients(total_tokens, lockstep)
-        head = {id(q) for q in self.model.head.parameters()}
-        for q in self.policy.module.parameters():  # under fsdp2: the shards, holding their reduced gradients
-            if id(q) not in head:
-                q.grad = None
-        grad_norm = self.policy.optimizer_step()
+
+        def loss(micro: MicroBatch) -> tuple[torch.Tensor, dict]:
+            value = value_micro_loss(values, micro.rows, self.joint.value_clip, stats, micro.weight)
+            return micro.weight * self.joint.coef * value, {}
+
+        def head_only() -> None:
+            head = {id(q) for q in self.model.head.parameters()}
+            for q in self.policy.module.parameters():  # under fsdp2: the shards, with their reduced gradients
+                if id(q) not in head:
+                    q.grad = None
+
+        total = minibatch.num_tokens if total_tokens is None else total_tokens
+        _, grad_norm = self.policy.step(minibatch, [loss], valid_tokens, total, before_update=head_only)
         return {**stats.result(self.policy.peers), **step_metrics("value", grad_norm)}
+
+
+def valid_tokens(rows: Experience) -> float:
+    """A micro-batch's valid tokens: its weight is their share of the step's (token mean, §18)."""
+    return rows.num_tokens

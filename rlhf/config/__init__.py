@@ -4,11 +4,11 @@
     fields.py        choices read from a field's type (Literal, registries), `coerce`
     checks.py        the helpers of each group's `validate(prefix)`
     common.py        optimizer, LoRA and data-parallel groups every stage shares
-    supervised.py    what sft and rm share (data, train, stage), specialized in sft.py and rm.py
+    supervised.py    what sft, rm and dpo share (data, train, stage), specialized in sft.py, rm.py, dpo.py
     rollout.py       rlhf train's sampling (and the PPO paper's, `rollout.sampling: paper`)
     rl_algorithm.py  score processing, KL, advantages, policy loss, critic: the PPO tricks
     rl.py            rlhf train's models, data, run plumbing and the stage config
-    eval.py          rlhf eval;  rm_eval.py: rlhf rm-eval
+    eval.py          rlhf eval;  rm_eval.py: rlhf rm-eval;  ray.py: `dist.runtime ray`
     presets.py       the shipped presets (rlhf/presets/*.yaml) and the YAML reader
     loader.py        overrides, layering, renamed keys, from_dict/to_dict, load_config, save_config
 

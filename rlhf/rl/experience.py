@@ -26,9 +26,7 @@ class Experience:
     old_values: torch.Tensor  # [B, T] critic values at sampling time
     advantages: torch.Tensor  # [B, T] GAE advantages (0 at padding)
     returns: torch.Tensor  # [B, T] value targets (0 at padding)
-    # [B] long: rows sampled from one prompt share an id (rollout.samples_per_prompt); None in
-    # checkpoints written before groups existed
-    group: torch.Tensor | None = None
+    group: torch.Tensor  # [B] long: rows sampled from one prompt share an id (rollout.samples_per_prompt)
     # [B, T] decoupled PPO's weight of each token, pi_prox / pi_behav truncated (docs/algorithms.md
     # §34), for rollouts sampled by an older policy (rollout.max_staleness); None: 1 everywhere
     is_weights: torch.Tensor | None = None
@@ -106,7 +104,7 @@ class Experience:
     ) -> Iterator[Experience]:
         """`count` shuffled minibatches covering every row once (sizes differ by at most one); with
         `whole_groups`, the groups are shuffled and split instead, so the rows of a group stay together."""
-        if not whole_groups or self.group is None:
+        if not whole_groups:
             order = torch.randperm(self.batch_size, generator=generator)
             for chunk in torch.tensor_split(order, count):
                 if len(chunk):
@@ -155,14 +153,11 @@ def concat_experiences(batches: list[Experience]) -> Experience:
     return Experience(prompt_length=p_max, **joined, group=distinct_groups(batches))
 
 
-def distinct_groups(batches: list[Experience]) -> torch.Tensor | None:
+def distinct_groups(batches: list[Experience]) -> torch.Tensor:
     """The batches' group ids joined, each batch's shifted past the previous ones (a group never
-    spans two rollouts); None if a batch has none."""
-    if any(b.group is None for b in batches):
-        return None
+    spans two rollouts)."""
     joined, offset = [], 0
     for b in batches:
-        assert b.group is not None
         joined.append(b.group - int(b.group.min()) + offset if len(b.group) else b.group)
         offset = int(joined[-1].max()) + 1 if len(b.group) else offset
     return torch.cat(joined)

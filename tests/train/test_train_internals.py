@@ -140,7 +140,14 @@ def toy_experience(prompt_lengths, response_lengths, seed=0) -> Experience:
         mask[b, :r] = 1
     per_token = {k: torch.randn(B, T, generator=generator) * mask for k in
                  ("old_logp", "ref_logp", "old_values", "advantages", "returns")}  # fmt: skip
-    return Experience(input_ids=ids, attention_mask=attn, prompt_length=P, response_mask=mask, **per_token)
+    return Experience(
+        input_ids=ids,
+        attention_mask=attn,
+        prompt_length=P,
+        response_mask=mask,
+        group=torch.arange(B),
+        **per_token,
+    )
 
 
 def test_select_trims_all_padding_columns():

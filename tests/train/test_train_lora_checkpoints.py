@@ -79,7 +79,9 @@ def test_a_checkpoint_without_the_trained_parameters_stops_with_the_fix(make_tra
     """A checkpoint whose policy file is gone (or another format's) is refused, naming the file."""
     out = tmp_path / "run"
     run_until(make_trainer(lora_config(out), run_dir=out), 3)
-    (out / "checkpoints" / "iter_000002" / "policy.trained.safetensors").unlink()
+    checkpoint = out / "checkpoints" / "iter_000002"
+    (checkpoint / "policy.trained.safetensors").unlink()
+    ckpt.write_done(checkpoint, 2)  # a complete checkpoint, of another format
     with pytest.raises(ConfigError, match="policy.trained.safetensors is missing.*Fix:"):
         make_trainer(lora_config(out), run_dir=out, resume=True)
 

@@ -49,8 +49,47 @@ def value_micro_loss(
     return loss
 
 
-class Critic(Learner):
+class ValueRole:
+    """What both critics share: values in row chunks (`forward`, `micro_batch_size`, `by_length`) and
+    the optimizer step of the value loss, a token mean."""
+
     prefix = "value"
+    forward: Callable[[Sequences], torch.Tensor]
+    micro_batch_size: int
+    by_length: bool
+
+    @torch.no_grad()
+    def values(self, sequences: Sequences) -> torch.Tensor:
+        """V [B, T] of every response token (0 at padding)."""
+        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.by_length)
+
+    def loss_denominator(self, minibatch: Experience) -> float:
+        return minibatch.num_tokens  # the value loss is a token mean
+
+    @staticmethod
+    def value_step(
+        learner: Learner,
+        minibatch: Experience,
+        total_tokens: float | None,
+        forward: Callable[[Sequences], torch.Tensor],
+        value_clip: float | None,
+        coef: float | None = None,
+        before_update: Callable[[], None] | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step of `learner` on the (clipped) value loss of `forward`, times `coef`."""
+        stats = StepStats()
+
+        def loss(micro: MicroBatch) -> tuple[torch.Tensor, dict]:
+            value = value_micro_loss(forward, micro.rows, value_clip, stats, micro.weight)
+            scale = micro.weight if coef is None else micro.weight * coef
+            return scale * value, {}
+
+        total = minibatch.num_tokens if total_tokens is None else total_tokens
+        _, grad_norm = learner.step(minibatch, [loss], valid_tokens, total, before_update=before_update)
+        return {**stats.result(learner.peers), **step_metrics("value", grad_norm)}
+
+
+class Critic(ValueRole, Learner):
     shares_policy = False  # a network and an optimizer of its own
 
     def __init__(
@@ -73,31 +112,14 @@ class Critic(Learner):
             **(parallel.learner_options() if parallel else {}),
         )  # fmt: skip
 
-    @torch.no_grad()
-    def values(self, sequences: Sequences) -> torch.Tensor:
-        """V [B, T] of every response token (0 at padding)."""
-        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.by_length)
-
-    def loss_denominator(self, minibatch: Experience) -> float:
-        return minibatch.num_tokens  # the value loss is a token mean
-
     def train_step(self, minibatch: Experience, total_tokens: float | None = None) -> dict[str, float]:
         """One optimizer step of the value loss on `minibatch` (rlhf/train/learner.py `Learner.step`)."""
-        stats = StepStats()
-
-        def loss(micro: MicroBatch) -> tuple[torch.Tensor, dict]:
-            value = value_micro_loss(self.train_forward, micro.rows, self.value_clip, stats, micro.weight)
-            return micro.weight * value, {}
-
-        total = minibatch.num_tokens if total_tokens is None else total_tokens
-        _, grad_norm = self.step(minibatch, [loss], valid_tokens, total)
-        return {**stats.result(self.peers), **step_metrics("value", grad_norm)}
+        return self.value_step(self, minibatch, total_tokens, self.train_forward, self.value_clip)
 
 
-class SharedCritic:
+class SharedCritic(ValueRole):
     """The value head on the policy's trunk; the policy's optimizer steps it."""
 
-    prefix = "value"
     shares_policy = True
 
     def __init__(self, policy: Policy) -> None:
@@ -110,22 +132,10 @@ class SharedCritic:
         self.micro_batch_size = policy.micro_batch_size
         self.by_length = policy.by_length
 
-    @torch.no_grad()
-    def values(self, sequences: Sequences) -> torch.Tensor:
-        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.by_length)
-
-    def loss_denominator(self, minibatch: Experience) -> float:
-        return minibatch.num_tokens  # the value loss is a token mean
-
     def train_step(self, minibatch: Experience, total_tokens: float | None = None) -> dict[str, float]:
         """Critic pre-training (PPO paper §5.3.3): the value loss alone, in the policy's optimizer step;
         the trunk stays as it is, only the value head's gradients are kept."""
-        stats = StepStats()
         values = partial(self.policy.train_forward, part="value")  # a training pass (ddp: through DDP)
-
-        def loss(micro: MicroBatch) -> tuple[torch.Tensor, dict]:
-            value = value_micro_loss(values, micro.rows, self.joint.value_clip, stats, micro.weight)
-            return micro.weight * self.joint.coef * value, {}
 
         def head_only() -> None:
             head = {id(q) for q in self.model.head.parameters()}
@@ -133,9 +143,8 @@ class SharedCritic:
                 if id(q) not in head:
                     q.grad = None
 
-        total = minibatch.num_tokens if total_tokens is None else total_tokens
-        _, grad_norm = self.policy.step(minibatch, [loss], valid_tokens, total, before_update=head_only)
-        return {**stats.result(self.policy.peers), **step_metrics("value", grad_norm)}
+        j = self.joint
+        return self.value_step(self.policy, minibatch, total_tokens, values, j.value_clip, j.coef, head_only)
 
 
 def valid_tokens(rows: Experience) -> float:

@@ -125,6 +125,12 @@ class Experience:
             yield self.take(group)
 
 
+def valid_tokens(rows: Experience) -> float:
+    """A micro-batch's valid tokens: its weight in a token mean is their share of the step's
+    (docs/algorithms.md §18; rlhf/train/learner.py `Learner.step`)."""
+    return rows.num_tokens
+
+
 def concat_experiences(batches: list[Experience]) -> Experience:
     """Join rollout batches of different prompt/response widths (the experience buffer)."""
     if len(batches) == 1:

@@ -12,41 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 
 from rlhf.config import OptimConfig
-from rlhf.core import value_loss
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
-from rlhf.rl.experience import Experience, in_row_chunks
+from rlhf.rl.experience import Experience, in_row_chunks, valid_tokens
 from rlhf.rl.roles.forward import ValueForward
+from rlhf.rl.roles.policy import Policy, value_micro_loss
 from rlhf.runtime.parallel_plan import ParallelPlan
 from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
-
-if TYPE_CHECKING:
-    from rlhf.rl.roles.policy import Policy
-
-
-def value_micro_loss(
-    forward: Callable[[Sequences], torch.Tensor],
-    micro: Experience,
-    value_clip: float | None,
-    stats: StepStats,
-    weight: float,
-) -> torch.Tensor:
-    """This micro-batch's value loss, clipped around the rollout's values when `value_clip` is set
-    (docs/algorithms.md#15-value-loss); its stats recorded."""
-    values = forward(micro.sequences)
-    loss, loss_stats = value_loss(
-        values, micro.old_values, micro.returns, micro.response_mask, clip_eps=value_clip
-    )
-    del loss_stats["explained_variance"]  # a ratio of variances: over the whole minibatch, in StepStats
-    stats.add({**loss_stats, "loss": loss.detach()}, weight, "value")
-    stats.add_values(values, micro.returns, micro.response_mask)
-    return loss
 
 
 class ValueRole:
@@ -145,8 +122,3 @@ class SharedCritic(ValueRole):
 
         j = self.joint
         return self.value_step(self.policy, minibatch, total_tokens, values, j.value_clip, j.coef, head_only)
-
-
-def valid_tokens(rows: Experience) -> float:
-    """A micro-batch's valid tokens: its weight is their share of the step's (token mean, §18)."""
-    return rows.num_tokens

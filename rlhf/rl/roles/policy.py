@@ -31,13 +31,13 @@ from rlhf.core import (
     masked_mean,
     policy_loss,
     policy_loss_params,
+    value_loss,
 )
 from rlhf.data.collate import left_pad
 from rlhf.models.precision import Precision
 from rlhf.models.sampling import Rollout, RowShare, SamplingConfig
 from rlhf.models.sequences import Sequences
-from rlhf.rl.experience import Experience, in_row_chunks
-from rlhf.rl.roles.critic import valid_tokens, value_micro_loss
+from rlhf.rl.experience import Experience, in_row_chunks, valid_tokens
 from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
 from rlhf.runtime.parallel_plan import ParallelPlan
 from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
@@ -269,6 +269,25 @@ class Policy(Learner):
         self.generator.set_state(state["sample_generator"])
         if self.ptx is not None and "ptx_generator" in state:
             self.ptx.generator.set_state(state["ptx_generator"])
+
+
+def value_micro_loss(
+    forward: Callable[[Sequences], torch.Tensor],
+    micro: Experience,
+    value_clip: float | None,
+    stats: StepStats,
+    weight: float,
+) -> torch.Tensor:
+    """This micro-batch's value loss, clipped around the rollout's values when `value_clip` is set
+    (docs/algorithms.md#15-value-loss); its stats recorded."""
+    values = forward(micro.sequences)
+    loss, loss_stats = value_loss(
+        values, micro.old_values, micro.returns, micro.response_mask, clip_eps=value_clip
+    )
+    del loss_stats["explained_variance"]  # a ratio of variances: over the whole minibatch, in StepStats
+    stats.add({**loss_stats, "loss": loss.detach()}, weight, "value")
+    stats.add_values(values, micro.returns, micro.response_mask)
+    return loss
 
 
 def rank_rows(batch: dict[str, torch.Tensor], peers, lockstep: bool) -> dict[str, torch.Tensor]:

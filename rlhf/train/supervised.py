@@ -205,18 +205,7 @@ def run_supervised(
         raise ValueError(f"no training {what}: the data left nothing to train on. Fix: check data.path.")
     generator = torch.Generator().manual_seed(config.seed)  # data order: on the CPU, the same everywhere
     steps, batches = stage.schedule(train_rows, generator)
-    learner = Learner(
-        ModelCall(model),
-        config.optim,
-        steps,
-        peers=peers,
-        strategy=config.dist.strategy,
-        uses_every_parameter=stage.uses_every_parameter,
-        bf16_compute=precision.uses_autocast,
-        offload=config.dist.offload,
-        micro_batch_size=config.train.micro_batch_size,
-        by_length=config.train.group_by_length != "none",  # micro-batches of rows of similar length
-    )
+    learner = _learner(stage, model, steps, peers, precision)
     run = SupervisedRun(out, tokenizer, model, learner, precision, peers, writer)
     done, resumed_rng = _resume(run, stage, batches, train_rows, test_rows) if resume else (0, None)
     if sharded:  # after a resume loaded the whole state (on rank 0): every rank's shards from rank 0's
@@ -258,6 +247,23 @@ def run_supervised(
     if writer:  # rank 0 exports, reports and prints
         _report(stage, out, final, quiet)
     return final
+
+
+def _learner(stage: SupervisedStage, model: nn.Module, steps: int, peers: Peers | None, precision) -> Learner:
+    """The model's learner: AdamW over `steps`, the run's data-parallel strategy, the stage's micro-batches."""
+    c = stage.config
+    return Learner(
+        ModelCall(model),  # the one call every forward goes through (rlhf/train/model_call.py)
+        c.optim,
+        steps,
+        peers=peers,
+        strategy=c.dist.strategy,
+        uses_every_parameter=stage.uses_every_parameter,
+        bf16_compute=precision.uses_autocast,
+        offload=c.dist.offload,
+        micro_batch_size=c.train.micro_batch_size,
+        by_length=c.train.group_by_length != "none",  # micro-batches of rows of similar length
+    )
 
 
 def truncation_metrics(stats: TruncationStats) -> dict:

@@ -33,14 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # (module, attribute, phase name): functions looked up by these names when the stage runs
 PHASES = [
     ("rlhf.models.loading", "load_causal_lm", "load model"),
-    ("rlhf.stages.sft", "train_steps", "forward+backward"),
+    ("rlhf.stages.sft", "sft_step", "forward+backward"),
     ("rlhf.stages.sft", "evaluate_nll", "evaluate"),
-    ("rlhf.stages.sft", "clip_and_step", "optimizer step"),
+    ("rlhf.train.learner", "clip_and_step", "optimizer step"),
     ("rlhf.stages.sft", "export_models", "export"),
     ("rlhf.stages.rm", "pair_forward", "forward+backward"),
     ("rlhf.stages.rm", "ranking_loss", "forward+backward"),
     ("rlhf.stages.rm", "evaluate_pairs", "evaluate"),
-    ("rlhf.stages.rm", "clip_and_step", "optimizer step"),
     ("rlhf.stages.rm", "save_reward_model", "export"),
     ("rlhf.rl.roles.assemble", "assemble_roles", "build roles"),
     ("rlhf.rl.roles.policy.Policy", "generate", "rollout"),

@@ -4,7 +4,7 @@
 
 One process per measurement (the caller alternates groupings); the last stdout line is JSON:
 wall and CPU seconds of the forward/backward passes (model load, tokenization, optimizer steps and
-the final save excluded: the timer wraps `train_steps` / `pair_step`), the tokens computed (rows x longest row per micro-batch)
+the final save excluded: the timer wraps `sft_step` / `pair_step`, the optimizer step included), the tokens computed (rows x longest row per micro-batch)
 and the real tokens, and the final training loss. Rows are the first `--rows` valid HH pairs,
 prompts and responses cut at `--max-tokens` tokens each.
 """
@@ -61,7 +61,7 @@ def main() -> None:
         parser.error(f"set ${DATA_ENV} (HH pairs, harmless-base test) and ${MODEL_ENV} (SmolLM2's directory)")
     set_threads(args.threads)
     logging.getLogger("rlhf.data.loading").setLevel(logging.ERROR)
-    from rlhf.data.length_grouping import micro_batch_groups, padded_tokens
+    from rlhf.data.length_grouping import padded_tokens
     from rlhf.models.loading import load_tokenizer
     from rlhf.stages import rm as reward_model
     from rlhf.stages import sft
@@ -91,11 +91,11 @@ def main() -> None:
         rows = sft.encode_sft_examples(tokenizer, examples, config, stats)
         real = sum(len(r.prompt_ids) + len(r.response_ids) for r in rows)
 
-        def cost(model, step_rows, pad_id, micro, precision=None, by_length=False):
+        def cost(learner, step_rows, pad_id, precision=None):
             lengths = [len(r.prompt_ids) + len(r.response_ids) for r in step_rows]
-            return padded_tokens(lengths, micro_batch_groups(lengths, micro, by_length))
+            return padded_tokens(lengths, learner.split(lengths))
 
-        timer = sft.train_steps = Timer(sft.train_steps, cost)
+        timer = sft.sft_step = Timer(sft.sft_step, cost)
         final = sft.run_sft(config, tokenizer=tokenizer, train_rows=rows, test_rows=[], quiet=True)
     else:
         config = load_config(
@@ -104,9 +104,9 @@ def main() -> None:
         rows = reward_model.encode_pairs(tokenizer, examples, config, stats)
         real = sum(2 * len(r.prompt_ids) + len(r.chosen_ids) + len(r.rejected_ids) for r in rows)
 
-        def cost(model, step_rows, pad_id, micro, lm_coef, precision=None, by_length=False):
+        def cost(learner, step_rows, pad_id, lm_coef, precision=None):
             lengths = [len(r.prompt_ids) + max(len(r.chosen_ids), len(r.rejected_ids)) for r in step_rows]
-            return 2 * padded_tokens(lengths, reward_model.pair_micro_batches(step_rows, micro, by_length))
+            return 2 * padded_tokens(lengths, learner.split(lengths))
 
         timer = reward_model.pair_step = Timer(reward_model.pair_step, cost)
         final = reward_model.run_reward_training(

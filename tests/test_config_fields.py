@@ -1,6 +1,6 @@
 """A config field's choices come from its own type (Literal, or a registry named in Annotated), never
-from its key; every rule of a group names the key, the value given and a fix; old spellings of
-renamed keys still load (a run's config.yaml, and `model.dtype` everywhere)."""
+from its key; every rule of a group names the key, the value given and a fix; `dtype` is the one
+precision key of every stage."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import typing
 from dataclasses import dataclass, field
 
 import pytest
-import yaml
 
 from rlhf.config import (
     ConfigError,
@@ -21,12 +20,10 @@ from rlhf.config import (
     RMEvalConfig,
     SFTConfig,
     choices,
-    config_from_yaml,
     deep_merge,
     from_dict,
     load_config,
     parse_overrides,
-    save_config,
 )
 from rlhf.config.fields import AdvantageEstimator, DataFormat, Dtype, PolicyLossName, is_group, type_hints
 from rlhf.core.advantages import ESTIMATORS
@@ -187,49 +184,14 @@ def test_a_rule_of_a_group_names_the_group_where_it_is_used():
         load_config(RLConfig, overrides={"model": {"critic_lora": {"enabled": True, "r": 0}}})
 
 
-# -- renamed keys: the precision key is `dtype` in every stage --------------------------------------
+# -- one precision key, `dtype`, in every stage; the old spellings are unknown keys ---------------------
 
 
-def old_spelling(path) -> dict:
-    """A saved RLConfig rewritten as runs before the rename wrote it: `model.dtype`, and the runtime
-    switches under train and rollout."""
-    data = yaml.safe_load(path.read_text())
-    data["model"]["dtype"] = data.pop("dtype")
-    runtime = data.pop("runtime")
-    data["train"]["overlap_critic"] = runtime["overlap_critic"]
-    data["rollout"]["pack_weights"] = runtime["pack_weights"]
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return data
-
-
-def test_a_config_yaml_in_the_old_spelling_loads(tmp_path):
-    path = tmp_path / "config.yaml"
-    config = load_config(RLConfig, overrides={"dtype": "bfloat16", "runtime": {"pack_weights": False}})
-    save_config(config, path)
-    written = old_spelling(path)
-    assert written["model"]["dtype"] == "bfloat16" and "dtype" not in written
-    again = config_from_yaml(RLConfig, path)
-    assert again == config and again.dtype == "bfloat16" and again.runtime.pack_weights is False
-    save_config(again, tmp_path / "new.yaml")  # written back in the new spelling
-    new = yaml.safe_load((tmp_path / "new.yaml").read_text())
-    assert new["dtype"] == "bfloat16" and "dtype" not in new["model"]
-
-
-def test_model_dtype_is_an_alias_of_dtype_in_files_and_flags(tmp_path):
-    flagged = load_config(RLConfig, overrides=parse_overrides(["--model.dtype", "bfloat16"]))
-    path = tmp_path / "mine.yaml"
-    path.write_text("model: {dtype: bfloat16-pure}\n")
-    filed = load_config(RLConfig, file=str(path))
-    assert (flagged.dtype, filed.dtype) == ("bfloat16", "bfloat16-pure")
-    assert (
-        load_config(RLConfig, overrides={"dtype": "bfloat16", "model": {"dtype": "bfloat16"}}).dtype
-        == "bfloat16"
-    )
-    with pytest.raises(
-        ConfigError, match=r"model\.dtype \('float32'\) and dtype \('bfloat16'\) are one setting"
-    ):
-        load_config(RLConfig, overrides={"dtype": "bfloat16", "model": {"dtype": "float32"}})
-    with pytest.raises(ConfigError, match=r"dtype must be one of 'auto', 'float32'.*got 'half'"):
-        load_config(RLConfig, overrides={"model": {"dtype": "half"}})
+def test_dtype_is_one_key_in_every_stage_and_the_old_spellings_are_refused_with_the_fix():
+    assert load_config(RLConfig, overrides=parse_overrides(["--dtype", "bfloat16"])).dtype == "bfloat16"
+    with pytest.raises(ConfigError, match=r"unknown key 'model\.dtype'.*Fix: drop --model\.dtype"):
+        load_config(RLConfig, overrides={"model": {"dtype": "float32"}})
+    with pytest.raises(ConfigError, match=r"unknown key 'train\.overlap_critic'.*Fix:"):
+        load_config(RLConfig, overrides={"train": {"overlap_critic": False}})
     for cls in (SFTConfig, RewardConfig, EvalConfig, RMEvalConfig):  # the same key everywhere
         assert "dtype" in {f.name for f in dataclasses.fields(cls)}, cls

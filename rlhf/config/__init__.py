@@ -4,13 +4,13 @@
     fields.py        choices read from a field's type (Literal, registries), `coerce`
     checks.py        the helpers of each group's `validate(prefix)`
     common.py        optimizer, LoRA and data-parallel groups every stage shares
-    supervised.py    what sft and rm share (data, train, stage), specialized in sft.py and rm.py
+    supervised.py    what sft, rm and dpo share (data, train, stage), specialized in sft.py, rm.py, dpo.py
     rollout.py       rlhf train's sampling (and the PPO paper's, `rollout.sampling: paper`)
     rl_algorithm.py  score processing, KL, advantages, policy loss, critic: the PPO tricks
     rl.py            rlhf train's models, data, run plumbing and the stage config
-    eval.py          rlhf eval;  rm_eval.py: rlhf rm-eval
+    eval.py          rlhf eval;  rm_eval.py: rlhf rm-eval;  ray.py: `dist.runtime ray`
     presets.py       the shipped presets (rlhf/presets/*.yaml) and the YAML reader
-    loader.py        overrides, layering, renamed keys, from_dict/to_dict, load_config, save_config
+    loader.py        overrides, layering, from_dict/to_dict, load_config, save_config
 
 Every field has a default and a one-line comment; a group checks itself in `validate(prefix)`.
 """
@@ -23,14 +23,11 @@ from rlhf.config.errors import ConfigError
 from rlhf.config.eval import EvalConfig, EvalDataConfig, EvalRolloutConfig
 from rlhf.config.fields import choices
 from rlhf.config.loader import (
-    RENAMED_KEYS,
-    Renamed,
     all_keys,
     config_from_yaml,
     deep_merge,
     from_dict,
     load_config,
-    migrate_renamed_keys,
     parse_overrides,
     save_config,
     to_dict,
@@ -70,7 +67,6 @@ __all__ = [
     "PAPER_SAMPLING",
     "PRESETS",
     "PRESET_DIR",
-    "RENAMED_KEYS",
     "AdvantageConfig",
     "CheckpointConfig",
     "CollapseConfig",
@@ -90,7 +86,6 @@ __all__ = [
     "RLModelConfig",
     "RLTrainConfig",
     "RMEvalConfig",
-    "Renamed",
     "RewardConfig",
     "RewardDataConfig",
     "RewardProcessingConfig",
@@ -109,7 +104,6 @@ __all__ = [
     "deep_merge",
     "from_dict",
     "load_config",
-    "migrate_renamed_keys",
     "parse_overrides",
     "preset_dict",
     "read_yaml",

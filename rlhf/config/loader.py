@@ -1,5 +1,4 @@
-"""Reading configs: YAML presets and files, dotted command-line overrides, renamed keys, and
-building a validated stage config from them.
+"""Reading configs: YAML presets and files, dotted command-line overrides, and building a validated stage config from them.
 
 Layering (later wins): stage defaults < preset YAML < user YAML (`--config`) < `--a.b value` flags.
 Each layer changes only the keys it names, at any depth; every other field keeps its stage default,
@@ -13,7 +12,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,28 +21,6 @@ from rlhf.config import presets
 from rlhf.config.checks import device_names
 from rlhf.config.errors import ConfigError
 from rlhf.config.fields import coerce, is_group, type_hints
-from rlhf.config.rl import RLConfig
-
-
-@dataclass(frozen=True)
-class Renamed:
-    new: str  # the key's dotted name now
-    # True: the old name still works everywhere (an alias); False: it still loads from a recorded
-    # config.yaml (a run's, on resume), and a flag or file that uses it is told the new name
-    alias: bool = False
-
-
-# Keys renamed since runs were first recorded, per stage: an old run directory's config.yaml still
-# loads and resumes (the old spelling is read as the new one, so it is no change on resume).
-RENAMED_KEYS: dict[type, dict[str, Renamed]] = {
-    RLConfig: {
-        "train.overlap_critic": Renamed("runtime.overlap_critic"),
-        "train.keep_freed_memory": Renamed("runtime.keep_freed_memory"),
-        "rollout.split_forwards": Renamed("runtime.split_forwards"),
-        "rollout.pack_weights": Renamed("runtime.pack_weights"),
-        "model.dtype": Renamed("dtype", alias=True),  # one precision key, `dtype`, in every stage
-    },
-}
 
 
 def parse_overrides(args: list[str]) -> dict:
@@ -97,44 +73,12 @@ def deep_merge(base: dict, top: dict) -> dict:
     return merged
 
 
-def migrate_renamed_keys(cls: type, data: dict, *, recorded: bool = False, origin: str = "config") -> dict:
-    """`data` (nested, as read) with each renamed key of `cls` under its new name: aliases always,
-    the other renamed keys only from a `recorded` config.yaml. Giving a key under both names with
-    two values is an error, except in a recorded file (where the new name wins)."""
-    out = copy.deepcopy(data)
-    for old, renamed in RENAMED_KEYS.get(cls, {}).items():
-        if not (renamed.alias or recorded):
-            continue
-        *groups, last = old.split(".")
-        node = out
-        for group in groups:
-            node = node.get(group) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or last not in node:
-            continue
-        value = node.pop(last)
-        *new_groups, new_last = renamed.new.split(".")
-        target = out
-        for group in new_groups:
-            target = target.setdefault(group, {})
-            if not isinstance(target, dict):
-                break
-        else:
-            if new_last in target and target[new_last] != value and not recorded:
-                raise ConfigError(
-                    f"{origin}: {old} ({value!r}) and {renamed.new} ({target[new_last]!r}) are one setting "
-                    f"({old} is its old name). Fix: give only {renamed.new}."
-                )
-            target.setdefault(new_last, value)
-    return out
-
-
 def from_dict(
     cls: type, data: dict, *, origin: str = "config", prefix: str = "", base: Any = None, _root=None
 ):
     """`base` (default: `cls()`, the stage defaults) with the keys `data` names replaced, keys and
     types checked. A nested group named in `data` is rebuilt over `base`'s own value of that group
-    (e.g. RLConfig's `policy_optim` with lr 1e-6), so only the keys named at any depth change.
-    Aliases of renamed keys (RENAMED_KEYS) are read under their new names."""
+    (e.g. RLConfig's `policy_optim` with lr 1e-6), so only the keys named at any depth change."""
     if not isinstance(data, dict):
         where = prefix.rstrip(".") or "the config"
         raise ConfigError(
@@ -142,7 +86,6 @@ def from_dict(
         )
     if _root is None:
         _root = cls
-        data = migrate_renamed_keys(cls, data, origin=origin)
     base = cls() if base is None else copy.deepcopy(base)  # never share lists with the caller's base
     hints = type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -161,9 +104,6 @@ def from_dict(
 
 
 def _unknown_key_message(root: type, cls: type, key: str, dotted: str, origin: str, prefix: str) -> str:
-    renamed = RENAMED_KEYS.get(root, {}).get(dotted)
-    if renamed is not None:
-        return f"{origin}: {dotted!r} is now {renamed.new!r}. Fix: --{renamed.new} (or that key in YAML)."
     valid = [f"{prefix}{f.name}" for f in dataclasses.fields(cls)]
     everywhere = all_keys(cls, prefix)
     close = difflib.get_close_matches(dotted, everywhere, n=1, cutoff=0.5) or difflib.get_close_matches(
@@ -215,19 +155,17 @@ def load_config(
     default_factory. A key no layer names keeps that stage default. `defaults` replaces stage
     defaults for one command (e.g. the budgets `rlhf rm-eval` takes from the reward model's run).
     """
-    merged: dict = migrate_renamed_keys(cls, defaults or {}, origin="defaults")
+    merged: dict = copy.deepcopy(defaults or {})
     file_data: dict = {}
     if preset:
-        merged = deep_merge(
-            merged, migrate_renamed_keys(cls, presets.preset_dict(preset), origin=f"preset {preset}")
-        )
+        merged = deep_merge(merged, presets.preset_dict(preset))
         merged["preset"] = preset
     if file:
-        file_data = migrate_renamed_keys(cls, presets.read_yaml(file), origin=str(file))
+        file_data = presets.read_yaml(file)
         from_dict(cls, file_data, origin=str(file))  # checked alone first, so errors name the file
         merged = deep_merge(merged, file_data)
     if overrides:
-        overrides = migrate_renamed_keys(cls, overrides, origin="command line")
+        overrides = copy.deepcopy(overrides)  # the caller's dict shares nothing with the config
         from_dict(cls, overrides, origin="command line")
         merged = deep_merge(merged, overrides)
     config = from_dict(cls, merged, origin=f"preset {preset}" if preset else "config")
@@ -262,7 +200,5 @@ def save_config(config, path: str | Path) -> None:
 
 
 def config_from_yaml(cls: type, path: str | Path):
-    """A config written by `save_config` (every key named), e.g. on resume; keys renamed since it
-    was written are read under their new names."""
-    data = migrate_renamed_keys(cls, presets.read_yaml(path), recorded=True, origin=str(path))
-    return from_dict(cls, data, origin=str(path))
+    """A config written by `save_config` (every key named), e.g. on resume."""
+    return from_dict(cls, presets.read_yaml(path), origin=str(path))

@@ -548,13 +548,15 @@ class DemoDPOStage(DPOStage):
         super().__init__(config)
         self.evaluator = evaluator  # (policy, reference, optimizer steps done, held-out pair figures)
 
-    def before_training(self, run: SupervisedRun, train_rows, test_rows) -> None:
-        super().before_training(run, train_rows, test_rows)
+    def before_training(self, run: SupervisedRun, train_rows, test_rows, status) -> None:
+        super().before_training(run, train_rows, test_rows, status)
         self._evaluate(run, 0, {})
 
-    def on_evaluation(self, run: SupervisedRun, step: int, result: dict) -> None:
-        super().on_evaluation(run, step, result)
-        self._evaluate(run, step + 1, result)
+    def evaluate(self, run: SupervisedRun, rows, step: int | None = None) -> dict:
+        result = super().evaluate(run, rows, step)
+        if step is not None:
+            self._evaluate(run, step + 1, result)
+        return result
 
     def _evaluate(self, run: SupervisedRun, steps: int, pairs: dict) -> None:
         was_training = run.model.training

@@ -27,9 +27,7 @@ class Experience:
     old_values: torch.Tensor  # [B, T] critic values at sampling time
     advantages: torch.Tensor  # [B, T] GAE advantages (0 at padding)
     returns: torch.Tensor  # [B, T] value targets (0 at padding)
-    # [B] long: rows sampled from one prompt share an id (rollout.samples_per_prompt); None in
-    # checkpoints written before groups existed
-    group: torch.Tensor | None = None
+    group: torch.Tensor  # [B] long: rows sampled from one prompt share an id (rollout.samples_per_prompt)
     # [B, T] decoupled PPO's weight of each token, pi_prox / pi_behav truncated (docs/algorithms.md
     # §34), for rollouts sampled by an older policy (rollout.max_staleness); None: 1 everywhere
     is_weights: torch.Tensor | None = None
@@ -88,9 +86,17 @@ class Experience:
                 out[k] = v[:, :width]
         return Experience(prompt_length=self.prompt_length - lead, **out)
 
+    def lengths(self) -> list[int]:
+        """Each row's real tokens (prompt + valid response): what micro-batches are cut by."""
+        return (self.attention_mask[:, : self.prompt_length].sum(1) + self.response_mask.sum(1)).tolist()
+
+    def take(self, index: list[int]) -> Experience:
+        """Rows `index` (`select`): the engine's view of a batch (rlhf/train/learner.py `Rows`)."""
+        return self.select(torch.tensor(index, dtype=torch.long))
+
     def filler(self) -> Experience:
         """Its first row with the response mask zeroed: a micro-batch that runs every forward and
-        backward a real one runs and weighs nothing (a sharded rank's padding, rlhf/runtime/fsdp.py)."""
+        backward a real one runs and weighs nothing (a data-parallel rank's padding, rlhf/train/learner.py)."""
         row = self.select(torch.tensor([0]))
         row.response_mask = torch.zeros_like(row.response_mask)
         return row
@@ -100,7 +106,7 @@ class Experience:
     ) -> Iterator[Experience]:
         """`count` shuffled minibatches covering every row once (sizes differ by at most one); with
         `whole_groups`, the groups are shuffled and split instead, so the rows of a group stay together."""
-        if not whole_groups or self.group is None:
+        if not whole_groups:
             order = torch.randperm(self.batch_size, generator=generator)
             for chunk in torch.tensor_split(order, count):
                 if len(chunk):
@@ -117,9 +123,14 @@ class Experience:
         `by_length`, the rows are taken longest first (real prompt + valid response tokens), so
         rows of similar length share a micro-batch; the token-weighted sum over micro-batches
         (docs/algorithms.md §18) is the same whatever the grouping, up to float summation order."""
-        lengths = self.attention_mask[:, : self.prompt_length].sum(1) + self.response_mask.sum(1)
-        for group in micro_batch_groups(lengths.tolist(), size, by_length):
-            yield self.select(torch.tensor(group, dtype=torch.long))
+        for group in micro_batch_groups(self.lengths(), size, by_length):
+            yield self.take(group)
+
+
+def valid_tokens(rows: Experience) -> float:
+    """A micro-batch's valid tokens: its weight in a token mean is their share of the step's
+    (docs/algorithms.md §18; rlhf/train/learner.py `Learner.step`)."""
+    return rows.num_tokens
 
 
 def concat_experiences(batches: list[Experience]) -> Experience:
@@ -150,14 +161,11 @@ def concat_experiences(batches: list[Experience]) -> Experience:
     return Experience(prompt_length=p_max, **joined, group=distinct_groups(batches))
 
 
-def distinct_groups(batches: list[Experience]) -> torch.Tensor | None:
+def distinct_groups(batches: list[Experience]) -> torch.Tensor:
     """The batches' group ids joined, each batch's shifted past the previous ones (a group never
-    spans two rollouts); None if a batch has none."""
-    if any(b.group is None for b in batches):
-        return None
+    spans two rollouts)."""
     joined, offset = [], 0
     for b in batches:
-        assert b.group is not None
         joined.append(b.group - int(b.group.min()) + offset if len(b.group) else b.group)
         offset = int(joined[-1].max()) + 1 if len(b.group) else offset
     return torch.cat(joined)

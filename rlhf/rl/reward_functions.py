@@ -10,8 +10,7 @@ It takes the arguments it names: `prompts`, `completions` (alias `responses`), `
 (alias `response_token_ids`: each response's real tokens, its EOS included when it ended with one),
 `rows` (the prompt file's records, one per response), and any field of the prompt file's lines
 (e.g. `answer`), as a list over the batch; a function with `**kwargs` receives `prompts`,
-`completions`, `completion_ids` and every field. The older form, four positional arguments
-`fn(prompts, responses, response_token_ids, rows)`, is detected and called as before.
+`completions`, `completion_ids` and every field.
 
 The total reward is ``model_weight * RM score + sum_k weight_k * fn_k``; every part is logged.
 Nothing is imported unless the user names it. Whatever goes wrong in the user's module (a syntax
@@ -45,7 +44,6 @@ STANDARD_ARGUMENTS = ("prompts", "completions", "completion_ids")
 ALIASES = {"responses": "completions", "response_token_ids": "completion_ids"}
 ROWS_ARGUMENT = "rows"  # the prompt file's records themselves (one dict per response)
 NOT_FIELDS = ("prompt", "completion", "completion_ids")  # row fields not passed by name (as TRL)
-LEGACY_ARITY = 4  # fn(prompts, responses, response_token_ids, rows), called positionally
 
 
 class RewardFunctionError(ConfigError):
@@ -57,9 +55,7 @@ class RewardFunction:
     name: str  # "module:function", as the user wrote it
     weight: float
     fn: Callable[..., Any]
-    # how it is called: "positional" (the 4-argument form) or "keyword" (by the names it takes)
-    style: str = "positional"
-    named: tuple[str, ...] = ()  # the parameters it names (keyword style)
+    named: tuple[str, ...] = ()  # the parameters it names, each passed by keyword
     required: tuple[str, ...] = ()  # those without a default
     var_keyword: bool = False  # it has **kwargs: every standard argument and field
 
@@ -200,40 +196,28 @@ def _import(name: str, module_name: str) -> ModuleType:
 
 
 def calling_style(name: str, fn: Callable[..., Any]) -> dict[str, Any]:
-    """How `fn` is called: by the keywords it names (TRL's form), or positionally as the older
-    `fn(prompts, responses, response_token_ids, rows)` when it takes four positional arguments of
-    other names (`def f(p, r, ids, rows)`)."""
+    """How `fn` is called: by the keywords its signature names (TRL's form)."""
     try:
         signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin or C callable: the older form
-        return {"style": "positional"}
+    except (TypeError, ValueError):  # a builtin or C callable
+        raise RewardFunctionError(
+            f"reward function {name} has no signature to read (a builtin or C function); reward functions "
+            "are called by keyword (prompts, completions, completion_ids, fields of the prompt file). Fix: "
+            "wrap it in a Python function that names the arguments it takes."
+        ) from None
     params = list(signature.parameters.values())
-    var_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
-    named = tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-    required = tuple(
-        p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty
-    )
-    known = {*STANDARD_ARGUMENTS, *ALIASES, ROWS_ARGUMENT}
-    keyword_style = var_keyword or any(n in STANDARD_ARGUMENTS[1:] for n in named) or set(required) <= known
-    if not keyword_style:
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        takes_four = any(p.kind is p.VAR_POSITIONAL for p in params) or (
-            len([p for p in positional if p.default is p.empty]) >= LEGACY_ARITY
-        )
-        try:
-            signature.bind(*range(LEGACY_ARITY))
-            if takes_four:
-                return {"style": "positional"}
-        except TypeError:
-            pass
     positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
     if positional_only:
         raise RewardFunctionError(
             f"reward function {name} takes positional-only arguments {positional_only}; reward functions are "
-            "called by keyword (prompts, completions, completion_ids, fields of the prompt file) or as "
-            "fn(prompts, responses, response_token_ids, rows). Fix: drop the `/` from its signature."
+            "called by keyword (prompts, completions, completion_ids, fields of the prompt file). Fix: drop "
+            "the `/` from its signature."
         )
-    return {"style": "keyword", "named": named, "required": required, "var_keyword": var_keyword}
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = tuple(p.name for p in params if p.kind in keyword)
+    required = tuple(p.name for p in params if p.kind in keyword and p.default is p.empty)
+    var_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
+    return {"named": named, "required": required, "var_keyword": var_keyword}
 
 
 def load_reward_functions(specs: Sequence[object], key: str = "reward.functions") -> list[RewardFunction]:
@@ -260,8 +244,6 @@ def check_row_fields(
     """Before any model runs: every argument a function requires is a standard one or a field of
     every line of the prompt file."""
     for reward in functions:
-        if reward.style != "keyword":
-            continue
         for param in reward.required:
             if param in STANDARD_ARGUMENTS or param in ALIASES or param == ROWS_ARGUMENT:
                 continue
@@ -330,15 +312,10 @@ def call_reward_function(
     fix = "Fix: make it return one finite float per response, in order; stopped before training on it."
     size = len(prompts)
     first = f"the first: {responses[0][:60]!r} to {prompts[0][:60]!r}" if size else "no responses"
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = {}
-    if reward.style == "keyword":
-        kwargs = _arguments(reward, prompts, responses, response_token_ids, rows)
-    else:
-        args = (prompts, responses, response_token_ids, rows)
+    kwargs = _arguments(reward, prompts, responses, response_token_ids, rows)
     with _watch_ctrl_c() as ctrl_c:
         try:
-            out = reward.fn(*args, **kwargs)
+            out = reward.fn(**kwargs)
         except KeyboardInterrupt:
             if ctrl_c[0]:
                 raise  # the user's Ctrl-C: the CLI's interrupted path

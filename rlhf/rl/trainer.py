@@ -9,7 +9,8 @@ One iteration (docs/internals.md#data-flow-of-one-rl-iteration):
     update    epochs x minibatches of policy loss + value loss (+ entropy, + ptx)
 
 The loop talks to the roles (rlhf/rl/roles/) and lets a runtime (rlhf/runtime/) schedule their
-work; every trick of the PPO paper is one named line below, switched by its own config field.
+work; every trick of the PPO paper is a named line switched by its own config field: those of the
+experience below, those of the update in the policy's step (rlhf/rl/roles/policy.py).
 """
 
 from __future__ import annotations

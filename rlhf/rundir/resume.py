@@ -17,7 +17,6 @@ from rlhf.config import (
     config_from_yaml,
     deep_merge,
     from_dict,
-    migrate_renamed_keys,
     preset_dict,
     read_yaml,
     to_dict,
@@ -87,21 +86,17 @@ def resume_config(
             f"rlhf train --resume: {run_dir}/config.yaml not found: {run_dir} is not an RL run directory. "
             "Fix: pass the --out directory of an earlier `rlhf train`."
         )
-    # every layer under the keys' current names: a key recorded or requested under an old name
-    # (RENAMED_KEYS) is the same setting, so it is no change
     recorded = to_dict(config_from_yaml(RLConfig, run_dir / "config.yaml"))
     if not recorded.get("out") or Path(recorded["out"]).resolve() != run_dir.resolve():
         recorded["out"] = str(run_dir)  # the run directory given, wherever the run was first written
     requested = recorded
     if preset:
-        preset_data = migrate_renamed_keys(RLConfig, preset_dict(preset), origin=f"preset {preset}")
-        requested = deep_merge(requested, {**preset_data, "preset": preset})
+        requested = deep_merge(requested, {**preset_dict(preset), "preset": preset})
     if file:
-        file_data = migrate_renamed_keys(RLConfig, read_yaml(file), origin=str(file))
+        file_data = read_yaml(file)
         from_dict(RLConfig, deep_merge(recorded, file_data), origin=str(file))
         requested = deep_merge(requested, file_data)
     if overrides:
-        overrides = migrate_renamed_keys(RLConfig, overrides, origin="command line")
         from_dict(RLConfig, deep_merge(recorded, overrides), origin="command line")
         requested = deep_merge(requested, overrides)
     config = from_dict(RLConfig, requested, origin="command line")

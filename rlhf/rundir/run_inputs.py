@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from rlhf.config import ConfigError, RLConfig, config_from_yaml, migrate_renamed_keys, read_yaml, to_dict
+from rlhf.config import ConfigError, RLConfig, config_from_yaml, read_yaml, to_dict
 from rlhf.models.files import model_files
 from rlhf.rundir.checkpoint import sha256_file
 from rlhf.rundir.resume import flatten_keys
@@ -106,8 +106,7 @@ def write_config(config: RLConfig, run_dir: str | Path) -> bool:
 
 
 def _current_values(path: Path) -> dict:
-    """The values `path` holds now, under the keys' current names (defaults filled when it is a valid
-    config; as written otherwise)."""
+    """The values `path` holds now (defaults filled when it is a valid config; as written otherwise)."""
     try:
         return to_dict(config_from_yaml(RLConfig, path))
     except ConfigError:
@@ -115,11 +114,7 @@ def _current_values(path: Path) -> dict:
             data = read_yaml(path)
         except ConfigError:
             return {}
-        return (
-            migrate_renamed_keys(RLConfig, data, recorded=True, origin=str(path))
-            if isinstance(data, dict)
-            else {}
-        )
+        return data if isinstance(data, dict) else {}
 
 
 def check_config_unedited(run_dir: str | Path) -> None:

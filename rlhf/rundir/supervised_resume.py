@@ -16,7 +16,6 @@ from rlhf.config import (
     config_from_yaml,
     deep_merge,
     from_dict,
-    migrate_renamed_keys,
     read_yaml,
     to_dict,
 )
@@ -51,7 +50,6 @@ def supervised_resume_config(
     for data, origin in ((read_yaml(file) if file else None, str(file)), (overrides, "command line")):
         if not data:
             continue
-        data = migrate_renamed_keys(config_class, data, origin=origin)
         from_dict(config_class, deep_merge(recorded, data), origin=origin)  # a wrong key names its origin
         requested = deep_merge(requested, data)
     config = from_dict(config_class, requested, origin="command line")

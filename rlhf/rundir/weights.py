@@ -7,8 +7,6 @@ model in float32) kept a copy of weights that never change. `save_trained` write
 all of a fully trained model), with a fingerprint of the frozen ones in its metadata, so that a
 resume on other base weights stops with a message instead of training on a model that never was.
 The optimizer's state already covers the trained parameters only (rlhf.train.optim).
-
-Checkpoints written before this format (`NAME.safetensors`: the whole model) still load.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_model, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from rlhf.config import ConfigError
@@ -58,14 +56,15 @@ def save_trained(model: nn.Module, directory: Path, name: str) -> Path:
 
 
 def load_trained(model: nn.Module, directory: Path, name: str) -> None:
-    """Restore `model` from a checkpoint: its trained parameters (this format) or, from an older
-    checkpoint, the whole model (`NAME.safetensors`). Raises ConfigError when the checkpoint does
-    not fit the model (other trained parameters, or other frozen base weights)."""
+    """Restore `model`'s trained parameters from a checkpoint. Raises ConfigError when the checkpoint
+    has none for it or does not fit the model (other trained parameters, or other frozen base weights)."""
     directory = Path(directory)
     path = trained_file(directory, name)
     if not path.is_file():
-        load_model(model, str(directory / f"{name}.safetensors"))  # the old format: the whole model
-        return
+        raise ConfigError(
+            f"{path} is missing: {directory} holds no trained parameters of the {name}. Fix: resume from "
+            "a checkpoint this version wrote (checkpoints/iter_*/ with DONE), or start a new run."
+        )
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
         stored = {key: f.get_tensor(key) for key in f.keys()}

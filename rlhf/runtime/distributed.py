@@ -8,12 +8,13 @@ The costly work on rows is shared:
   (rlhf/runtime/rollout_share.py);
 - `map_rows`: each rank runs a rollout's no-grad forward (scores, log-probs, values) on its share of
   the rows; the shares are gathered, so every rank holds the whole batch's results;
-- `train`: each rank runs every optimizer step on its share of the minibatch's rows, each
-  micro-batch weighted by its tokens over the whole minibatch's tokens; under `ddp` the learners'
-  modules are DistributedDataParallel replicas that sum the gradients in the backward of a step's
-  last micro-batch (rlhf/runtime/replicated.py), step statistics are summed over the ranks
-  (rlhf/runtime/peers.py), so every rank takes the one-process step. Every rank runs as many
-  micro-batches, padded with fillers that weigh nothing (`Lockstep`). The critic's steps never run
+- `train`: every rank passes every minibatch to each learner, whose engine (rlhf/train/learner.py
+  `Learner.step`) takes the rank's share of its rows, each micro-batch weighted by its tokens over
+  the whole minibatch's tokens; under `ddp` the learners' modules are DistributedDataParallel
+  replicas that sum the gradients in the backward of a step's last micro-batch
+  (rlhf/runtime/replicated.py), step statistics are summed over the ranks (rlhf/runtime/peers.py),
+  so every rank takes the one-process step. Every rank runs as many micro-batches, padded with
+  fillers that weigh nothing (the engine's lockstep). The critic's steps never run
   beside the policy's on a second thread here: both would all-reduce on one process group and could
   mix their buckets.
 The learners are built with their strategy (rlhf/runtime/parallel_plan.py: ddp replicas, or fsdp2
@@ -21,8 +22,8 @@ shards planned). Under `dist.strategy fsdp2` every role is sharded per layer at 
 a resumed run has loaded its whole state; rlhf/runtime/fsdp.py): the policy, a separate critic, the reference's
 copy and the reward model, each rank holding 1/N of every one. Their forwards and backwards gather
 one layer at a time and reduce-scatter the gradients, so every rank runs the same ones: the rows of
-a no-grad forward are padded to the largest rank's share, and the micro-batches of an optimizer step
-to the largest rank's count with fillers that weigh nothing (`Lockstep`). The rollout unshards the
+a no-grad forward are padded to the largest rank's share (`Peers.padded_share`), and the
+micro-batches of an optimizer step to the largest rank's count with fillers that weigh nothing. The rollout unshards the
 policy once, or (`dist.rollout_gather per_layer`) gathers a layer at a time in every decoding step,
 every rank stepping until every rank's rows have ended. Checkpoints are written as each rank's shards (rlhf/rundir/sharded_checkpoint.py).
 Rank 0 alone writes the run directory (`writer`).
@@ -43,7 +44,6 @@ from rlhf.config import ConfigError, RLConfig, RuntimeConfig
 from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.runtime import fsdp
-from rlhf.runtime.fsdp import Lockstep
 from rlhf.runtime.local import LocalRuntime, RoleSet
 from rlhf.runtime.peers import Peers
 from rlhf.runtime.protocol import Minibatch
@@ -181,35 +181,18 @@ class DistributedRuntime(LocalRuntime):
         share = self.peers.rows(rows)
         if not self.sharded:
             return self.peers.gather_rows(super().map_rows(forward, sequences.rows(share)), rows)
-        # sharded: every rank runs as many rows (its last repeated), on this thread (collectives);
+        # sharded: every rank runs as many rows (fillers dropped), on this thread (collectives);
         # outside inference mode: FSDP's gather buffers are reused by the training steps
-        width = -(-rows // self.peers.world_size)
-        index = list(range(share.start, share.stop))
-        index += index[-1:] * (width - len(index))
+        index, real = self.peers.padded_share(rows)
         with torch.inference_mode(False), torch.no_grad():
-            mine = forward(sequences.rows(torch.tensor(index)))[: share.stop - share.start]
+            mine = forward(sequences.rows(torch.tensor(index)))[:real]
         return self.peers.gather_rows(mine, rows)
 
     def steps(self, roles: Sequence[str], minibatches: Sequence[Minibatch]) -> list[dict[str, float]]:
-        """Each named learner's steps on this rank's rows of every minibatch, the loss denominator the
-        whole minibatch's; the stats (summed over the ranks inside the step) of every step."""
+        """Each named learner's steps on every minibatch, as in one process: each learner takes this
+        rank's rows of it (rlhf/train/learner.py); the stats (summed over the ranks) of every step."""
         self.shard_roles()
-        steps = []
-        for learner in [self.roles.learner(name) for name in roles]:
-            for minibatch in minibatches:
-                mine = torch.arange(minibatch.batch_size)[self.peers.rows(minibatch.batch_size)]
-                denominator = learner.loss_denominator(minibatch)
-                steps.append(
-                    learner.train_step(minibatch.select(mine), denominator, self.lockstep(learner, minibatch))
-                )
-        return steps
-
-    def lockstep(self, learner: Any, minibatch: Minibatch) -> Lockstep:
-        """The micro-batches every rank runs in `learner`'s step on `minibatch` (the largest rank's
-        count; the filler: its first row, weighing nothing): DDP's and FSDP2's collectives in the
-        backward need the same passes on every rank."""
-        width = -(-minibatch.batch_size // self.peers.world_size)  # the largest rank's rows
-        return Lockstep(-(-width // learner.micro_batch_size), minibatch.filler())
+        return super().steps(roles, minibatches)
 
     def overlap_threads(self, learners: Sequence[Any]) -> int | None:
         return None  # one process group: the policy's and critic's all-reduces must not interleave

@@ -8,10 +8,9 @@ each rank keeps one shard (dim 0 split in `world_size` chunks) of every paramete
 and the frozen roles alike, and AdamW's moments of its shard only. A forward gathers one layer at a
 time and frees it after (`reshard_after_forward`); the backward gathers it again and reduce-scatters
 its gradient at once, summed over the ranks (divide factor 1: each micro-batch's loss is already
-weighted by its tokens over the whole minibatch's, rlhf/rl/roles/learner.py), so no rank ever holds
-a whole gradient. Every rank must then run the same forwards and backwards: the runtime pads a rank
-whose rows run out with micro-batches that weigh nothing (rlhf/runtime/distributed.py,
-rlhf/train/lockstep.py). The step
+weighted by its tokens over the whole minibatch's, rlhf/train/learner.py), so no rank ever holds
+a whole gradient. Every rank must then run the same forwards and backwards: the learner's engine pads
+a rank whose rows run out with micro-batches that weigh nothing (rlhf/train/learner.py). The step
 clips by the global norm over the shards (PPO paper §5.4) and steps AdamW on each rank's shard
 (`step_shards`). `dist.offload` keeps the shards, gradients and AdamW state in CPU memory (torch's
 CPUOffloadPolicy on every unit, `_precision`). The rollout unshards the policy once and samples with its whole parameters
@@ -24,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -75,16 +73,6 @@ def _point_optimizer_at_shards(
         }
     optimizer.state.clear()
     optimizer.state.update(state)
-
-
-@dataclass
-class Lockstep:
-    """Sharded per layer, every rank runs the same forwards and backwards: `micro_batches` per
-    optimizer step, a rank whose rows run out running `filler` (a row of experience whose response
-    mask is 0: it joins the collectives and weighs nothing; rlhf/rl/roles/learner.py)."""
-
-    micro_batches: int
-    filler: object
 
 
 def transformer_blocks(module: nn.Module) -> list[nn.Module]:

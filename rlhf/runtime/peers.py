@@ -42,6 +42,12 @@ class Peers:
         """Whether `flag` holds on every rank."""
         return self.sum(0.0 if flag else 1.0) == 0
 
+    def largest(self, value: int) -> int:
+        """The largest of an integer over the ranks (a rank's micro-batch count: how many every rank runs)."""
+        top = torch.tensor([int(value)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=self.group)
+        return int(top.item())
+
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value` (a small picklable object), in rank order."""
         out: list[Any] = [None] * self.world_size
@@ -52,6 +58,15 @@ class Peers:
     def rows(self, batch_size: int) -> slice:
         """This rank's contiguous share of `batch_size` rows (shares differ by at most one row)."""
         return share_of(batch_size, self.rank, self.world_size)
+
+    def padded_share(self, batch_size: int) -> tuple[list[int], int]:
+        """(row indices, how many are real): this rank's share (`rows`) followed by fillers up to the
+        largest share, so that every rank runs the same forwards (lockstep); a filler repeats the
+        share's last row (row 0 for an empty share), and its results are dropped or weighted 0."""
+        share = self.rows(batch_size)
+        index = list(range(share.start, share.stop))
+        width = -(-batch_size // self.world_size)
+        return index + [index[-1] if index else 0] * (width - len(index)), len(index)
 
     def gather_rows(self, local: torch.Tensor, batch_size: int) -> torch.Tensor:
         """The whole batch's rows from every rank's share (`rows`), joined along dim 0."""

@@ -1,13 +1,14 @@
 """`dist.strategy ddp`: a learner's module replicated on every rank, its gradients summed over the
 ranks by torch's `DistributedDataParallel` (docs/distributed.md), and the passes of an optimizer step
-that reduce them (`Accumulation`, also fsdp2's `dist.grad_sync`).
+that reduce them (`fsdp_without_sync`: fsdp2's `dist.grad_sync step`; the learner's `Accumulation`,
+rlhf/train/learner.py, runs them).
 
 DDP registers a hook on every parameter and all-reduces its gradients in buckets while the backward
 still runs (the reduction overlaps the computation). It reduces only in the backward of a forward
 that went through the wrapper, and only in the last forward/backward pass of an optimizer step: the
 others run under `no_sync`, their gradients accumulated locally. DDP then needs every rank to run
 the same number of passes: the runtime pads a rank whose rows run out with passes that weigh
-nothing (`Lockstep`, rlhf/runtime/fsdp.py), as under fsdp2.
+nothing (the learner's engine, rlhf/train/learner.py), as under fsdp2.
 
 Choices (issue 26):
 - `find_unused_parameters=True` where a pass may leave trained parameters out (a critic's LM output
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch.distributed as dist
 from torch import nn
@@ -79,34 +80,6 @@ def sum_hook(group, bucket):  # no annotations: DDP checks them against its clas
     divides the sum by their number)."""
     work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
     return work.get_future().then(lambda done: done.value()[0])
-
-
-class Accumulation:
-    """The `passes` forward/backward passes of one optimizer step, each entered with `next_pass()`:
-    the gradients are reduced over the ranks in the last pass's backward only, the other passes
-    running inside `local()` (DDP's `no_sync`; fsdp2 with `dist.grad_sync step`: FSDP2's
-    `set_requires_gradient_sync(False)`); `local` None: every pass reduces (one process, fsdp2's
-    per-micro-batch reduction). `finish` checks that the reducing pass ran."""
-
-    def __init__(self, passes: int, local: Callable[[], contextlib.AbstractContextManager] | None) -> None:
-        self.passes = passes
-        self.local = local
-        self.done = 0
-
-    @contextlib.contextmanager
-    def next_pass(self) -> Iterator[None]:
-        self.done += 1
-        if self.done > self.passes:
-            raise RuntimeError(f"an optimizer step of {self.passes} passes ran pass {self.done}")
-        with self.local() if self.local is not None and self.done < self.passes else contextlib.nullcontext():
-            yield
-
-    def finish(self) -> None:
-        if self.done != self.passes:
-            raise RuntimeError(
-                f"an optimizer step ran {self.done} of its {self.passes} forward/backward passes: the last, "
-                "which reduces the gradients over the ranks, did not run"
-            )
 
 
 @contextlib.contextmanager

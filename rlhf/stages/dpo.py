@@ -9,7 +9,7 @@ scores its share and the shares are joined) or in every step. The step runs in t
 skeleton (rlhf/train/supervised.py): the loss is the mean over the step's pairs however the
 micro-batches and ranks split them. Under `dist.strategy fsdp2` the policy and the reference's copy
 are sharded per layer (the copy without optimizer; the adapter-off reference is the policy's own
-shards), every rank running as many micro-batches (rlhf/train/lockstep.py).
+shards), every rank running as many micro-batches (rlhf/train/learner.py).
 
 Resume (`rlhf dpo --resume DIR`, `checkpoint.every`): a checkpoint also holds the cached reference
 log-probs of every pair (not computed again) and a digest of the encoded pairs, so that a resume on
@@ -34,9 +34,9 @@ from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.runtime.fsdp import shard_from_rank0
-from rlhf.stages.rm import EncodedPair, encode_pairs, pair_micro_batches
+from rlhf.stages.rm import EncodedPair, encode_pairs, pair_positions
+from rlhf.train.learner import MicroBatch, RowList, step_metrics
 from rlhf.train.lm_loss import sequence_logprobs
-from rlhf.train.lockstep import with_fillers
 from rlhf.train.model_call import ModelCall, call_model
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import (
@@ -44,8 +44,6 @@ from rlhf.train.supervised import (
     SupervisedStage,
     placed,
     run_supervised,
-    shuffled_step_batches,
-    steps_of_epochs,
 )
 
 STATS = ("chosen_reward", "rejected_reward", "margin", "accuracy", "chosen_logp", "rejected_logp")
@@ -77,15 +75,14 @@ class DPOStage(SupervisedStage):
     title = "DPO"
     command = "dpo"
     data_kind = "preference"
-    empty_data = "training preference pairs"
     key_metrics = ("train/loss", "train/accuracy", "eval/accuracy", "eval/margin")
     resumable = True
     uses_every_parameter = True  # the decoder and the output head in every pass
 
-    def build_model(self, model, precision: Precision):
+    def build_model(self, model, precision: Precision, on_meta: bool = False):
         c = self.config
         if model is None:
-            model = load_causal_lm(c.model, gguf_file=c.gguf_file, on_meta=self.load_on_meta)
+            model = load_causal_lm(c.model, gguf_file=c.gguf_file, on_meta=on_meta)
         model = placed(precision, with_lora(model, c.lora))
         # the SFT model, frozen: a LoRA policy's reference is its adapter switched off
         self.reference = ReferenceModel(model, mode="adapter" if c.lora.enabled else "copy")
@@ -101,17 +98,12 @@ class DPOStage(SupervisedStage):
     def positions(self, row: DPOPair) -> int:
         return row.positions
 
-    def schedule(self, rows, generator):
-        t = self.config.train
-        steps = steps_of_epochs(t.epochs, len(rows), t.batch_size, t.max_steps)
-        lengths = [r.positions for r in rows]
-        return steps, shuffled_step_batches(steps, t.batch_size, lengths, t.group_by_length, generator)
-
     def before_training(
-        self, run: SupervisedRun, train_rows: list[DPOPair], test_rows: list[DPOPair]
+        self, run: SupervisedRun, train_rows: list[DPOPair], test_rows: list[DPOPair], status
     ) -> None:
         self.reference_call = self._reference_call(run)
         if self.config.dpo.precompute_reference:
+            status("scoring every pair with the reference")
             for rows in (train_rows, test_rows):
                 if any(r.ref_chosen is None for r in rows):  # a resumed run's came from its checkpoint
                     self.cache_reference(run, rows)
@@ -127,9 +119,6 @@ class DPOStage(SupervisedStage):
             bf16 = run.precision.uses_autocast
             shard_from_rank0(call, run.peers, bf16_compute=bf16, offload=run.learner.offload)
         return call
-
-    def preparing(self) -> str | None:
-        return "scoring every pair with the reference" if self.config.dpo.precompute_reference else None
 
     def checkpoint_state(self, train_rows: list[DPOPair], test_rows: list[DPOPair]) -> dict:
         state: dict = {"pairs_sha256": pairs_digest(train_rows, test_rows)}
@@ -154,20 +143,20 @@ class DPOStage(SupervisedStage):
                     row.ref_chosen, row.ref_rejected = chosen, rejected
 
     def cache_reference(self, run: SupervisedRun, rows: list[DPOPair]) -> None:
-        """Each rank scores its share of `rows` with the reference; the shares are joined so that
-        every rank holds every pair's reference log-probs."""
+        """Each rank scores its share of `rows` with the reference (`Learner.forward_passes`); the
+        shares are joined so that every rank holds every pair's reference log-probs."""
         if not rows:
             return
-        mine = rows if run.peers is None else rows[run.peers.rows(len(rows))]
-        local = torch.zeros(len(mine), 2, dtype=torch.float64)
-        size = self.config.train.micro_batch_size
-        groups = pair_micro_batches(mine, size, self._by_length())
-        for group in with_fillers(groups, len(rows), size, run.peers, run.per_layer):
-            chosen, rejected = self.reference_logprobs(
-                run, [mine[i] for i in group] if group is not None else rows[:1]
-            )
-            if group is not None:  # a filler's figures are dropped
-                local[group] = torch.stack([chosen, rejected], dim=1).double().cpu()
+        share = range(len(rows)) if run.peers is None else range(len(rows))[run.peers.rows(len(rows))]
+        local = torch.zeros(len(share), 2, dtype=torch.float64)
+
+        def score(micro: MicroBatch) -> dict:
+            chosen, rejected = self.reference_logprobs(run, micro.rows)
+            if not micro.filler:
+                local[micro.index] = torch.stack([chosen, rejected], dim=1).double().cpu()
+            return {}
+
+        run.learner.forward_passes(RowList(rows, pair_positions), score)
         if run.peers is not None:
             local = run.peers.gather_rows(local.to(run.peers.device), len(rows)).cpu()
         for row, (chosen, rejected) in zip(rows, local.tolist()):
@@ -185,54 +174,38 @@ class DPOStage(SupervisedStage):
         with self.reference.in_force():
             return pair_logprobs(self.reference_call, rows, run.pad_id, run.precision)
 
-    def _by_length(self) -> bool:
-        return self.config.train.group_by_length != "none"  # micro-batches of similar-length pairs
-
-    def _pass(self, run: SupervisedRun, rows: list[DPOPair], train: bool) -> dict:
-        """The loss and stats over `rows` (this rank's share under torchrun, summed over the ranks);
-        `train`: each micro-batch's loss, weighted by its share of the pairs, is backpropagated.
-        Sharded per layer, fillers (the first pair, weighing nothing) follow up to the largest rank's
-        micro-batches."""
-        d, size = self.config.dpo, self.config.train.micro_batch_size
-        mine = rows if run.peers is None else rows[run.peers.rows(len(rows))]
-        sums = dict.fromkeys(("loss", *STATS), 0.0)
-        groups = pair_micro_batches(mine, size, self._by_length())
-        if train:  # the step's passes: fillers under fsdp2 and ddp, ddp's reduction in the last
-            passes = run.learner.step_micro_batches(groups, len(rows), size)
-        else:
-            passes = with_fillers(groups, len(rows), size, run.peers, run.per_layer)
-        for group in passes:
-            micro = [mine[i] for i in group] if group is not None else rows[:1]
-            weight = len(micro) / len(rows) if group is not None else 0.0
-            ref_chosen, ref_rejected = self.reference_logprobs(run, micro)
-            with contextlib.nullcontext() if train else torch.no_grad():
-                chosen, rejected = pair_logprobs(run.call, micro, run.pad_id, run.precision)
-                loss, stats = preference_loss(
-                    d.loss, chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing
-                )
-            if train:
-                (loss * weight).backward()  # the mean over the step's pairs
-            if group is None:
-                continue
-            for key, value in (("loss", loss), *stats.items()):
-                sums[key] += float(value.detach()) * len(micro)
-        values = list(sums.values())
-        if run.peers is not None:
-            values = run.peers.sums(values)
-        return {key: total / max(len(rows), 1) for key, total in zip(sums, values)}
+    def _figures(self, run: SupervisedRun, micro: MicroBatch) -> tuple[torch.Tensor, dict]:
+        """The preference loss of a micro-batch's pairs (their mean) and its figures times its pairs."""
+        d = self.config.dpo
+        ref_chosen, ref_rejected = self.reference_logprobs(run, micro.rows)
+        chosen, rejected = pair_logprobs(run.call, micro.rows, run.pad_id, run.precision)
+        loss, stats = preference_loss(
+            d.loss, chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing
+        )
+        n = len(micro.rows)
+        return loss, {key: float(value.detach()) * n for key, value in (("loss", loss), *stats.items())}
 
     def train_step(self, run: SupervisedRun, rows: list[DPOPair]) -> dict:
-        out = {f"train/{k}": v for k, v in self._pass(run, rows, train=True).items()}
-        out["train/pairs"] = len(rows)
-        return out
+        def loss(micro: MicroBatch) -> tuple[torch.Tensor, dict]:
+            value, figures = self._figures(run, micro)
+            return value * micro.weight, figures  # the mean over the step's pairs
 
-    def evaluate(self, run: SupervisedRun, rows: list[DPOPair]) -> dict:
+        batch = RowList(rows, pair_positions)
+        sums, grad_norm = run.learner.step(batch, [loss], len, len(rows), sums=("loss", *STATS))
+        out = {f"train/{k}": v / len(rows) for k, v in sums.items()}
+        return {**out, "train/pairs": len(rows), **step_metrics("train", grad_norm)}
+
+    def evaluate(self, run: SupervisedRun, rows: list[DPOPair], step: int | None = None) -> dict:
         was_training = run.call.training
         run.call.eval()
         try:
-            return self._pass(run, rows, train=False)
+            batch = RowList(rows, pair_positions)
+            sums = run.learner.forward_passes(
+                batch, lambda micro: self._figures(run, micro)[1], sums=("loss", *STATS)
+            )
         finally:
             run.call.train(was_training)
+        return {key: total / max(len(rows), 1) for key, total in sums.items()}
 
 
 def pairs_digest(*groups: list[EncodedPair]) -> str:

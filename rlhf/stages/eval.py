@@ -428,13 +428,8 @@ def check_result_path(config: EvalConfig) -> None:
 
 
 def _earlier_eval_identity(earlier: dict) -> dict:
-    """The prompts file and baseline of an earlier eval.json (one written before eval.json recorded
-    "prompts": the file of its first sample's source)."""
+    """The prompts file and baseline of an earlier eval.json."""
     prompts = earlier.get("prompts")
-    samples = earlier.get("samples") or [{}]
-    source = samples[0].get("source") if isinstance(samples[0], dict) else None
-    if prompts is None and isinstance(source, str) and ":" in source:
-        prompts = source.rsplit(":", 1)[0]
     baseline = earlier.get("baseline")
     return {"prompts": prompts, "baseline": baseline.get("path") if isinstance(baseline, dict) else None}
 

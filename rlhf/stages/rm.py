@@ -17,6 +17,7 @@ import contextlib
 import math
 import shutil
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,15 +26,14 @@ import torch.nn.functional as F
 from rlhf.config import RewardConfig
 from rlhf.data.chat import response_end_id
 from rlhf.data.collate import collate_pairs, token_budget_batches
-from rlhf.data.length_grouping import length_grouped_order, micro_batch_groups
+from rlhf.data.length_grouping import length_grouped_order
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response
 from rlhf.models.device import model_device, to_device
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.rundir.export import export_models
-from rlhf.runtime.peers import Peers
-from rlhf.train.learner import Learner
+from rlhf.train.learner import Learner, MicroBatch, RowList, forward_passes, split_rows, step_metrics
 from rlhf.train.lm_loss import hidden_token_nll
 from rlhf.train.model_call import call_model
 from rlhf.train.setup import with_lora
@@ -107,57 +107,43 @@ def _pair_outputs(model: ScalarHeadModel, batch: dict, b: int, with_lm: bool):
 
 
 def pair_step(
-    model: ScalarHeadModel,
-    rows: list[EncodedPair],
-    pad_id: int,
-    micro_batch_size: int,
-    lm_coef: float,
-    precision: Precision | None = None,
-    by_length: bool = False,
-    peers: Peers | None = None,
-    learner: Learner | None = None,
+    learner: Learner, rows: list[EncodedPair], pad_id: int, lm_coef: float, precision: Precision | None = None
 ) -> dict:
-    """Forward/backward one optimizer step's pairs in micro-batches (no optimizer step); its metrics.
+    """One optimizer step on a step's pairs (rlhf/train/learner.py `Learner.step`); its metrics.
 
     The loss is the ranking loss summed over the step's pairs / their count, plus `lm_coef` x the NLL
-    summed over the step's chosen tokens / their count: exact whatever the micro-batches
-    (`by_length`: pairs sorted by length before the split, rlhf.data.length_grouping). With `peers`
-    (data parallelism) this rank takes its share of the pairs; the sums cover every rank's.
-    `learner`: the step's passes (`Learner.step_micro_batches`: under fsdp2 and ddp zero-weight fillers
-    up to the largest rank's micro-batches, lockstep.py; ddp reduces in the last).
+    summed over the step's chosen tokens / their count: exact whatever the micro-batches and ranks.
     """
     with_lm = lm_coef > 0
     chosen_tokens = sum(len(r.chosen_ids) for r in rows)
-    rank_sum, lm_sum, correct, margin_sum = 0.0, 0.0, 0, 0.0
-    mine = rows if peers is None else rows[peers.rows(len(rows))]  # the means stay over `rows`
-    groups = pair_micro_batches(mine, micro_batch_size, by_length)
-    passes = (
-        learner.step_micro_batches(groups, len(rows), micro_batch_size) if learner is not None else groups
-    )
-    for group in passes:
-        if group is None:  # a filler: the step's first pair, weighing nothing
-            chosen, rejected, nll, _ = pair_forward(model, rows[:1], pad_id, with_lm, precision)
-            ((ranking_loss(chosen, rejected) + nll) * 0.0).backward()
-            continue
-        chosen, rejected, nll, _ = pair_forward(model, [mine[i] for i in group], pad_id, with_lm, precision)
+
+    def loss(micro: MicroBatch):
+        chosen, rejected, nll, _ = pair_forward(learner.call, micro.rows, pad_id, with_lm, precision)
         rank = ranking_loss(chosen, rejected)
-        loss = rank / len(rows) + (lm_coef * nll / chosen_tokens if with_lm else 0.0)
-        loss.backward()  # pair mean and chosen-token mean over the whole step
-        rank_sum += float(rank.detach())
-        lm_sum += float(nll.detach())
-        correct += int((chosen > rejected).sum())
-        margin_sum += float((chosen - rejected).detach().sum())
-    if peers is not None:  # every rank's pairs (the learner sums the gradients at its step)
-        rank_sum, lm_sum, correct, margin_sum = peers.sums([rank_sum, lm_sum, correct, margin_sum])
+        # pair mean and chosen-token mean over the whole step: two denominators, so the sums here
+        value = rank / len(rows) + (lm_coef * nll / chosen_tokens if with_lm else 0.0)
+        margin = (chosen - rejected).detach()
+        return value, {
+            "rank": rank.detach(),
+            "lm": nll.detach(),
+            "correct": (margin > 0).sum(),
+            "margin": margin.sum(),
+        }
+
+    sums, grad_norm = learner.step(
+        RowList(rows, pair_positions), [loss], sums=("rank", "lm", "correct", "margin")
+    )
+    lm_mean = sums["lm"] / chosen_tokens
     metrics = {
-        "train/loss": rank_sum / len(rows) + (lm_coef * lm_sum / chosen_tokens if with_lm else 0.0),
-        "train/rank_loss": rank_sum / len(rows),
-        "train/accuracy": correct / len(rows),
-        "train/margin_mean": margin_sum / len(rows),
+        "train/loss": sums["rank"] / len(rows) + (lm_coef * lm_mean if with_lm else 0.0),
+        "train/rank_loss": sums["rank"] / len(rows),
+        "train/accuracy": sums["correct"] / len(rows),
+        "train/margin_mean": sums["margin"] / len(rows),
         "train/pairs": len(rows),
+        **step_metrics("train", grad_norm),
     }
     if with_lm:
-        metrics["train/lm_ppl"] = math.exp(min(lm_sum / chosen_tokens, 50.0))
+        metrics["train/lm_ppl"] = math.exp(min(lm_mean, 50.0))
     return metrics
 
 
@@ -166,11 +152,9 @@ def ranking_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
     return -F.logsigmoid(chosen - rejected).sum()
 
 
-def pair_micro_batches(rows: list[EncodedPair], size: int, by_length: bool) -> list[list[int]]:
-    """Positions of `rows` cut into micro-batches of `size` pairs; `by_length`: longest first. A pair's
-    chosen and rejected rows share one padded forward, so a pair counts as its longer side."""
-    lengths = [len(r.prompt_ids) + max(len(r.chosen_ids), len(r.rejected_ids)) for r in rows]
-    return micro_batch_groups(lengths, size, by_length)
+def pair_positions(row: EncodedPair) -> int:
+    """A pair's positions: its chosen and rejected rows share one padded forward (its longer side)."""
+    return row.positions
 
 
 @torch.no_grad()
@@ -183,15 +167,19 @@ def evaluate_pairs(
     precision: Precision | None = None,
     by_length: bool = False,
 ) -> dict:
-    """Accuracy (r_w > r_l), margins, ranking loss and the LM perplexity on held-out pairs.
-    `by_length`: pairs batched by length (less padding); the margins stay in the order of `rows`."""
+    """Accuracy (r_w > r_l), margins, ranking loss and the LM perplexity on held-out pairs, every
+    pair here (rlhf/train/learner.py `forward_passes`). `by_length`: pairs batched by length (less
+    padding); the margins stay in the order of `rows`."""
     model.eval()
     margin = torch.zeros(len(rows))
-    nll_sum, count = 0.0, 0
-    for group in pair_micro_batches(rows, batch_size, by_length):
-        chosen, rejected, nll, n = pair_forward(model, [rows[i] for i in group], pad_id, with_lm, precision)
-        margin[group] = (chosen - rejected).float().cpu()
-        nll_sum, count = nll_sum + float(nll), count + n
+
+    def score(micro: MicroBatch) -> dict:
+        chosen, rejected, nll, count = pair_forward(model, micro.rows, pad_id, with_lm, precision)
+        margin[micro.index] = (chosen - rejected).float().cpu()
+        return {"nll": nll, "tokens": count}
+
+    split = partial(split_rows, size=batch_size, by_length=by_length)
+    sums = forward_passes(RowList(rows, pair_positions), score, split, sums=("nll", "tokens"))
     out = {
         "accuracy": float((margin > 0).float().mean()) if len(margin) else 0.0,
         "margin_mean": float(margin.mean()) if len(margin) else 0.0,
@@ -200,7 +188,7 @@ def evaluate_pairs(
         "margins": [round(float(m), 4) for m in margin],  # the distribution (PPO paper Fig. 2)
     }
     if with_lm:
-        out["lm_ppl"] = math.exp(min(nll_sum / max(count, 1), 50.0))
+        out["lm_ppl"] = math.exp(min(sums["nll"] / max(sums["tokens"], 1), 50.0))
     return out
 
 
@@ -221,8 +209,7 @@ def plan_batches(
             )
         ]
     if t.group_by_length == "across_steps":  # HF group_by_length (rlhf.data.length_grouping)
-        lengths = [len(r.prompt_ids) + max(len(r.chosen_ids), len(r.rejected_ids)) for r in rows]
-        order = length_grouped_order(order, lengths, t.batch_size, generator)
+        order = length_grouped_order(order, [r.positions for r in rows], t.batch_size, generator)
     return [order[i : i + t.batch_size] for i in range(0, len(order), t.batch_size)]
 
 
@@ -233,18 +220,15 @@ class RewardModelStage(SupervisedStage):
     title = "Reward model"
     command = "rm"
     data_kind = "preference"
-    empty_data = "training preference pairs"
     key_metrics = ("train/loss", "train/accuracy", "eval/accuracy")
 
     def __init__(self, config: RewardConfig) -> None:
         super().__init__(config)
         self.best = {"accuracy": -1.0, "step": -1}
 
-    def build_model(self, model, precision: Precision):
+    def build_model(self, model, precision: Precision, on_meta: bool = False):
         if model is None:
-            loaded = load_causal_lm(
-                self.config.model, gguf_file=self.config.gguf_file, on_meta=self.load_on_meta
-            )
+            loaded = load_causal_lm(self.config.model, gguf_file=self.config.gguf_file, on_meta=on_meta)
             model = ScalarHeadModel.from_causal_lm(with_lora(loaded, self.config.lora))
         return placed(precision, model)
 
@@ -261,35 +245,21 @@ class RewardModelStage(SupervisedStage):
     def positions(self, row: EncodedPair) -> int:
         return row.positions
 
-    def _by_length(self) -> bool:
-        return self.config.train.group_by_length != "none"  # micro-batches of similar-length pairs
-
     def train_step(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:
-        t = self.config.train
-        return pair_step(
-            run.call,
-            rows,
-            run.pad_id,
-            t.micro_batch_size,
-            t.lm_coef,
-            run.precision,
-            self._by_length(),
-            run.peers,
-            run.learner,
-        )
+        return pair_step(run.learner, rows, run.pad_id, self.config.train.lm_coef, run.precision)
 
-    def evaluate(self, run: SupervisedRun, rows: list[EncodedPair]) -> dict:
+    def evaluate(self, run: SupervisedRun, rows: list[EncodedPair], step: int | None = None) -> dict:
         t = self.config.train  # every rank evaluates every pair (the margins keep their order; in lockstep)
-        return evaluate_pairs(
-            run.call, rows, run.pad_id, t.micro_batch_size, t.lm_coef > 0, run.precision, self._by_length()
+        by_length = t.group_by_length != "none"
+        result = evaluate_pairs(
+            run.call, rows, run.pad_id, t.micro_batch_size, t.lm_coef > 0, run.precision, by_length
         )
-
-    def on_evaluation(self, run: SupervisedRun, step: int, result: dict) -> None:
-        if result["accuracy"] > self.best["accuracy"]:  # keep the best checkpoint by held-out accuracy
+        if step is not None and result["accuracy"] > self.best["accuracy"]:  # the best held-out accuracy
             self.best = {"accuracy": result["accuracy"], "step": step}
             with run.learner.whole_copies():  # fsdp2: every rank gathers, rank 0 saves
                 if run.writer:
                     save_reward_model(run.model, run.tokenizer, run.out / "best")
+        return result
 
     def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
         final["best_step"], final["best_accuracy"] = self.best["step"], self.best["accuracy"]

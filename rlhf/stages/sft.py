@@ -11,19 +11,14 @@ import contextlib
 import math
 from dataclasses import dataclass
 
-import torch
-
 from rlhf.config import SFTConfig
 from rlhf.data.collate import collate_sft
-from rlhf.data.length_grouping import micro_batch_groups
 from rlhf.data.tokenize import TruncationStats, encode_sft
 from rlhf.models.device import model_device, to_device
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
-from rlhf.runtime.peers import Peers
-from rlhf.train.learner import Learner
+from rlhf.train.learner import Learner, MicroBatch, RowList, step_metrics
 from rlhf.train.lm_loss import model_token_nll
-from rlhf.train.lockstep import with_fillers
 from rlhf.train.model_call import call_model
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import (
@@ -31,8 +26,6 @@ from rlhf.train.supervised import (
     SupervisedStage,
     placed,
     run_supervised,
-    shuffled_step_batches,
-    steps_of_epochs,
 )
 
 
@@ -74,74 +67,44 @@ def _batch_nll(model, rows: list[EncodedSFT], pad_id: int, precision: Precision 
         )
 
 
-def micro_batches(rows: list[EncodedSFT], size: int, by_length: bool) -> list[list[EncodedSFT]]:
-    """`rows` cut into micro-batches of `size`; `by_length`: longest first, so each pads little."""
-    groups = micro_batch_groups([len(r.prompt_ids) + len(r.response_ids) for r in rows], size, by_length)
-    return [[rows[i] for i in group] for group in groups]
-
-
-def train_steps(
-    model,
-    rows: list[EncodedSFT],
-    pad_id: int,
-    micro_batch_size: int,
-    precision: Precision | None = None,
-    by_length: bool = False,
-    peers: Peers | None = None,
-    learner: Learner | None = None,
-) -> tuple[float, int]:
-    """Forward/backward one optimizer batch with token-weighted gradient accumulation: the loss is
-    the NLL summed over the batch's response tokens / their count, whatever the micro-batches
-    (`by_length`: rows sorted by length before the split, rlhf.data.length_grouping); with `peers`
-    (data parallelism) on this rank's share of the rows, the mean over every rank's tokens;
-    `learner`: the step's passes (`Learner.step_micro_batches`: under fsdp2 and ddp zero-weight
-    fillers up to the largest rank's micro-batches, lockstep.py; ddp reduces in the last)."""
+def sft_step(
+    learner: Learner, rows: list[EncodedSFT], pad_id: int, precision: Precision | None = None
+) -> tuple[float, int, float]:
+    """One optimizer step of the next-token loss on `rows` (rlhf/train/learner.py `Learner.step`):
+    the NLL summed over the batch's response tokens / their count, whatever the micro-batches and
+    ranks; (the NLL sum, the token count, the pre-clip gradient norm)."""
     total = sum(len(r.response_ids) for r in rows)  # every response token is scored (prompts are never empty)
-    mine = rows if peers is None else rows[peers.rows(len(rows))]
-    loss_sum = 0.0
-    groups = micro_batches(mine, micro_batch_size, by_length)
-    passes = (
-        learner.step_micro_batches(groups, len(rows), micro_batch_size) if learner is not None else groups
-    )
-    for micro in passes:
-        filler = micro is None  # the batch's first row: it joins the collectives and weighs nothing
-        nll, count = _batch_nll(model, rows[:1] if filler else micro, pad_id, precision)
-        weight = 0.0 if filler else 1.0
-        (nll * weight / total).backward()  # token mean over the whole batch, however it is split
-        loss_sum += float(nll.detach()) * weight
-    return (loss_sum if peers is None else peers.sum(loss_sum)), total
+
+    def loss(micro: MicroBatch):
+        nll, _ = _batch_nll(learner.call, micro.rows, pad_id, precision)
+        return nll / total, {"nll": nll.detach()}  # the token mean over the whole batch
+
+    sums, grad_norm = learner.step(RowList(rows, sft_positions), [loss], sums=("nll",))
+    return sums["nll"], total, grad_norm
 
 
-@torch.no_grad()
 def evaluate_nll(
-    model,
-    rows: list[EncodedSFT],
-    pad_id: int,
-    batch_size: int,
-    precision: Precision | None = None,
-    by_length: bool = False,
-    peers: Peers | None = None,
-    per_layer: bool = False,
+    learner: Learner, rows: list[EncodedSFT], pad_id: int, precision: Precision | None = None
 ) -> dict:
-    """Token-mean NLL and perplexity on response tokens (EOS included); `by_length`: rows sorted by
-    length before batching (a sum over tokens: the same figures, less padding); with `peers` each
-    rank evaluates its share of the rows (`per_layer`: fillers up to the largest rank's batches,
-    their figures dropped)."""
+    """Token-mean NLL and perplexity on response tokens (EOS included), each rank on its share of
+    the rows (`Learner.forward_passes`; by length: the same figures, less padding)."""
+    model = learner.call
     was_training = model.training
     model.eval()
-    mine = rows if peers is None else rows[peers.rows(len(rows))]
-    nll_sum, count = 0.0, 0
-    groups = micro_batches(mine, batch_size, by_length)
-    for micro in with_fillers(groups, len(rows), batch_size, peers, per_layer):
-        nll, n = _batch_nll(model, rows[:1] if micro is None else micro, pad_id, precision)
-        if micro is not None:  # a filler's figures are dropped
-            nll_sum, count = nll_sum + float(nll), count + n
-    if peers is not None:
-        nll_sum, count = peers.sums([nll_sum, count])
-        count = int(count)
+
+    def nll(micro: MicroBatch) -> dict:
+        value, count = _batch_nll(model, micro.rows, pad_id, precision)
+        return {"nll": value, "tokens": count}
+
+    sums = learner.forward_passes(RowList(rows, sft_positions), nll, sums=("nll", "tokens"))
     model.train(was_training)
-    loss = nll_sum / max(count, 1)
+    loss, count = sums["nll"] / max(sums["tokens"], 1), int(sums["tokens"])
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": count}
+
+
+def sft_positions(row: EncodedSFT) -> int:
+    """The positions one forward of `row` computes."""
+    return len(row.prompt_ids) + len(row.response_ids)
 
 
 class SFTStage(SupervisedStage):
@@ -155,42 +118,34 @@ class SFTStage(SupervisedStage):
     baseline_eval = True  # the first record: held-out loss and perplexity before any update
     uses_every_parameter = True  # the decoder and the output head in every pass
 
-    def build_model(self, model, precision: Precision):
+    def __init__(self, config: SFTConfig) -> None:
+        super().__init__(config)
+        self.baseline: dict | None = None  # the held-out figures before the first update
+
+    def build_model(self, model, precision: Precision, on_meta: bool = False):
         if model is None:
-            model = load_causal_lm(
-                self.config.model, gguf_file=self.config.gguf_file, on_meta=self.load_on_meta
-            )
+            model = load_causal_lm(self.config.model, gguf_file=self.config.gguf_file, on_meta=on_meta)
         return placed(precision, with_lora(model, self.config.lora))
 
     def encode(self, tokenizer, examples, stats: TruncationStats) -> list[EncodedSFT]:
         return encode_sft_examples(tokenizer, examples, self.config, stats)
 
-    def schedule(self, rows, generator):
-        t = self.config.train
-        steps = steps_of_epochs(t.epochs, len(rows), t.batch_size, t.max_steps)
-        lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
-        return steps, shuffled_step_batches(steps, t.batch_size, lengths, t.group_by_length, generator)
-
     def positions(self, row: EncodedSFT) -> int:
-        return len(row.prompt_ids) + len(row.response_ids)
-
-    def _by_length(self) -> bool:
-        return self.config.train.group_by_length != "none"  # micro-batches of similar-length rows
+        return sft_positions(row)
 
     def train_step(self, run: SupervisedRun, rows: list[EncodedSFT]) -> dict:
-        t = self.config.train
-        loss_sum, tokens = train_steps(
-            run.call, rows, run.pad_id, t.micro_batch_size, run.precision, self._by_length(), run.peers,
-            run.learner,
-        )  # fmt: skip
-        return {"train/loss": loss_sum / max(tokens, 1), "train/tokens": tokens}
+        loss_sum, tokens, grad_norm = sft_step(run.learner, rows, run.pad_id, run.precision)
+        return {
+            "train/loss": loss_sum / max(tokens, 1),
+            "train/tokens": tokens,
+            **step_metrics("train", grad_norm),
+        }
 
-    def evaluate(self, run: SupervisedRun, rows: list[EncodedSFT]) -> dict:
-        t = self.config.train
-        return evaluate_nll(
-            run.call, rows, run.pad_id, t.micro_batch_size, run.precision, self._by_length(), run.peers,
-            run.per_layer,
-        )  # fmt: skip
+    def evaluate(self, run: SupervisedRun, rows: list[EncodedSFT], step: int | None = None) -> dict:
+        result = evaluate_nll(run.learner, rows, run.pad_id, run.precision)
+        if step is None:  # before the first update
+            self.baseline = result
+        return result
 
     def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
         if self.baseline is not None:

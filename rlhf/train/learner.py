@@ -1,7 +1,22 @@
 """What every trained model owns, in the RL roles and the supervised stages alike: its module, AdamW
-and schedule, the data-parallel ranks and sharding it trains under, the forward/backward passes of
-an optimizer step (`passes`: the ranks' gradients reduced in the last one), and the optimizer step
-(global gradient clipping, step, zeroed gradients).
+and schedule, the data-parallel ranks and sharding it trains under, and the one micro-batch engine
+every trainer calls with its own loss (`step`; `forward_passes` for the passes without a backward).
+
+One optimizer step (`step(batch, losses)`), written once here:
+
+    rank share      this rank's rows of the step's batch (every rank holds the whole batch)
+    micro-batches   the share cut by `split` (rows of `micro_batch_size`; the one place where a
+                    token-budget splitter or sequence packing plugs in)
+    weights         each micro-batch's share of the step's denominator (`count(rows) / total`: its
+                    tokens for a token mean, docs/algorithms.md §18; its rows for a row mean)
+    fillers         under ddp and fsdp2 every rank runs the largest rank's number of passes: a rank
+                    whose rows run out runs fillers (the batch's first row, weighted 0, its figures
+                    dropped), since DDP's and FSDP2's collectives run in every backward
+    passes          DDP's no-sync passes (and fsdp2's under dist.grad_sync step): the gradients
+                    reduced over the ranks in the step's last backward only (`Accumulation`)
+    sums            each loss's figures summed over the real micro-batches and the ranks
+    optimizer step  global gradient clipping (PPO paper §5.4), the NaN/inf step guard
+                    (docs/algorithms.md §19), AdamW and the schedule (`optimizer_step`)
 
 A learner gets its parallel strategy when it is built (`peers`, `strategy` and how it shards): under
 ddp it is replicated at once; under fsdp2 its owner calls `shard` once its whole state is in place
@@ -13,18 +28,159 @@ shards it as planned. No runtime sets a learner's parallel state after it is bui
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from rlhf.config import OptimConfig
+from rlhf.core import explained_variance
+from rlhf.data.length_grouping import micro_batch_groups
 from rlhf.runtime import fsdp
 from rlhf.runtime.peers import Peers
-from rlhf.runtime.replicated import Accumulation, fsdp_without_sync, replicate
-from rlhf.train.lockstep import with_fillers
-from rlhf.train.optim import build_optimizer, clip_and_step
+from rlhf.runtime.replicated import fsdp_without_sync, replicate
+from rlhf.train.optim import build_optimizer
+
+
+class Rows(Protocol):
+    """A step's batch as the engine sees it: an Experience (rlhf/rl/experience.py) or a `RowList`."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def lengths(self) -> list[int]:
+        """Each row's computed positions: what `Learner.split` measures."""
+        ...
+
+    def take(self, index: list[int]) -> Rows:
+        """The rows at `index`, in that order."""
+        ...
+
+    def filler(self) -> Rows:
+        """One row that runs every forward and backward a real micro-batch runs (weighted 0)."""
+        ...
+
+
+class RowList(list):
+    """A supervised stage's rows (a plain list) as `Rows`: `measure(row)` is a row's positions."""
+
+    def __init__(self, rows, measure: Callable[[Any], int]) -> None:
+        super().__init__(rows)
+        self.measure = measure
+
+    @property
+    def batch_size(self) -> int:
+        return len(self)
+
+    def lengths(self) -> list[int]:
+        return [self.measure(row) for row in self]
+
+    def take(self, index: list[int]) -> RowList:
+        return RowList([self[i] for i in index], self.measure)
+
+    def filler(self) -> RowList:
+        return self.take([0])
+
+
+@dataclass
+class MicroBatch:
+    """One pass's rows: `weight` is their share of the step's denominator (0 for a filler);
+    `index` their positions in this rank's share of the batch (None: a filler, whose loss is
+    weighted 0 and whose figures are dropped)."""
+
+    rows: Any
+    weight: float
+    index: list[int] | None
+
+    @property
+    def filler(self) -> bool:
+        return self.index is None
+
+
+class StepStats:
+    """The stats of one optimizer step: token-weighted means of per-micro-batch stats; keys ending
+    in `_max`/`_min` combine by max/min; explained variance over the whole minibatch's tokens
+    (a ratio of variances, not a token mean: averaging it over micro-batches would be wrong)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}
+        self.values: list[torch.Tensor] = []  # critic values and returns on valid tokens, for the
+        self.returns: list[torch.Tensor] = []  # minibatch's explained variance
+
+    def add(self, stats: dict, weight: float, prefix: str) -> None:
+        if weight <= 0:  # a micro-batch without a valid token (a sharded rank's filler) adds nothing
+            return
+        for key, value in stats.items():
+            name = f"{prefix}/{key}"
+            if key.endswith(("_max", "_min")):
+                pick = max if key.endswith("_max") else min
+                self.extremes[name] = pick(self.extremes.get(name, float(value)), float(value))
+                continue
+            self.sums[name] = self.sums.get(name, 0.0) + float(value) * weight
+            self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def add_values(self, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> None:
+        valid = mask.bool()
+        self.values.append(values.detach()[valid].float())
+        self.returns.append(returns[valid].float())
+
+    def result(self, peers=None) -> dict[str, float]:
+        """The step's stats; with `peers` (data-parallel ranks, rlhf/runtime/peers.py) over the
+        micro-batches of every rank."""
+        if peers is not None:
+            return merged_step_stats(peers.gather((self.sums, self.weights, self.extremes, self.moments())))
+        out = {k: self.sums[k] / max(self.weights[k], 1e-12) for k in self.sums}
+        out.update(self.extremes)
+        if self.values:
+            v, g = torch.cat(self.values), torch.cat(self.returns)
+            out["value/explained_variance"] = float(explained_variance(v, g, torch.ones_like(v)))
+        return out
+
+    def moments(self) -> list[float]:
+        """[n, sum G, sum G^2, sum R, sum R^2] (float64) of returns G and residuals R = G - V: what the
+        explained variance of several ranks' tokens needs."""
+        if not self.values:
+            return [0.0] * 5
+        g = torch.cat(self.returns).double()
+        r = g - torch.cat(self.values).double()
+        return [
+            float(len(g)),
+            float(g.sum()),
+            float(g.square().sum()),
+            float(r.sum()),
+            float(r.square().sum()),
+        ]
+
+
+def merged_step_stats(parts: list[tuple[dict, dict, dict, list[float]]]) -> dict[str, float]:
+    """StepStats.result over the (sums, weights, extremes, moments) of every rank's micro-batches."""
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    extremes: dict[str, float] = {}
+    for part_sums, part_weights, part_extremes, _ in parts:
+        for k, v in part_sums.items():
+            sums[k] = sums.get(k, 0.0) + v
+            weights[k] = weights.get(k, 0.0) + part_weights[k]
+        for k, v in part_extremes.items():
+            extremes[k] = (max if k.endswith("_max") else min)(extremes.get(k, v), v)
+    out = {k: sums[k] / max(weights[k], 1e-12) for k in sums}
+    out.update(extremes)
+    n, g, g2, r, r2 = (sum(m[i] for *_, m in parts) for i in range(5))
+    if n > 0:
+        var_g = (g2 - g * g / n) / (n - 1) if n > 1 else 0.0
+        var_r = (r2 - r * r / n) / (n - 1) if n > 1 else 0.0
+        out["value/explained_variance"] = 1 - var_r / var_g if var_g > 0 else 0.0
+    return out
+
+
+# a micro-batch's term of the step's loss and the figures it adds to the step's sums
+LossFn = Callable[[MicroBatch], tuple[torch.Tensor, dict]]
 
 
 class Learner:
@@ -59,8 +215,12 @@ class Learner:
         bf16_compute: bool = False,
         offload: bool = False,
         sync_once: bool = False,
+        micro_batch_size: int = 1,
+        by_length: bool = False,
     ) -> None:
         self.module = module
+        self.micro_batch_size = micro_batch_size  # rows per forward/backward pass
+        self.by_length = by_length  # micro-batches of rows of similar length (rlhf/data/length_grouping.py)
         self.uses_every_parameter = uses_every_parameter  # in every pass (ddp: no unused-parameter walk)
         self.max_grad_norm = optim.max_grad_norm
         self.optimizer, self.scheduler = build_optimizer(module.parameters(), optim, total_steps)
@@ -103,10 +263,16 @@ class Learner:
         self.sync_once = sync_once
 
     # -- the passes of an optimizer step ---------------------------------------------------------
+    @property
+    def call(self) -> nn.Module:
+        """The module a training pass goes through: under ddp its DistributedDataParallel wrapper
+        (whose backward reduces the gradients, rlhf/runtime/replicated.py), else the module."""
+        return self.replicated or self.module
+
     def train_forward(self, *args, **kwargs):
         """`module(*args, **kwargs)` in a training pass (inside `passes`): under ddp through
         DistributedDataParallel, whose hooks then reduce the gradients in the backward."""
-        return (self.replicated or self.module)(*args, **kwargs)
+        return self.call(*args, **kwargs)
 
     def passes(self, count: int) -> Accumulation:
         """The `count` forward/backward passes of the next optimizer step (each run inside
@@ -120,17 +286,77 @@ class Learner:
         self.accumulation = Accumulation(count, local)
         return self.accumulation
 
-    def step_micro_batches(self, groups: list, rows: int, size: int) -> Iterator:
-        """The supervised stages' micro-batches of one step (this rank's `groups` of its share of `rows`,
-        `size` rows each), each yielded inside its pass (`passes`); sharded per layer or under ddp
-        followed by None (a filler, rlhf/train/lockstep.py) up to the largest rank's count, so that
-        every rank runs as many passes."""
-        lockstep = self.per_layer or self.replicated is not None
-        items = with_fillers(groups, rows, size, self.peers, lockstep)
-        accumulation = self.passes(len(items))
-        for item in items:
-            with accumulation.next_pass():
-                yield item
+    # -- the micro-batch engine -------------------------------------------------------------------
+    def split(self, lengths: list[int]) -> list[list[int]]:
+        """This learner's micro-batches of rows of `lengths` (`split_rows`: the one place that decides
+        how rows share a pass)."""
+        return split_rows(lengths, self.micro_batch_size, self.by_length)
+
+    @property
+    def lockstep(self) -> bool:
+        """Every rank runs as many training passes: DDP's and FSDP2's backwards are collectives."""
+        return self.peers is not None and (self.per_layer or self.replicated is not None)
+
+    def step(
+        self,
+        batch: Rows,
+        losses: Sequence[LossFn],
+        count: Callable[[Any], float] | None = None,
+        total: float = 1.0,
+        *,
+        sums: Sequence[str] = (),
+        then: Sequence[Callable[[], tuple[torch.Tensor | None, dict]]] = (),
+        before_update: Callable[[], None] | None = None,
+    ) -> tuple[dict[str, float], float]:
+        """One optimizer step on `batch` (see the module's docstring); (the `sums`, the pre-clip
+        gradient norm). Each micro-batch runs each of `losses` in a forward/backward pass of its own
+        (a loss's graph is freed before the next one's forward); a loss function returns its
+        micro-batch's term of the step's loss (its mean times `micro.weight`, or its sums over the
+        step's own counts) and the figures it adds to `sums` (summed over the real micro-batches
+        and the ranks). `count`/`total`: the weights (`micro_batches`). `then`: passes after the
+        micro-batches' (PPO-ptx: a loss on other rows, or None). `before_update`: called before the
+        optimizer step (a shared critic's pre-training keeps its head's gradients only)."""
+        lockstep = self.lockstep
+        micros = micro_batches(batch, self.split, count, total, peers=self.peers, lockstep=lockstep)
+        passes = self.passes(len(losses) * len(micros) + len(then))
+        totals = dict.fromkeys(sums, 0.0)
+        for micro in micros:
+            for loss_fn in losses:
+                with passes.next_pass():
+                    loss, figures = loss_fn(micro)
+                    (loss * 0.0 if micro.filler else loss).backward()
+                if not micro.filler:
+                    _add(totals, figures)
+        if lockstep and count is not None and total <= 0:
+            # every rank ran its backwards at weight 0; one process would have run none, and AdamW
+            # skips a parameter without a gradient (no moment or weight decay): the same step
+            self.optimizer.zero_grad(set_to_none=True)
+        for extra in then:
+            with passes.next_pass():
+                loss, figures = extra()
+                if loss is not None:
+                    loss.backward()
+            _add(totals, figures)
+        if before_update is not None:
+            before_update()
+        return _summed(totals, self.peers), self.optimizer_step()
+
+    def forward_passes(
+        self,
+        batch: Rows,
+        fn: Callable[[MicroBatch], dict],
+        count: Callable[[Any], float] | None = None,
+        total: float = 1.0,
+        *,
+        sums: Sequence[str] = (),
+        share: bool = True,
+    ) -> dict[str, float]:
+        """`forward_passes` over this learner's micro-batches and ranks (`share` False: every rank
+        runs every row); sharded per layer, in lockstep."""
+        peers = self.peers if share else None
+        return forward_passes(
+            batch, fn, self.split, count, total, peers=peers, lockstep=self.per_layer, sums=sums
+        )
 
     @property
     def lr(self) -> float:
@@ -187,3 +413,142 @@ class Learner:
             # optimizer's own state would carry) is the schedule's last one, not the lr of step 0
             for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
                 group["lr"] = lr
+
+
+def split_rows(lengths: list[int], size: int, by_length: bool) -> list[list[int]]:
+    """Rows of `lengths` cut into micro-batches of `size` rows (positions), longest first with
+    `by_length` (rlhf/data/length_grouping.py): how rows share a forward/backward pass, today by
+    rows; a token budget or sequence packing replaces this function and nothing else (every rank's
+    count of passes is then evened by `micro_batches`)."""
+    return micro_batch_groups(lengths, size, by_length)
+
+
+def micro_batches(
+    batch: Rows,
+    split: Callable[[list[int]], list[list[int]]],
+    count: Callable[[Any], float] | None = None,
+    total: float = 1.0,
+    *,
+    peers: Peers | None = None,
+    lockstep: bool = False,
+) -> list[MicroBatch]:
+    """The micro-batches of `batch` (with `peers`: of this rank's share of its rows) as `split` cuts
+    them, each weighted `count(rows) / total` (None: 1; a `total` under 1, a step without a valid
+    token, counts as 1). A micro-batch of weight 0 is left out, or in `lockstep` (with `peers`) run,
+    followed by fillers (the batch's first row, weight 0) up to the largest rank's count."""
+    mine = batch
+    if peers is not None:
+        share = peers.rows(batch.batch_size)
+        mine = batch.take(list(range(share.start, share.stop)))
+    out = []
+    for group in split(mine.lengths()):
+        rows = mine.take(group)
+        weight = 1.0 if count is None else count(rows) / max(float(total), 1.0)
+        if weight > 0 or lockstep:
+            out.append(MicroBatch(rows, weight, group))
+    if lockstep and peers is not None:
+        filler = batch.filler()
+        out += [MicroBatch(filler, 0.0, None) for _ in range(peers.largest(len(out)) - len(out))]
+    return out
+
+
+@torch.no_grad()
+def forward_passes(
+    batch: Rows,
+    fn: Callable[[MicroBatch], dict],
+    split: Callable[[list[int]], list[list[int]]],
+    count: Callable[[Any], float] | None = None,
+    total: float = 1.0,
+    *,
+    peers: Peers | None = None,
+    lockstep: bool = False,
+    sums: Sequence[str] = (),
+) -> dict[str, float]:
+    """`fn` on each micro-batch of `batch` (`micro_batches`) without gradients (an evaluation, a
+    reference's scores): the `sums` of its figures over the real micro-batches (and the ranks, with
+    `peers`); fillers' figures dropped."""
+    totals = dict.fromkeys(sums, 0.0)
+    for micro in micro_batches(batch, split, count, total, peers=peers, lockstep=lockstep):
+        figures = fn(micro)
+        if not micro.filler:
+            _add(totals, figures)
+    return _summed(totals, peers)
+
+
+def _summed(totals: dict[str, float], peers: Peers | None) -> dict[str, float]:
+    """`totals` summed over the ranks (one all-reduce; every rank holds the same keys)."""
+    if peers is None or not totals:
+        return totals
+    return dict(zip(totals, peers.sums(list(totals.values()))))
+
+
+def _add(totals: dict[str, float], figures: dict) -> None:
+    for key, value in figures.items():
+        if key in totals:
+            totals[key] += float(value)
+
+
+class Accumulation:
+    """The `passes` forward/backward passes of one optimizer step, each entered with `next_pass()`:
+    the gradients are reduced over the ranks in the last pass's backward only, the other passes
+    running inside `local()` (DDP's `no_sync`; fsdp2 with `dist.grad_sync step`: FSDP2's
+    `set_requires_gradient_sync(False)`, rlhf/runtime/replicated.py); `local` None: every pass
+    reduces (one process, fsdp2's per-micro-batch reduction). `finish` checks that the reducing
+    pass ran."""
+
+    def __init__(self, passes: int, local: Callable[[], contextlib.AbstractContextManager] | None) -> None:
+        self.passes = passes
+        self.local = local
+        self.done = 0
+
+    @contextlib.contextmanager
+    def next_pass(self) -> Iterator[None]:
+        self.done += 1
+        if self.done > self.passes:
+            raise RuntimeError(f"an optimizer step of {self.passes} passes ran pass {self.done}")
+        with self.local() if self.local is not None and self.done < self.passes else contextlib.nullcontext():
+            yield
+
+    def finish(self) -> None:
+        if self.done != self.passes:
+            raise RuntimeError(
+                f"an optimizer step ran {self.done} of its {self.passes} forward/backward passes: the last, "
+                "which reduces the gradients over the ranks, did not run"
+            )
+
+
+def clip_and_step(
+    optimizer, scheduler, params, max_grad_norm: float | None, keep_gradients: bool = False
+) -> float:
+    """Clip the global gradient norm (docs/algorithms.md#19-global-gradient-clipping) when set, step, and
+    return the pre-clip norm. The gradients are dropped after (AdamW skips a parameter that gets none
+    in the next step), or with `keep_gradients` zeroed in place (DDP's bucket views, reused).
+    A NaN or infinite norm skips the step (weights, AdamW's moments and the schedule unchanged): one
+    such step would spread the NaN into every weight (algorithms.md §19)."""
+    params = [p for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+    if is_finite_norm(float(norm)):
+        # clip_grad_norm_'s coefficient, min(1, max / (norm + 1e-6)); the gradients are rescaled only
+        # when it is below 1 (torch multiplies by it always, 1 included: a pass over every gradient)
+        if max_grad_norm is not None and not bool(max_grad_norm / (norm + 1e-6) >= 1.0):
+            torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm)
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=not keep_gradients)
+    return float(norm)
+
+
+def is_finite_norm(norm: float) -> bool:
+    """Whether an optimizer step with this gradient norm was taken (a NaN/inf norm skips it)."""
+    return math.isfinite(norm)
+
+
+def step_metrics(prefix: str, grad_norm: float) -> dict[str, float]:
+    """An optimizer step's own metrics: its pre-clip gradient norm, and whether it was skipped for a
+    NaN/inf norm (averaged by `mean_over_steps`, rlhf/rl/roles/learner.py, into the share of the
+    update's steps skipped). A skipped step's norm is left out of the mean of the others."""
+    skipped = not is_finite_norm(grad_norm)
+    return {
+        f"{prefix}/skipped_step_fraction": float(skipped),
+        **({} if skipped else {f"{prefix}/grad_norm": grad_norm}),
+    }

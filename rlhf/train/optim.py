@@ -1,4 +1,5 @@
-"""AdamW with a warmup + constant/cosine/linear schedule, and global gradient-norm clipping."""
+"""AdamW with a warmup + constant/cosine/linear schedule (its step, with global gradient-norm clipping
+and the NaN/inf guard, is the learner's: rlhf/train/learner.py)."""
 
 from __future__ import annotations
 
@@ -45,40 +46,3 @@ def lr_multiplier(config: OptimConfig, total_steps: int):
         return floor + (1 - floor) * (1 - progress)  # linear
 
     return multiplier
-
-
-def clip_and_step(
-    optimizer, scheduler, params, max_grad_norm: float | None, keep_gradients: bool = False
-) -> float:
-    """Clip the global gradient norm (docs/algorithms.md#19-global-gradient-clipping) when set, step, and
-    return the pre-clip norm. The gradients are dropped after (AdamW skips a parameter that gets none
-    in the next step), or with `keep_gradients` zeroed in place (DDP's bucket views, reused).
-    A NaN or infinite norm skips the step (weights, AdamW's moments and the schedule unchanged): one
-    such step would spread the NaN into every weight (algorithms.md §19)."""
-    params = [p for p in params if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
-    if is_finite_norm(float(norm)):
-        # clip_grad_norm_'s coefficient, min(1, max / (norm + 1e-6)); the gradients are rescaled only
-        # when it is below 1 (torch multiplies by it always, 1 included: a pass over every gradient)
-        if max_grad_norm is not None and not bool(max_grad_norm / (norm + 1e-6) >= 1.0):
-            torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm)
-        optimizer.step()
-        scheduler.step()
-    optimizer.zero_grad(set_to_none=not keep_gradients)
-    return float(norm)
-
-
-def is_finite_norm(norm: float) -> bool:
-    """Whether an optimizer step with this gradient norm was taken (a NaN/inf norm skips it)."""
-    return math.isfinite(norm)
-
-
-def step_metrics(prefix: str, grad_norm: float) -> dict[str, float]:
-    """An optimizer step's own metrics: its pre-clip gradient norm, and whether it was skipped for a
-    NaN/inf norm (rlhf/train/optim.py; averaged by `mean_over_steps` into the share of the update's
-    steps skipped). A skipped step's norm is left out of the mean of the others."""
-    skipped = not is_finite_norm(grad_norm)
-    return {
-        f"{prefix}/skipped_step_fraction": float(skipped),
-        **({} if skipped else {f"{prefix}/grad_norm": grad_norm}),
-    }

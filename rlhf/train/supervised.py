@@ -1,23 +1,25 @@
-"""One skeleton for every supervised stage (`rlhf sft`, `rlhf rm`, and DPO next): setup, data, the
-optimizer steps through the same `Learner` the RL roles use (data-parallel and sharded training
-written once, rlhf/train/learner.py), the evaluation cadence, and the finish (export, report,
-summary). A stage says only what differs, by subclassing `SupervisedStage`:
+"""One skeleton for every supervised stage (`rlhf sft`, `rlhf rm`, `rlhf dpo`): setup, data, the
+optimizer steps through the same `Learner` the RL roles use (its micro-batch engine: data-parallel
+and sharded training written once, rlhf/train/learner.py), the evaluation cadence, and the finish
+(export, report, summary). A stage says only what differs, by subclassing `SupervisedStage`:
 
-    build_model   the model to train (loaded from `config.model` unless one is given; on the meta
-                  device when `load_on_meta`: a sharded launch's ranks but 0, filled from rank 0)
-    encode        examples -> the stage's rows
-    schedule      the number of optimizer steps and each step's row indices (a CPU generator: the
-                  same data order on every device and at every number of ranks)
-    train_step    forward/backward of one step's rows (no optimizer step): the step's metrics; the
-                  forwards call `run.call` (the model's one call, rlhf/train/model_call.py), with
-                  fillers up to the largest rank's micro-batches when sharded (rlhf/train/lockstep.py)
-    evaluate      held-out metrics (logged under eval/)
-    finish        export the trained model (every rank joins the gathers, rank 0 writes)
+    build_model      the model to train (loaded from `config.model` unless one is given; on the meta
+                     device when `on_meta`: a sharded launch's ranks but 0, filled from rank 0)
+    encode           examples -> the stage's rows
+    positions        the positions one forward of a row computes: checked against the model's
+                     context, and what the micro-batches are cut by
+    schedule         the number of optimizer steps and each step's row indices (a CPU generator: the
+                     same data order on every device and at every number of ranks); by default
+                     `train.epochs` or `train.max_steps` of shuffled `train.batch_size` batches
+    train_step       one optimizer step on a step's rows, `run.learner.step` with the stage's loss:
+                     the step's metrics
+    evaluate         held-out metrics (logged under eval/); `step` None: before the first update
+    finish           export the trained model (every rank joins the gathers, rank 0 writes)
 
-and, when it needs them, `before_training` (once, before the first step) and `on_evaluation`. A
-`resumable` stage (DPO) saves a checkpoint every `checkpoint.every` steps and continues from the
-newest one with `resume=True` (supervised_checkpoint.py); its own state beyond the model, optimizer,
-schedule and RNGs goes through `checkpoint_state` / `restore_state`.
+and, when it needs them, `before_training` (once, before the first step). A `resumable` stage (DPO)
+saves a checkpoint every `checkpoint.every` steps and continues from the newest one with
+`resume=True` (supervised_checkpoint.py); its own state beyond the model, optimizer, schedule and
+RNGs goes through `checkpoint_state` / `restore_state`.
 
 The run's skeleton:
 
@@ -28,7 +30,7 @@ The run's skeleton:
     [fsdp2: sharded per layer, every rank's shards (and AdamW state) from rank 0's; dist.offload:
      in CPU memory]
     [evaluate before the first update: step 0's eval/ record]
-    for each step: train_step, learner.optimizer_step, log;
+    for each step: train_step, log;
                    evaluate every train.eval_every steps and at the last;
                    [a checkpoint every checkpoint.every steps; fsdp2: each rank's shards]
     [fsdp2: AdamW's moments freed]; finish, report.html, the one-screen summary
@@ -65,7 +67,6 @@ from rlhf.runtime.peers import Peers, current_peers
 from rlhf.train.context_check import check_rows_fit
 from rlhf.train.learner import Learner
 from rlhf.train.model_call import ModelCall
-from rlhf.train.optim import step_metrics
 from rlhf.train.setup import start_run
 from rlhf.train.supervised_checkpoint import (
     latest_checkpoint,
@@ -86,7 +87,6 @@ class SupervisedRun:
     precision: Precision
     peers: Peers | None  # torchrun: this rank's share of every batch (rlhf/runtime/peers.py)
     writer: bool  # rank 0 (or the only process) writes the run directory
-    resumed_rng: dict | None = None  # a resumed run: the checkpoint's RNG states
 
     @property
     def pad_id(self) -> int:
@@ -97,11 +97,11 @@ class SupervisedRun:
         """The model's one call, `call(fn, *args)` = fn(model, *args): what every forward of a
         sharded model goes through (rlhf/train/model_call.py); under ddp its DistributedDataParallel
         wrapper (whose backward reduces the gradients, rlhf/runtime/replicated.py)."""
-        return self.learner.replicated or self.learner.module
+        return self.learner.call
 
     @property
     def per_layer(self) -> bool:
-        """fsdp2: sharded per layer, every rank runs as many forwards and backwards (lockstep.py)."""
+        """fsdp2: sharded per layer, every rank runs as many forwards and backwards (rlhf/train/learner.py)."""
         return self.learner.per_layer
 
 
@@ -111,46 +111,44 @@ class SupervisedStage:
     title = ""  # the summary's heading: "SFT", "Reward model"
     command = ""  # the progress display's name: "sft", "rm", "dpo"
     data_kind = ""  # the rows `load_examples` reads: "sft" | "preference"
-    empty_data = ""  # what the message says there is none of, e.g. "training SFT examples"
     key_metrics: tuple[str, ...] = ()  # shown in the progress line
     baseline_eval = False  # evaluate the held-out rows before the first update (step 0's record)
-    baseline: dict | None = None  # that evaluation's figures, when it ran
     resumable = False  # checkpoints every `config.checkpoint.every` steps; `resume=True` continues
     uses_every_parameter = False  # every training pass reaches every trained parameter (ddp: no unused walk)
-    load_on_meta = False  # build_model: the structure alone (fsdp2, ranks but 0; set by run_supervised)
 
     def __init__(self, config) -> None:
         self.config = config
 
-    def build_model(self, model: nn.Module | None, precision: Precision) -> nn.Module:
+    def build_model(self, model: nn.Module | None, precision: Precision, on_meta: bool = False) -> nn.Module:
         raise NotImplementedError
 
     def encode(self, tokenizer, examples, stats: TruncationStats) -> list:
         raise NotImplementedError
 
-    def schedule(self, rows: list, generator) -> tuple[int, Iterator[list[int]]]:
-        raise NotImplementedError
-
     def positions(self, row) -> int:
-        """The positions one forward of `row` needs (its prompt and its longest response)."""
+        """The positions one forward of `row` computes (its prompt and its longest response)."""
         raise NotImplementedError
 
-    def before_training(self, run: SupervisedRun, train_rows: list, test_rows: list) -> None:
-        """Once, after the rows are read and before the first step (DPO caches its reference
-        log-probs here)."""
+    def schedule(self, rows: list, generator) -> tuple[int, Iterator[list[int]]]:
+        """`train.max_steps`, or the steps of `train.epochs` over the rows, of `train.batch_size` rows
+        each, reshuffled every epoch (`train.group_by_length across_steps`: of similar length)."""
+        t = self.config.train
+        steps = steps_of_epochs(t.epochs, len(rows), t.batch_size, t.max_steps)
+        lengths = [self.positions(r) for r in rows]
+        return steps, shuffled_step_batches(steps, t.batch_size, lengths, t.group_by_length, generator)
 
-    def preparing(self) -> str | None:
-        """What `before_training` does, for the progress display (None: nothing worth saying)."""
-        return None
+    def before_training(self, run: SupervisedRun, train_rows: list, test_rows: list, status) -> None:
+        """Once, after the rows are read and before the first step (DPO caches its reference
+        log-probs here); `status(what)` tells the progress display what it is doing."""
 
     def train_step(self, run: SupervisedRun, rows: list) -> dict:
+        """One optimizer step on `rows` (`run.learner.step`): its metrics, the step's own among them
+        (`rlhf.train.learner.step_metrics("train", ...)`)."""
         raise NotImplementedError
 
-    def evaluate(self, run: SupervisedRun, rows: list) -> dict:
+    def evaluate(self, run: SupervisedRun, rows: list, step: int | None = None) -> dict:
+        """Held-out metrics after optimizer step `step` (None: before the first update)."""
         raise NotImplementedError
-
-    def on_evaluation(self, run: SupervisedRun, step: int, result: dict) -> None:
-        """After each held-out evaluation (the reward model keeps its best checkpoint here)."""
 
     def checkpoint_state(self, train_rows: list, test_rows: list) -> dict:
         """What a checkpoint stores of the stage beyond the model, optimizer, schedule and RNGs (a
@@ -194,9 +192,9 @@ def run_supervised(
     out, tokenizer = start_run(config, tokenizer, writer=writer, resume=resume, resumable=stage.resumable)
     sharded = peers is not None and config.dist.strategy == "fsdp2"
     # fsdp2: ranks but 0 build the structure alone; every rank's shards come from rank 0's model
-    stage.load_on_meta = sharded and not writer and model is None
+    on_meta = sharded and not writer and model is None
     with _shown(writer and model is None, f"loading the model {config.model}"):  # a sign of life
-        model = stage.build_model(model, precision)
+        model = stage.build_model(model, precision, on_meta)
     if config.gradient_checkpointing:
         gradient_checkpointing(model)
     stats = TruncationStats()
@@ -204,21 +202,13 @@ def run_supervised(
         train_rows, test_rows = _read_rows(stage, tokenizer, model, stats, test_rows)
     test_rows = test_rows or []
     if not train_rows:
-        raise ValueError(f"no {stage.empty_data}: the data left nothing to train on. Fix: check data.path.")
+        what = "SFT examples" if stage.data_kind == "sft" else "preference pairs"
+        raise ValueError(f"no training {what}: the data left nothing to train on. Fix: check data.path.")
     generator = torch.Generator().manual_seed(config.seed)  # data order: on the CPU, the same everywhere
     steps, batches = stage.schedule(train_rows, generator)
-    learner = Learner(
-        ModelCall(model),
-        config.optim,
-        steps,
-        peers=peers,
-        strategy=config.dist.strategy,
-        uses_every_parameter=stage.uses_every_parameter,
-        bf16_compute=precision.uses_autocast,
-        offload=config.dist.offload,
-    )
+    learner = _learner(stage, model, steps, peers, precision)
     run = SupervisedRun(out, tokenizer, model, learner, precision, peers, writer)
-    done = _resume(run, stage, batches, train_rows, test_rows) if resume else 0
+    done, resumed_rng = _resume(run, stage, batches, train_rows, test_rows) if resume else (0, None)
     if sharded:  # after a resume loaded the whole state (on rank 0): every rank's shards from rank 0's
         learner.shard()
     logger = open_metrics_logger(
@@ -232,17 +222,14 @@ def run_supervised(
         writer=writer,
         **({"resume": True, "resume_step": done - 1} if resume else {}),
     )
-    if stage.preparing():
-        logger.status(stage.preparing(), done, "step")
-    stage.before_training(run, train_rows, test_rows)
+    stage.before_training(run, train_rows, test_rows, lambda what: logger.status(what, done, "step"))
     if resume:  # after the stage's own setup, which may draw numbers (none of DPO's does)
-        ckpt.set_rng_state(run.resumed_rng)
+        ckpt.set_rng_state(resumed_rng)
     with logger:
         if test_rows and stage.baseline_eval and not resume:  # held-out figures before any update
             logger.status("evaluating before training", 0, "step")
-            before = stage.evaluate(run, test_rows)
+            before = stage.evaluate(run, test_rows, step=None)
             logger.log(0, {f"eval/{k}": v for k, v in before.items()}, kind="step", done=0)
-            stage.baseline = before
         final = _train_steps(
             run,
             stage,
@@ -261,6 +248,23 @@ def run_supervised(
     if writer:  # rank 0 exports, reports and prints
         _report(stage, out, final, quiet)
     return final
+
+
+def _learner(stage: SupervisedStage, model: nn.Module, steps: int, peers: Peers | None, precision) -> Learner:
+    """The model's learner: AdamW over `steps`, the run's data-parallel strategy, the stage's micro-batches."""
+    c = stage.config
+    return Learner(
+        ModelCall(model),  # the one call every forward goes through (rlhf/train/model_call.py)
+        c.optim,
+        steps,
+        peers=peers,
+        strategy=c.dist.strategy,
+        uses_every_parameter=stage.uses_every_parameter,
+        bf16_compute=precision.uses_autocast,
+        offload=c.dist.offload,
+        micro_batch_size=c.train.micro_batch_size,
+        by_length=c.train.group_by_length != "none",  # micro-batches of rows of similar length
+    )
 
 
 def truncation_metrics(stats: TruncationStats) -> dict:
@@ -342,7 +346,6 @@ def _train_steps(
         logger.status("training", step, "step")  # the first step, and a long one, say so
         run.call.train()
         metrics = stage.train_step(run, [train_rows[i] for i in indices])
-        metrics.update(step_metrics("train", learner.optimizer_step()))
         if metrics["train/skipped_step_fraction"]:  # NaN/inf gradients: the weights stay as they were
             logger.warn(
                 f"step {step}: the gradients were NaN or infinite; the step was skipped",
@@ -355,9 +358,8 @@ def _train_steps(
             metrics.update(data_metrics)
         if test_rows and (last or (t.eval_every and (step + 1) % t.eval_every == 0)):
             logger.status("evaluating", step, "step")
-            result = stage.evaluate(run, test_rows)
+            result = stage.evaluate(run, test_rows, step)
             metrics.update({f"eval/{k}": v for k, v in result.items()})
-            stage.on_evaluation(run, step, result)
         if last or step % t.log_every == 0 or any(k.startswith("eval/") for k in metrics):
             logger.log(step, metrics, kind="step")
         final = metrics
@@ -371,7 +373,7 @@ def _train_steps(
 
 def placed(precision: Precision, model: nn.Module) -> nn.Module:
     """`precision.prepare(model)` (cast, on the run's device); a model built on the meta device
-    (`load_on_meta`) stays there, filled from rank 0 when sharded (rlhf/runtime/fsdp.py)."""
+    (`on_meta`) stays there, filled from rank 0 when sharded (rlhf/runtime/fsdp.py)."""
     on_meta = any(p.is_meta for p in model.parameters())
     return precision.prepare(model, torch.device("meta") if on_meta else None)
 
@@ -394,10 +396,12 @@ def _check_rows_fit(stage: SupervisedStage, model: nn.Module, read: list[tuple])
     )
 
 
-def _resume(run: SupervisedRun, stage: SupervisedStage, batches, train_rows: list, test_rows: list) -> int:
+def _resume(
+    run: SupervisedRun, stage: SupervisedStage, batches, train_rows: list, test_rows: list
+) -> tuple[int, dict]:
     """Load the newest checkpoint of `run.out` into the run and the stage, draw and drop the step
-    batches of the steps it has done (the data order of an uninterrupted run); the steps done. The
-    checkpoint's RNG states are kept in `run.resumed_rng`, set just before the first step."""
+    batches of the steps it has done (the data order of an uninterrupted run); (the steps done, the
+    checkpoint's RNG states, set just before the first step)."""
     path = latest_checkpoint(run.out, warn=lambda message: print(f"warning: {message}", file=sys.stderr))
     if path is None:
         raise ConfigError(
@@ -411,8 +415,7 @@ def _resume(run: SupervisedRun, stage: SupervisedStage, batches, train_rows: lis
     done = int(state["step"])
     for _ in zip(range(done), batches):
         pass
-    run.resumed_rng = state["rng"]
-    return done
+    return done, state["rng"]
 
 
 def export_causal_lm(run: SupervisedRun) -> None:

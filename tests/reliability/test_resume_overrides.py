@@ -93,32 +93,3 @@ def test_every_resumable_key_may_change_and_no_other(run):
     for refused in refusals:
         with pytest.raises(ConfigError, match="were changed"):
             resume_config(run, overrides=refused)
-
-
-def test_a_run_written_in_the_old_spelling_resumes(run, tmp_path, capsys):
-    """A run directory from before the precision key was renamed (`model.dtype`, now `dtype`) and the
-    runtime switches moved (`train.overlap_critic`, now `runtime.overlap_critic`): it resumes, the old
-    spelling is no change, and config.yaml is rewritten in the new one."""
-    import shutil
-
-    from rlhf.config import ConfigError
-    from rlhf.rundir.resume import resume_config
-
-    old = tmp_path / "old_run"
-    shutil.copytree(run, old)
-    recorded = yaml.safe_load((old / "config.yaml").read_text())
-    recorded["model"]["dtype"] = recorded.pop("dtype")
-    recorded["train"]["overlap_critic"] = recorded.pop("runtime")["overlap_critic"]
-    (old / "config.yaml").write_text(yaml.safe_dump(recorded, sort_keys=False))
-    config = resume_config(old)
-    assert config.dtype == recorded["model"]["dtype"] and config.runtime.overlap_critic is False
-    assert resume_config(old, overrides={"model": {"dtype": config.dtype}}).dtype == config.dtype
-    with pytest.raises(ConfigError, match=r"were changed: dtype \('auto' -> 'bfloat16'\)"):
-        resume_config(old, overrides={"model": {"dtype": "bfloat16"}})
-    done = iterations(old)
-    assert_ok(InProcess(capsys, "train", "--resume", old, "--train.iterations", str(len(done) + 1)))
-    assert iterations(old) == [*done, len(done)]
-    now = yaml.safe_load((old / "config.yaml").read_text())
-    assert (
-        now["dtype"] == config.dtype and "dtype" not in now["model"] and "overlap_critic" not in now["train"]
-    )

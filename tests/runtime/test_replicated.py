@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from rlhf.config import OptimConfig
-from rlhf.runtime.replicated import Accumulation
-from rlhf.train.learner import Learner
+from rlhf.train.learner import Accumulation, Learner
 from tests.support.dist_cases import PASS_INPUTS, ThreeLayers, first_pass_loss, last_pass_loss, partial_passes
 from tests.support.ranks import run_ranks
 

@@ -65,8 +65,8 @@ def positional_only(prompts, completions, /):
     return [0.0] * len(prompts)
 
 
-def older_any_names(p, r, ids, records):
-    """The older form under other names: called positionally."""
+def other_names(p, r, ids, records):
+    """Four arguments under names that are neither standard nor fields (refused: no positional call)."""
     return [float(len(x)) + float(len(records)) * 0 for x in ids]
 
 

@@ -30,7 +30,10 @@ def experience(prompt_lengths, response_lengths, P, T) -> Experience:
     ids, attn, mask = layout(prompt_lengths, response_lengths, P, T)
     per_token = {k: (torch.arange(T * len(mask)).reshape(-1, T).float() + i * 1000) * mask
                  for i, k in enumerate(PER_TOKEN)}  # fmt: skip
-    return Experience(input_ids=ids, attention_mask=attn, prompt_length=P, response_mask=mask, **per_token)
+    group = torch.arange(len(mask))  # a prompt per row
+    return Experience(
+        input_ids=ids, attention_mask=attn, prompt_length=P, response_mask=mask, group=group, **per_token
+    )
 
 
 def expected_trim(attn: torch.Tensor, P: int) -> tuple[int, int]:

@@ -17,7 +17,8 @@ from rlhf.train.guards import (
     require_finite_scores,
     require_finite_tokens,
 )
-from rlhf.train.optim import build_optimizer, clip_and_step, step_metrics
+from rlhf.train.learner import clip_and_step, step_metrics
+from rlhf.train.optim import build_optimizer
 from tests.support.train_testing import rl_config
 
 

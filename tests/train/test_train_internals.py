@@ -19,7 +19,8 @@ from rlhf.rl.experience import Experience, concat_experiences, forward_in_chunks
 from rlhf.rl.metrics import distinct_n
 from rlhf.rl.prompts import PromptStream
 from rlhf.rundir import checkpoint as ckpt
-from rlhf.train.optim import build_optimizer, clip_and_step, lr_multiplier
+from rlhf.train.learner import clip_and_step
+from rlhf.train.optim import build_optimizer, lr_multiplier
 
 
 # -- checkpoints -------------------------------------------------------------------------------
@@ -139,7 +140,14 @@ def toy_experience(prompt_lengths, response_lengths, seed=0) -> Experience:
         mask[b, :r] = 1
     per_token = {k: torch.randn(B, T, generator=generator) * mask for k in
                  ("old_logp", "ref_logp", "old_values", "advantages", "returns")}  # fmt: skip
-    return Experience(input_ids=ids, attention_mask=attn, prompt_length=P, response_mask=mask, **per_token)
+    return Experience(
+        input_ids=ids,
+        attention_mask=attn,
+        prompt_length=P,
+        response_mask=mask,
+        group=torch.arange(B),
+        **per_token,
+    )
 
 
 def test_select_trims_all_padding_columns():

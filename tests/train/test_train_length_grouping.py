@@ -10,7 +10,7 @@ from dataclasses import fields
 import pytest
 import torch
 
-from rlhf.config import RewardConfig, SFTConfig, load_config
+from rlhf.config import OptimConfig, RewardConfig, SFTConfig, load_config
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.models.tiny import tiny_causal_lm
@@ -18,7 +18,8 @@ from rlhf.rl.experience import Experience, in_row_chunks
 from rlhf.stages import rm as rm_module
 from rlhf.stages import sft as sft_module
 from rlhf.stages.rm import EncodedPair, evaluate_pairs, pair_forward, pair_step, ranking_loss
-from rlhf.stages.sft import EncodedSFT, evaluate_nll, train_steps
+from rlhf.stages.sft import EncodedSFT, evaluate_nll, sft_step
+from rlhf.train.learner import Learner
 from rlhf.train.lm_loss import model_token_nll
 from tests.support.train_testing import rl_config
 
@@ -41,6 +42,13 @@ def assert_same_grads(got: dict, expected: dict) -> None:
     assert any(bool(g.abs().sum() > 0) for g in expected.values())  # a gradient that says something
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=ATOL, msg=name)
+
+
+def unstepped(model: torch.nn.Module, micro_batch_size: int, by_length: bool) -> Learner:
+    """A learner of `model` whose optimizer step leaves the gradients for the test to read."""
+    learner = Learner(model, OptimConfig(), 1, micro_batch_size=micro_batch_size, by_length=by_length)
+    learner.optimizer_step = lambda: 0.0
+    return learner
 
 
 def random_ids(generator: torch.Generator, n: int, vocab: int) -> list[int]:
@@ -82,7 +90,7 @@ def test_sft_step_gradient_is_the_token_mean_however_rows_are_grouped(case, tok,
     (nll_sum / max(count, 1)).backward()
     expected = grads_of(lm)
     for by_length in (False, True):
-        loss_sum, tokens = train_steps(lm, rows, pad, micro_batch_size=2, by_length=by_length)
+        loss_sum, tokens, _ = sft_step(unstepped(lm, 2, by_length), rows, pad)
         assert tokens == count
         assert loss_sum == pytest.approx(float(nll_sum.detach()), rel=1e-5)
         assert_same_grads(grads_of(lm), expected)
@@ -90,8 +98,8 @@ def test_sft_step_gradient_is_the_token_mean_however_rows_are_grouped(case, tok,
 
 def test_sft_evaluation_by_length_gives_the_same_loss(tok, lm):
     rows = sft_rows(tok, SFT_CASES["mixed"] + SFT_CASES["one_token_responses"])
-    plain = evaluate_nll(lm, rows, tok.pad_token_id, batch_size=3, by_length=False)
-    grouped = evaluate_nll(lm, rows, tok.pad_token_id, batch_size=3, by_length=True)
+    plain = evaluate_nll(unstepped(lm, 3, by_length=False), rows, tok.pad_token_id)
+    grouped = evaluate_nll(unstepped(lm, 3, by_length=True), rows, tok.pad_token_id)
     assert grouped["tokens"] == plain["tokens"]
     assert grouped["loss"] == pytest.approx(plain["loss"], rel=1e-6)
 
@@ -134,7 +142,7 @@ def test_rm_step_gradient_is_the_pair_and_token_mean_however_pairs_are_grouped(c
     (rank_sum / len(rows) + lm_coef * nll_sum / count).backward()
     expected = grads_of(reward_model)
     for by_length in (False, True):
-        metrics = pair_step(reward_model, rows, pad, 2, lm_coef, by_length=by_length)
+        metrics = pair_step(unstepped(reward_model, 2, by_length), rows, pad, lm_coef)
         assert metrics["train/rank_loss"] == pytest.approx(float(rank_sum.detach()) / len(rows), rel=1e-5)
         assert_same_grads(grads_of(reward_model), expected)
 
@@ -192,7 +200,7 @@ def test_ppo_minibatch_gradient_is_the_same_with_sorted_micro_batches(rows, make
         expected = step_grads(role, minibatch)
         role.micro_batch_size = 3
         for by_length in (False, True):
-            role.sort_by_length = by_length
+            role.by_length = by_length
             assert_same_grads(step_grads(role, minibatch), expected)
 
 
@@ -229,7 +237,7 @@ def test_rollout_forwards_by_length_give_each_row_its_own_result(role, make_trai
         alone = [forward(sequences.rows(slice(i, i + 1))) for i in range(8)]  # each row trimmed alone
         for by_length in (False, True):
             for holder in (r.policy, r.critic, r.reference, r.reward_model):
-                holder.sort_by_length = by_length
+                holder.by_length = by_length
             out = forward(sequences)
             if role == "reward_model":
                 torch.testing.assert_close(out, torch.cat(alone), rtol=0, atol=1e-5)
@@ -261,7 +269,7 @@ def test_sort_by_length_switch_reaches_every_role(make_trainer):
         trainer = make_trainer(rl_config("ppo_max", runtime={"sort_by_length": value}))
         r = trainer.runtime.roles
         holders = (r.policy, r.critic, r.reference, r.reward_model)
-        assert all(h.sort_by_length is value for h in holders)
+        assert all(h.by_length is value for h in holders)
 
 
 @pytest.mark.parametrize("stage", ["sft", "rm"])
@@ -281,8 +289,8 @@ def test_across_steps_uses_every_row_once_per_epoch_in_steps_of_similar_length(
     }
     if stage == "sft":
         rows = sft_rows(tok, [(p, r) for p, r, _ in sizes])
-        real = sft_module.train_steps
-        monkeypatch.setattr(sft_module, "train_steps", lambda m, r, *a: seen.append(r) or real(m, r, *a))
+        real = sft_module.sft_step
+        monkeypatch.setattr(sft_module, "sft_step", lambda m, r, *a: seen.append(r) or real(m, r, *a))
         sft_module.run_sft(
             load_config(SFTConfig, overrides=overrides),
             model=lm,

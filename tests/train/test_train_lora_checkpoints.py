@@ -1,5 +1,5 @@
 """LoRA checkpoints hold the trained parameters only (the adapters, the value head), resume exactly,
-still read checkpoints of the older whole-model format, and refuse other base weights."""
+and refuse a checkpoint without them or on other base weights."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ import copy
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_model
 
 from rlhf.config import ConfigError
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rundir import checkpoint as ckpt
-from rlhf.rundir.weights import load_trained
 from tests.support.train_testing import metric_rows, rl_config
 from tests.train.test_train_resume import Interrupted, interrupt_at
 
@@ -78,21 +76,15 @@ def test_a_lora_checkpoint_holds_the_trained_parameters_only_and_resumes_exactly
         assert torch.equal(got, want), name
 
 
-def test_a_checkpoint_of_the_whole_model_format_still_resumes(make_trainer, tmp_path):
-    """Checkpoints written before the trained-parameters format (`policy.safetensors`, the whole model)."""
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    make_trainer(lora_config(whole), run_dir=whole).train()
-    first = make_trainer(lora_config(split), run_dir=split)
-    run_until(first, 3)
-    checkpoint = split / "checkpoints" / "iter_000002"
-    for role in ("policy", "critic"):  # rewrite it as the old format did: the whole model
-        model = getattr(first.runtime.roles, role).model
-        load_trained(model, checkpoint, role)  # the model as it was when the checkpoint was written
-        (checkpoint / f"{role}.trained.safetensors").unlink()
-        save_model(model, str(checkpoint / f"{role}.safetensors"))
-    ckpt.write_done(checkpoint, 2)
-    make_trainer(lora_config(split), run_dir=split, resume=True).train()
-    assert metric_rows(split) == metric_rows(whole)
+def test_a_checkpoint_without_the_trained_parameters_stops_with_the_fix(make_trainer, tmp_path):
+    """A checkpoint whose policy file is gone (or another format's) is refused, naming the file."""
+    out = tmp_path / "run"
+    run_until(make_trainer(lora_config(out), run_dir=out), 3)
+    checkpoint = out / "checkpoints" / "iter_000002"
+    (checkpoint / "policy.trained.safetensors").unlink()
+    ckpt.write_done(checkpoint, 2)  # a complete checkpoint, of another format
+    with pytest.raises(ConfigError, match="policy.trained.safetensors is missing.*Fix:"):
+        make_trainer(lora_config(out), run_dir=out, resume=True)
 
 
 def test_resuming_on_other_base_weights_stops_with_the_fix(make_trainer, tok, _models, tmp_path):

@@ -203,7 +203,7 @@ def test_a_trl_style_function_is_called_by_keyword_with_the_rows_fields():
     reward_fns_testing.CALLS.clear()
     rows = [{"prompt": "q", "answer": a, "level": i} for i, a in enumerate(["a", "x", "c"])]
     function, total = _call_with("tests.support.reward_fns_testing:trl_exact", rows)
-    assert function.style == "keyword" and total == [1.0, 0.0, 1.0]
+    assert total == [1.0, 0.0, 1.0]
     seen = reward_fns_testing.CALLS[-1]
     assert seen["answer"] == ["a", "x", "c"]
     assert seen["kwargs"] == ["completion_ids", "level", "prompts"]  # not `prompt`, not the aliases
@@ -211,16 +211,18 @@ def test_a_trl_style_function_is_called_by_keyword_with_the_rows_fields():
 
 def test_the_older_names_work_as_keywords_and_a_default_covers_an_absent_field():
     function, total = _call_with("tests.support.reward_fns_testing:aliases", [{}, {}, {}])
-    assert function.style == "keyword" and total == [8.0, 9.0, 7.0]
+    assert total == [8.0, 9.0, 7.0]
 
 
-def test_the_older_four_argument_form_is_detected_whatever_its_names():
-    function, total = _call_with("tests.support.reward_fns_testing:older_any_names", [{}, {}, {}])
-    assert function.style == "positional" and total == [1.0, 2.0, 0.0]
-    # under the documented names (prompts, responses, response_token_ids, rows) either call is the same
+def test_the_four_documented_names_are_passed_by_keyword_and_other_names_are_refused_with_the_fix():
     reward_fns_testing.CALLS.clear()
     assert _call_with("tests.support.reward_fns_testing:length", [{"a": 1}, {}, {}])[1] == [1.0, 2.0, 0.0]
     assert reward_fns_testing.CALLS[-1]["rows"] == [{"a": 1}, {}, {}]
+    # another function's arguments under names that are neither standard nor fields: no positional guess
+    with pytest.raises(
+        RewardFunctionError, match="takes 'ids', which is neither a standard argument.*Fix: add"
+    ):
+        _call_with("tests.support.reward_fns_testing:other_names", [{}, {}, {}])
 
 
 def test_a_positional_only_signature_is_refused_with_the_fix():

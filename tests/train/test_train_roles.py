@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf.config import ConfigError, RLConfig, config_from_yaml, load_config, save_config
 from rlhf.core import explained_variance
 from rlhf.models.logprobs import response_logprobs
 from rlhf.models.scalar_head import response_values
@@ -123,26 +122,6 @@ def test_a_ddp_wrapped_policy_forward_trains_like_the_plain_one(make_trainer, tm
         dist.destroy_process_group()
     for (name, a), (_, b) in zip(plain.model.named_parameters(), wrapped.model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7, msg=name)
-
-
-def test_moved_runtime_keys_load_from_old_files_and_name_their_new_place(tmp_path):
-    old = tmp_path / "config.yaml"
-    save_config(RLConfig(), old)
-    text = old.read_text().replace("runtime:\n", "runtime_unused:\n")
-    text = text.replace("  overlap_critic: true\n", "").replace("  split_forwards: true\n", "")
-    text = text.replace("  keep_freed_memory: true\n", "").replace("  pack_weights: true\n", "")
-    text = text.replace("  sort_by_length: true\n", "")  # a runtime key added later
-    text = text.replace("runtime_unused: {}\n", "").replace("runtime_unused:\n", "")
-    text = text.replace("  buffer_size: 1\n", "  buffer_size: 1\n  overlap_critic: false\n")
-    text = text.replace(
-        "  logprobs_from_sampler: false\n", "  logprobs_from_sampler: false\n  pack_weights: false\n"
-    )
-    old.write_text(text)
-    config = config_from_yaml(RLConfig, old)
-    assert config.runtime.overlap_critic is False and config.runtime.pack_weights is False
-    assert config.runtime.split_forwards is True
-    with pytest.raises(ConfigError, match="'train.overlap_critic' is now 'runtime.overlap_critic'"):
-        load_config(RLConfig, overrides={"train": {"overlap_critic": False}})
 
 
 def test_update_stats_are_the_mean_of_the_steps(make_trainer):

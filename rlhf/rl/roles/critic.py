@@ -12,46 +12,61 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 
 from rlhf.config import OptimConfig
-from rlhf.core import value_loss
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
-from rlhf.rl.experience import Experience, in_row_chunks
+from rlhf.rl.experience import Experience, in_row_chunks, valid_tokens
 from rlhf.rl.roles.forward import ValueForward
-from rlhf.rl.roles.learner import Lockstep, RoleLearner, StepStats
+from rlhf.rl.roles.policy import Policy, value_micro_loss
 from rlhf.runtime.parallel_plan import ParallelPlan
-from rlhf.train.optim import step_metrics
-
-if TYPE_CHECKING:
-    from rlhf.rl.roles.policy import Policy
+from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
 
 
-def value_micro_loss(
-    forward: Callable[[Sequences], torch.Tensor],
-    micro: Experience,
-    value_clip: float | None,
-    stats: StepStats,
-    weight: float,
-) -> torch.Tensor:
-    """This micro-batch's value loss, clipped around the rollout's values when `value_clip` is set
-    (docs/algorithms.md#15-value-loss); its stats recorded."""
-    values = forward(micro.sequences)
-    loss, loss_stats = value_loss(
-        values, micro.old_values, micro.returns, micro.response_mask, clip_eps=value_clip
-    )
-    del loss_stats["explained_variance"]  # a ratio of variances: over the whole minibatch, in StepStats
-    stats.add({**loss_stats, "loss": loss.detach()}, weight, "value")
-    stats.add_values(values, micro.returns, micro.response_mask)
-    return loss
+class ValueRole:
+    """What both critics share: values in row chunks (`forward`, `micro_batch_size`, `by_length`) and
+    the optimizer step of the value loss, a token mean."""
 
-
-class Critic(RoleLearner):
     prefix = "value"
+    forward: Callable[[Sequences], torch.Tensor]
+    micro_batch_size: int
+    by_length: bool
+
+    @torch.no_grad()
+    def values(self, sequences: Sequences) -> torch.Tensor:
+        """V [B, T] of every response token (0 at padding)."""
+        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.by_length)
+
+    def loss_denominator(self, minibatch: Experience) -> float:
+        return minibatch.num_tokens  # the value loss is a token mean
+
+    @staticmethod
+    def value_step(
+        learner: Learner,
+        minibatch: Experience,
+        total_tokens: float | None,
+        forward: Callable[[Sequences], torch.Tensor],
+        value_clip: float | None,
+        coef: float | None = None,
+        before_update: Callable[[], None] | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step of `learner` on the (clipped) value loss of `forward`, times `coef`."""
+        stats = StepStats()
+
+        def loss(micro: MicroBatch) -> tuple[torch.Tensor, dict]:
+            value = value_micro_loss(forward, micro.rows, value_clip, stats, micro.weight)
+            scale = micro.weight if coef is None else micro.weight * coef
+            return scale * value, {}
+
+        total = minibatch.num_tokens if total_tokens is None else total_tokens
+        _, grad_norm = learner.step(minibatch, [loss], valid_tokens, total, before_update=before_update)
+        return {**stats.result(learner.peers), **step_metrics("value", grad_norm)}
+
+
+class Critic(ValueRole, Learner):
     shares_policy = False  # a network and an optimizer of its own
 
     def __init__(
@@ -69,32 +84,19 @@ class Critic(RoleLearner):
         self.model = model
         self.value_clip = value_clip
         self.forward = ValueForward(model, precision)
-        super().__init__(self.forward, optim, total_steps, micro_batch_size, sort_by_length, parallel)
+        super().__init__(
+            self.forward, optim, total_steps, micro_batch_size=micro_batch_size, by_length=sort_by_length,
+            **(parallel.learner_options() if parallel else {}),
+        )  # fmt: skip
 
-    @torch.no_grad()
-    def values(self, sequences: Sequences) -> torch.Tensor:
-        """V [B, T] of every response token (0 at padding)."""
-        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.sort_by_length)
-
-    def train_step(
-        self, minibatch: Experience, total_tokens: float, lockstep: Lockstep | None = None
-    ) -> dict[str, float]:
-        stats = StepStats()
-        micro_batches = list(self.micro_batches(minibatch, total_tokens, lockstep))
-        passes = self.passes(len(micro_batches))
-        for micro, weight in micro_batches:
-            with passes.next_pass():
-                loss = value_micro_loss(self.train_forward, micro, self.value_clip, stats, weight)
-                (weight * loss).backward()
-        self.drop_weightless_gradients(total_tokens, lockstep)
-        grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
-        return {**stats.result(self.peers), **step_metrics("value", grad_norm)}
+    def train_step(self, minibatch: Experience, total_tokens: float | None = None) -> dict[str, float]:
+        """One optimizer step of the value loss on `minibatch` (rlhf/train/learner.py `Learner.step`)."""
+        return self.value_step(self, minibatch, total_tokens, self.train_forward, self.value_clip)
 
 
-class SharedCritic:
+class SharedCritic(ValueRole):
     """The value head on the policy's trunk; the policy's optimizer steps it."""
 
-    prefix = "value"
     shares_policy = True
 
     def __init__(self, policy: Policy) -> None:
@@ -105,32 +107,18 @@ class SharedCritic:
         self.model: ScalarHeadModel = self.joint.forward.model
         self.forward = partial(policy.module, part="value")  # through the policy's module (fsdp2 gathers it)
         self.micro_batch_size = policy.micro_batch_size
-        self.sort_by_length = policy.sort_by_length
+        self.by_length = policy.by_length
 
-    @torch.no_grad()
-    def values(self, sequences: Sequences) -> torch.Tensor:
-        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.sort_by_length)
-
-    def loss_denominator(self, minibatch: Experience) -> float:
-        return minibatch.num_tokens  # the value loss is a token mean
-
-    def train_step(
-        self, minibatch: Experience, total_tokens: float, lockstep: Lockstep | None = None
-    ) -> dict[str, float]:
-        """Critic pre-training (PPO paper §5.3.3): the value loss alone; the trunk stays as it is, only the
-        value head's gradients are kept."""
-        stats = StepStats()
-        micro_batches = list(self.policy.micro_batches(minibatch, total_tokens, lockstep))
-        passes = self.policy.passes(len(micro_batches))
+    def train_step(self, minibatch: Experience, total_tokens: float | None = None) -> dict[str, float]:
+        """Critic pre-training (PPO paper §5.3.3): the value loss alone, in the policy's optimizer step;
+        the trunk stays as it is, only the value head's gradients are kept."""
         values = partial(self.policy.train_forward, part="value")  # a training pass (ddp: through DDP)
-        for micro, weight in micro_batches:
-            with passes.next_pass():
-                loss = value_micro_loss(values, micro, self.joint.value_clip, stats, weight)
-                (weight * self.joint.coef * loss).backward()
-        self.policy.drop_weightless_gradients(total_tokens, lockstep)
-        head = {id(q) for q in self.model.head.parameters()}
-        for q in self.policy.module.parameters():  # under fsdp2: the shards, holding their reduced gradients
-            if id(q) not in head:
-                q.grad = None
-        grad_norm = self.policy.optimizer_step()
-        return {**stats.result(self.policy.peers), **step_metrics("value", grad_norm)}
+
+        def head_only() -> None:
+            head = {id(q) for q in self.model.head.parameters()}
+            for q in self.policy.module.parameters():  # under fsdp2: the shards, with their reduced gradients
+                if id(q) not in head:
+                    q.grad = None
+
+        j = self.joint
+        return self.value_step(self.policy, minibatch, total_tokens, values, j.value_clip, j.coef, head_only)

@@ -34,7 +34,7 @@ class Reference:
         sort_by_length: bool = True,
     ) -> None:
         self.reference = reference
-        self.sort_by_length = sort_by_length  # runtime.sort_by_length
+        self.by_length = sort_by_length  # runtime.sort_by_length
         self.precision = precision
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
@@ -69,7 +69,7 @@ class Reference:
                         lambda s: self.forward(s, temperature)[0],
                         sequences,
                         self.micro_batch_size,
-                        self.sort_by_length,
+                        self.by_length,
                     )
 
             yield chunked
@@ -89,7 +89,7 @@ class RewardModel:
         self.model = model.eval().requires_grad_(False)
         self.micro_batch_size = micro_batch_size
         self.precision = precision
-        self.sort_by_length = sort_by_length  # runtime.sort_by_length
+        self.by_length = sort_by_length  # runtime.sort_by_length
 
     @torch.no_grad()
     def score(self, sequences: Sequences) -> torch.Tensor:
@@ -102,5 +102,5 @@ class RewardModel:
                 sequences.attention_mask,
                 sequences.prompt_length,
                 self.micro_batch_size,
-                self.sort_by_length,
+                self.by_length,
             )

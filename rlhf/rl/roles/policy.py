@@ -1,9 +1,17 @@
 """The policy role: samples responses, gives their log-probs, trains on the policy loss.
 
-Its optimizer step (`train_step`) is the policy side of one PPO/APA/AWR update on a minibatch:
-the policy loss of `policy.loss` (a registry in rlhf.core) minus the entropy bonus, plus the
-PPO-ptx term when SFT data is given, plus the value loss when the critic is a head on the
-policy's own trunk (`model.critic_mode shared`: one model, one optimizer).
+Its optimizer step (`train_step`) is the policy side of one PPO/APA/AWR update on a minibatch, the
+paper's terms each behind its own switch, read in one place below:
+
+    policy loss      ratio and clip (or APA, AWR) of `policy.loss`           rlhf/core/losses.py
+    entropy          - entropy_coef * H, or the gate around entropy_target   PPO paper §5.3.2, app. B.3
+    KL in the loss   + kl_loss_coef * KL(pi || ref)   (GRPO's placement)     docs/algorithms.md §28
+    value loss       + value_coef * clipped value loss (a head on the policy's own trunk,
+                     `model.critic_mode shared`)                             docs/algorithms.md §15
+    PPO-ptx          + ptx_coef * the SFT loss on other rows                 docs/algorithms.md §17
+
+The micro-batches, their token weights, the data-parallel passes and the optimizer step with its
+clipping and NaN guard are the learner's engine (rlhf/train/learner.py `Learner.step`).
 """
 
 from __future__ import annotations
@@ -23,17 +31,16 @@ from rlhf.core import (
     masked_mean,
     policy_loss,
     policy_loss_params,
+    value_loss,
 )
 from rlhf.data.collate import PtxBatches, left_pad
 from rlhf.models.precision import Precision
 from rlhf.models.sampling import Rollout, RowShare, SamplingConfig
 from rlhf.models.sequences import Sequences
-from rlhf.rl.experience import Experience, in_row_chunks
-from rlhf.rl.roles.critic import value_micro_loss
+from rlhf.rl.experience import Experience, in_row_chunks, valid_tokens
 from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
-from rlhf.rl.roles.learner import Lockstep, RoleLearner, StepStats
 from rlhf.runtime.parallel_plan import ParallelPlan
-from rlhf.train.optim import step_metrics
+from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
 
 
 @dataclass
@@ -56,7 +63,7 @@ class JointValue:
     value_clip: float | None
 
 
-class Policy(RoleLearner):
+class Policy(Learner):
     prefix = "policy"
 
     def __init__(
@@ -90,8 +97,11 @@ class Policy(RoleLearner):
         # with the value head on its trunk when the critic is shared (`self.module(..., part="value")`)
         trained = self.forward if joint_value is None else JointForward(self.forward, joint_value.forward)
         # a value head is left out of the policy's passes (uses_every_parameter: ddp's unused walk)
-        super().__init__(trained, optim, total_steps, micro_batch_size, sort_by_length, parallel,
-                         uses_every_parameter=joint_value is None)  # fmt: skip
+        # `parallel`: the data-parallel strategy it trains under (rlhf/runtime/parallel_plan.py)
+        super().__init__(
+            trained, optim, total_steps, micro_batch_size=micro_batch_size, by_length=sort_by_length,
+            uses_every_parameter=joint_value is None, **(parallel.learner_options() if parallel else {}),
+        )  # fmt: skip
         # the rollouts' random draws, on the device where it samples: the policy's own state, saved
         # in checkpoints ("sample"), never passed in by a caller
         self.generator = torch.Generator(self.device).manual_seed(sample_seed)
@@ -140,88 +150,79 @@ class Policy(RoleLearner):
         0 at padding)."""
         temperature = self.sampling.temperature if temperature is None else temperature
         return in_row_chunks(
-            lambda s: self.module(s, temperature)[0], sequences, self.micro_batch_size, self.sort_by_length
+            lambda s: self.module(s, temperature)[0], sequences, self.micro_batch_size, self.by_length
         )
 
     # -- training ------------------------------------------------------------------------------
-    def train_step(
-        self, minibatch: Experience, total_tokens: float, lockstep: Lockstep | None = None
-    ) -> dict[str, float]:
-        """One optimizer step on `minibatch` (`total_tokens`: its valid tokens over every worker;
-        `lockstep`: sharded per layer, the forwards and backwards every rank runs)."""
+    def train_step(self, minibatch: Experience, total_tokens: float | None = None) -> dict[str, float]:
+        """One optimizer step on `minibatch` (every rank passes the whole minibatch: the engine takes
+        this rank's rows); `total_tokens`: the denominator of its token mean (`loss_denominator`)."""
         self.model.train(False)  # dropout stays off: the first ratio is exactly 1
+        total = self.loss_denominator(minibatch) if total_tokens is None else total_tokens
         stats = StepStats()
-        # the clip region around a target entropy, PPO paper appendix B.3; None: the plain bonus
-        gate = self.entropy_gate(minibatch, total_tokens, stats, lockstep)
-        micro_batches = list(self.micro_batches(minibatch, total_tokens, lockstep))
-        per_micro = 1 if self.joint_value is None else 2
-        passes = self.passes(per_micro * len(micro_batches) + (1 if self.with_ptx else 0))
-        for micro, weight in micro_batches:
-            # backward per loss: the policy's graph is freed before the value forward
-            with passes.next_pass():
-                (weight * self.micro_loss(micro, stats, weight, gate)).backward()
-            if self.joint_value is not None:
-                v, values = self.joint_value, partial(self.train_forward, part="value")
-                with passes.next_pass():
-                    (
-                        weight * v.coef * value_micro_loss(values, micro, v.value_clip, stats, weight)
-                    ).backward()
-        self.drop_weightless_gradients(total_tokens, lockstep)
-        if self.with_ptx:
-            with passes.next_pass():
-                self.ptx_backward(stats, lockstep is not None)
-        grad_norm = self.optimizer_step()  # global gradient clipping (PPO paper §5.4, appendix C.2)
+        gate = self.entropy_gate(minibatch, total, stats)  # None: the plain entropy bonus
+        losses = [partial(self.policy_terms, stats=stats, entropy_gate=gate)]
+        if self.joint_value is not None:  # a pass of its own: the policy's graph freed before it
+            losses.append(partial(self.value_term, stats=stats))
+        then = [partial(self.ptx_term, stats)] if self.with_ptx else []
+        _, grad_norm = self.step(minibatch, losses, valid_tokens, total, then=then)
         return {**stats.result(self.peers), **step_metrics("policy", grad_norm)}
 
-    def micro_loss(
-        self, micro: Experience, stats: StepStats, weight: float, entropy_gate: float | None = None
-    ) -> torch.Tensor:
-        """This micro-batch's policy loss plus the entropy term, its stats recorded: the bonus
-        -entropy_coef * H (PPO paper §5.3.2), or entropy_coef * gate * H, whose gradient summed over the
-        micro-batches is that of entropy_coef * max(|H - target| - clip, 0) (PPO paper appendix B.3)."""
-        p = self.loss
+    def policy_terms(
+        self, micro: MicroBatch, stats: StepStats, entropy_gate: float | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        """This micro-batch's weighted policy loss, entropy term and KL-in-loss, its stats recorded:
+        the bonus -entropy_coef * H (PPO paper §5.3.2), or entropy_coef * gate * H, whose gradient
+        summed over the micro-batches is that of entropy_coef * max(|H - target| - clip, 0) (PPO
+        paper appendix B.3)."""
+        p, rows, weight = self.loss, micro.rows, micro.weight
         entropy_weight = -p.entropy_coef if entropy_gate is None else p.entropy_coef * entropy_gate
         logp, entropy = self.train_forward(  # a training pass (under ddp: through DDP)
-            micro.sequences,
+            rows.sequences,
             self.sampling.temperature,
             with_entropy=True,
             entropy_grad=entropy_weight != 0,  # otherwise a monitor: no graph
         )
+        # ratio pi/pi_old, clipped (PPO), or APA's / AWR's loss: `policy.loss`
         pg_loss, pg_stats = policy_loss(
-            p.loss,
-            logp,
-            micro.old_logp,
-            micro.ref_logp,
-            micro.advantages,
-            micro.response_mask,
+            p.loss, logp, rows.old_logp, rows.ref_logp, rows.advantages, rows.response_mask,
             **policy_loss_params(p.loss, p),
-        )
-        mean_entropy = masked_mean(entropy, micro.response_mask)
+        )  # fmt: skip
+        mean_entropy = masked_mean(entropy, rows.response_mask)
         stats.add({**pg_stats, "loss": pg_loss.detach(), "entropy": mean_entropy.detach()}, weight, "policy")
         loss = pg_loss + entropy_weight * mean_entropy
         if p.kl_loss_coef > 0:  # KL to the reference in the loss, GRPO eq. 3 (docs/algorithms.md §28)
             kl = masked_mean(
-                kl_estimate(logp, micro.ref_logp, p.kl_loss_estimator, micro.response_mask),
-                micro.response_mask,
+                kl_estimate(logp, rows.ref_logp, p.kl_loss_estimator, rows.response_mask), rows.response_mask
             )
             stats.add({"kl_loss": kl.detach()}, weight, "policy")
             loss = loss + p.kl_loss_coef * kl
-        return loss
+        return weight * loss, {}
+
+    def value_term(self, micro: MicroBatch, stats: StepStats) -> tuple[torch.Tensor, dict]:
+        """The shared critic's value loss, clipped around the rollout's values when `critic.value_clip`
+        is set, times `model.value_coef` (docs/algorithms.md#15-value-loss)."""
+        v, values = self.joint_value, partial(self.train_forward, part="value")
+        loss = value_micro_loss(values, micro.rows, v.value_clip, stats, micro.weight)
+        return micro.weight * v.coef * loss, {}
 
     @torch.no_grad()
-    def entropy_gate(
-        self, minibatch: Experience, total_tokens: float, stats: StepStats, lockstep: Lockstep | None = None
-    ) -> float | None:
+    def entropy_gate(self, minibatch: Experience, total_tokens: float, stats: StepStats) -> float | None:
         """With `policy.entropy_target`: the sign of d/dH of the clipped entropy term at the
         minibatch's token-mean entropy H (one gradient-free forward more per step); else None."""
         p = self.loss
         if p.entropy_target is None or p.entropy_coef == 0:
             return None
-        parts = [
-            (weight, float(masked_mean(self.module(micro.sequences, self.sampling.temperature, with_entropy=True,
-                                                   entropy_grad=False)[1], micro.response_mask)))
-            for micro, weight in self.micro_batches(minibatch, total_tokens, lockstep)
-        ]  # fmt: skip
+        parts: list[tuple[float, float]] = []
+
+        def entropy(micro: MicroBatch) -> dict:
+            h = self.module(
+                micro.rows.sequences, self.sampling.temperature, with_entropy=True, entropy_grad=False
+            )[1]
+            parts.append((micro.weight, float(masked_mean(h, micro.rows.response_mask))))
+            return {}
+
+        self.forward_passes(minibatch, entropy, valid_tokens, total_tokens)
         mean_entropy = sum(w * h for w, h in parts) / max(sum(w for w, _ in parts), 1e-12)
         term = entropy_target_loss(torch.tensor(mean_entropy), p.entropy_target, p.entropy_clip)
         stats.add({"entropy_target_loss": term}, 1.0, "policy")
@@ -233,21 +234,20 @@ class Policy(RoleLearner):
         docs/algorithms.md §28)."""
         if self.loss.loss_aggregation == "fixed_length":
             return float(minibatch.batch_size * self.sampling.max_new_tokens)
-        return super().loss_denominator(minibatch)
+        return minibatch.num_tokens
 
-    def ptx_backward(self, stats: StepStats, lockstep: bool = False) -> None:
-        """PPO-ptx: the SFT objective's gradient, `coef`-weighted, beside the RL loss. `lockstep`:
-        sharded per layer, every rank runs it on as many rows (rows past its share weigh nothing)."""
-        if not self.with_ptx:
-            return
+    def ptx_term(self, stats: StepStats) -> tuple[torch.Tensor | None, dict]:
+        """PPO-ptx: the SFT objective, `coef`-weighted, beside the RL loss (a pass of its own); under
+        data parallelism this rank's rows, the token mean over every rank's (None: no row here)."""
         batch = {k: v.to(self.device) for k, v in self.ptx.batches.draw(self.ptx.generator).items()}
-        if self.peers is not None:  # data parallel: this rank's rows, the token mean over every rank's
-            batch = rank_rows(batch, self.peers, lockstep)
+        if self.peers is not None:
+            batch = rank_rows(batch, self.peers, self.lockstep)
         nll, count = self.train_forward(lm_batch=batch) if len(batch["input_ids"]) else (None, 0)
         total = count if self.peers is None else self.peers.sum(count)
-        if nll is not None:  # None: fewer PPO-ptx rows than ranks, none here
-            (self.ptx.coef * nll / max(total, 1)).backward()
-            stats.add({"loss": nll.detach() / max(count, 1)}, count / max(total, 1), "ptx")
+        if nll is None:  # fewer PPO-ptx rows than ranks, none here
+            return None, {}
+        stats.add({"loss": nll.detach() / max(count, 1)}, count / max(total, 1), "ptx")
+        return self.ptx.coef * nll / max(total, 1), {}
 
     @property
     def with_ptx(self) -> bool:
@@ -266,21 +266,35 @@ class Policy(RoleLearner):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        if "sample_generator" in state:  # a checkpoint before it: the trainer's rng "sample"
-            self.generator.set_state(state["sample_generator"])
+        self.generator.set_state(state["sample_generator"])
         if self.ptx is not None and "ptx_generator" in state:
             self.ptx.generator.set_state(state["ptx_generator"])
 
 
+def value_micro_loss(
+    forward: Callable[[Sequences], torch.Tensor],
+    micro: Experience,
+    value_clip: float | None,
+    stats: StepStats,
+    weight: float,
+) -> torch.Tensor:
+    """This micro-batch's value loss, clipped around the rollout's values when `value_clip` is set
+    (docs/algorithms.md#15-value-loss); its stats recorded."""
+    values = forward(micro.sequences)
+    loss, loss_stats = value_loss(
+        values, micro.old_values, micro.returns, micro.response_mask, clip_eps=value_clip
+    )
+    del loss_stats["explained_variance"]  # a ratio of variances: over the whole minibatch, in StepStats
+    stats.add({**loss_stats, "loss": loss.detach()}, weight, "value")
+    stats.add_values(values, micro.returns, micro.response_mask)
+    return loss
+
+
 def rank_rows(batch: dict[str, torch.Tensor], peers, lockstep: bool) -> dict[str, torch.Tensor]:
-    """This rank's rows of a PPO-ptx batch (`peers.rows`); with `lockstep`, padded to the largest
-    rank's share with copies of the batch's first row whose loss mask is 0 (they weigh nothing)."""
-    rows = len(batch["input_ids"])
-    share = peers.rows(rows)
-    index = list(range(share.start, share.stop))
-    if not lockstep:
-        return {k: v[index] for k, v in batch.items()}
-    width = -(-rows // peers.world_size)
-    padded = {k: v[index + [0] * (width - len(index))] for k, v in batch.items()}
-    padded["loss_mask"][len(index) :] = 0
-    return padded
+    """This rank's rows of a PPO-ptx batch; with `lockstep`, padded to the largest rank's share
+    (`Peers.padded_share`) with rows whose loss mask is 0 (they weigh nothing)."""
+    index, real = peers.padded_share(len(batch["input_ids"]))
+    rows = {k: v[index if lockstep else index[:real]] for k, v in batch.items()}
+    if lockstep:
+        rows["loss_mask"][real:] = 0
+    return rows

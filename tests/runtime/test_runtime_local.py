@@ -141,7 +141,7 @@ def test_an_error_in_the_critic_update_reaches_the_caller(make_trainer, monkeypa
     def broken(*args, **kwargs):
         raise FloatingPointError("value loss is NaN")
 
-    monkeypatch.setattr("rlhf.rl.roles.critic.value_loss", broken)
+    monkeypatch.setattr("rlhf.rl.roles.policy.value_loss", broken)
     threads = torch.get_num_threads()
     with pytest.raises(FloatingPointError, match="value loss is NaN"):
         trainer.step()

@@ -203,6 +203,12 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         metavar="MODULE:FUNCTION",
         help="a Python reward function, added to the reward model's score (repeatable; weights: reward.functions)",
     )
+    train.add_argument(
+        "--env",
+        metavar="MODULE:CLASS",
+        help="multi-turn episodes against a Python environment class (docs/environments.md; "
+        "--env.max_turns N, --env.max_tokens N)",
+    )
     train.add_argument("--prompts", help="prompts file")
     train.add_argument("--out", help="run directory")
     train.add_argument("--config", help="YAML config file")
@@ -426,6 +432,7 @@ def run_train_command(args, rest, ctx) -> int:
         "model.policy": args.policy,
         "model.reward_model": args.reward_model,
         "data.prompts": args.prompts,
+        "env.name": args.env,
         "out": args.out,
         "data.skip_invalid": args.skip_invalid,
     }
@@ -453,7 +460,10 @@ def run_train_command(args, rest, ctx) -> int:
     config = load_config(RLConfig, preset=args.preset, file=args.config, overrides=_overrides(rest, named))
     config.reward.functions = [*config.reward.functions, *(args.reward_fn or [])]  # weight 1 each
     _require(config.model.policy, "--policy")
-    _require(config.model.reward_model or config.reward.functions, "--reward-model (or --reward-fn)")
+    _require(
+        config.model.reward_model or config.reward.functions or config.env.name,
+        "--reward-model (or --reward-fn, or --env)",
+    )
     _require(config.data.prompts, "--prompts")
     _refuse_reward_model_as_policy(config.model.policy)
     check_out_dir(config.out, {"--policy": config.model.policy, "--reward-model": config.model.reward_model})

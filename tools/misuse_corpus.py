@@ -508,8 +508,11 @@ NEW = [
         "env_step_returns_a_bare_reward",
         train("--env", "env_bare:Tool"),
         words=("env.name env_bare:Tool", "returned 1.0", "(reply: str | None, reward: float, done: bool)"),
-        setup=write("env_bare.py", "class Tool:\n    def __init__(self, row):\n        pass\n\n"
-                    "    def step(self, response):\n        return 1.0\n"),
+        setup=write(
+            "env_bare.py",
+            "class Tool:\n    def __init__(self, row):\n        pass\n\n"
+            "    def step(self, response):\n        return 1.0\n",
+        ),
     ),  # fmt: skip
 ]
 

@@ -10,7 +10,8 @@ import torch
 
 from rlhf.rl.roles.critic import value_micro_loss
 from rlhf.rl.roles.learner import StepStats
-from tests.support.train_testing import rl_config
+from tests.support.train_testing import metric_rows, rl_config
+from tests.train.test_train_resume import Interrupted, interrupt_at
 
 ECHO = {"name": "tests.support.envs_testing:Echo", "max_turns": 3}
 GROUPS = {"rollout": {"batch_size": 4, "samples_per_prompt": 2}}
@@ -141,3 +142,25 @@ def test_every_preset_trains_on_episodes(make_trainer, preset, extra):
     assert metrics["env/turns_mean"] > 1
     moved = [not torch.equal(b, p) for b, p in zip(before, trainer.roles.policy.model.parameters())]
     assert any(moved)
+
+
+@pytest.mark.slow
+def test_a_run_on_episodes_resumes_to_identical_metrics(make_trainer, tmp_path):
+    """Interrupted after its checkpoint at iteration 2 and resumed, a run on episodes logs what the
+    uninterrupted one logs (the environments are rebuilt from the rows; the sampling state is the
+    policy's, in the checkpoint)."""
+
+    def config(out):
+        return rl_config("vanilla_ppo", out=out, env={**ECHO, "reward_placement": "turn"},
+                         train={"iterations": 3}, checkpoint={"every": 2, "keep": 1})  # fmt: skip
+
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    make_trainer(config(whole), run_dir=whole).train()
+    first = make_trainer(config(split), run_dir=split)
+    interrupt_at(first, 2)
+    with pytest.raises(Interrupted):
+        first.train()
+    make_trainer(config(split), run_dir=split, resume=True).train()
+    expected, got = metric_rows(whole), metric_rows(split)
+    assert [r["iteration"] for r in got] == [0, 1, 2] and all("env/turns_mean" in r for r in got)
+    assert got == expected

@@ -117,7 +117,7 @@ class RLTrainer:
         self.prompt_rows = prompt_rows  # the prompt file's records, for reward functions
         self.reward_functions = load_reward_functions(c.reward.functions)  # only those named
         self.reward_parts: dict[str, float] = {}
-        # multi-turn episodes against `env.name` (docs/environments.md); the last batch's
+        # multi-turn episodes against `env.name` (docs/environments.md); `episodes`: the last batch's
         self.environment = load_environment(c.env.name) if c.env.name else None
         self.episodes: Episodes | None = None
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)

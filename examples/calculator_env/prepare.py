@@ -20,10 +20,18 @@ from pathlib import Path
 
 import torch
 
-from rlhf.envs.calculator import arithmetic_rows
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
 
-WORDS = ["*", "=", "<calc>", "</calc>", "<result>", "</result>", "error"] + [str(i) for i in range(-20, 260)]
+WORDS = ["*", "=", "<calc>", "</calc>", "<result>", "</result>", "error"] + [str(i) for i in range(-20, 300)]
+
+
+def question_split(seed: int, held_out: int = 100, draws: int = 2000) -> tuple[list[dict], list[dict]]:
+    """(training rows: `draws` drawn from the questions not held out; the `held_out` questions, each
+    once) over the 224 questions a * b, a in 2..9, b in 2..29: no held-out question is trained on."""
+    questions = [{"prompt": f"{a} * {b} =", "answer": a * b} for a in range(2, 10) for b in range(2, 30)]
+    random.Random(seed).shuffle(questions)
+    rng = random.Random(seed + 1)
+    return [rng.choice(questions[held_out:]) for _ in range(draws)], questions[:held_out]
 
 
 def transcript(tok, row: dict, rng: random.Random, tool_share: float) -> tuple[list[int], list[int]]:
@@ -85,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train_rows, held_out = arithmetic_rows(2000, seed=args.seed + 1), arithmetic_rows(300, seed=args.seed + 2)
+    train_rows, held_out = question_split(args.seed)
     for name, rows in (("train.jsonl", train_rows), ("heldout.jsonl", held_out)):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     tok = word_tokenizer([" ".join(WORDS)])

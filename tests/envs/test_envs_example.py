@@ -22,7 +22,9 @@ def test_the_calculator_example_prepares_and_evaluates(tmp_path):
     run = [sys.executable, str(EXAMPLE / "prepare.py"), "--out", str(tmp_path), "--steps", "2"]
     subprocess.run(run, check=True, env=env, capture_output=True)
     rows = (tmp_path / "heldout.jsonl").read_text().splitlines()
-    assert len(rows) == 300 and {"prompt", "answer"} <= set(json.loads(rows[0]))
+    assert len(rows) == 100 and {"prompt", "answer"} <= set(json.loads(rows[0]))
+    trained = {json.loads(line)["prompt"] for line in (tmp_path / "train.jsonl").read_text().splitlines()}
+    assert not trained & {json.loads(row)["prompt"] for row in rows}  # no held-out question is trained on
     (tmp_path / "few.jsonl").write_text("\n".join(rows[:3]) + "\n")
     policy = str(tmp_path / "sft")
     run = [sys.executable, str(EXAMPLE / "evaluate.py"), policy, policy, "--prompts", str(tmp_path / "few.jsonl"),

@@ -269,6 +269,12 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         help="a reward server (`rlhf serve-rm`, docs/reward_server.md) instead of --reward-model "
         "(reward.remote.url)",
     )
+    train.add_argument(
+        "--env",
+        metavar="MODULE:CLASS",
+        help="multi-turn episodes against a Python environment class (docs/environments.md; "
+        "--env.max_turns N, --env.max_tokens N)",
+    )
     train.add_argument("--prompts", help="prompts file")
     train.add_argument("--out", help="run directory")
     train.add_argument("--config", help="YAML config file")
@@ -577,6 +583,7 @@ def run_train_command(args, rest, ctx) -> int:
         "model.reward_model": args.reward_model,
         "reward.remote.url": args.reward_url,
         "data.prompts": args.prompts,
+        "env.name": args.env,
         "out": args.out,
         "data.skip_invalid": args.skip_invalid,
     }
@@ -603,8 +610,8 @@ def run_train_command(args, rest, ctx) -> int:
     config.reward.functions = [*config.reward.functions, *(args.reward_fn or [])]  # weight 1 each
     _require(config.model.policy, "--policy")
     _require(
-        config.model.reward_model or config.reward.remote.url or config.reward.functions,
-        "--reward-model (or --reward-url, or --reward-fn)",
+        config.model.reward_model or config.reward.remote.url or config.reward.functions or config.env.name,
+        "--reward-model (or --reward-url, --reward-fn or --env)",
     )
     _require(config.data.prompts, "--prompts")
     _refuse_reward_model_as_policy(config.model.policy)

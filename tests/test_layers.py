@@ -20,6 +20,7 @@ LAYERS = (
     "rundir",
     "train",
     "evaluation",
+    "envs",  # environments and multi-turn episodes over the sampler (`--env module:Class`)
     "rl",
     "ray_runtime",
     "stages",

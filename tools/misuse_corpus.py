@@ -496,6 +496,24 @@ NEW = [
         words=("rf_exit", "score"),
         setup=write("rf_exit.py", "import sys\n\ndef score(prompts, completions, **kw):\n    sys.exit(3)\n"),
     ),  # fmt: skip
+    # --- environments (--env module:Class)
+    Case("env_no_colon", train("--env", "justaname"), words=("env.name", "justaname", "module:Class", "Fix")),
+    Case(
+        "env_class_without_step",
+        train("--env", "env_nostep:Tool"),
+        words=("env.name", "env_nostep:Tool", "no step method", "Fix"),
+        setup=write("env_nostep.py", "class Tool:\n    def __init__(self, row):\n        pass\n"),
+    ),  # fmt: skip
+    Case(
+        "env_step_returns_a_bare_reward",
+        train("--env", "env_bare:Tool"),
+        words=("env.name env_bare:Tool", "returned 1.0", "(reply: str | None, reward: float, done: bool)"),
+        setup=write(
+            "env_bare.py",
+            "class Tool:\n    def __init__(self, row):\n        pass\n\n"
+            "    def step(self, response):\n        return 1.0\n",
+        ),
+    ),  # fmt: skip
 ]
 
 CASES = NAMED + NEW

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
 from rlhf.config.dpo import DPOConfig, DPODataConfig, DPOLossConfig, DPOTrainConfig
+from rlhf.config.env import EnvConfig
 from rlhf.config.errors import ConfigError
 from rlhf.config.eval import EvalConfig, EvalDataConfig, EvalRolloutConfig
 from rlhf.config.fields import choices
@@ -75,6 +76,7 @@ __all__ = [
     "DistConfig",
     "EvalConfig",
     "EvalDataConfig",
+    "EnvConfig",
     "EvalRolloutConfig",
     "KLConfig",
     "LogConfig",

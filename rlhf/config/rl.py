@@ -14,6 +14,7 @@ from typing import Literal
 from rlhf.config import presets
 from rlhf.config.checks import at_least, fraction, positive, positive_or_off, refuse, validate_groups, warn
 from rlhf.config.common import LoraConfig, OptimConfig
+from rlhf.config.env import EnvConfig
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
 from rlhf.config.ray import RayConfig, RLDistConfig
 from rlhf.config.remote import MismatchConfig
@@ -178,6 +179,7 @@ class RLConfig:
     model: RLModelConfig = field(default_factory=RLModelConfig)
     data: RLDataConfig = field(default_factory=RLDataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes (`--env module:Class`)
     reward: RewardProcessingConfig = field(default_factory=RewardProcessingConfig)
     kl: KLConfig = field(default_factory=KLConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
@@ -261,6 +263,13 @@ class RLConfig:
         if self.rollout.max_staleness == 0:
             return
         key = f"{prefix}rollout.max_staleness"
+        if self.env.name:
+            refuse(
+                f"{key} {self.rollout.max_staleness} samples rollouts ahead on the rollout actors, which sample "
+                f"single-turn responses; {prefix}env.name {self.env.name!r} runs multi-turn episodes in this "
+                f"process. Fix: --{key} 0 with --env, or drop --env.",
+                key,
+            )
         if self.dist.runtime != "ray" or self.ray.rollout.num_actors < 1:
             refuse(
                 f"{key} {self.rollout.max_staleness} samples the next rollout while the policy updates, on "

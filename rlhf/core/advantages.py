@@ -138,9 +138,12 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
         A_t     = delta_t + gamma * lam * A_{t+1}
         G_t     = A_t + V_t
 
-    The episode ends at the last valid token (the EOS): the value and advantage after it are 0.
-    More generally a masked position ends the episode, so a right-padded row is one episode and a
-    fully masked row gives zeros. lam = 0 gives the TD error, lam = 1 the discounted return minus V.
+    The episode ends at the last valid token (the EOS): the value and advantage after it are 0, so
+    a right-padded row is one episode and a fully masked row gives zeros. A masked position inside
+    a row (an environment's reply in a multi-turn episode, docs/algorithms.md#39-multi-turn-episodes)
+    is no time step: the recursion skips it, so the last token of a turn bootstraps from the first
+    token of the next turn (V_{t+1} and A_{t+1} are those of the next valid position).
+    lam = 0 gives the TD error, lam = 1 the discounted return minus V.
     Call it under ``torch.no_grad()`` (or with detached values) to get plain targets.
     """
     check_same_shape(rewards, "rewards", values=values)
@@ -157,9 +160,12 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
     reversed_advantages = []
     for t in reversed(range(r.shape[1])):
         delta = r[:, t] + gamma * next_value - v[:, t]
-        advantage = fill_masked(delta + gamma * lam * next_advantage, valid[:, t])
+        here = valid[:, t]
+        advantage = fill_masked(delta + gamma * lam * next_advantage, here)
         reversed_advantages.append(advantage)
-        next_value, next_advantage = v[:, t], advantage  # both 0 at a masked position
+        # a masked position passes the next valid one's value and advantage on (0 after the last)
+        next_value = torch.where(here, v[:, t], next_value)
+        next_advantage = torch.where(here, advantage, next_advantage)
     advantages = torch.stack(reversed_advantages[::-1], dim=1)
     returns = fill_masked(advantages + v, valid)
     return advantages, returns

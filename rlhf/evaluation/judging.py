@@ -59,10 +59,13 @@ def text_judge(
 
 
 def decode_responses(tokenizer, rollout: Rollout) -> list[str]:
-    """Response texts without the EOS and padding (lengths come from the mask, not from pad ids)."""
+    """Response texts without the EOS and padding (lengths come from the mask, not from pad ids); a
+    multi-turn episode's is its whole transcript, the environment's replies included (their tokens
+    are real in the attention mask, not in the response mask)."""
     texts = []
+    real = rollout.attention_mask[:, rollout.prompt_length :]
     for ids, mask, ended in zip(
-        rollout.response_ids.tolist(), rollout.response_mask.tolist(), rollout.ended_with_eos.tolist()
+        rollout.response_ids.tolist(), real.tolist(), rollout.ended_with_eos.tolist()
     ):
         n = int(sum(mask)) - (1 if ended else 0)
         texts.append(tokenizer.decode(ids[:n], skip_special_tokens=True).strip())

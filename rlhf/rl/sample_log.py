@@ -40,7 +40,7 @@ class SampleLog:
                 rollout.prompt_ids[:n],
                 rollout.prompt_mask[:n],
                 rollout.response_ids[:n],
-                rollout.response_mask[:n],
+                rollout.attention_mask[:n, rollout.prompt_length :],  # env replies too (multi-turn)
                 rollout.ended_with_eos[:n],
                 raw_scores[:n],
             )

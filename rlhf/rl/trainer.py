@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from rlhf.config import ConfigError, RLConfig
+from rlhf.config.env import response_budget
 from rlhf.core import (
     AdaptiveKLController,
     FixedKLController,
@@ -38,6 +39,7 @@ from rlhf.core import (
     whiten_advantages,
 )
 from rlhf.data.collate import PtxBatches
+from rlhf.envs import Episodes, load_environment, place_turn_rewards, run_episodes
 from rlhf.models.sampling import Rollout
 from rlhf.models.truncation import apply_truncation_policy
 from rlhf.monitor import CollapseDetector
@@ -131,6 +133,9 @@ class RLTrainer:
         self.reward_parts: dict[str, float] = {}
         self.remote_reward = remote_reward(c.reward.remote, self.runtime.tokenizer)  # None: no --reward-url
         self.mismatch = MismatchMonitor(c)  # sampler vs trainer log-probs of the same tokens
+        # multi-turn episodes against `env.name` (docs/environments.md); `episodes`: the last batch's
+        self.environment = load_environment(c.env.name) if c.env.name else None
+        self.episodes: Episodes | None = None
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)
         if ptx_batches is not None and c.policy.ptx_coef > 0:
             self.runtime.use_ptx(ptx_batches, c.policy.ptx_coef, seed=c.seed + 3)
@@ -330,6 +335,8 @@ class RLTrainer:
         kl = kl_estimate(old_logp, ref_logp, kind=c.kl.estimator, mask=mask)
         final_scores = torch.zeros_like(scores).index_put_((keep,), processed)  # dropped rows: 0
         rewards = token_rewards(final_scores, kl, mask, self.kl_controller.value)
+        if self.episodes is not None and c.env.reward_placement == "turn":  # each turn's at its end
+            rewards = place_turn_rewards(rewards, self.episodes.turn_rewards, mask)
         # GAE over the critic's values (PPO paper §3.2.2), or critic-free (docs/algorithms.md §27-30)
         a, group = c.advantage, group.to(mask.device)
         advantages, returns = estimate_advantages(
@@ -382,8 +389,30 @@ class RLTrainer:
             self.batch_indices = pending.indices
             return pending.group, pending.handle.result(), self.runtime.policy_version - pending.version
         prompts, group, self.batch_indices = self.draw_prompts()
+        if self.environment is not None:  # multi-turn episodes: one batched generate per turn
+            return group, self.run_episodes(prompts), 0
         from_sampler = self.config.rollout.logprobs_from_sampler or self.mismatch.due(self.iteration)
         return group, self.runtime.generate(prompts, from_sampler), 0
+
+    def run_episodes(self, prompts: list[list[int]]) -> Rollout:
+        """One episode of the environment per prompt row, to its end (rlhf/envs/rollout.py); the
+        environment's rewards are kept for `score`."""
+        c = self.config
+        indices = [i for i in self.batch_indices for _ in range(c.rollout.samples_per_prompt)]
+        assert self.environment is not None
+        envs = [self.environment.episode(self.prompt_rows[i] if self.prompt_rows else {}, i) for i in indices]
+        self.episodes = run_episodes(
+            lambda contexts: self.runtime.generate(contexts, c.rollout.logprobs_from_sampler),
+            self.runtime.tokenizer,
+            prompts,
+            envs,
+            self.environment,
+            max_turns=c.env.max_turns,
+            max_tokens=response_budget(c.env, c.rollout.max_new_tokens),
+            rows=indices,
+            return_logprobs=c.rollout.logprobs_from_sampler,
+        )
+        return self.episodes.rollout
 
     def forwards(
         self, rollout: Rollout, mask: torch.Tensor
@@ -471,6 +500,8 @@ class RLTrainer:
             assert experience.group is not None  # make_experience gives every row its prompt's group
             metrics.update(group_metrics(final_scores, experience.group, keep))
         metrics.update(self.reward_parts)
+        if self.episodes is not None:
+            metrics.update(self.episodes.metrics())
         return metrics
 
     def sample_scored(self) -> Scored:
@@ -499,6 +530,9 @@ class RLTrainer:
         # Python reward functions, weighted, added to the RM's score (docs/algorithms.md §31)
         if self.reward_functions:
             raw_scores = self.function_rewards(rollout, raw_scores)
+        if self.episodes is not None:  # the environment's rewards, summed over the turns, added
+            env = self.episodes.rewards.to(rollout.response_mask.device)
+            raw_scores = env if raw_scores is None else raw_scores + env
         assert raw_scores is not None
         # responses that hit max_new_tokens: keep, penalize or drop (docs/algorithms.md#5-truncated-responses)
         scores, keep = apply_truncation_policy(

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from rlhf.config import RLConfig
+from rlhf.config.env import response_budget
 from rlhf.data.tokenize import TruncationStats
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.tokenizer_match import check_same_tokenizer
@@ -31,6 +32,10 @@ def run_rl(
     # a malformed name, a module that fails to import or a function that cannot be called stops
     # here, before any model loads (imported once: the trainer's own load finds them imported)
     functions = load_reward_functions(config.reward.functions)
+    if config.env.name:  # the environment class likewise (docs/environments.md)
+        from rlhf.envs import load_environment
+
+        load_environment(config.env.name)
     check_reward_model_tokenizer(config)
     check_reward_server(config)
     writer = is_writer_process()
@@ -86,10 +91,12 @@ def train_with(
         prompts,
         sources,
         context=context,
-        max_new_tokens=config.rollout.max_new_tokens,
+        max_new_tokens=response_budget(config.env, config.rollout.max_new_tokens)
+        if config.env.name
+        else config.rollout.max_new_tokens,
         model_name=f"the policy {config.model.policy}",
         fix="--data.max_prompt_tokens {budget} (longer prompts are left-truncated to it), or a lower "
-        "--rollout.max_new_tokens",
+        + ("--env.max_tokens" if config.env.name else "--rollout.max_new_tokens"),
     )
     ptx = None
     if config.data.ptx and config.policy.ptx_coef > 0:
@@ -101,8 +108,9 @@ def train_with(
             chat_template=config.data.chat_template,
             system_prompt=config.data.system_prompt,
         )
-    rows = prompt_rows(config.data.prompts, sources) if config.reward.functions else None
-    if rows is not None:
+    wants_rows = config.reward.functions or config.env.name  # an environment is built from its row
+    rows = prompt_rows(config.data.prompts, sources) if wants_rows else None
+    if rows is not None and functions:
         check_row_fields(functions, rows, str(config.data.prompts))
     trainer = RLTrainer(
         config,

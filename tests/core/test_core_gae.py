@@ -118,13 +118,35 @@ def test_float32_and_errors() -> None:
     assert empty[0].shape == (2, 0)
 
 
-def test_a_masked_position_ends_the_episode() -> None:
-    """A hole in the mask splits the row into two independent episodes (no bootstrap across it)."""
+def test_a_masked_position_inside_a_row_is_skipped() -> None:
+    """A hole in the mask (an environment's reply between two policy turns) is no time step: the
+    row is ONE episode over its valid positions, the last token before the hole bootstrapping from
+    the first after it (docs/algorithms.md#39-multi-turn-episodes); the hole gets 0 and its reward
+    and value (here 5.0 and 9.0) are never read."""
     rewards = torch.tensor([[1.0, 2.0, 5.0, 3.0, 4.0]], dtype=torch.float64)
     values = torch.tensor([[0.5, 1.5, 9.0, 2.5, 3.5]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0, 1, 1]])
     advantages, returns = gae(rewards, values, mask, gamma=0.9, lam=0.8)
-    head = loop_gae([1.0, 2.0], [0.5, 1.5], 0.9, 0.8)
-    tail = loop_gae([3.0, 4.0], [2.5, 3.5], 0.9, 0.8)
-    assert advantages[0].tolist() == pytest.approx(head[0] + [0.0] + tail[0], rel=1e-12)
-    assert returns[0].tolist() == pytest.approx(head[1] + [0.0] + tail[1], rel=1e-12)
+    a, g = loop_gae([1.0, 2.0, 3.0, 4.0], [0.5, 1.5, 2.5, 3.5], 0.9, 0.8)
+    assert advantages[0].tolist() == pytest.approx(a[:2] + [0.0] + a[2:], rel=1e-12)
+    assert returns[0].tolist() == pytest.approx(g[:2] + [0.0] + g[2:], rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_with_holes_equal_a_plain_loop_over_their_valid_tokens(seed: int) -> None:
+    """Random masks with holes and padding: each row's advantages and returns on its valid tokens
+    are a plain loop's over those tokens alone (gathered, holes removed); 0 elsewhere."""
+    gen = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(6, 9, generator=gen, dtype=torch.float64)
+    values = torch.randn(6, 9, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(6, 9, generator=gen) < 0.6).double()
+    mask[0] = 0.0  # a fully masked row
+    mask[1, :] = 0.0
+    mask[1, 4] = 1.0  # one valid token between masked ones
+    advantages, returns = gae(rewards, values, mask, gamma=0.95, lam=0.9)
+    for b in range(6):
+        index = mask[b].nonzero().flatten()
+        a, g = loop_gae(rewards[b, index].tolist(), values[b, index].tolist(), 0.95, 0.9)
+        assert advantages[b, index].tolist() == pytest.approx(a, rel=1e-10, abs=1e-12)
+        assert returns[b, index].tolist() == pytest.approx(g, rel=1e-10, abs=1e-12)
+        assert not advantages[b][mask[b] == 0].any() and not returns[b][mask[b] == 0].any()

@@ -369,10 +369,13 @@ def load_roles(config: RLConfig, on_meta: bool = False, hosted: frozenset[str] |
     are not read, and the roles not hosted are left on the meta device (`Roles.release_unhosted`)."""
     if not config.model.policy:
         raise ValueError("model.policy is empty. Fix: --policy DIR (the SFT run directory).")
-    if not config.model.reward_model and not config.reward.functions and not config.reward.remote.url:
+    if not (
+        config.model.reward_model or config.reward.functions or config.reward.remote.url or config.env.name
+    ):
         raise ValueError(
-            "model.reward_model is empty and no reward function or server is named. Fix: --reward-model DIR "
-            "(the reward-model run directory), --reward-url URL and/or --reward-fn module:function."
+            "model.reward_model is empty and no reward function, server or environment is named. Fix: "
+            "--reward-model DIR (the reward-model run directory), --reward-url URL and/or --reward-fn "
+            "module:function, or --env module:Class."
         )
     policy_meta, rm_meta = on_meta, on_meta
     if hosted is not None:

@@ -1,0 +1,32 @@
+"""`rlhf train --env module:Class`: multi-turn episodes against a Python environment
+(docs/environments.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rlhf.config.checks import at_least
+
+
+@dataclass
+class EnvConfig:
+    # the environment class as "module:Class" (`--env`); "": single-turn rollouts, no environment
+    name: str = ""
+    max_turns: int = 4  # policy turns per episode at most (a turn ends at the policy's EOS)
+    # tokens of the whole response at most (policy turns and environment replies): a turn or a reply
+    # that would pass it is cut there and the episode ends; 0: no limit beyond max_turns turns
+    max_tokens: int = 0
+    # where the environment's rewards go: "end", their sum as the episode's score at its last token;
+    # "turn", each turn's reward at that turn's last token (the episode's total unchanged)
+    reward_placement: Literal["end", "turn"] = "end"
+
+    def validate(self, prefix: str) -> None:
+        at_least(self.max_turns, 1, f"{prefix}max_turns", " (policy turns per episode)")
+        at_least(self.max_tokens, 0, f"{prefix}max_tokens", " (0: no limit)")
+
+
+def response_budget(env: EnvConfig, max_new_tokens: int) -> int:
+    """The response tokens an episode may take: `env.max_tokens`, or max_turns turns of
+    `max_new_tokens` (`rollout.max_new_tokens`) when it is 0 (replies count against it)."""
+    return env.max_tokens or env.max_turns * max_new_tokens

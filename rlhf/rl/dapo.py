@@ -38,7 +38,9 @@ def overlong_buffer_tokens(share: float, max_length: int) -> int:
     return min(max_length, max(1, round(share * max_length)))
 
 
-def shaped_scores(scores: torch.Tensor, lengths: torch.Tensor, max_length: int, buffer: int, factor: float):
+def shaped_scores(
+    scores: torch.Tensor, lengths: torch.Tensor, max_length: int, buffer: int, factor: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores + factor * overlong_penalty(lengths), the penalties [B]): DAPO's soft overlong
     punishment (DAPO paper §3.4, eq. 13) with L_max = `max_length` (rollout.max_new_tokens, so a
     truncated response gets -factor) and L_cache = `buffer` tokens; `lengths` count the response's

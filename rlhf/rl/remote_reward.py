@@ -30,12 +30,14 @@ import math
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import torch
 
 from rlhf.config import ConfigError
 from rlhf.config.remote import RemoteRewardConfig
+from rlhf.models.sampling import Rollout
 from rlhf.models.tokenizer_match import tokenizer_signature
 
 WIRE_VERSION = 1
@@ -51,14 +53,14 @@ class RewardServerError(ConfigError):
     """The reward server is unreachable or answered something other than one finite score per row."""
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer: Any) -> str:
     """sha256 of the tokenizer's signature (vocabulary and special tokens, rlhf/models/tokenizer_match.py):
     equal for two tokenizers that map every token to the same id."""
     signature = json.dumps(tokenizer_signature(tokenizer), sort_keys=True)
     return hashlib.sha256(signature.encode()).hexdigest()
 
 
-def score_request(tokenizer, rollout, fingerprint: str | None = None) -> dict:
+def score_request(tokenizer: Any, rollout: Rollout, fingerprint: str | None = None) -> dict[str, Any]:
     """The POST /score body of a rollout's rows (padding removed; special tokens kept in the texts)."""
     prompt_ids = [
         [t for t, m in zip(ids, mask) if m]
@@ -110,10 +112,10 @@ class RemoteReward:
     def __init__(
         self,
         settings: RemoteRewardConfig,
-        tokenizer,
+        tokenizer: Any,
         *,
         sleep: Callable[[float], None] = time.sleep,
-    ):
+    ) -> None:
         self.settings = settings
         self.url = settings.url.rstrip("/")
         self.tokenizer = tokenizer
@@ -125,7 +127,7 @@ class RemoteReward:
         self.port = parts.port
         self.base_path = parts.path.rstrip("/")
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """GET /health (retried as every request); RewardServerError unless the server says "ok"."""
         answer = self.request("GET", "/health")
         if not isinstance(answer, dict) or answer.get("status") != "ok":
@@ -135,7 +137,7 @@ class RemoteReward:
             )
         return answer
 
-    def tokenizer_note(self, health: dict) -> str | None:
+    def tokenizer_note(self, health: dict[str, Any]) -> str | None:
         """A note when the server's tokenizer is not the policy's: it then scores the texts, re-tokenized."""
         theirs = health.get("tokenizer")
         if theirs == self.fingerprint:
@@ -146,7 +148,7 @@ class RemoteReward:
             "not the policy's token ids (docs/reward_server.md)"
         )
 
-    def score(self, rollout) -> torch.Tensor:
+    def score(self, rollout: Rollout) -> torch.Tensor:
         """[B] scores of the rollout's rows, `rows_per_request` rows per POST /score."""
         body = score_request(self.tokenizer, rollout, self.fingerprint)
         rows = len(body["prompts"])
@@ -158,7 +160,7 @@ class RemoteReward:
             parts.append(check_scores(answer, len(chunk["prompts"]), self.url))
         return torch.cat(parts) if parts else torch.zeros(0)
 
-    def request(self, method: str, path: str, body: dict | None = None) -> object:
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> object:
         """The JSON answer of one request, retried with exponential backoff on what may pass (refused,
         reset, timed out, HTTP 429/5xx); RewardServerError naming the URL otherwise or at the last try."""
         attempts = self.settings.retries + 1
@@ -229,6 +231,6 @@ def _error_text(raw: bytes) -> str:
     return str(answer.get("error", answer))[:300] if isinstance(answer, dict) else str(answer)[:300]
 
 
-def remote_reward(settings: RemoteRewardConfig, tokenizer) -> RemoteReward | None:
+def remote_reward(settings: RemoteRewardConfig, tokenizer: Any) -> RemoteReward | None:
     """The client of `reward.remote.url`, or None when it is empty."""
     return RemoteReward(settings, tokenizer) if settings.url else None

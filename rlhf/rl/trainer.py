@@ -306,7 +306,7 @@ class RLTrainer:
         t1 = time.perf_counter()
         self.status("scoring")
         raw_scores, scores, keep = self.score(rollout)
-        sampling_metrics: dict = {}
+        sampling_metrics: dict[str, float] = {}
         if c.rollout.dynamic_sampling:  # groups of equal scores dropped and refilled (DAPO §3.2; §36)
             filled, sampling_metrics = fill_with_informative(
                 Scored(group, rollout, raw_scores, scores, keep, behind), self.sample_scored,
@@ -421,6 +421,7 @@ class RLTrainer:
         log-probs, and the critic's values (None for a critic-free estimator)."""
         run, sequences = self.runtime, rollout.sequences
         if self.config.rollout.logprobs_from_sampler and not self.asynchronous:  # no forward
+            assert rollout.logprobs is not None  # the sampler keeps them under logprobs_from_sampler
             old_logp = rollout.logprobs * mask
         else:
             old_logp = run.forward("policy", sequences)
@@ -428,7 +429,9 @@ class RLTrainer:
         values = run.forward("critic", sequences) if run.has_role("critic") else None
         return old_logp, ref_logp, values
 
-    def mismatch_metrics(self, rollout, mask, old_logp: torch.Tensor, behind: int) -> dict:
+    def mismatch_metrics(
+        self, rollout: Rollout, mask: torch.Tensor, old_logp: torch.Tensor, behind: int
+    ) -> dict[str, float]:
         """mismatch/*: the sampler's log-probs against the trainer's for the same tokens, warned about
         once past log.mismatch.kl_threshold (rlhf/rl/mismatch.py; docs/monitors.md)."""
         if not self.pretrain_done:

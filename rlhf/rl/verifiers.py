@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from rlhf.config import ConfigError
 
@@ -45,7 +46,7 @@ def final_answer(response: str) -> str | None:
     """The answer a response states (see the module's docstring), stripped; None if none."""
     tags = ANSWER_TAG.findall(response)
     if tags:
-        return tags[-1].strip()
+        return str(tags[-1]).strip()
     boxed = _boxed(response)
     if boxed is not None:
         return boxed.strip()
@@ -68,7 +69,7 @@ def _check_lengths(completions: Sequence[str], answer: Sequence[object]) -> None
         raise ValueError(f"{len(completions)} completions for {len(answer)} answers")
 
 
-def exact_answer(completions: Sequence[str], answer: Sequence[object], **kwargs) -> list[float]:
+def exact_answer(completions: Sequence[str], answer: Sequence[object], **kwargs: object) -> list[float]:
     """1.0 where the response's final answer is the `answer` field as text (spaces, `$`, a final
     period and thousands separators ignored), else 0.0."""
     _check_lengths(completions, answer)
@@ -79,9 +80,9 @@ def exact_answer(completions: Sequence[str], answer: Sequence[object], **kwargs)
     return out
 
 
-def _sympy():
+def _sympy() -> Any:
     try:
-        import sympy
+        import sympy  # type: ignore[import-untyped]
     except ImportError:  # the optional extra
         raise ConfigError(
             "rlhf.rl.verifiers:math_answer needs sympy, which is not installed. "
@@ -116,7 +117,7 @@ def safe_expression(text: str) -> bool:
     return text.count("**") == len(EXPONENT.findall(text)) <= 1
 
 
-def parse_math(text: str):
+def parse_math(text: str) -> Any:
     """A sympy expression of a final answer (plain arithmetic, fractions, powers, sqrt, pi and simple
     LaTeX: \\frac, \\sqrt, \\cdot, ^; a trailing % divides by 100); None if it does not parse or is
     not `safe_expression`."""
@@ -154,7 +155,7 @@ def equivalent(stated: str, expected: str) -> bool:
         return False
 
 
-def math_answer(completions: Sequence[str], answer: Sequence[object], **kwargs) -> list[float]:
+def math_answer(completions: Sequence[str], answer: Sequence[object], **kwargs: object) -> list[float]:
     """1.0 where the response's final answer equals the `answer` field mathematically (0.5 = 1/2 =
     \\frac{1}{2} = 50%), else 0.0; needs sympy (`pip install 'rlhf[math]'`)."""
     _check_lengths(completions, answer)
@@ -166,19 +167,19 @@ def math_answer(completions: Sequence[str], answer: Sequence[object], **kwargs) 
     return out
 
 
-def answer_tag_format(completions: Sequence[str], **kwargs) -> list[float]:
+def answer_tag_format(completions: Sequence[str], **kwargs: object) -> list[float]:
     """1.0 where the response holds exactly one <answer>...</answer> block, else 0.0."""
     return [float(len(ANSWER_TAG.findall(c)) == 1 and c.count("<answer>") == 1) for c in completions]
 
 
-def think_answer_format(completions: Sequence[str], **kwargs) -> list[float]:
+def think_answer_format(completions: Sequence[str], **kwargs: object) -> list[float]:
     """1.0 where the whole response is one <think>...</think> followed by one <answer>...</answer>
     (DeepSeek-R1's format reward, Guo et al. 2025 §2.2.2), else 0.0."""
     return [float(THINK_ANSWER.match(c) is not None) for c in completions]
 
 
 def length_penalty(
-    completion_ids: Sequence[Sequence[int]], max_tokens: Sequence[object] | None = None, **kwargs
+    completion_ids: Sequence[Sequence[int]], max_tokens: Sequence[Any] | None = None, **kwargs: object
 ) -> list[float]:
     """-(tokens beyond the limit) / 100 per response: 0 within the limit, -1 at 100 tokens over it.
     The limit is the prompt file's `max_tokens` field of the row when the file has one, else 0

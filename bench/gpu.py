@@ -132,7 +132,7 @@ def ppo_iteration(
     stats = summarize(rows, warmup)
     return {
         "workload": workload.name,
-        "device": str(trainer.sample_generator.device),
+        "device": str(trainer.runtime.device),
         "dtype": dtype,
         "iterations_counted": len(steady),
         "iter_s": stats["iter_s"],

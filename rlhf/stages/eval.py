@@ -288,8 +288,9 @@ def _print_pairs_summary(config: EvalConfig, pairs: dict, out: Path) -> None:
         return "-" if value is None else f"{value:{spec}} [{ci[0]:{spec}}, {ci[1]:{spec}}]"
 
     print_summary(
-        f"eval: {config.policy} vs {config.baseline} on held-out human labels (n={pairs['n']})",
+        f"eval: held-out human labels (n={pairs['n']})",
         {
+            "policy / baseline": f"{config.policy} / {config.baseline}",
             "accuracy (ties half)": interval(pairs["accuracy"], pairs["ci95"]) + " (Wilson 95%)",
             "wins / ties / losses": f"{pairs['wins']} / {pairs['ties']} / {pairs['losses']}",
             "margin, nats": interval(pairs["margin_mean"], pairs["margin_ci95"], "+.4f"),

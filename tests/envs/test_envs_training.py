@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf.rl.roles.critic import value_micro_loss
-from rlhf.rl.roles.learner import StepStats
+from rlhf.rl.roles.policy import value_micro_loss
+from rlhf.train.learner import MicroBatch, StepStats
 from tests.support.train_testing import metric_rows, rl_config
 from tests.train.test_train_resume import Interrupted, interrupt_at
 
@@ -47,6 +47,12 @@ def test_the_experience_of_episodes_carries_nothing_on_environment_tokens(make_t
     assert torch.equal(episodes.rewards, episodes.turn_rewards.sum(-1)) and episodes.rewards.sum() > 0
 
 
+def policy_loss_of(policy, experience) -> torch.Tensor:
+    """The policy's loss terms on the whole batch as one micro-batch (rlhf/rl/roles/policy.py)."""
+    micro = MicroBatch(experience, 1.0, list(range(experience.batch_size)))
+    return policy.policy_terms(micro, StepStats())[0]
+
+
 class Logits:
     """Keeps the policy head's outputs with their gradients (the head may run in chunks of columns)."""
 
@@ -67,9 +73,9 @@ def test_the_policy_loss_puts_no_gradient_on_logits_of_environment_tokens(make_t
     trainer, experience, _ = experience_of(
         make_trainer, "grpo", policy={"loss": loss, "entropy_coef": 0.01, "kl_loss_coef": 0.1}
     )
-    policy = trainer.roles.policy
+    policy = trainer.runtime.roles.policy
     logits = Logits(policy.model.lm_head)
-    policy.micro_loss(experience, StepStats(), 1.0).backward()
+    policy_loss_of(policy, experience).backward()
     logits.handle.remove()
     grad = logits.grad().abs().sum(-1)  # [B, T]
     env = env_positions(experience)
@@ -80,7 +86,7 @@ def test_the_policy_loss_puts_no_gradient_on_logits_of_environment_tokens(make_t
 
 def test_the_value_loss_puts_no_gradient_on_values_at_environment_tokens(make_trainer):
     trainer, experience, _ = experience_of(make_trainer, "vanilla_ppo")
-    critic, kept = trainer.roles.critic, []
+    critic, kept = trainer.runtime.roles.critic, []
 
     def forward(sequences):
         values = critic.train_forward(sequences)
@@ -107,13 +113,13 @@ def test_no_value_at_environment_positions_moves_a_loss(make_trainer, loss):
     for name, value in (("old_logp", 5.0), ("ref_logp", float("nan")), ("advantages", 1e6),
                         ("returns", -3.0), ("old_values", float("inf"))):  # fmt: skip
         getattr(changed, name)[env] = value
-    policy, critic = trainer.roles.policy, trainer.roles.critic
+    policy, critic = trainer.runtime.roles.policy, trainer.runtime.roles.critic
     with torch.no_grad():
         for a, b in ((experience, changed),):
             torch.manual_seed(0)
-            before = policy.micro_loss(a, StepStats(), 1.0)
+            before = policy_loss_of(policy, a)
             torch.manual_seed(0)
-            after = policy.micro_loss(b, StepStats(), 1.0)
+            after = policy_loss_of(policy, b)
             assert torch.equal(before, after)
             value_a = value_micro_loss(critic.train_forward, a, 0.2, StepStats(), 1.0)
             value_b = value_micro_loss(critic.train_forward, b, 0.2, StepStats(), 1.0)
@@ -137,10 +143,10 @@ def test_no_value_at_environment_positions_moves_a_loss(make_trainer, loss):
 def test_every_preset_trains_on_episodes(make_trainer, preset, extra):
     config = rl_config(preset, {"env": ECHO}, extra, train={"iterations": 1})
     trainer = make_trainer(config)
-    before = [p.detach().clone() for p in trainer.roles.policy.model.parameters()]
+    before = [p.detach().clone() for p in trainer.runtime.roles.policy.model.parameters()]
     metrics = trainer.step()
     assert metrics["env/turns_mean"] > 1
-    moved = [not torch.equal(b, p) for b, p in zip(before, trainer.roles.policy.model.parameters())]
+    moved = [not torch.equal(b, p) for b, p in zip(before, trainer.runtime.roles.policy.model.parameters())]
     assert any(moved)
 
 

@@ -29,6 +29,17 @@ def _holder_pid(fd: int) -> str:
     return text or "unknown"
 
 
+def _lock_or_refuse(fd: int, directory: Path) -> None:
+    """Take the exclusive lock on `fd` without waiting; `RunDirInUse` naming the holder's pid if taken."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunDirInUse(
+            f"run directory {directory} is in use by another rlhf process (pid {_holder_pid(fd)}). "
+            "Fix: wait for that run to finish (or stop it), or pass another --out."
+        ) from None
+
+
 def refuse_if_in_use(run_dir: str | os.PathLike) -> None:
     """Raise `RunDirInUse` when another live process holds the lock of `run_dir` (checked and let go
     at once; nothing is created): a busy directory is said as such before any other check of it."""
@@ -38,13 +49,7 @@ def refuse_if_in_use(run_dir: str | os.PathLike) -> None:
     except OSError:
         return  # no lock file (or none we may open): nobody holds it
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunDirInUse(
-                f"run directory {Path(run_dir)} is in use by another rlhf process (pid {_holder_pid(fd)}). "
-                "Fix: wait for that run to finish (or stop it), or pass another --out."
-            ) from None
+        _lock_or_refuse(fd, Path(run_dir))
     finally:
         os.close(fd)
 
@@ -59,13 +64,7 @@ def run_dir_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunDirInUse(
-                f"run directory {directory} is in use by another rlhf process (pid {_holder_pid(fd)}). "
-                "Fix: wait for that run to finish (or stop it), or pass another --out."
-            ) from None
+        _lock_or_refuse(fd, directory)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         _clean_killed_exports(directory)

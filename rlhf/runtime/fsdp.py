@@ -97,7 +97,7 @@ def shard_layers(
     optimizer: torch.optim.Optimizer | None = None,
     bf16_compute: bool = False,
     offload: bool = False,
-) -> FSDPModule:
+) -> nn.Module:
     """Shard `root` in place per layer: `fully_shard` each decoder layer, then `root` (the rest: the
     embeddings, the final norm, the heads), every unit resharded after its forward, gradients
     reduce-scattered as sums (divide factor 1). Every rank must hold the same parameters (and
@@ -126,7 +126,7 @@ def shard_from_rank0(
     optimizer: torch.optim.Optimizer | None = None,
     bf16_compute: bool = False,
     offload: bool = False,
-) -> FSDPModule:
+) -> nn.Module:
     """`shard_layers`, every rank's rows of the parameters, buffers and AdamW state sent by rank 0:
     the only rank that must hold the whole module (the others may have built it on the meta device,
     rlhf/models/loading.py, and never hold more than one whole tensor, in transit). Rank 0's
@@ -229,7 +229,7 @@ def gathered_per_layer(root: nn.Module) -> Iterator[None]:
 
 
 def step_shards(
-    root: FSDPModule,
+    root: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler,
     peers: Peers,

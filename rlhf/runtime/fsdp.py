@@ -144,9 +144,8 @@ def shard_from_rank0(
         optimizer.state.clear()  # a meta rank's (a resume loads its state on rank 0 alone)
     shard_layers(root, peers, optimizer, bf16_compute, offload)
     device = torch.device("cpu") if offload else peers.device  # where the shards live
-    if any(cast(DTensor, p).to_local().is_meta for p in root.parameters()) or any(
-        b.is_meta for b in root.buffers()
-    ):
+    meta = any(cast(DTensor, p).to_local().is_meta for p in root.parameters())  # fully_shard's DTensors
+    if meta or any(b.is_meta for b in root.buffers()):
         root.to_empty(device=device)
     shards = dict(root.named_parameters())
     with torch.no_grad():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -39,14 +40,14 @@ from torch.distributed.tensor import DTensor
 from rlhf.runtime.peers import Peers
 
 
-def _precision(peers: Peers, bf16_compute: bool = True, offload: bool = False) -> dict:
+def _precision(peers: Peers, bf16_compute: bool = True, offload: bool = False) -> dict[str, Any]:
     """fully_shard's keywords: on a GPU under bf16 compute (`dtype bfloat16`: float32 master
     weights, bf16 autocast) the layers are gathered in bfloat16 and the gradients reduced in float32
     (MixedPrecisionPolicy), else in the parameters' dtype; `offload` (`dist.offload`): the shards,
     gradients and AdamW state in CPU memory (CPUOffloadPolicy), each layer copied to the device for
     its use, from pinned memory on a GPU (on the CPU the policy holds and copies nothing: what the
     CPU tests check)."""
-    kwargs: dict = {}
+    kwargs: dict[str, Any] = {}
     if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=peers.device.type == "cuda")
     if peers.device.type == "cuda" and bf16_compute:
@@ -55,7 +56,10 @@ def _precision(peers: Peers, bf16_compute: bool = True, offload: bool = False) -
 
 
 def _point_optimizer_at_shards(
-    optimizer: torch.optim.Optimizer | None, before: dict, after: dict, peers: Peers
+    optimizer: torch.optim.Optimizer | None,
+    before: dict[str, nn.Parameter],
+    after: dict[str, nn.Parameter],
+    peers: Peers,
 ) -> None:
     """`optimizer`'s parameters replaced by their shards (`before`/`after`: the module's named
     parameters before and after fully_shard), its per-element state cut to each shard's rows."""
@@ -64,9 +68,9 @@ def _point_optimizer_at_shards(
     shard_of = {id(before[name]): after[name] for name in before}
     for group in optimizer.param_groups:
         group["params"] = [shard_of[id(p)] for p in group["params"]]
-    state = {}
+    state: dict[torch.Tensor, dict[str, Any]] = {}
     for param, moments in optimizer.state.items():
-        shard = shard_of[id(param)]
+        shard = cast(DTensor, shard_of[id(param)])  # fully_shard's parameters are DTensors
         state[shard] = {
             key: _shard_like(value, shard, peers) if _is_per_element(value, param) else value
             for key, value in moments.items()
@@ -83,8 +87,11 @@ def transformer_blocks(module: nn.Module) -> list[nn.Module]:
     blocks = [m for m in module.modules() if type(m).__name__ in names]
     if blocks:
         return blocks
-    lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
-    return list(max(lists, key=len)) if lists else []
+    lists: list[nn.ModuleList] = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    if not lists:
+        return []
+    longest: nn.ModuleList = max(lists, key=len)
+    return list(longest)
 
 
 # what a role calls on its root besides `forward`: a policy's rollout, a reward model's scores
@@ -97,7 +104,7 @@ def shard_layers(
     optimizer: torch.optim.Optimizer | None = None,
     bf16_compute: bool = False,
     offload: bool = False,
-) -> FSDPModule:
+) -> nn.Module:
     """Shard `root` in place per layer: `fully_shard` each decoder layer, then `root` (the rest: the
     embeddings, the final norm, the heads), every unit resharded after its forward, gradients
     reduce-scattered as sums (divide factor 1). Every rank must hold the same parameters (and
@@ -126,7 +133,7 @@ def shard_from_rank0(
     optimizer: torch.optim.Optimizer | None = None,
     bf16_compute: bool = False,
     offload: bool = False,
-) -> FSDPModule:
+) -> nn.Module:
     """`shard_layers`, every rank's rows of the parameters, buffers and AdamW state sent by rank 0:
     the only rank that must hold the whole module (the others may have built it on the meta device,
     rlhf/models/loading.py, and never hold more than one whole tensor, in transit). Rank 0's
@@ -137,7 +144,8 @@ def shard_from_rank0(
         optimizer.state.clear()  # a meta rank's (a resume loads its state on rank 0 alone)
     shard_layers(root, peers, optimizer, bf16_compute, offload)
     device = torch.device("cpu") if offload else peers.device  # where the shards live
-    if any(p.to_local().is_meta for p in root.parameters()) or any(b.is_meta for b in root.buffers()):
+    meta = any(cast(DTensor, p).to_local().is_meta for p in root.parameters())  # fully_shard's DTensors
+    if meta or any(b.is_meta for b in root.buffers()):
         root.to_empty(device=device)
     shards = dict(root.named_parameters())
     with torch.no_grad():
@@ -166,7 +174,12 @@ def _rows_from_rank0(param: torch.Tensor, peers: Peers) -> torch.Tensor:
     return _local_rows(whole, peers.rank, peers.world_size)
 
 
-def _optimizer_state_from_rank0(optimizer, moments: dict, shards: dict, peers: Peers) -> None:
+def _optimizer_state_from_rank0(
+    optimizer: torch.optim.Optimizer,
+    moments: dict[str, dict[str, Any]],
+    shards: dict[str, nn.Parameter],
+    peers: Peers,
+) -> None:
     """Rank 0's AdamW state (a resumed run's), cut to every rank's shards; the fused kernel on."""
     layout = peers.gather(
         {n: {k: (tuple(v.shape), v.dtype) for k, v in state.items()} for n, state in moments.items() if state}
@@ -174,11 +187,12 @@ def _optimizer_state_from_rank0(optimizer, moments: dict, shards: dict, peers: P
     for group in optimizer.param_groups:  # built on the meta device without it (rlhf/train/optim.py)
         group["fused"] = peers.device.type in ("cpu", "cuda")
     for name, keys in layout.items():
-        shard = shards[name]
-        state = {}
+        shard = cast(DTensor, shards[name])  # fully_shard's parameters are DTensors
+        state: dict[str, torch.Tensor] = {}
         for key, (shape, dtype) in keys.items():
             mine = moments.get(name, {}).get(key)
-            carrier = mine if peers.rank == 0 else torch.empty(shape, dtype=dtype)
+            # rank 0 holds every moment its layout names
+            carrier = cast(torch.Tensor, mine) if peers.rank == 0 else torch.empty(shape, dtype=dtype)
             if len(shape) > 0 and tuple(shape) == tuple(shard.shape):  # per element: this rank's rows
                 rows = _rows_from_rank0(carrier, peers).to(_local_of(shard).device)
                 state[key] = _as_shard_of(rows.clone(), shard)
@@ -229,9 +243,9 @@ def gathered_per_layer(root: nn.Module) -> Iterator[None]:
 
 
 def step_shards(
-    root: FSDPModule,
+    root: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     peers: Peers,
     max_grad_norm: float | None,
 ) -> float:
@@ -243,7 +257,11 @@ def step_shards(
 
 
 def _clip_and_step_shards(
-    with_grad, optimizer, scheduler, peers: Peers, max_grad_norm: float | None
+    with_grad: Sequence[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    peers: Peers,
+    max_grad_norm: float | None,
 ) -> float:
     """Clip the shards' gradients by their global norm, step AdamW and the schedule; the pre-clip norm.
     A NaN/inf global norm (the same on every rank) skips the step on every rank (algorithms.md §19)."""
@@ -261,10 +279,10 @@ def clip_shards(params: Sequence[torch.Tensor], norm: float, max_grad_norm: floa
     if max_grad_norm is not None and not max_grad_norm / (norm + 1e-6) >= 1.0:
         scale = max_grad_norm / (norm + 1e-6)
         for p in params:
-            p.grad.to_local().mul_(scale)
+            cast(DTensor, p.grad).to_local().mul_(scale)  # a shard's gradient
 
 
-def _is_per_element(value, param: torch.Tensor) -> bool:
+def _is_per_element(value: object, param: torch.Tensor) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == param.shape
 
 
@@ -335,7 +353,7 @@ def _full_tensor(param: DTensor) -> torch.Tensor:
     return on_mesh.full_tensor().to(local.device)
 
 
-def _take_hooks(module: nn.Module) -> dict:
+def _take_hooks(module: nn.Module) -> dict[str, Any]:
     """`module`'s hook registries (forward, backward, state dict), each replaced by an empty one, and
     its FSDP state (torch's composable-API attribute, which holds the process group) removed."""
     taken = {k: v for k, v in module.__dict__.items() if "hooks" in k and isinstance(v, dict)}
@@ -354,5 +372,5 @@ def _local_rows(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 def global_norm(params: Sequence[torch.Tensor], peers: Peers) -> float:
     """The L2 norm of the gradients of every shard of `params` (DTensor parameters) over the ranks."""
-    local = sum(float(p.grad.to_local().double().square().sum()) for p in params)
+    local = sum(float(cast(DTensor, p.grad).to_local().double().square().sum()) for p in params)
     return math.sqrt(peers.sum(local))

@@ -35,14 +35,18 @@ Choices (issue 26):
   every forward would put a collective in the no-grad forwards, which ranks run on uneven rows.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: DDP checks a comm hook's annotations (`sum_hook`) against
+# its own classes, which strings would fail
 import contextlib
 import inspect
 from collections.abc import Iterator
+from typing import Any, cast
 
+import torch
 import torch.distributed as dist
 from torch import nn
+from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which torch's stubs leave out
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from rlhf.runtime.peers import Peers
@@ -66,7 +70,7 @@ def replicate(module: nn.Module, peers: Peers, uses_every_parameter: bool = Fals
     return ddp
 
 
-def no_buffer_sync_per_forward() -> dict:
+def no_buffer_sync_per_forward() -> dict[str, Any]:
     """DDP's keyword that stops it broadcasting buffers before every forward (ours are the same on
     every rank: rotary frequencies): `forward_sync_buffers` from torch 2.13, `broadcast_buffers` before
     (the GPU image's torch 2.11 has no `forward_sync_buffers`; 2.13 deprecates `broadcast_buffers`)."""
@@ -75,18 +79,20 @@ def no_buffer_sync_per_forward() -> dict:
     return {"broadcast_buffers": False}
 
 
-def sum_hook(group, bucket):  # no annotations: DDP checks them against its classes, not strings
+def sum_hook(group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """A bucket's (dist.GradBucket) gradients summed over the ranks, as a future (DDP's default hook
     divides the sum by their number)."""
     work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
-    return work.get_future().then(lambda done: done.value()[0])
+    summed: torch.futures.Future[torch.Tensor] = work.get_future().then(lambda done: done.value()[0])
+    return summed
 
 
 @contextlib.contextmanager
-def fsdp_without_sync(root) -> Iterator[None]:
+def fsdp_without_sync(root: nn.Module) -> Iterator[None]:
     """FSDP2's gradient reduction off for the body (the gradients accumulate unsharded), on after."""
-    root.set_requires_gradient_sync(False)
+    unit = cast(FSDPModule, root)  # sharded by fully_shard, which makes it an FSDPModule
+    unit.set_requires_gradient_sync(False)
     try:
         yield
     finally:
-        root.set_requires_gradient_sync(True)
+        unit.set_requires_gradient_sync(True)

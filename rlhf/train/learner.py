@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from rlhf.config import OptimConfig
 from rlhf.core import explained_variance
@@ -65,10 +66,10 @@ class Rows(Protocol):
         ...
 
 
-class RowList(list):
+class RowList(list[Any]):
     """A supervised stage's rows (a plain list) as `Rows`: `measure(row)` is a row's positions."""
 
-    def __init__(self, rows, measure: Callable[[Any], int]) -> None:
+    def __init__(self, rows: Iterable[Any], measure: Callable[[Any], int]) -> None:
         super().__init__(rows)
         self.measure = measure
 
@@ -113,7 +114,7 @@ class StepStats:
         self.values: list[torch.Tensor] = []  # critic values and returns on valid tokens, for the
         self.returns: list[torch.Tensor] = []  # minibatch's explained variance
 
-    def add(self, stats: dict, weight: float, prefix: str) -> None:
+    def add(self, stats: Mapping[str, Any], weight: float, prefix: str) -> None:
         if weight <= 0:  # a micro-batch without a valid token (a sharded rank's filler) adds nothing
             return
         for key, value in stats.items():
@@ -130,7 +131,7 @@ class StepStats:
         self.values.append(values.detach()[valid].float())
         self.returns.append(returns[valid].float())
 
-    def result(self, peers=None) -> dict[str, float]:
+    def result(self, peers: Peers | None = None) -> dict[str, float]:
         """The step's stats; with `peers` (data-parallel ranks, rlhf/runtime/peers.py) over the
         micro-batches of every rank."""
         if peers is not None:
@@ -158,7 +159,9 @@ class StepStats:
         ]
 
 
-def merged_step_stats(parts: list[tuple[dict, dict, dict, list[float]]]) -> dict[str, float]:
+def merged_step_stats(
+    parts: list[tuple[dict[str, float], dict[str, float], dict[str, float], list[float]]],
+) -> dict[str, float]:
     """StepStats.result over the (sums, weights, extremes, moments) of every rank's micro-batches."""
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
@@ -180,7 +183,7 @@ def merged_step_stats(parts: list[tuple[dict, dict, dict, list[float]]]) -> dict
 
 
 # a micro-batch's term of the step's loss and the figures it adds to the step's sums
-LossFn = Callable[[MicroBatch], tuple[torch.Tensor, dict]]
+LossFn = Callable[[MicroBatch], tuple[torch.Tensor, dict[str, Any]]]
 
 
 class Learner:
@@ -193,10 +196,11 @@ class Learner:
     `sync_once` as `shard_per_layer` takes them)."""
 
     peers: Peers | None = None  # data-parallel ranks: gradients and stats summed over them
-    replicated = (
-        None  # dist.strategy ddp: `module` under DistributedDataParallel (rlhf/runtime/replicated.py)
+    # dist.strategy ddp: `module` under DistributedDataParallel (rlhf/runtime/replicated.py)
+    replicated: DistributedDataParallel | None = None
+    sharded: nn.Module | None = (
+        None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/runtime/fsdp.py)
     )
-    sharded = None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/runtime/fsdp.py)
     per_layer = False  # sharded per layer: gradients arrive reduce-scattered
     offload = False  # per layer, dist.offload: the shards, gradients and AdamW state in CPU memory
     sync_once = False  # per layer, dist.grad_sync step: reduce-scattered in a step's last pass only
@@ -237,6 +241,7 @@ class Learner:
         """fsdp2: shard the module per layer now, as planned when the learner was built (its owner
         calls this once the whole state is in place: after a resume loaded it); once."""
         if self.shard_pending:
+            assert self.peers is not None  # shard_pending is set with peers only
             self.shard_pending = False
             self.shard_per_layer(self.peers, **self.sharding)
 
@@ -269,7 +274,7 @@ class Learner:
         (whose backward reduces the gradients, rlhf/runtime/replicated.py), else the module."""
         return self.replicated or self.module
 
-    def train_forward(self, *args, **kwargs):
+    def train_forward(self, *args: Any, **kwargs: Any) -> Any:
         """`module(*args, **kwargs)` in a training pass (inside `passes`): under ddp through
         DistributedDataParallel, whose hooks then reduce the gradients in the backward."""
         return self.call(*args, **kwargs)
@@ -278,10 +283,11 @@ class Learner:
         """The `count` forward/backward passes of the next optimizer step (each run inside
         `next_pass()`): under ddp (or fsdp2 with `sync_once`) the gradients are reduced over the ranks
         in the last pass's backward, the others accumulating locally; every rank must run `count`."""
-        local = None
+        local: Callable[[], contextlib.AbstractContextManager[None]] | None = None
         if self.replicated is not None:
             local = self.replicated.no_sync
         elif self.per_layer and self.sync_once:
+            assert self.sharded is not None  # set with per_layer
             local = partial(fsdp_without_sync, self.sharded)
         self.accumulation = Accumulation(count, local)
         return self.accumulation
@@ -305,7 +311,7 @@ class Learner:
         total: float = 1.0,
         *,
         sums: Sequence[str] = (),
-        then: Sequence[Callable[[], tuple[torch.Tensor | None, dict]]] = (),
+        then: Sequence[Callable[[], tuple[torch.Tensor | None, dict[str, Any]]]] = (),
         before_update: Callable[[], None] | None = None,
     ) -> tuple[dict[str, float], float]:
         """One optimizer step on `batch` (see the module's docstring); (the `sums`, the pre-clip
@@ -324,7 +330,8 @@ class Learner:
             for loss_fn in losses:
                 with passes.next_pass():
                     loss, figures = loss_fn(micro)
-                    (loss * 0.0 if micro.filler else loss).backward()
+                    # torch's Tensor.backward is unannotated
+                    (loss * 0.0 if micro.filler else loss).backward()  # type: ignore[no-untyped-call]
                 if not micro.filler:
                     _add(totals, figures)
         if lockstep and count is not None and total <= 0:
@@ -333,10 +340,10 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
         for extra in then:
             with passes.next_pass():
-                loss, figures = extra()
-                if loss is not None:
-                    loss.backward()
-            _add(totals, figures)
+                extra_loss, extra_figures = extra()
+                if extra_loss is not None:
+                    extra_loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward is unannotated
+            _add(totals, extra_figures)
         if before_update is not None:
             before_update()
         return _summed(totals, self.peers), self.optimizer_step()
@@ -344,7 +351,7 @@ class Learner:
     def forward_passes(
         self,
         batch: Rows,
-        fn: Callable[[MicroBatch], dict],
+        fn: Callable[[MicroBatch], dict[str, Any]],
         count: Callable[[Any], float] | None = None,
         total: float = 1.0,
         *,
@@ -360,7 +367,7 @@ class Learner:
 
     @property
     def lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+        return float(self.scheduler.get_last_lr()[0])
 
     def trainable(self) -> list[torch.Tensor]:
         return [q for group in self.optimizer.param_groups for q in group["params"]]
@@ -385,6 +392,7 @@ class Learner:
         elif self.replicated is not None:
             raise RuntimeError("under ddp a step's backwards run inside `passes` (else nothing reduces them)")
         if self.per_layer:
+            assert self.sharded is not None and self.peers is not None  # set with per_layer
             return fsdp.step_shards(
                 self.sharded, self.optimizer, self.scheduler, self.peers, self.max_grad_norm
             )
@@ -400,12 +408,12 @@ class Learner:
         self.optimizer.state.clear()
         self.released = True
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         # fsdp2: the sharded moments go to each rank's checkpoint shards (rlhf/rundir/sharded_checkpoint.py)
         optimizer = self.optimizer.state_dict() if self.sharded is None else None
         return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["optimizer"] is not None:  # None: loaded from the checkpoint's shards
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -440,7 +448,7 @@ def micro_batches(
     if peers is not None:
         share = peers.rows(batch.batch_size)
         mine = batch.take(list(range(share.start, share.stop)))
-    out = []
+    out: list[MicroBatch] = []
     for group in split(mine.lengths()):
         rows = mine.take(group)
         weight = 1.0 if count is None else count(rows) / max(float(total), 1.0)
@@ -455,7 +463,7 @@ def micro_batches(
 @torch.no_grad()
 def forward_passes(
     batch: Rows,
-    fn: Callable[[MicroBatch], dict],
+    fn: Callable[[MicroBatch], dict[str, Any]],
     split: Callable[[list[int]], list[list[int]]],
     count: Callable[[Any], float] | None = None,
     total: float = 1.0,
@@ -482,7 +490,7 @@ def _summed(totals: dict[str, float], peers: Peers | None) -> dict[str, float]:
     return dict(zip(totals, peers.sums(list(totals.values()))))
 
 
-def _add(totals: dict[str, float], figures: dict) -> None:
+def _add(totals: dict[str, float], figures: Mapping[str, Any]) -> None:
     for key, value in figures.items():
         if key in totals:
             totals[key] += float(value)
@@ -496,7 +504,9 @@ class Accumulation:
     reduces (one process, fsdp2's per-micro-batch reduction). `finish` checks that the reducing
     pass ran."""
 
-    def __init__(self, passes: int, local: Callable[[], contextlib.AbstractContextManager] | None) -> None:
+    def __init__(
+        self, passes: int, local: Callable[[], contextlib.AbstractContextManager[None]] | None
+    ) -> None:
         self.passes = passes
         self.local = local
         self.done = 0
@@ -518,7 +528,11 @@ class Accumulation:
 
 
 def clip_and_step(
-    optimizer, scheduler, params, max_grad_norm: float | None, keep_gradients: bool = False
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    params: Iterable[torch.Tensor],
+    max_grad_norm: float | None,
+    keep_gradients: bool = False,
 ) -> float:
     """Clip the global gradient norm (docs/algorithms.md#19-global-gradient-clipping) when set, step, and
     return the pre-clip norm. The gradients are dropped after (AdamW skips a parameter that gets none
@@ -526,7 +540,8 @@ def clip_and_step(
     A NaN or infinite norm skips the step (weights, AdamW's moments and the schedule unchanged): one
     such step would spread the NaN into every weight (algorithms.md §19)."""
     params = [p for p in params if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+    grads = [p.grad for p in params if p.grad is not None]  # every one of them
+    norm = torch.nn.utils.get_total_norm(grads) if params else torch.zeros(())
     if is_finite_norm(float(norm)):
         # clip_grad_norm_'s coefficient, min(1, max / (norm + 1e-6)); the gradients are rescaled only
         # when it is below 1 (torch multiplies by it always, 1 included: a pass over every gradient)

@@ -41,14 +41,16 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from rlhf.config import ConfigError
+from rlhf.data.examples import Example
 from rlhf.data.length_grouping import length_grouped_order
 from rlhf.data.loading import load_examples, split_examples
 from rlhf.data.tokenize import TruncationStats
@@ -56,10 +58,10 @@ from rlhf.models.backbone import model_context
 from rlhf.models.device import resolve_device
 from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.precision import Precision, cast_parameters
-from rlhf.monitor import print_summary
+from rlhf.monitor import MetricsLogger, print_summary
 from rlhf.monitor.progress import announce
 from rlhf.rundir import checkpoint as ckpt
-from rlhf.rundir.directory import open_metrics_logger
+from rlhf.rundir.directory import SilentLogger, open_metrics_logger
 from rlhf.rundir.export import export_models
 from rlhf.rundir.final_report import write_final_report
 from rlhf.rundir.footprint import footprint_line
@@ -81,7 +83,7 @@ class SupervisedRun:
     the process's place in a torchrun launch."""
 
     out: Path
-    tokenizer: object
+    tokenizer: Any  # a Hugging Face tokenizer
     model: nn.Module
     learner: Learner
     precision: Precision
@@ -90,10 +92,11 @@ class SupervisedRun:
 
     @property
     def pad_id(self) -> int:
-        return self.tokenizer.pad_token_id
+        pad_id: int = self.tokenizer.pad_token_id
+        return pad_id
 
     @property
-    def call(self) -> ModelCall:
+    def call(self) -> nn.Module:
         """The model's one call, `call(fn, *args)` = fn(model, *args): what every forward of a
         sharded model goes through (rlhf/train/model_call.py); under ddp its DistributedDataParallel
         wrapper (whose backward reduces the gradients, rlhf/runtime/replicated.py)."""
@@ -116,20 +119,20 @@ class SupervisedStage:
     resumable = False  # checkpoints every `config.checkpoint.every` steps; `resume=True` continues
     uses_every_parameter = False  # every training pass reaches every trained parameter (ddp: no unused walk)
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: Any) -> None:  # the stage's config (rlhf/config)
         self.config = config
 
     def build_model(self, model: nn.Module | None, precision: Precision, on_meta: bool = False) -> nn.Module:
         raise NotImplementedError
 
-    def encode(self, tokenizer, examples, stats: TruncationStats) -> list:
+    def encode(self, tokenizer: Any, examples: list[Example], stats: TruncationStats) -> list[Any]:
         raise NotImplementedError
 
-    def positions(self, row) -> int:
+    def positions(self, row: Any) -> int:
         """The positions one forward of `row` computes (its prompt and its longest response)."""
         raise NotImplementedError
 
-    def schedule(self, rows: list, generator) -> tuple[int, Iterator[list[int]]]:
+    def schedule(self, rows: list[Any], generator: torch.Generator) -> tuple[int, Iterator[list[int]]]:
         """`train.max_steps`, or the steps of `train.epochs` over the rows, of `train.batch_size` rows
         each, reshuffled every epoch (`train.group_by_length across_steps`: of similar length)."""
         t = self.config.train
@@ -137,28 +140,30 @@ class SupervisedStage:
         lengths = [self.positions(r) for r in rows]
         return steps, shuffled_step_batches(steps, t.batch_size, lengths, t.group_by_length, generator)
 
-    def before_training(self, run: SupervisedRun, train_rows: list, test_rows: list, status) -> None:
+    def before_training(
+        self, run: SupervisedRun, train_rows: list[Any], test_rows: list[Any], status: Callable[[str], None]
+    ) -> None:
         """Once, after the rows are read and before the first step (DPO caches its reference
         log-probs here); `status(what)` tells the progress display what it is doing."""
 
-    def train_step(self, run: SupervisedRun, rows: list) -> dict:
+    def train_step(self, run: SupervisedRun, rows: list[Any]) -> dict[str, Any]:
         """One optimizer step on `rows` (`run.learner.step`): its metrics, the step's own among them
         (`rlhf.train.learner.step_metrics("train", ...)`)."""
         raise NotImplementedError
 
-    def evaluate(self, run: SupervisedRun, rows: list, step: int | None = None) -> dict:
+    def evaluate(self, run: SupervisedRun, rows: list[Any], step: int | None = None) -> dict[str, Any]:
         """Held-out metrics after optimizer step `step` (None: before the first update)."""
         raise NotImplementedError
 
-    def checkpoint_state(self, train_rows: list, test_rows: list) -> dict:
+    def checkpoint_state(self, train_rows: list[Any], test_rows: list[Any]) -> dict[str, Any]:
         """What a checkpoint stores of the stage beyond the model, optimizer, schedule and RNGs (a
         nested dict of numbers, strings and tensors)."""
         return {}
 
-    def restore_state(self, state: dict, train_rows: list, test_rows: list) -> None:
+    def restore_state(self, state: dict[str, Any], train_rows: list[Any], test_rows: list[Any]) -> None:
         """Put `checkpoint_state`'s dict back, on a resumed run, before `before_training`."""
 
-    def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
+    def finish(self, run: SupervisedRun, final: dict[str, Any], stats: TruncationStats) -> dict[str, Any]:
         """The final metrics with the data's truncation counts; the trained causal LM exported (the
         reward model saves its best checkpoint instead)."""
         final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
@@ -170,12 +175,12 @@ def run_supervised(
     stage: SupervisedStage,
     *,
     model: nn.Module | None = None,
-    tokenizer=None,
-    train_rows: list | None = None,
-    test_rows: list | None = None,
+    tokenizer: Any = None,
+    train_rows: list[Any] | None = None,
+    test_rows: list[Any] | None = None,
     quiet: bool = False,
     resume: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Train, evaluate and export `stage` into `stage.config.out`; the final metrics.
 
     `train_rows` / `test_rows` replace the rows read from `config.data.path` (given test rows are
@@ -224,6 +229,7 @@ def run_supervised(
     )
     stage.before_training(run, train_rows, test_rows, lambda what: logger.status(what, done, "step"))
     if resume:  # after the stage's own setup, which may draw numbers (none of DPO's does)
+        assert resumed_rng is not None  # the checkpoint's (`_resume`)
         ckpt.set_rng_state(resumed_rng)
     with logger:
         if test_rows and stage.baseline_eval and not resume:  # held-out figures before any update
@@ -250,7 +256,9 @@ def run_supervised(
     return final
 
 
-def _learner(stage: SupervisedStage, model: nn.Module, steps: int, peers: Peers | None, precision) -> Learner:
+def _learner(
+    stage: SupervisedStage, model: nn.Module, steps: int, peers: Peers | None, precision: Precision
+) -> Learner:
     """The model's learner: AdamW over `steps`, the run's data-parallel strategy, the stage's micro-batches."""
     c = stage.config
     return Learner(
@@ -267,7 +275,7 @@ def _learner(stage: SupervisedStage, model: nn.Module, steps: int, peers: Peers 
     )
 
 
-def truncation_metrics(stats: TruncationStats) -> dict:
+def truncation_metrics(stats: TruncationStats) -> dict[str, float | None]:
     """The prompts that lost turns or tokens to the budget, as metrics (docs/usage.md, Chat models)."""
     if not stats.prompts:
         return {}
@@ -292,7 +300,7 @@ def _refuse_unsupported(stage: SupervisedStage, resume: bool) -> None:
         )
 
 
-def _report(stage: SupervisedStage, out, final: dict, quiet: bool) -> None:
+def _report(stage: SupervisedStage, out: Path, final: dict[str, Any], quiet: bool) -> None:
     """report.html, and unless `quiet` the summary table, the directory's size line and the report's path."""
     report = write_final_report(out)
     if quiet:
@@ -304,12 +312,18 @@ def _report(stage: SupervisedStage, out, final: dict, quiet: bool) -> None:
     print(f"report: {report}")  # a line of its own: the table would cut a long path
 
 
-def _shown(show: bool, what: str):
+def _shown(show: bool, what: str) -> contextlib.AbstractContextManager[None]:
     """`announce(what)` (`what ...`, then `what: done (1.2 s)`) when `show`, else nothing."""
     return announce(what) if show else contextlib.nullcontext()
 
 
-def _read_rows(stage: SupervisedStage, tokenizer, model: nn.Module, stats, test_rows: list | None) -> tuple:
+def _read_rows(
+    stage: SupervisedStage,
+    tokenizer: Any,
+    model: nn.Module,
+    stats: TruncationStats,
+    test_rows: list[Any] | None,
+) -> tuple[list[Any], list[Any]]:
     """(train rows, test rows) from `config.data.path`, split by `data.test_fraction` (given test
     rows kept as they are), encoded, every row checked against the model's positions."""
     d, seed = stage.config.data, stage.config.seed
@@ -327,13 +341,13 @@ def _read_rows(stage: SupervisedStage, tokenizer, model: nn.Module, stats, test_
 def _train_steps(
     run: SupervisedRun,
     stage: SupervisedStage,
-    logger,
-    numbered_batches,
+    logger: MetricsLogger | SilentLogger,
+    numbered_batches: Iterable[tuple[int, list[int]]],
     steps: int,
-    train_rows: list,
-    test_rows: list,
-    data_metrics: dict | None = None,
-) -> dict:
+    train_rows: list[Any],
+    test_rows: list[Any],
+    data_metrics: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The optimizer steps of `numbered_batches` ((step, row indices) pairs), evaluated every
     `train.eval_every` steps and at the last, logged every `train.log_every`, a checkpoint every
     `checkpoint.every` (a resumable stage); the last step's metrics, which hold `data_metrics`
@@ -341,7 +355,7 @@ def _train_steps(
     config, learner = stage.config, run.learner
     t = config.train
     every = config.checkpoint.every if stage.resumable else 0
-    final: dict = {}
+    final: dict[str, Any] = {}
     for step, indices in numbered_batches:
         logger.status("training", step, "step")  # the first step, and a long one, say so
         run.call.train()
@@ -378,7 +392,7 @@ def placed(precision: Precision, model: nn.Module) -> nn.Module:
     return precision.prepare(model, torch.device("meta") if on_meta else None)
 
 
-def _check_rows_fit(stage: SupervisedStage, model: nn.Module, read: list[tuple]) -> None:
+def _check_rows_fit(stage: SupervisedStage, model: nn.Module, read: list[tuple[Example, Any]]) -> None:
     """Refuse, before the first step, rows longer than the model's positions (an IndexError mid-run
     on GPT-2's position table; on rotary models, silent training on untrained positions).
     `read`: (example, its encoded row) of each row read from the data file."""
@@ -397,8 +411,12 @@ def _check_rows_fit(stage: SupervisedStage, model: nn.Module, read: list[tuple])
 
 
 def _resume(
-    run: SupervisedRun, stage: SupervisedStage, batches, train_rows: list, test_rows: list
-) -> tuple[int, dict]:
+    run: SupervisedRun,
+    stage: SupervisedStage,
+    batches: Iterator[list[int]],
+    train_rows: list[Any],
+    test_rows: list[Any],
+) -> tuple[int, dict[str, Any]]:
     """Load the newest checkpoint of `run.out` into the run and the stage, draw and drop the step
     batches of the steps it has done (the data order of an uninterrupted run); (the steps done, the
     checkpoint's RNG states, set just before the first step)."""

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any, Literal, cast, overload
 
 import torch
+from torch import nn
 
 from rlhf.config import RLConfig, rollout_sampling
 from rlhf.data.chat import stop_token_ids
@@ -97,14 +99,15 @@ class Roles:
             with self.reference.session(temperature) as logprobs:
                 yield logprobs
             return
-        forwards = {
+        forwards: dict[str, Callable[[Sequences], torch.Tensor] | None] = {
             "policy": partial(self.policy.logprobs, temperature=temperature),
-            "critic": self.critic and self.critic.values,
-            "reward_model": self.reward_model and self.reward_model.score,
+            "critic": self.critic.values if self.critic is not None else None,
+            "reward_model": self.reward_model.score if self.reward_model is not None else None,
         }
-        if not forwards.get(name):
+        forward = forwards.get(name)
+        if not forward:
             raise ValueError(f"no role {name!r} with a forward in this run")
-        yield forwards[name]
+        yield forward
 
     def learners(self, train_policy: bool = True) -> list[Policy | Critic | SharedCritic]:
         """The roles of `learner_names` (those hosted here)."""
@@ -116,18 +119,24 @@ class Roles:
             rates["value/lr"] = self.separate_critic.lr
         return rates
 
-    def _trained(self, separate_only: bool) -> dict[str, Policy | Critic | SharedCritic]:
+    @overload
+    def _trained(self, separate_only: Literal[True]) -> Mapping[str, Policy | Critic]: ...
+
+    @overload
+    def _trained(self, separate_only: bool) -> Mapping[str, Policy | Critic | SharedCritic]: ...
+
+    def _trained(self, separate_only: bool) -> Mapping[str, Policy | Critic | SharedCritic]:
         """{name: role} of the trained roles hosted here: the policy, and the critic (a separate one
         only with `separate_only`: a shared critic's state is the policy's)."""
         critic = self.separate_critic if separate_only else self.critic
-        roles = {"policy": self.policy, "critic": critic}
+        roles: dict[str, Policy | Critic | SharedCritic | None] = {"policy": self.policy, "critic": critic}
         return {name: role for name, role in roles.items() if role is not None and self.hosts(name)}
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Optimizer, schedule and sampler-side state of every trained role (weights: save_weights)."""
         return {name: role.state_dict() for name, role in self._trained(separate_only=True).items()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, role in self._trained(separate_only=True).items():
             role.load_state_dict(state[name])
 
@@ -155,7 +164,7 @@ class Roles:
                 load_trained(role.model, directory, name)
 
     def save_checkpoint(
-        self, directory: Path, state: dict, steps_done: int, peers: Peers | None = None
+        self, directory: Path, state: dict[str, Any], steps_done: int, peers: Peers | None = None
     ) -> None:
         """The checkpoint `directory`, written whole or not at all: the trained parameters
         (`save_weights`), `state` (`trainer.*`) and DONE. `peers` (roles sharded over a process group):
@@ -169,7 +178,7 @@ class Roles:
             ckpt.save_state(state, tmp, "trainer")
             ckpt.write_done(tmp, steps_done)  # sizes and checksums: verified on resume
 
-    def load_checkpoint(self, directory: Path) -> dict:
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
         """A checkpoint's trained parameters (`load_weights`) and roles' state (its `roles`); the
         state it holds (`trainer.*`)."""
         self.load_weights(directory)  # an fsdp2 run's shards load at any number of ranks too
@@ -183,7 +192,12 @@ class Roles:
         where = {"policy": "", "critic": "critic"}
         return {where[name]: role.model for name, role in self._trained(separate_only=True).items()}
 
-    def export(self, directory: Path, whole=None, write: bool = True) -> None:
+    def export(
+        self,
+        directory: Path,
+        whole: Callable[[nn.Module], AbstractContextManager[Any]] | None = None,
+        write: bool = True,
+    ) -> None:
         """The trained policy as a float32 Hugging Face directory (LoRA merged) with the tokenizer; a
         separate critic in `critic/`. Sharded: `whole(model)` gathers one at a time, every rank
         calls this, the writer alone `write`s (rlhf/rundir/export.py)."""
@@ -192,11 +206,12 @@ class Roles:
     def release_unhosted(self) -> None:
         """Move the models of the roles not hosted here to the meta device (what their assembly
         copied, e.g. the reference's copy in the policy's process, no longer takes memory)."""
-        parts = {
+        separate_critic, reward_model = self.separate_critic, self.reward_model
+        parts: dict[str, nn.Module | None] = {
             "policy": self.policy.model,
             "reference": self.reference.own_module,
-            "critic": self.separate_critic and self.separate_critic.model,
-            "reward_model": self.reward_model and self.reward_model.model,
+            "critic": separate_critic.model if separate_critic is not None else None,
+            "reward_model": reward_model.model if reward_model is not None else None,
         }
         shared = {
             id(p) for name, m in parts.items() if m is not None and self.hosts(name) for p in m.parameters()
@@ -209,7 +224,8 @@ class Roles:
 
     def release_optimizer_state(self) -> None:
         """Free the trained roles' AdamW moments (a finished sharded run, its checkpoint written)."""
-        for learner in self.learners():
+        # the policy and a separate critic hosted here (`learners()`: a shared critic's is the policy's)
+        for learner in self._trained(separate_only=True).values():
             learner.release_optimizer_state()
 
 
@@ -222,7 +238,7 @@ def optimizer_steps(config: RLConfig) -> tuple[int, int]:
 def assemble_roles(
     config: RLConfig,
     *,
-    tokenizer,
+    tokenizer: Any,
     policy: torch.nn.Module,
     reward_model: ScalarHeadModel | None,
     hosted: frozenset[str] | None = None,
@@ -250,7 +266,10 @@ def assemble_roles(
             ValueForward(head_on_trunk, precision), c.model.value_coef, c.critic.value_clip
         )
     elif critic_mode == "separate" and c.model.critic_lora.enabled:  # adapters + the value head train
-        critic_model = precision.prepare(with_lora(critic_model, c.model.critic_lora), place)
+        # PEFT's wrapper, which passes a ScalarHeadModel's calls on
+        critic_model = cast(
+            ScalarHeadModel, precision.prepare(with_lora(critic_model, c.model.critic_lora), place)
+        )
     elif critic_mode == "separate":
         critic_model.requires_grad_(True)
     if c.model.gradient_checkpointing:  # activations of one decoder layer kept, the rest recomputed
@@ -298,7 +317,11 @@ def assemble_roles(
             sort_by_length=c.runtime.sort_by_length,
             parallel=parallel("critic"),
         )
-    frozen = {"micro_batch_size": rows, "precision": precision, "sort_by_length": c.runtime.sort_by_length}
+    frozen: dict[str, Any] = {
+        "micro_batch_size": rows,
+        "precision": precision,
+        "sort_by_length": c.runtime.sort_by_length,
+    }
     return Roles(
         hosted=hosted,
         tokenizer=tokenizer,
@@ -350,9 +373,10 @@ def _critic_start(
 
 def rollout_sampling_config(c: RLConfig) -> SamplingConfig:
     """How the policy samples its rollouts: `rollout.*` and the runtime's weight packing."""
+    fields: dict[str, Any] = rollout_sampling(c.rollout)
     return SamplingConfig(
         max_new_tokens=c.rollout.max_new_tokens,
-        **rollout_sampling(c.rollout),  # temperature, top_p, repetition_penalty (`rollout.sampling`)
+        **fields,  # temperature, top_p, repetition_penalty (`rollout.sampling`)
         top_k=c.rollout.top_k,
         do_sample=True,
         stop_at_eos=c.rollout.stop_at_eos,

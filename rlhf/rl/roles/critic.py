@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -56,7 +57,7 @@ class ValueRole:
         """One optimizer step of `learner` on the (clipped) value loss of `forward`, times `coef`."""
         stats = StepStats()
 
-        def loss(micro: MicroBatch) -> tuple[torch.Tensor, dict]:
+        def loss(micro: MicroBatch) -> tuple[torch.Tensor, dict[str, Any]]:
             value = value_micro_loss(forward, micro.rows, value_clip, stats, micro.weight)
             scale = micro.weight if coef is None else micro.weight * coef
             return scale * value, {}

@@ -11,6 +11,7 @@ backward although the role stays in eval mode (no dropout).
 from __future__ import annotations
 
 import contextlib
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -40,13 +41,14 @@ class PolicyForward(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         entropy_grad: bool = True,
-        lm_batch: dict | None = None,
-    ):
+        lm_batch: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[torch.Tensor, int]:
         with autocast(self.precision), checkpointing_in_eval(self.model):
             if lm_batch is not None:
                 return model_token_nll(
                     self.model, lm_batch["input_ids"], lm_batch["attention_mask"], lm_batch["loss_mask"]
                 )
+            assert sequences is not None  # a policy forward takes `sequences`, a ptx one `lm_batch`
             return response_logprobs(
                 self.model,
                 sequences.input_ids,
@@ -58,7 +60,7 @@ class PolicyForward(nn.Module):
             )
 
     def sample(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig, **options
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig, **options: Any
     ) -> Rollout:
         """The rollout of a left-padded prompt batch (rlhf.models.sampling.generate with `options`),
         as a forward method: a sharded policy gathers its parameters for it (rlhf/runtime/fsdp.py)."""
@@ -81,7 +83,7 @@ class ValueForward(nn.Module):
             )
 
 
-def autocast(precision: Precision | None):
+def autocast(precision: Precision | None) -> contextlib.AbstractContextManager[Any]:
     """The precision's autocast context (bf16), or nothing."""
     return precision.autocast() if precision is not None else contextlib.nullcontext()
 
@@ -94,8 +96,8 @@ class JointForward(nn.ModuleList):
     def __init__(self, policy: PolicyForward, value: ValueForward) -> None:
         super().__init__([policy, value])
 
-    def forward(self, *args, part: str = "policy", **kwargs):
+    def forward(self, *args: Any, part: str = "policy", **kwargs: Any) -> Any:
         return self[1 if part == "value" else 0](*args, **kwargs)
 
-    def sample(self, *args, **kwargs) -> Rollout:
-        return self[0].sample(*args, **kwargs)
+    def sample(self, *args: Any, **kwargs: Any) -> Rollout:
+        return cast(PolicyForward, self[0]).sample(*args, **kwargs)

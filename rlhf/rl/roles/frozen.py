@@ -42,9 +42,12 @@ class Reference:
             raise ValueError(
                 "a LoRA policy's reference computes through the policy's module: pass policy_module"
             )
-        self.forward = (
-            PolicyForward(reference.model, precision) if reference.mode == "copy" else policy_module
-        )
+        self.forward: nn.Module
+        if reference.mode == "copy":
+            self.forward = PolicyForward(reference.model, precision)
+        else:
+            assert policy_module is not None  # "adapter", checked above
+            self.forward = policy_module
 
     @property
     def own_module(self) -> nn.Module | None:

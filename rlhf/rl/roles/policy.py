@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -40,6 +41,7 @@ from rlhf.models.sequences import Sequences
 from rlhf.rl.experience import Experience, in_row_chunks, valid_tokens
 from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
 from rlhf.runtime.parallel_plan import ParallelPlan
+from rlhf.runtime.peers import Peers
 from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
 
 
@@ -69,7 +71,7 @@ class Policy(Learner):
     def __init__(
         self,
         model: nn.Module,
-        tokenizer,
+        tokenizer: Any,
         *,
         loss: PolicyLossConfig,
         sampling: SamplingConfig,
@@ -132,7 +134,8 @@ class Policy(Learner):
         ids, mask = left_pad(prompts, tok.pad_token_id)
         if share is not None:
             ids, mask = ids[share.start : share.stop], mask[share.start : share.stop]
-        return self.module.sample(
+        module = cast("PolicyForward | JointForward", self.module)  # what __init__ trains
+        return module.sample(
             ids.to(device),
             mask.to(device),
             sampling or self.sampling,
@@ -170,7 +173,7 @@ class Policy(Learner):
 
     def policy_terms(
         self, micro: MicroBatch, stats: StepStats, entropy_gate: float | None = None
-    ) -> tuple[torch.Tensor, dict]:
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         """This micro-batch's weighted policy loss, entropy term and KL-in-loss, its stats recorded:
         the bonus -entropy_coef * H (PPO paper §5.3.2), or entropy_coef * gate * H, whose gradient
         summed over the micro-batches is that of entropy_coef * max(|H - target| - clip, 0) (PPO
@@ -199,10 +202,11 @@ class Policy(Learner):
             loss = loss + p.kl_loss_coef * kl
         return weight * loss, {}
 
-    def value_term(self, micro: MicroBatch, stats: StepStats) -> tuple[torch.Tensor, dict]:
+    def value_term(self, micro: MicroBatch, stats: StepStats) -> tuple[torch.Tensor, dict[str, Any]]:
         """The shared critic's value loss, clipped around the rollout's values when `critic.value_clip`
         is set, times `model.value_coef` (docs/algorithms.md#15-value-loss)."""
         v, values = self.joint_value, partial(self.train_forward, part="value")
+        assert v is not None  # a loss of the policy's step with a joint value only
         loss = value_micro_loss(values, micro.rows, v.value_clip, stats, micro.weight)
         return micro.weight * v.coef * loss, {}
 
@@ -215,7 +219,7 @@ class Policy(Learner):
             return None
         parts: list[tuple[float, float]] = []
 
-        def entropy(micro: MicroBatch) -> dict:
+        def entropy(micro: MicroBatch) -> dict[str, Any]:
             h = self.module(
                 micro.rows.sequences, self.sampling.temperature, with_entropy=True, entropy_grad=False
             )[1]
@@ -236,10 +240,12 @@ class Policy(Learner):
             return float(minibatch.batch_size * self.sampling.max_new_tokens)
         return minibatch.num_tokens
 
-    def ptx_term(self, stats: StepStats) -> tuple[torch.Tensor | None, dict]:
+    def ptx_term(self, stats: StepStats) -> tuple[torch.Tensor | None, dict[str, Any]]:
         """PPO-ptx: the SFT objective, `coef`-weighted, beside the RL loss (a pass of its own); under
         data parallelism this rank's rows, the token mean over every rank's (None: no row here)."""
-        batch = {k: v.to(self.device) for k, v in self.ptx.batches.draw(self.ptx.generator).items()}
+        ptx = self.ptx
+        assert ptx is not None  # a pass of the step with PPO-ptx on only (`with_ptx`)
+        batch = {k: v.to(self.device) for k, v in ptx.batches.draw(ptx.generator).items()}
         if self.peers is not None:
             batch = rank_rows(batch, self.peers, self.lockstep)
         nll, count = self.train_forward(lm_batch=batch) if len(batch["input_ids"]) else (None, 0)
@@ -247,7 +253,7 @@ class Policy(Learner):
         if nll is None:  # fewer PPO-ptx rows than ranks, none here
             return None, {}
         stats.add({"loss": nll.detach() / max(count, 1)}, count / max(total, 1), "ptx")
-        return self.ptx.coef * nll / max(total, 1), {}
+        return ptx.coef * nll / max(total, 1), {}
 
     @property
     def with_ptx(self) -> bool:
@@ -257,14 +263,14 @@ class Policy(Learner):
         """PPO-ptx on: `coef` x the SFT loss on batches drawn from `batches`, its generator seeded `seed`."""
         self.ptx = PtxObjective(batches, coef, torch.Generator().manual_seed(seed))
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["sample_generator"] = self.generator.get_state()
         if self.ptx is not None:
             state["ptx_generator"] = self.ptx.generator.get_state()
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.generator.set_state(state["sample_generator"])
         if self.ptx is not None and "ptx_generator" in state:
@@ -290,7 +296,7 @@ def value_micro_loss(
     return loss
 
 
-def rank_rows(batch: dict[str, torch.Tensor], peers, lockstep: bool) -> dict[str, torch.Tensor]:
+def rank_rows(batch: dict[str, torch.Tensor], peers: Peers, lockstep: bool) -> dict[str, torch.Tensor]:
     """This rank's rows of a PPO-ptx batch; with `lockstep`, padded to the largest rank's share
     (`Peers.padded_share`) with rows whose loss mask is 0 (they weigh nothing)."""
     index, real = peers.padded_share(len(batch["input_ids"]))

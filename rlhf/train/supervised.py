@@ -264,6 +264,7 @@ def _learner(stage: SupervisedStage, model: nn.Module, steps: int, peers: Peers 
         offload=c.dist.offload,
         micro_batch_size=c.train.micro_batch_size,
         by_length=c.train.group_by_length != "none",  # micro-batches of rows of similar length
+        micro_batch_tokens=c.train.micro_batch_tokens,  # or cut by a token budget
     )
 
 

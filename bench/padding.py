@@ -1,6 +1,6 @@
 """Padded-token fraction of SFT, RM and PPO micro-batches on real HH-RLHF pairs (issue 17.4).
 
-    .venv/bin/python -m bench.padding [--data FILE] [--tokenizer DIR] [--json]
+    .venv/bin/python -m bench.padding [--data FILE] [--tokenizer DIR] [--budgets 1024,2048,4096] [--json]
 
 Tokenizes the pairs as `rlhf sft` / `rlhf rm` do by default (SmolLM2's chat template, prompts <= 256
 tokens, responses <= 256), batches them as the trainers do with their default sizes, and prints,
@@ -15,6 +15,10 @@ Stages and groupings (`train.group_by_length`, `runtime.sort_by_length`):
   layout (left-padded prompt block + right-padded response block, trimmed per micro-batch, so a
   micro-batch costs rows x (longest prompt + longest response)); the response lengths are the HH
   chosen responses' lengths cut at 64 tokens (`rollout.max_new_tokens`).
+- Token budgets (`train.micro_batch_tokens`, `--budgets`): the same steps (within_step order) cut
+  by a budget of rows x longest row instead of 8 rows (PPO: 16 rows of a 64-row minibatch), per
+  budget the padded fraction, the forward/backward passes per step and the largest pass's padded
+  tokens (what bounds the activations' memory), beside the row-count path's.
 """
 
 from __future__ import annotations
@@ -27,7 +31,12 @@ import os
 import torch
 
 from rlhf.data.chat import response_end_id
-from rlhf.data.length_grouping import length_grouped_order, micro_batch_groups, padded_tokens
+from rlhf.data.length_grouping import (
+    length_grouped_order,
+    micro_batch_groups,
+    padded_tokens,
+    token_budget_groups,
+)
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response, encode_sft
 from rlhf.models.loading import load_tokenizer
@@ -66,6 +75,36 @@ def grouped_fractions(lengths: list[int], real: int, rows_per_item: int, batch: 
     return {k: round(fraction(real, rows_per_item * v), 3) for k, v in computed.items()}
 
 
+def budget_table(
+    lengths: list[int],
+    real: int,
+    rows_per_item: int,
+    steps: list[list[int]],
+    micro: int,
+    budgets: list[int],
+    cost=None,
+) -> dict:
+    """Per split (`rows`: micro-batches of `micro`, sorted; each budget): the padded fraction, the
+    passes per step and the largest pass's padded tokens, over `steps`. `cost(group)`: a
+    micro-batch's padded tokens (default rows x longest of `lengths`, times `rows_per_item`)."""
+    cost = cost or (lambda group: rows_per_item * len(group) * max(lengths[i] for i in group))
+    splits = {"rows": lambda ls: micro_batch_groups(ls, micro, True)}
+    splits.update({str(b): (lambda ls, b=b: token_budget_groups(ls, b)) for b in budgets})
+    out = {}
+    for name, split in splits.items():
+        computed, passes, largest = 0, 0, 0
+        for step in steps:
+            for group in split([rows_per_item * lengths[i] for i in step]):
+                c = cost([step[k] for k in group])
+                computed, passes, largest = computed + c, passes + 1, max(largest, c)
+        out[name] = {
+            "padded": round(fraction(real, computed), 3),
+            "passes_per_step": round(passes / len(steps), 2),
+            "largest_pass": largest,
+        }
+    return out
+
+
 def rollout_cost(prompts: list[int], responses: list[int], rows: list[int], micro: int, key) -> int:
     """Computed tokens of one rollout batch's forwards: micro-batches of the rows in `key` order
     (None: as drawn), each costing rows x (longest prompt + longest response)."""
@@ -87,8 +126,14 @@ def main() -> None:
     parser.add_argument(
         "--tokenizer", default=os.environ.get(TOKENIZER_ENV), help=f"SmolLM2's directory, or ${TOKENIZER_ENV}"
     )
+    parser.add_argument(
+        "--budgets",
+        default="1024,2048,4096",
+        help="train.micro_batch_tokens values to compare (comma-separated)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     args = parser.parse_args()
+    budgets = [int(b) for b in args.budgets.split(",") if b]
     if not args.data or not args.tokenizer:
         parser.error(f"needs --data (or ${DATA_ENV}) and --tokenizer (or ${TOKENIZER_ENV})")
     logging.getLogger("rlhf.data.loading").setLevel(logging.ERROR)  # the 5 malformed HH lines: skipped
@@ -107,6 +152,10 @@ def main() -> None:
         groups = micro_batch_groups(sft_lengths, 8, by_length)
         evaluation[name] = round(fraction(sum(sft_lengths), padded_tokens(sft_lengths, groups)), 3)
     results["sft_eval"] = evaluation
+    order = torch.randperm(len(sft_lengths), generator=torch.Generator().manual_seed(0)).tolist()
+    results["sft_train_budget"] = budget_table(
+        sft_lengths, sum(sft_lengths), 1, steps_of(order, 16), 8, budgets
+    )
 
     pairs = load_examples(args.data, kind="preference", skip_invalid=True).examples
     encoded = []
@@ -123,6 +172,8 @@ def main() -> None:
     pair_lengths = [len(p) + max(len(c), len(r)) for p, c, r in encoded]  # a pair pads to its longer side
     pair_real = sum(2 * len(p) + len(c) + len(r) for p, c, r in encoded)
     results["rm_train"] = grouped_fractions(pair_lengths, pair_real, 2, batch=16, micro=8)
+    order = torch.randperm(len(pair_lengths), generator=torch.Generator().manual_seed(0)).tolist()
+    results["rm_train_budget"] = budget_table(pair_lengths, pair_real, 2, steps_of(order, 16), 8, budgets)
 
     prompts = [len(p) for p, _, _ in encoded]
     responses = [min(len(c), 64) for _, c, _ in encoded]
@@ -137,6 +188,13 @@ def main() -> None:
         )
         ppo["by_prompt_length"] += rollout_cost(prompts, responses, rollout, 16, lambda i: -prompts[i])
     results["ppo_forwards_proxy"] = {k: round(fraction(real, v), 3) for k, v in ppo.items()}
+    # the update's micro-batches: minibatches of 64 rows cut by real length (prompt + response), each
+    # costing rows x (longest prompt + longest response) in the rollout layout
+    lengths = [p + r for p, r in zip(prompts, responses)]
+    results["ppo_update_budget"] = budget_table(
+        lengths, real, 1, steps_of(order, 64), 16, budgets,
+        cost=lambda g: len(g) * (max(prompts[i] for i in g) + max(responses[i] for i in g)),
+    )  # fmt: skip
     results["mean_tokens"] = {
         "sft_row": round(sum(sft_lengths) / len(sft_lengths), 1),
         "rm_pair_rows": round(pair_real / (2 * len(encoded)), 1),
@@ -149,6 +207,13 @@ def main() -> None:
     for stage in ("sft_train", "sft_eval", "rm_train", "ppo_forwards_proxy"):
         print(f"  {stage:20s} " + "  ".join(f"{k} {v:.3f}" for k, v in results[stage].items()))
     print(f"  mean tokens: {results['mean_tokens']}")
+    print("token budgets (train.micro_batch_tokens) against rows: padded fraction, passes/step, largest pass")
+    for stage in ("sft_train_budget", "rm_train_budget", "ppo_update_budget"):
+        cells = [
+            f"{k} {v['padded']:.3f} {v['passes_per_step']:.2f} {v['largest_pass']}"
+            for k, v in results[stage].items()
+        ]
+        print(f"  {stage:20s} " + "  ".join(cells))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,17 @@ def positive_or_off(value: Any, key: str, fix: Any) -> None:
     require(value is None or value > 0, key, value, "must be > 0, or null to turn it off", f"--{key} {fix}")
 
 
+def token_budget(value: Any, key: str) -> None:
+    """A micro-batch token budget (`train.micro_batch_tokens`): null or 0 (off: by rows) or >= 1."""
+    require(
+        value is None or value >= 0,
+        key,
+        value,
+        "must be >= 0 (tokens per forward/backward: rows x longest row), or 0/null to cut by rows",
+        f"--{key} 4096, or drop it",
+    )
+
+
 def fraction(value: Any, key: str, fix: Any, *, closed: bool = False) -> None:
     """`value` in [0, 1) (or [0, 1] with `closed`)."""
     ok = 0 <= value <= 1 if closed else 0 <= value < 1

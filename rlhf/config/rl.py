@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlhf.config import presets
-from rlhf.config.checks import at_least, fraction, positive, positive_or_off, refuse, validate_groups, warn
+from rlhf.config.checks import (
+    at_least,
+    fraction,
+    positive,
+    positive_or_off,
+    refuse,
+    token_budget,
+    validate_groups,
+    warn,
+)
 from rlhf.config.common import LoraConfig, OptimConfig
 from rlhf.config.env import EnvConfig
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
@@ -70,6 +79,11 @@ class RLTrainConfig:
     ppo_epochs: int = 1  # passes over each rollout batch (PPO paper 1, APA paper 2)
     minibatches: int = 1  # optimizer steps per epoch (the rollout batch is split into this many)
     micro_batch_size: int = 16  # rows per forward/backward (token-weighted gradient accumulation)
+    # the update's micro-batches cut by tokens instead: each minibatch's rows sorted longest first,
+    # as many per forward/backward as fit rows x longest row <= N (real prompt + response tokens;
+    # a longer row alone); the same gradient and metrics to float rounding (docs/speed.md). The
+    # rollout's scoring forwards keep micro_batch_size. None or 0: by rows
+    micro_batch_tokens: int | None = None
     buffer_size: int = 1  # rollout batches kept and reused (experience buffer, PPO paper §5.3.2)
     device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N"
 
@@ -77,6 +91,7 @@ class RLTrainConfig:
         at_least(self.ppo_epochs, 1, f"{prefix}ppo_epochs")
         at_least(self.minibatches, 1, f"{prefix}minibatches")
         at_least(self.micro_batch_size, 1, f"{prefix}micro_batch_size")
+        token_budget(self.micro_batch_tokens, f"{prefix}micro_batch_tokens")
         at_least(self.buffer_size, 1, f"{prefix}buffer_size", " (rollout batches kept)")
 
 

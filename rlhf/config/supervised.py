@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhf.config.checks import at_least, fraction, positive, require, validate_groups
+from rlhf.config.checks import at_least, fraction, positive, require, token_budget, validate_groups
 from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
 
@@ -34,6 +34,10 @@ class SupervisedTrainConfig:
     max_steps: int | None = None  # stop after this many optimizer steps (overrides epochs)
     batch_size: int = 16  # examples per optimizer step
     micro_batch_size: int = 8  # examples per forward/backward (gradient accumulation)
+    # micro-batches cut by tokens instead: each step's rows sorted longest first, as many per
+    # forward/backward as fit rows x longest row <= N (a longer row alone; rm/dpo: a pair's both
+    # rows); the same gradient and metrics to float rounding (docs/speed.md). None or 0: by rows
+    micro_batch_tokens: int | None = None
     # less padding (docs/padding.md): "within_step" sorts each step's rows by length before cutting
     # micro-batches (the same step gradient, to float rounding) | "across_steps" also makes steps of
     # similar-length rows (HF group_by_length: another random order) | "none"
@@ -53,6 +57,7 @@ class SupervisedTrainConfig:
         )
         at_least(self.batch_size, 1, f"{prefix}batch_size", " (examples per optimizer step)")
         at_least(self.micro_batch_size, 1, f"{prefix}micro_batch_size", " (examples per forward/backward)")
+        token_budget(self.micro_batch_tokens, f"{prefix}micro_batch_tokens")
         at_least(self.log_every, 1, f"{prefix}log_every")
         at_least(self.eval_every, 0, f"{prefix}eval_every", " (0: evaluate at the end only)")
 

@@ -57,6 +57,22 @@ def micro_batch_groups(lengths: Sequence[int], size: int, by_length: bool) -> li
     return groups
 
 
+def token_budget_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """The positions 0..n-1 in `longest_first` order cut greedily into micro-batches whose padded
+    cost, rows x longest row, stays within `budget` tokens (`train.micro_batch_tokens`): a
+    micro-batch takes the next row while (rows + 1) x its first (longest) row's length fits. A row
+    longer than the budget is a micro-batch of its own. Every position appears exactly once."""
+    if budget < 1:
+        raise ValueError(f"micro-batch token budget must be at least 1, got {budget}")
+    groups: list[list[int]] = []
+    for i in longest_first(lengths):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 def _padded_in_order(sorted_lengths: list[int], sizes: list[int]) -> int:
     """Computed tokens of consecutive groups of `sizes` over lengths sorted longest first."""
     total, start = 0, 0

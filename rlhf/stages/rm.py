@@ -153,8 +153,10 @@ def ranking_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
 
 
 def pair_positions(row: EncodedPair) -> int:
-    """A pair's positions: its chosen and rejected rows share one padded forward (its longer side)."""
-    return row.positions
+    """A pair's computed positions: its chosen and rejected rows share one padded forward, each
+    padded to the longer side (what `train.micro_batch_tokens` counts; sorting by it is sorting by
+    the longer side)."""
+    return 2 * row.positions
 
 
 @torch.no_grad()
@@ -166,10 +168,12 @@ def evaluate_pairs(
     with_lm: bool,
     precision: Precision | None = None,
     by_length: bool = False,
+    tokens: int | None = None,
 ) -> dict:
     """Accuracy (r_w > r_l), margins, ranking loss and the LM perplexity on held-out pairs, every
     pair here (rlhf/train/learner.py `forward_passes`). `by_length`: pairs batched by length (less
-    padding); the margins stay in the order of `rows`."""
+    padding); `tokens`: pairs batched by a token budget (`train.micro_batch_tokens`); the margins
+    stay in the order of `rows`."""
     model.eval()
     margin = torch.zeros(len(rows))
 
@@ -178,7 +182,7 @@ def evaluate_pairs(
         margin[micro.index] = (chosen - rejected).float().cpu()
         return {"nll": nll, "tokens": count}
 
-    split = partial(split_rows, size=batch_size, by_length=by_length)
+    split = partial(split_rows, size=batch_size, by_length=by_length, tokens=tokens)
     sums = forward_passes(RowList(rows, pair_positions), score, split, sums=("nll", "tokens"))
     out = {
         "accuracy": float((margin > 0).float().mean()) if len(margin) else 0.0,
@@ -252,8 +256,9 @@ class RewardModelStage(SupervisedStage):
         t = self.config.train  # every rank evaluates every pair (the margins keep their order; in lockstep)
         by_length = t.group_by_length != "none"
         result = evaluate_pairs(
-            run.call, rows, run.pad_id, t.micro_batch_size, t.lm_coef > 0, run.precision, by_length
-        )
+            run.call, rows, run.pad_id, t.micro_batch_size, t.lm_coef > 0, run.precision, by_length,
+            t.micro_batch_tokens,
+        )  # fmt: skip
         if step is not None and result["accuracy"] > self.best["accuracy"]:  # the best held-out accuracy
             self.best = {"accuracy": result["accuracy"], "step": step}
             with run.learner.whole_copies():  # fsdp2: every rank gathers, rank 0 saves

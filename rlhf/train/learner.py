@@ -5,8 +5,9 @@ every trainer calls with its own loss (`step`; `forward_passes` for the passes w
 One optimizer step (`step(batch, losses)`), written once here:
 
     rank share      this rank's rows of the step's batch (every rank holds the whole batch)
-    micro-batches   the share cut by `split` (rows of `micro_batch_size`; the one place where a
-                    token-budget splitter or sequence packing plugs in)
+    micro-batches   the share cut by `split` (rows of `micro_batch_size`, or with `micro_batch_tokens`
+                    longest first under a budget of rows x longest row; the one place where sequence
+                    packing plugs in)
     weights         each micro-batch's share of the step's denominator (`count(rows) / total`: its
                     tokens for a token mean, docs/algorithms.md §18; its rows for a row mean)
     fillers         under ddp and fsdp2 every rank runs the largest rank's number of passes: a rank
@@ -40,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rlhf.config import OptimConfig
 from rlhf.core import explained_variance
-from rlhf.data.length_grouping import micro_batch_groups
+from rlhf.data.length_grouping import micro_batch_groups, token_budget_groups
 from rlhf.runtime import fsdp
 from rlhf.runtime.peers import Peers
 from rlhf.runtime.replicated import fsdp_without_sync, replicate
@@ -221,9 +222,11 @@ class Learner:
         sync_once: bool = False,
         micro_batch_size: int = 1,
         by_length: bool = False,
+        micro_batch_tokens: int | None = None,
     ) -> None:
         self.module = module
         self.micro_batch_size = micro_batch_size  # rows per forward/backward pass
+        self.micro_batch_tokens = micro_batch_tokens  # else rows x longest row per pass (None/0: off)
         self.by_length = by_length  # micro-batches of rows of similar length (rlhf/data/length_grouping.py)
         self.uses_every_parameter = uses_every_parameter  # in every pass (ddp: no unused-parameter walk)
         self.max_grad_norm = optim.max_grad_norm
@@ -296,7 +299,7 @@ class Learner:
     def split(self, lengths: list[int]) -> list[list[int]]:
         """This learner's micro-batches of rows of `lengths` (`split_rows`: the one place that decides
         how rows share a pass)."""
-        return split_rows(lengths, self.micro_batch_size, self.by_length)
+        return split_rows(lengths, self.micro_batch_size, self.by_length, self.micro_batch_tokens)
 
     @property
     def lockstep(self) -> bool:
@@ -423,11 +426,17 @@ class Learner:
                 group["lr"] = lr
 
 
-def split_rows(lengths: list[int], size: int, by_length: bool) -> list[list[int]]:
+def split_rows(lengths: list[int], size: int, by_length: bool, tokens: int | None = None) -> list[list[int]]:
     """Rows of `lengths` cut into micro-batches of `size` rows (positions), longest first with
-    `by_length` (rlhf/data/length_grouping.py): how rows share a forward/backward pass, today by
-    rows; a token budget or sequence packing replaces this function and nothing else (every rank's
-    count of passes is then evened by `micro_batches`)."""
+    `by_length` (rlhf/data/length_grouping.py): how rows share a forward/backward pass. With a
+    token budget `tokens` (`train.micro_batch_tokens`; None or 0: off) the rows are sorted longest
+    first and cut so that each micro-batch's rows x longest row fits it (`token_budget_groups`; a
+    longer row alone), whatever `size` and `by_length`. The weights are each micro-batch's share of
+    the step's count, so the step's gradient is the same (docs/algorithms.md §18). Sequence
+    packing would replace this function and nothing else (every rank's count of passes, which a
+    budget makes differ, is evened by `micro_batches`)."""
+    if tokens:
+        return token_budget_groups(lengths, tokens)
     return micro_batch_groups(lengths, size, by_length)
 
 

@@ -272,6 +272,7 @@ def _learner(
         offload=c.dist.offload,
         micro_batch_size=c.train.micro_batch_size,
         by_length=c.train.group_by_length != "none",  # micro-batches of rows of similar length
+        micro_batch_tokens=c.train.micro_batch_tokens,  # or cut by a token budget
     )
 
 

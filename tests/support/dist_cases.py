@@ -274,7 +274,8 @@ def supervised_stage(
     none), clipping on, evaluation every step. `model_dir`: the stage loads it (model and tokenizer
     None). Stage "dpo-live": the reference copy's log-probs in every step (not cached); "dpo-lora": a
     LoRA policy, its reference the adapter switched off, in every step; "sft-checkpointed": with
-    gradient checkpointing; "-offload" (sft, dpo): under fsdp2 with dist.offload. `checkpoint`: the
+    gradient checkpointing; "-offload" (sft, dpo): under fsdp2 with dist.offload; "-budget": micro-
+    batches by a token budget (`train.micro_batch_tokens`). `checkpoint`: the
     DPO run's `checkpoint` settings."""
     from rlhf.config import DPOConfig, RewardConfig, SFTConfig, load_config
     from rlhf.stages.dpo import DPOStage
@@ -304,6 +305,8 @@ def supervised_stage(
         overrides["dist"]["offload"] = True
     if checkpoint is not None:
         overrides["checkpoint"] = checkpoint
+    if stage.endswith("-budget"):  # micro-batches by a token budget under the longest row: each row
+        overrides["train"]["micro_batch_tokens"] = 1  # alone, so ranks of 3 and 2 rows run 3 and 2
     if stage == "sft-checkpointed":  # gradient checkpointing: each layer's forward run again in the backward
         overrides["gradient_checkpointing"] = True
     if stage.startswith("sft"):

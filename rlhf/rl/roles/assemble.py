@@ -297,6 +297,7 @@ def assemble_roles(
         joint_value=joint_value,
         precision=precision,
         sort_by_length=c.runtime.sort_by_length,
+        micro_batch_tokens=c.train.micro_batch_tokens,  # the update's micro-batches by a token budget
         device=device,
         sample_seed=c.seed + 1,
         parallel=parallel("policy"),
@@ -315,6 +316,7 @@ def assemble_roles(
             micro_batch_size=rows,
             precision=precision,
             sort_by_length=c.runtime.sort_by_length,
+            micro_batch_tokens=c.train.micro_batch_tokens,
             parallel=parallel("critic"),
         )
     frozen: dict[str, Any] = {

@@ -80,6 +80,7 @@ class Critic(ValueRole, Learner):
         micro_batch_size: int,
         precision: Precision | None = None,
         sort_by_length: bool = True,
+        micro_batch_tokens: int | None = None,
         parallel: ParallelPlan | None = None,
     ) -> None:
         self.model = model
@@ -87,6 +88,7 @@ class Critic(ValueRole, Learner):
         self.forward = ValueForward(model, precision)
         super().__init__(
             self.forward, optim, total_steps, micro_batch_size=micro_batch_size, by_length=sort_by_length,
+            micro_batch_tokens=micro_batch_tokens,
             **(parallel.learner_options() if parallel else {}),
         )  # fmt: skip
 

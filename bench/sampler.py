@@ -1,10 +1,12 @@
 """New tokens per second of our sampler against transformers' `generate` on the same shapes (issue 37).
 
-    python -m bench.sampler --model DIR [--device cpu|cuda] [--dtype float32|bfloat16]
+    python -m bench.sampler --model DIR | --shape smollm2 [--device cpu|cuda] [--dtype float32|bfloat16]
         [--batch-sizes 1 16 64] [--new-tokens 128] [--reps 3] [--out bench/results/FILE.json]
 
 DIR is a `save_pretrained` causal LM with its tokenizer (SmolLM2-135M-Instruct: `bench/smollm2.py
-convert`). Every response runs to `--new-tokens` (EOS off, temperature 0.7, no top-k/top-p), so
+convert`); `--shape smollm2` instead builds SmolLM2-135M's shape with random weights and random
+prompts of the chat prompts' lengths (a machine that cannot download; EOS is off, so the work is
+the same). Every response runs to `--new-tokens` (EOS off, temperature 0.7, no top-k/top-p), so
 the work is the same for every sampler: batch x new tokens. Per batch size the samplers run in
 turn, `--reps` rounds (ours per engine, generate with a dynamic cache, generate with a static cache,
 and with `--hf-compile` generate with a static cache and `torch.compile`), each first once to warm
@@ -28,7 +30,7 @@ from bench.common import emit, set_threads
 
 def samplers(args) -> dict:
     """name -> fn(model, ids, mask, seed) -> seconds of one call (the device idle at both ends)."""
-    from transformers import GenerationConfig
+    from transformers import CompileConfig, GenerationConfig
 
     from bench.timing import timed
     from rlhf.models.sampling import SamplingConfig, generate
@@ -63,8 +65,11 @@ def samplers(args) -> dict:
                 pad_token_id=tokenizer.pad_token_id,
                 cache_implementation=cache,
             )
+            # generate compiles the forward of a static cache by itself on CUDA: only where asked here
+            generation.disable_compile = not compiled
             if compiled:
-                generation.compile_config.fullgraph = False
+                generation.compile_config = CompileConfig(fullgraph=False)
+                generation.compile_config._compile_all_devices = True  # the CPU too
             torch.manual_seed(seed)
             with torch.inference_mode():
                 seconds, out = timed(
@@ -84,16 +89,56 @@ def samplers(args) -> dict:
     return table
 
 
+def shaped_model(shape: str):
+    """(ids-only tokenizer, randomly initialized Llama of `shape`'s sizes): nothing to download (a
+    GPU machine without network). With EOS off, the work, and the time, are the trained model's."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from bench.gpu_memory import SHAPES
+
+    sizes = SHAPES[shape]
+    config = LlamaConfig(
+        vocab_size=sizes["vocab"],
+        hidden_size=sizes["hidden_size"],
+        num_hidden_layers=sizes["num_layers"],
+        num_attention_heads=sizes["num_heads"],
+        num_key_value_heads=sizes["kv_heads"],
+        intermediate_size=sizes["intermediate_size"],
+        max_position_embeddings=2048,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return SimpleNamespace(pad_token_id=0, eos_token_id=2), model
+
+
+def random_prompts(batch: int, model) -> list[list[int]]:
+    """`batch` prompts of 24 to 40 random token ids (the chat prompts' lengths), seeded."""
+    generator = torch.Generator().manual_seed(batch)
+    vocab = model.config.vocab_size
+    lengths = torch.randint(24, 41, (batch,), generator=generator).tolist()
+    return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
 def run(args) -> dict:
     from bench.smollm2 import QUESTIONS, chat_prompts
     from rlhf.data.collate import left_pad
     from rlhf.models.loading import load_causal_lm, load_tokenizer
 
-    tokenizer = load_tokenizer(args.model)
-    model = load_causal_lm(args.model).to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
+    if args.model is not None:
+        tokenizer = load_tokenizer(args.model)
+        model = load_causal_lm(args.model)
+    else:
+        tokenizer, model = shaped_model(args.shape)
+    model = model.to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
     table = samplers(args)
     result: dict = {
-        "model": args.model.name,
+        "model": args.model.name if args.model else f"{args.shape} shape, random weights",
         "device": args.device,
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
@@ -107,7 +152,8 @@ def run(args) -> dict:
     if args.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
     for batch in args.batch_sizes:
-        ids, mask = left_pad(chat_prompts(tokenizer, batch, QUESTIONS), tokenizer.pad_token_id)
+        prompts = chat_prompts(tokenizer, batch, QUESTIONS) if args.model else random_prompts(batch, model)
+        ids, mask = left_pad(prompts, tokenizer.pad_token_id)
         ids, mask = ids.to(args.device), mask.to(args.device)
         seconds: dict[str, list[float]] = {name: [] for name in table}
         errors: dict[str, str] = {}
@@ -154,7 +200,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", type=Path, required=True, help="a save_pretrained causal LM directory")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", type=Path, help="a save_pretrained causal LM directory")
+    source.add_argument(
+        "--shape",
+        choices=["smollm2"],
+        help="a random-weight model of this shape instead (nothing downloaded)",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])

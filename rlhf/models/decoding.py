@@ -154,6 +154,7 @@ class CudaGraphSteps(StaticSteps):
         with torch.cuda.stream(side), _no_autocast_cache():
             out = fn()
         torch.cuda.current_stream().wait_stream(side)
+        out.record_stream(torch.cuda.current_stream())  # made on the side stream, read on this one
         return out
 
     def _capture(self, mask: torch.Tensor) -> None:

@@ -82,8 +82,8 @@ def samplers(args) -> dict:
         return fn
 
     table = {f"ours_{engine}": ours(engine) for engine in args.engines}
-    table["hf_dynamic"] = hf(None)
-    table["hf_static"] = hf("static")
+    for cache in args.hf_caches:
+        table[f"hf_{cache}"] = hf(None if cache == "dynamic" else cache)
     if args.hf_compile:
         table["hf_static_compile"] = hf("static", compiled=True)
     return table
@@ -218,6 +218,13 @@ def main() -> None:
         nargs="+",
         default=None,
         help="our engines to time (default: eager static; cuda_graph on CUDA)",
+    )
+    parser.add_argument(
+        "--hf-caches",
+        nargs="+",
+        default=["dynamic", "static"],
+        choices=["dynamic", "static"],
+        help="generate's caches to time",
     )
     parser.add_argument(
         "--hf-compile", action="store_true", help="also generate with a static cache + torch.compile"

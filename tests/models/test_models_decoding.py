@@ -181,3 +181,12 @@ def test_the_rollout_config_offers_the_engines_the_sampler_runs():
     field = typing.get_type_hints(RolloutConfig)["engine"]
     assert typing.get_args(field) == typing.get_args(Engine) == ENGINES
     assert RolloutConfig().engine == SamplingConfig().engine == "auto"
+
+
+def test_an_rl_run_samples_with_rollout_engine():
+    from rlhf.config import RLConfig, load_config
+    from rlhf.rl.roles.assemble import rollout_sampling_config
+
+    config = load_config(RLConfig, overrides={"rollout": {"engine": "static"}})
+    assert rollout_sampling_config(config).engine == "static"
+    assert rollout_sampling_config(load_config(RLConfig)).engine == "auto"

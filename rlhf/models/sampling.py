@@ -14,6 +14,10 @@ within a step: whether every row has ended (the only host decision) is read ever
 `finished_check_every` steps; rows that ended meanwhile keep emitting the pad id with mask 0, so the
 tokens drawn are the same as with a check at every step.
 
+Engines (`SamplingConfig.engine`, rlhf/models/decoding.py): the forwards run over a KV cache grown per
+step (eager), a preallocated one with fixed shapes (static), or the static step replayed from a CUDA
+graph (cuda_graph); `auto` picks per device. The loop around them, and the tokens, are the same.
+
 Lockstep (`all_ranks_done`): when every decoding step's forward runs collectives (FSDP2 gathering
 each layer of a sharded policy in turn, rlhf/runtime/distributed.py), every rank must run the same
 forwards. The loop then exits only once every rank's rows have ended, and a rank whose rows all

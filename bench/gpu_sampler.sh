@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The sampler's GPU check (issue 37), in one call (5-7 minutes expected on an H100/H200, under 10 by its time limits: one device call):
+# The sampler's GPU check (issue 37), in one call (5-7 minutes expected on an H100/H200; its time
+# limits keep it under 10, one device call; OUT=$OUT on the device machine):
 #   PYTHONPATH=. OUT=DIR bash bench/gpu_sampler.sh            # SMOLLM2=DIR: the real model instead
 # 1. tests/gpu/test_gpu_sampler_engines.py: the static and CUDA-graph engines draw the eager
 #    engine's rollout (float32, bf16 autocast, bf16 weights, LoRA, batch of one);

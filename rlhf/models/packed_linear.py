@@ -77,6 +77,11 @@ class _PackedForward:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
             return F.linear(x, *self.original)  # what a plain Linear would do (autocast casts its inputs)
+        if x.numel() <= x.shape[-1]:
+            # one row (a batch-1 decode step): MKL's matrix-vector product repacks nothing, and oneDNN's
+            # one-row product is far slower on two threads (SmolLM2's 576x576: 0.12-0.35 ms against
+            # 11-24 ms on the shared 2-core machine; equal on one thread; bench/NOTES.md, issue 37)
+            return F.linear(x, *self.original)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [None], "")
 
 

@@ -14,6 +14,10 @@ within a step: whether every row has ended (the only host decision) is read ever
 `finished_check_every` steps; rows that ended meanwhile keep emitting the pad id with mask 0, so the
 tokens drawn are the same as with a check at every step.
 
+Engines (`SamplingConfig.engine`, rlhf/models/decoding.py): the forwards run over a KV cache grown per
+step (eager), a preallocated one with fixed shapes (static), or the static step replayed from a CUDA
+graph (cuda_graph); `auto` picks per device. The loop around them, and the tokens, are the same.
+
 Lockstep (`all_ranks_done`): when every decoding step's forward runs collectives (FSDP2 gathering
 each layer of a sharded policy in turn, rlhf/runtime/distributed.py), every rank must run the same
 forwards. The loop then exits only once every rank's rows have ended, and a rank whose rows all
@@ -29,10 +33,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from rlhf.config import PAPER_SAMPLING
 from rlhf.models.backbone import causal_lm_parts, eval_mode, output_head, position_ids
+from rlhf.models.decoding import ENGINE_STEPS, ENGINES, Engine, resolve_engine
 from rlhf.models.device import model_device, same_device
 from rlhf.models.packed_linear import MIN_PACKED_NEW_TOKENS, packed_linears
 from rlhf.models.sequences import Sequences
@@ -62,6 +66,10 @@ class SamplingConfig:
     # to save there), FINISHED_CHECK_EVERY_ACCELERATOR elsewhere. Same tokens whatever N: it only
     # decides when the loop may exit and when finished rows leave the batch
     finished_check_every: int | None = None
+    # how each decode step runs (rlhf/models/decoding.py): "eager" (a KV cache grown per step),
+    # "static" (preallocated, fixed shapes), "cuda_graph" (static, the step replayed from a CUDA
+    # graph), "auto" (the fastest measured on the model's device). Same tokens whichever
+    engine: Engine = "auto"
 
     def __post_init__(self) -> None:
         checks = [
@@ -75,6 +83,7 @@ class SamplingConfig:
                 "finished_check_every",
                 "an integer >= 1, or None (1 on a CPU, 8 on an accelerator)",
             ),
+            (self.engine in ENGINES, "engine", "one of " + ", ".join(ENGINES)),
         ]
         for ok, name, expected in checks:
             if not ok:
@@ -336,6 +345,7 @@ def _sample_loop(
     return_logprobs: bool = False,
     share: RowShare | None = None,
     all_ranks_done: Callable[[bool], bool] | None = None,
+    engine: str = "eager",
 ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None, int]:
     """(tokens [B, max_new], mask [B, P + max_new], T, log-probs [B, max_new] or None, steps run),
     T the longest response; runs under inference mode. With `share`, the B rows are the share's
@@ -347,7 +357,9 @@ def _sample_loop(
     those of a loop that keeps every row. Which rows ended is read on the host (a device sync) only
     every `config.check_every(device)` steps: the loop's only sync besides the last line.
     `all_ranks_done` (lockstep): given whether this rank's rows have all ended, whether every
-    rank's have; called at those checks on every rank (a collective), the loop exits on its answer."""
+    rank's have; called at those checks on every rank (a collective), the loop exits on its answer.
+    `engine` (resolved: eager, static or cuda_graph) runs the forwards (rlhf/models/decoding.py); an
+    engine whose shapes are fixed for the call (cuda_graph) keeps every row in its batch."""
     decoder, _ = causal_lm_parts(model)
     head = output_head(model)
     batch, prompt_len = prompt_ids.shape
@@ -357,14 +369,18 @@ def _sample_loop(
     mask[:, :prompt_len] = prompt_mask
     tokens = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(batch, max_new, device=device) if return_logprobs else None
-    cache = DynamicCache(config=decoder.config)
-    with_cache = {cache_keyword(type(decoder)): cache, "use_cache": True}
+    steps_engine = ENGINE_STEPS[engine](
+        decoder, head, cache_keyword(type(decoder)), prompt_len + max_new, max_new - 1
+    )
+    active = torch.arange(batch, device=device)  # batch rows in the decoder's batch, in order
 
-    logits, next_position = _prefill(decoder, head, prompt_ids, mask[:, :prompt_len], with_cache)
+    next_position = position_ids(prompt_mask)
+    logits = steps_engine.prefill(prompt_ids, mask, active, next_position)
+    next_position = next_position[:, -1:] + 1
     seen = None
     if config.repetition_penalty != 1.0:
         seen = _seen_tokens(prompt_ids, prompt_mask, logits.shape[-1])
-    active = torch.arange(batch, device=device)  # batch rows in the decoder's batch, in order
+    drop_rows = config.drop_finished_rows and steps_engine.can_drop_rows
     running = torch.ones(batch, dtype=torch.bool, device=device)  # per row of the decoder's batch
     check_every = config.check_every(device)
     drawn_rows = share.batch_size if share is not None else batch
@@ -391,44 +407,28 @@ def _sample_loop(
             still = int(running.sum())
             if still == 0 if all_ranks_done is None else all_ranks_done(still == 0):
                 break  # every row has ended (on every rank): exit early, T = longest response
-            if config.drop_finished_rows and 4 * still <= 3 * len(active) and len(active) > 1:
+            if drop_rows and 4 * still <= 3 * len(active) and len(active) > 1:
                 active, running, chosen, next_position, seen = _running_rows(
-                    cache, running, active, chosen, next_position, seen
+                    steps_engine, running, active, chosen, next_position, seen
                 )
         if steps == max_new:
             break
         if seen is not None:
             seen[torch.arange(len(active), device=device), chosen] = True
-        hidden = decoder(
-            input_ids=chosen.unsqueeze(1),
-            attention_mask=mask[active, : prompt_len + steps],
-            position_ids=next_position,
-            **with_cache,
-        )[0]
-        logits = head(hidden[:, -1])
+        logits = steps_engine.step(chosen, mask, active, prompt_len + steps, next_position)
         next_position = next_position + 1
     # rows may all have ended before the last check: T is the longest response, not the steps run
     longest = int(mask[:, prompt_len : prompt_len + steps].sum(-1).max()) if config.stop_at_eos else steps
     return tokens, mask, longest, logprobs, steps
 
 
-def _prefill(decoder, head, prompt_ids, prompt_mask, with_cache) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole prompt block through the decoder (filling the KV cache), the head on the last
-    column only: (the first step's logits [B, V], the next positions [B, 1])."""
-    positions = position_ids(prompt_mask)
-    hidden = decoder(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, **with_cache)[
-        0
-    ]
-    return head(hidden[:, -1]), positions[:, -1:] + 1
-
-
-def _running_rows(cache, running, active, chosen, next_position, seen):
+def _running_rows(steps_engine, running, active, chosen, next_position, seen):
     """The decoder's batch narrowed to its running rows, the KV cache reordered with it (lockstep:
     when none runs, one ended row steps along while the other ranks still decode)."""
     keep = running.nonzero().squeeze(1)
     if len(keep) == 0:
         keep = keep.new_zeros(1)
-    cache.reorder_cache(keep)
+    steps_engine.keep_rows(keep)
     narrowed = seen[keep] if seen is not None else None
     return active[keep], running[keep], chosen[keep], next_position[keep], narrowed
 
@@ -479,7 +479,9 @@ def generate(
     if pad_token_id is None:
         raise ValueError("pad_token_id is None: give the tokenizer's pad id (prepare_tokenizer sets one).")
     eos_ids = _eos_tensor(eos_token_id, prompt_ids.device)
-    pack = config.pack_weights and config.max_new_tokens >= MIN_PACKED_NEW_TOKENS
+    engine = resolve_engine(config.engine, device, model, lockstep=all_ranks_done is not None)
+    # a batch of one decodes one row per step, which the packed weights do not speed up (packed_linear.py)
+    pack = config.pack_weights and config.max_new_tokens >= MIN_PACKED_NEW_TOKENS and prompt_ids.shape[0] > 1
     with torch.inference_mode(), eval_mode(model), packed_linears(model, enabled=pack):
         tokens, mask, steps, logprobs, decode_steps = _sample_loop(
             model,
@@ -492,6 +494,7 @@ def generate(
             return_logprobs,
             share,
             all_ranks_done,
+            engine,
         )
     # Clone outside inference mode: the trainer uses these tensors in autograd graphs.
     prompt_len = prompt_ids.shape[1]

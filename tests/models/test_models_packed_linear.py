@@ -202,7 +202,7 @@ def test_short_generations_are_not_packed(lm, no_size_floor):
     """Under MIN_PACKED_NEW_TOKENS new tokens the packing would cost more than it saves."""
     seen = []
     lm.lm_head.register_forward_hook(lambda module, args, out: seen.append("forward" in module.__dict__))
-    ids, mask = left_pad([[5, 6, 7]], 0)
+    ids, mask = left_pad([[5, 6, 7], [8, 9]], 0)
     for new_tokens, packed in (
         (packed_linear.MIN_PACKED_NEW_TOKENS - 1, False),
         (packed_linear.MIN_PACKED_NEW_TOKENS, True),
@@ -210,3 +210,23 @@ def test_short_generations_are_not_packed(lm, no_size_floor):
         seen.clear()
         generate(lm, ids, mask, SamplingConfig(max_new_tokens=new_tokens, stop_at_eos=False), 3, 0)
         assert len(seen) == new_tokens and all(seen) == packed and any(seen) == packed
+
+
+def test_a_batch_of_one_is_not_packed_and_one_row_takes_f_linear(lm, no_size_floor, monkeypatch):
+    """A batch of one multiplies one row per step, where oneDNN's packed product is no faster than
+    MKL's and far slower on two threads (bench/NOTES.md, issue 37): not packed; and a packed layer
+    given one row computes it with F.linear."""
+    seen = []
+    lm.lm_head.register_forward_hook(lambda module, args, out: seen.append("forward" in module.__dict__))
+    ids, mask = left_pad([[5, 6, 7]], 0)
+    generate(lm, ids, mask, SamplingConfig(max_new_tokens=packed_linear.MIN_PACKED_NEW_TOKENS), 3, 0)
+    assert seen and not any(seen)
+    calls = []
+    monkeypatch.setattr(
+        torch.ops.mkldnn, "_linear_pointwise", lambda *args: calls.append(1) or pytest.fail("packed one row")
+    )
+    layer = torch.nn.Linear(8, 4)
+    packed = packed_linear._PackedForward(layer.weight, layer.bias)
+    x = torch.randn(1, 1, 8)
+    torch.testing.assert_close(packed(x), layer(x))
+    assert calls == []

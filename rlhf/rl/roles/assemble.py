@@ -383,6 +383,7 @@ def rollout_sampling_config(c: RLConfig) -> SamplingConfig:
         do_sample=True,
         stop_at_eos=c.rollout.stop_at_eos,
         drop_finished_rows=c.rollout.drop_finished_rows,
+        engine=c.rollout.engine,
         pack_weights=c.runtime.pack_weights,
     )
 

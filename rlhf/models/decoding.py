@@ -1,0 +1,176 @@
+"""The sampler's decode engines: how one step's forward reaches the decoder and its KV cache.
+
+    eager       a `DynamicCache` grown by one column per step, the attention mask cut to the columns
+                seen so far (the loop of the sampler before issue 37)
+    static      a `StaticCache` preallocated for the whole call (batch x (prompt + max_new_tokens)),
+                written in place; every decode step has the same shapes, the attention mask is the
+                whole [B, prompt + max_new_tokens] block (columns not yet written are 0)
+    cuda_graph  static, with the one-token decode step (decoder and head) captured once per call as
+                a CUDA graph and replayed: one launch per step instead of one per kernel from Python
+
+`auto` picks per device (`resolve_engine`): on CUDA the graph when the model can be captured (not
+sharded by FSDP2, not decoding in lockstep with other ranks: their collectives cannot be replayed),
+else static; on a CPU the engine measured fastest there (`AUTO_CPU_ENGINE`, bench/sampler.py).
+
+The tokens are the same whatever the engine: every engine computes the same logits to float
+rounding (the static cache's attention reads the unwritten columns too, masked out), and the
+sampler draws from them the same way. A graph keeps every row in its batch until the call ends
+(one capture per call; rows that ended are still stepped, their tokens masked as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import DynamicCache, StaticCache
+
+Engine = Literal["auto", "eager", "static", "cuda_graph"]
+ENGINES: tuple[str, ...] = ("auto", "eager", "static", "cuda_graph")
+
+# The engine `auto` picks on a CPU: measured fastest there (bench/sampler.py, docs/speed.md).
+AUTO_CPU_ENGINE = "eager"
+
+# A graph pays for its capture (one warm-up step and the capture, about two eager steps) from a few
+# replays on: calls with fewer decode forwards than this run the static engine uncaptured.
+MIN_GRAPH_STEPS = 4
+
+
+def is_fsdp_sharded(model: nn.Module) -> bool:
+    """True when a module of `model` is an FSDP2 unit (its forward hooks gather and free parameters)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def resolve_engine(engine: str, device: torch.device, model: nn.Module, lockstep: bool) -> str:
+    """The engine that runs: `engine`, or for `auto` the fastest that works on `device` for `model`.
+    A `cuda_graph` asked for where it cannot run is an error naming the fix."""
+    if engine not in ENGINES:
+        raise ValueError(f"sampling engine {engine!r} is not one of {', '.join(ENGINES)}.")
+    graphable = device.type == "cuda" and not lockstep and not is_fsdp_sharded(model)
+    if engine == "auto":
+        if device.type == "cuda":
+            return "cuda_graph" if graphable else "static"
+        return AUTO_CPU_ENGINE if device.type == "cpu" else "eager"
+    if engine == "cuda_graph" and not graphable:
+        why = (
+            f"the model is on {device}, not a CUDA GPU"
+            if device.type != "cuda"
+            else "the policy is sharded by FSDP2 or decodes in lockstep with other ranks (collectives "
+            "cannot be replayed from a graph)"
+        )
+        raise ValueError(
+            f"rollout.engine cuda_graph cannot run here: {why}. Fix: --rollout.engine static (or auto)."
+        )
+    return engine
+
+
+class EagerSteps:
+    """Decode steps over a `DynamicCache`: the attention mask of each step is its seen columns."""
+
+    can_drop_rows = True
+
+    def __init__(self, decoder: nn.Module, head: Callable, keyword: str, length: int, decode_forwards: int):
+        """`length`: prompt + new tokens (the cache's columns); `decode_forwards`: the one-token
+        forwards the call runs at most (max_new_tokens - 1)."""
+        self.decoder, self.head = decoder, head
+        self.cache = self.make_cache(decoder, length)
+        self.with_cache = {keyword: self.cache, "use_cache": True}
+
+    def make_cache(self, decoder: nn.Module, length: int):
+        return DynamicCache(config=decoder.config)
+
+    def step_mask(self, mask: torch.Tensor, active: torch.Tensor, seen: int) -> torch.Tensor:
+        """The attention mask of a forward over `seen` columns, for the rows in the decoder's batch."""
+        return mask[active, :seen] if len(active) < mask.shape[0] else mask[:, :seen]
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [B, V] at the last column of `ids`."""
+        hidden = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, **self.with_cache)[
+            0
+        ]
+        return self.head(hidden[:, -1])
+
+    def prefill(self, prompt_ids, mask, active, positions) -> torch.Tensor:
+        return self.forward(prompt_ids, self.step_mask(mask, active, prompt_ids.shape[1]), positions)
+
+    def step(self, chosen, mask, active, seen, positions) -> torch.Tensor:
+        return self.forward(chosen.unsqueeze(1), self.step_mask(mask, active, seen), positions)
+
+    def keep_rows(self, keep: torch.Tensor) -> None:
+        """Narrow the cache to the batch rows `keep` (the finished rows leave)."""
+        self.cache.reorder_cache(keep)
+
+
+class StaticSteps(EagerSteps):
+    """Decode steps over a `StaticCache` of `length` columns: the same shapes at every step, the
+    attention mask always the whole block (unwritten columns are 0 there)."""
+
+    def make_cache(self, decoder: nn.Module, length: int):
+        return StaticCache(config=decoder.config, max_cache_len=length)
+
+    def step_mask(self, mask: torch.Tensor, active: torch.Tensor, seen: int) -> torch.Tensor:
+        return mask[active] if len(active) < mask.shape[0] else mask
+
+
+class CudaGraphSteps(StaticSteps):
+    """Static steps with the decode forward captured as a CUDA graph at the second step (the first
+    runs eagerly on a side stream: the warm-up a capture needs) and replayed after: the step's token
+    ids and positions are copied into the graph's input buffers, the mask is read in place."""
+
+    can_drop_rows = False
+
+    def __init__(self, decoder, head, keyword, length, decode_forwards):
+        super().__init__(decoder, head, keyword, length, decode_forwards)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.decode_steps = 0
+        self.capture = decode_forwards >= MIN_GRAPH_STEPS  # few steps: the capture would not pay
+        self.ids = self.positions = self.logits = None
+
+    def step(self, chosen, mask, active, seen, positions) -> torch.Tensor:
+        self.decode_steps += 1
+        if not self.capture:
+            return super().step(chosen, mask, active, seen, positions)
+        if self.graph is None:
+            self.ids = chosen.unsqueeze(1).clone()
+            self.positions = positions.clone()
+            if self.decode_steps == 1:  # warm-up: allocator, cuBLAS handles and the cache's lazy state
+                return self._on_side_stream(lambda: self.forward(self.ids, mask, self.positions))
+            self._capture(mask)
+        else:
+            self.ids.copy_(chosen.unsqueeze(1))
+            self.positions.copy_(positions)
+        self.graph.replay()
+        return self.logits
+
+    def _on_side_stream(self, fn):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), _no_autocast_cache():
+            out = fn()
+        torch.cuda.current_stream().wait_stream(side)
+        out.record_stream(torch.cuda.current_stream())  # made on the side stream, read on this one
+        return out
+
+    def _capture(self, mask: torch.Tensor) -> None:
+        """Record one decode forward (not run: `replay` runs it) reading `mask` in place."""
+        graph = torch.cuda.CUDAGraph()
+        with _no_autocast_cache(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self.logits = self.forward(self.ids, mask, self.positions)
+        self.graph = graph
+
+
+def _no_autocast_cache():
+    """Autocast as the caller set it, without its cache of cast weights: a captured graph must cast
+    the weights itself (a cached copy made before the capture could be freed under the graph)."""
+    if not torch.is_autocast_enabled("cuda"):
+        return torch.autocast("cuda", enabled=False)
+    return torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+
+
+ENGINE_STEPS = {"eager": EagerSteps, "static": StaticSteps, "cuda_graph": CudaGraphSteps}

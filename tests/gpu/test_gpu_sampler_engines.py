@@ -1,0 +1,170 @@
+"""On a CUDA GPU: the sampler's static and CUDA-graph decode engines (rlhf/models/decoding.py) draw the
+eager engine's rollout (same tokens, masks and behaviour log-probs at the same seed), the graph is
+captured once per call and replayed, and it follows the weights and the LoRA adapter of each call.
+
+Skipped (with the reason shown by `pytest -ra`) on a machine without CUDA. Run them on a GPU machine
+with `pytest tests/gpu -m gpu` (bench/gpu_sampler.sh runs them with the sampler's timings).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+
+from rlhf.data.collate import left_pad
+from rlhf.models.decoding import CudaGraphSteps
+from rlhf.models.sampling import SamplingConfig, generate
+from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+    ),
+]
+
+WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
+CUDA = torch.device("cuda")
+CONFIGS = [
+    SamplingConfig(max_new_tokens=24, temperature=1.0),
+    SamplingConfig(max_new_tokens=24, temperature=1.3, top_p=0.8, top_k=9, repetition_penalty=1.2),
+    SamplingConfig.ppo_paper(max_new_tokens=24),
+    SamplingConfig(max_new_tokens=24, do_sample=False, repetition_penalty=1.3),
+    SamplingConfig(max_new_tokens=24, temperature=0.9, stop_at_eos=False),
+]
+CONFIG_IDS = ["t1", "filters-and-penalty", "paper", "greedy", "no-eos"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return word_tokenizer([" ".join(WORDS)])
+
+
+@pytest.fixture()
+def lm(tok):
+    model = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=2, num_heads=2)
+    with torch.no_grad():  # rows end at different steps
+        model.lm_head.weight[tok.eos_token_id] += 0.5
+    return model.to(CUDA)
+
+
+def prompt_batch(tok, rows: int = 10):
+    prompts = [tok(" ".join(WORDS[i % 16 : i % 16 + 1 + i % 4]))["input_ids"] for i in range(rows)]
+    return left_pad(prompts, tok.pad_token_id)
+
+
+def sample(model, tok, config, engine, rows=10, seed=7):
+    ids, mask = prompt_batch(tok, rows)
+    return generate(
+        model,
+        ids,
+        mask,
+        replace(config, engine=engine),
+        tok.eos_token_id,
+        tok.pad_token_id,
+        torch.Generator(CUDA).manual_seed(seed),
+        return_logprobs=True,
+    )
+
+
+def assert_same_rollout(a, b, atol=1e-4):
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert torch.equal(a.attention_mask, b.attention_mask)
+    assert torch.equal(a.ended_with_eos, b.ended_with_eos)
+    torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
+def test_static_and_graph_engines_draw_the_eager_rollout(lm, tok, config):
+    eager = sample(lm, tok, config, "eager")
+    if config.stop_at_eos:
+        lengths = eager.response_mask.sum(1)
+        assert lengths.min() < lengths.max()  # rows that end early
+    assert_same_rollout(sample(lm, tok, config, "static"), eager)
+    assert_same_rollout(sample(lm, tok, config, "cuda_graph"), eager)
+
+
+def test_auto_is_the_graph_on_cuda(lm, tok, monkeypatch):
+    captures: list[int] = []
+    original = CudaGraphSteps._capture
+    monkeypatch.setattr(
+        CudaGraphSteps, "_capture", lambda self, mask: captures.append(1) or original(self, mask)
+    )
+    config = SamplingConfig(max_new_tokens=12, temperature=1.1)
+    auto = sample(lm, tok, config, "auto")
+    assert captures == [1]
+    assert_same_rollout(auto, sample(lm, tok, config, "eager"))
+
+
+def test_the_graph_is_captured_once_and_replayed(lm, tok, monkeypatch):
+    """Python runs the decoder three times (prefill, warm-up step, capture); every later step is a
+    replay of the graph."""
+    forwards: list[int] = []
+    lm.model.register_forward_hook(lambda *_: forwards.append(1))
+    replays: list[int] = []
+    original = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: replays.append(1) or original(self))
+    config = SamplingConfig(max_new_tokens=20, stop_at_eos=False)
+    rollout = sample(lm, tok, config, "cuda_graph")
+    assert rollout.response_ids.shape[1] == 20
+    assert len(forwards) == 3 and len(replays) == 20 - 2  # 19 decode forwards: a warm-up and 18 replays
+
+
+def test_graph_batch_of_one_and_a_short_call(lm, tok):
+    for config in (SamplingConfig(max_new_tokens=16, temperature=1.2), SamplingConfig(max_new_tokens=3)):
+        assert_same_rollout(
+            sample(lm, tok, config, "cuda_graph", rows=1), sample(lm, tok, config, "eager", rows=1)
+        )
+        assert_same_rollout(sample(lm, tok, config, "cuda_graph"), sample(lm, tok, config, "eager"))
+
+
+def test_each_call_captures_the_current_weights(lm, tok):
+    """The policy trains between rollouts: a call after an in-place weight update samples the new
+    weights (no graph outlives its call)."""
+    config = SamplingConfig(max_new_tokens=16, temperature=1.0)
+    before = sample(lm, tok, config, "cuda_graph")
+    with torch.no_grad():
+        for parameter in lm.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    after = sample(lm, tok, config, "cuda_graph")
+    assert not torch.equal(before.input_ids, after.input_ids)
+    assert_same_rollout(after, sample(lm, tok, config, "eager"))
+
+
+def test_graph_with_a_lora_policy_and_its_disabled_adapter(lm, tok):
+    from peft import LoraConfig, get_peft_model
+
+    from rlhf.models.backbone import peft_wrapping
+
+    base = copy.deepcopy(lm)
+    with peft_wrapping():
+        policy = get_peft_model(lm, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.3)
+    config = SamplingConfig(max_new_tokens=16, temperature=1.1, top_p=0.9)
+    assert_same_rollout(sample(policy, tok, config, "cuda_graph"), sample(policy, tok, config, "eager"))
+    with policy.disable_adapter():
+        assert_same_rollout(sample(policy, tok, config, "cuda_graph"), sample(base, tok, config, "eager"))
+
+
+def test_graph_under_bf16_autocast_replays_the_static_forward(lm, tok):
+    """The trainer's bf16 policy samples under autocast: the graph replays the kernels of the static
+    engine's forward, so its rollout is that one's (log-probs to bf16 rounding)."""
+    config = SamplingConfig(max_new_tokens=16, temperature=1.0)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        graph = sample(lm, tok, config, "cuda_graph")
+        static = sample(lm, tok, config, "static")
+    assert_same_rollout(graph, static, atol=2e-2)
+
+
+def test_graph_on_bfloat16_weights(lm, tok):
+    model = lm.to(torch.bfloat16)
+    config = SamplingConfig(max_new_tokens=16, temperature=1.0)
+    assert_same_rollout(
+        sample(model, tok, config, "cuda_graph"), sample(model, tok, config, "static"), atol=2e-2
+    )

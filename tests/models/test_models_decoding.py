@@ -1,0 +1,192 @@
+"""The sampler's decode engines (rlhf/models/decoding.py): the static-cache engine draws the rollout
+of the eager one (same tokens, masks and behaviour log-probs at the same seed) on CPU, for every
+sampling setting, left-padded prompts of different lengths, rows that end early, a batch of one,
+stop tokens, lockstep and a LoRA policy. The CUDA-graph engine: tests/gpu/test_gpu_sampler_engines.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import StaticCache
+
+from rlhf.models.decoding import AUTO_CPU_ENGINE, CudaGraphSteps, StaticSteps, resolve_engine
+from rlhf.models.sampling import SamplingConfig, generate
+from tests.support.models_testing import left_pad
+
+EOS, PAD = 3, 0
+MIXED_PROMPTS = [[4 + (3 * i + j) % 40 for j in range(1 + i % 5)] for i in range(12)]
+
+CONFIGS = [
+    SamplingConfig(max_new_tokens=24, temperature=1.0),
+    SamplingConfig(max_new_tokens=24, temperature=0.7),
+    SamplingConfig(max_new_tokens=24, temperature=1.3, top_k=7),
+    SamplingConfig(max_new_tokens=24, temperature=1.1, top_p=0.8),
+    SamplingConfig(max_new_tokens=24, temperature=1.3, top_p=0.8, top_k=9, repetition_penalty=1.2),
+    SamplingConfig.ppo_paper(max_new_tokens=24),
+    SamplingConfig(max_new_tokens=24, do_sample=False, repetition_penalty=1.3),
+    SamplingConfig(max_new_tokens=24, temperature=0.9, stop_at_eos=False),
+]
+CONFIG_IDS = ["t1", "t0.7", "top-k", "top-p", "filters-and-penalty", "paper", "greedy", "no-eos"]
+
+
+def run(lm, prompts, config, engine, seed=11, **options):
+    ids, mask = left_pad(prompts, PAD)
+    return generate(
+        lm,
+        ids,
+        mask,
+        replace(config, engine=engine),
+        options.pop("eos", EOS),
+        PAD,
+        torch.Generator().manual_seed(seed),
+        return_logprobs=True,
+        **options,
+    )
+
+
+def assert_same_rollout(a, b, atol=1e-5):
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert torch.equal(a.attention_mask, b.attention_mask)
+    assert torch.equal(a.response_mask, b.response_mask)
+    assert torch.equal(a.ended_with_eos, b.ended_with_eos)
+    assert a.decode_steps == b.decode_steps
+    torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("drop", [True, False], ids=["drop", "keep"])
+@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
+def test_static_cache_draws_the_eager_rollout(lm, config, drop):
+    with torch.no_grad():
+        lm.lm_head.weight[EOS] += 0.6  # rows end at different steps
+    config = replace(config, drop_finished_rows=drop)
+    eager = run(lm, MIXED_PROMPTS, config, "eager")
+    static = run(lm, MIXED_PROMPTS, config, "static")
+    if config.stop_at_eos:
+        lengths = eager.response_mask.sum(1)
+        assert lengths.min() < lengths.max()  # mixed lengths: rows end early, some leave the batch
+    assert_same_rollout(static, eager)
+
+
+def test_static_cache_is_preallocated_with_fixed_shapes(lm, monkeypatch):
+    """Every forward of the static engine sees the same cache, sized batch x (prompt + max_new),
+    and an attention mask of that width; the prefill sees the prompt block."""
+    shapes: list[tuple] = []
+    caches: set[int] = set()
+
+    def spy(_module, _args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        assert isinstance(cache, StaticCache)
+        caches.add(id(cache))
+        shapes.append((tuple(kwargs["input_ids"].shape), tuple(kwargs["attention_mask"].shape)))
+
+    lm.model.register_forward_pre_hook(spy, with_kwargs=True)
+    config = SamplingConfig(max_new_tokens=10, stop_at_eos=False)
+    rollout = run(lm, MIXED_PROMPTS[:5], config, "static")
+    width = rollout.prompt_length + 10
+    assert len(caches) == 1 and len(shapes) == 10
+    assert shapes[0] == ((5, rollout.prompt_length), (5, width))
+    assert set(shapes[1:]) == {((5, 1), (5, width))}
+
+
+@pytest.mark.parametrize("config", CONFIGS[:1] + CONFIGS[4:5] + CONFIGS[6:7], ids=["t1", "filters", "greedy"])
+def test_static_cache_batch_of_one(lm, config):
+    with torch.no_grad():
+        lm.lm_head.weight[EOS] += 0.6
+    for prompt in ([5, 6, 7, 8, 9], [10]):
+        assert_same_rollout(run(lm, [prompt], config, "static"), run(lm, [prompt], config, "eager"))
+
+
+def test_static_cache_several_stop_tokens_and_all_rows_ending_early(lm):
+    with torch.no_grad():
+        lm.lm_head.weight[EOS] += 3.0
+        lm.lm_head.weight[17] += 1.5
+    config = SamplingConfig(max_new_tokens=30, temperature=1.2)
+    eager = run(lm, MIXED_PROMPTS, config, "eager", eos=[EOS, 17])
+    static = run(lm, MIXED_PROMPTS, config, "static", eos=[EOS, 17])
+    assert eager.response_ids.shape[1] < 30 and bool(eager.ended_with_eos.all())  # the early exit
+    assert_same_rollout(static, eager)
+
+
+def test_static_cache_in_lockstep_steps_on_with_the_same_rollout(lm):
+    """`all_ranks_done` (per-layer FSDP2 rollouts): the static engine also steps on until every
+    rank has ended, one ended row left in its batch, with the rollout of the engine alone."""
+    with torch.no_grad():
+        lm.lm_head.weight[EOS] += 3.0
+    config = SamplingConfig(max_new_tokens=30, temperature=1.2, repetition_penalty=1.2)
+    alone = run(lm, MIXED_PROMPTS, config, "static", seed=5)
+    longest = int(alone.response_lengths.max())
+    asked: list[bool] = []
+
+    def all_ranks_done(mine: bool) -> bool:
+        asked.append(mine)
+        return len(asked) == longest + 5
+
+    stepped = run(lm, MIXED_PROMPTS, config, "static", seed=5, all_ranks_done=all_ranks_done)
+    assert stepped.decode_steps == longest + 5
+    assert torch.equal(stepped.input_ids, alone.input_ids)
+    assert torch.equal(stepped.attention_mask, alone.attention_mask)
+    assert_same_rollout(run(lm, MIXED_PROMPTS, config, "eager", seed=5), alone)
+
+
+def test_static_cache_with_a_lora_policy(lm):
+    from peft import LoraConfig, get_peft_model
+
+    from rlhf.models.backbone import peft_wrapping
+
+    with peft_wrapping():
+        policy = get_peft_model(lm, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # a trained adapter: B != 0
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    config = SamplingConfig(max_new_tokens=16, temperature=1.1, top_p=0.9)
+    assert_same_rollout(
+        run(policy, MIXED_PROMPTS, config, "static"), run(policy, MIXED_PROMPTS, config, "eager")
+    )
+    with policy.disable_adapter():  # the reference's rollout: the base model's
+        assert_same_rollout(
+            run(policy, MIXED_PROMPTS, config, "static"), run(lm, MIXED_PROMPTS, config, "eager")
+        )
+
+
+def test_auto_engine_per_device_and_cuda_graph_refused_where_it_cannot_run(lm):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_engine("auto", cpu, lm, lockstep=False) == AUTO_CPU_ENGINE
+    assert resolve_engine("auto", cuda, lm, lockstep=False) == "cuda_graph"
+    assert resolve_engine("auto", cuda, lm, lockstep=True) == "static"  # collectives in every step
+    assert resolve_engine("static", cpu, lm, lockstep=True) == "static"
+    with pytest.raises(ValueError, match="not a CUDA GPU.*--rollout.engine static"):
+        resolve_engine("cuda_graph", cpu, lm, lockstep=False)
+    with pytest.raises(ValueError, match="lockstep"):
+        resolve_engine("cuda_graph", cuda, lm, lockstep=True)
+    with pytest.raises(ValueError, match="SamplingConfig.engine"):
+        SamplingConfig(engine="graph")
+    ids, mask = left_pad(MIXED_PROMPTS[:2], PAD)
+    with pytest.raises(ValueError, match="cuda_graph cannot run here"):
+        generate(lm, ids, mask, SamplingConfig(max_new_tokens=4, engine="cuda_graph"), EOS, PAD)
+
+
+def test_the_graph_engine_keeps_its_rows_and_the_static_one_drops_them():
+    assert StaticSteps.can_drop_rows and not CudaGraphSteps.can_drop_rows
+
+
+def test_the_rollout_config_offers_the_engines_the_sampler_runs():
+    import typing
+
+    from rlhf.config.rollout import RolloutConfig
+    from rlhf.models.decoding import ENGINES, Engine
+
+    field = typing.get_type_hints(RolloutConfig)["engine"]
+    assert typing.get_args(field) == typing.get_args(Engine) == ENGINES
+    assert RolloutConfig().engine == SamplingConfig().engine == "auto"
+
+
+def test_an_rl_run_samples_with_rollout_engine():
+    from rlhf.config import RLConfig, load_config
+    from rlhf.rl.roles.assemble import rollout_sampling_config
+
+    config = load_config(RLConfig, overrides={"rollout": {"engine": "static"}})
+    assert rollout_sampling_config(config).engine == "static"
+    assert rollout_sampling_config(load_config(RLConfig)).engine == "auto"

@@ -52,8 +52,8 @@ class Stopwatch:
 def run(workload_name: str, iters: int, warmup: int, threads: int) -> dict:
     """`iters` PPO iterations of the workload in this process, or on this rank under torchrun."""
     from rlhf.config import DistConfig
+    from rlhf.parallel.process_group import data_parallel
     from rlhf.runtime import DistributedRuntime
-    from rlhf.runtime.process_group import data_parallel
 
     set_threads(threads)
     workload = next(w for w in WORKLOADS if w.name == workload_name)

@@ -256,7 +256,7 @@ def longest_prompt_tokens(models: Path) -> int:
 
 def plan_mib(models: Path, ranks: int, strategy: str, micro_batch: int, prompt_tokens: int) -> float:
     """`rlhf plan`'s per-rank peak for a case of the train workload, float32 on the CPU, in MiB."""
-    from rlhf.runtime.memory_plan import Job, plan, shape_of
+    from rlhf.planner.memory_plan import Job, plan, shape_of
 
     name, _, gather = strategy.partition("+")
     name = name.partition(":")[0]

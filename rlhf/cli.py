@@ -489,9 +489,9 @@ _UNSET = object()
 def _run_supervised_stage(args, rest, config_class, run, ctx) -> int:
     """`rlhf sft`, `rlhf rm` and `rlhf dpo`: --model, --data and --out over --config and dotted overrides."""
     from rlhf.config import load_config
+    from rlhf.parallel.process_group import agreed_on_rank0, data_parallel
     from rlhf.rundir.directory import check_out_dir
     from rlhf.rundir.lock import writer_lock
-    from rlhf.runtime.process_group import agreed_on_rank0, data_parallel
 
     named = {
         "model": args.model,
@@ -573,9 +573,9 @@ def run_dpo_command(args, rest, ctx) -> int:
 
 def run_train_command(args, rest, ctx) -> int:
     from rlhf.config import RLConfig, load_config
+    from rlhf.parallel.process_group import agreed_on_rank0, data_parallel
     from rlhf.rundir.directory import check_out_dir
     from rlhf.rundir.lock import writer_lock
-    from rlhf.runtime.process_group import agreed_on_rank0, data_parallel
     from rlhf.stages.train import run_rl
 
     named = {
@@ -780,7 +780,7 @@ def run_plan_command(args, rest, ctx) -> int:
     import json
 
     from rlhf.config import ConfigError, RLConfig, load_config
-    from rlhf.runtime.memory_plan import STAGES, Job, parse_bytes, plan, render, shape_of
+    from rlhf.planner.memory_plan import STAGES, Job, parse_bytes, plan, render, shape_of
 
     if rest:
         raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf plan --help`.")
@@ -861,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     from rlhf.models.trust import set_load_policy
-    from rlhf.runtime.threads import limit_threads
+    from rlhf.parallel.threads import limit_threads
 
     hf_logging.disable_progress_bar()  # our own progress display replaces transformers' load/save bars
     limit_threads()  # OMP_NUM_THREADS, else the cores this process may use (affinity, cgroup quota)
@@ -878,8 +878,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run_with_one_error_path(parser, args, rest) -> int:
     """Run the stage; every failure ends as one message on stderr and an exit code (cli_errors.py)."""
     from rlhf import cli_errors
+    from rlhf.parallel.process_group import is_lost_peer, lost_peer_message
     from rlhf.rundir.termination import Terminated, handle_sigterm
-    from rlhf.runtime.process_group import is_lost_peer, lost_peer_message
 
     ctx = cli_errors.RunContext(stage=args.stage)
     try:
@@ -911,7 +911,7 @@ def _run_with_one_error_path(parser, args, rest) -> int:
             message, code = cli_errors.no_space_message(ctx, err), cli_errors.USER_ERROR
         else:
             message, code = cli_errors.internal_error_message(ctx, err), cli_errors.INTERNAL_ERROR
-    from rlhf.runtime.process_group import rank_label
+    from rlhf.parallel.process_group import rank_label
 
     # one write: the ranks of a torchrun job share stderr, and print's separate newline could land
     # inside another rank's message
@@ -971,7 +971,7 @@ def _dispatch(parser, args, rest, ctx) -> int:
 def _refuse_data_parallel_launch(stage: str) -> None:
     """Only sft, rm and train run data-parallel; under torchrun with several processes the other
     stages would each run whole and write the same files."""
-    from rlhf.runtime.process_group import launch_world_size
+    from rlhf.parallel.process_group import launch_world_size
 
     if stage not in ("sft", "rm", "dpo", "train") and launch_world_size() > 1:
         from rlhf.config import ConfigError

@@ -11,11 +11,13 @@ from tests.core.test_core_layering import rlhf_imports
 # lowest first; a module may import its own layer and those before it
 LAYERS = (
     "core",
+    "planner",  # `rlhf plan`'s memory model: pure arithmetic over shapes
     "config",
     "models",
     "data",  # data/check.py (`rlhf data check`) reads a model directory's tokenizer
     "worlds",
     "monitor",
+    "parallel",  # the data-parallel library: peers, DDP, FSDP2, threads (trainers and runtimes share it)
     "runtime",
     "rundir",
     "train",

@@ -48,7 +48,7 @@ def resolve_device(name: str, *, key: str = "train.device") -> torch.device:
 def model_device(model: nn.Module) -> torch.device:
     """Where `model` computes: its first parameter's device (the CPU for a model without parameters);
     for a sharded parameter (a DTensor), its mesh's device, where FSDP gathers it (its shard may sit
-    in CPU memory: `dist.offload`, rlhf/runtime/fsdp.py)."""
+    in CPU memory: `dist.offload`, rlhf/parallel/fsdp.py)."""
     param = next(model.parameters(), None)
     if param is None:
         return torch.device("cpu")

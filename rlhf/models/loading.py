@@ -247,7 +247,7 @@ def load_causal_lm(
 ) -> PreTrainedModel:
     """Load a causal LM in `dtype` (None: float32; GGUF weights are dequantized) on `device`
     (None: the CPU), in eval mode. `on_meta`: only its structure, built from its config on the meta
-    device, no weight read (a sharded run's ranks but 0, filled from rank 0: rlhf/runtime/fsdp.py)."""
+    device, no weight read (a sharded run's ranks but 0, filled from rank 0: rlhf/parallel/fsdp.py)."""
     _check_source(path, gguf_file)
     check_model_directory(path, weights=gguf_file is None)
     if not on_meta:

@@ -462,7 +462,7 @@ def generate(
     id may equal the EOS id). `return_logprobs` also fills `Rollout.logprobs` (the sampled tokens'
     log-probs at `config.temperature`), which saves the trainer a forward pass for the old log-probs.
     `share`: the prompts are rows `share.start:share.stop` of a larger batch sampled by several
-    processes (their tokens are the whole batch's; rlhf/runtime/rollout_share.py joins the shares).
+    processes (their tokens are the whole batch's; rlhf/parallel/rollout_share.py joins the shares).
     `all_ranks_done`: the processes decode in lockstep, each running as many steps as the longest
     (`_sample_loop`); `decode_steps` is then the same on every one.
     """

@@ -23,11 +23,11 @@ from rlhf.data.collate import PtxBatches
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
+from rlhf.parallel.process_group import LostWorker
 from rlhf.ray_runtime.hosts import ROLLOUT, group_of, role_hosts
 from rlhf.ray_runtime.placement import place
 from rlhf.ray_runtime.worker import RoleWorker
 from rlhf.rundir import checkpoint as ckpt
-from rlhf.runtime.process_group import LostWorker
 from rlhf.runtime.protocol import Minibatch
 
 if TYPE_CHECKING:  # Ray is imported when a run asks for it

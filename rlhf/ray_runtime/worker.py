@@ -29,13 +29,13 @@ from rlhf.data.collate import PtxBatches
 from rlhf.models.backbone import model_context
 from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
+from rlhf.parallel.process_group import backend_for
 from rlhf.ray_runtime.hosts import ROLLOUT
 from rlhf.rl.roles.assemble import load_roles
 from rlhf.rundir.checkpoint import rng_state, set_rng_state
 from rlhf.rundir.export import write_models
 from rlhf.rundir.sharded_checkpoint import group_shards, save_learner_shards, trained_learners
 from rlhf.runtime import DistributedRuntime, runtime_for
-from rlhf.runtime.process_group import backend_for
 from rlhf.runtime.protocol import Minibatch
 
 

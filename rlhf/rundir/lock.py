@@ -88,7 +88,7 @@ def writer_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
     """`run_dir_lock(run_dir)` in the process that writes the run (rank 0 under torchrun); the other
     ranks write nothing there and take no lock, but stop with rank 0 when the directory is taken
     (`agreed_on_rank0`: none waits for a rank that stopped)."""
-    from rlhf.runtime.process_group import agreed_on_rank0, is_writer_process
+    from rlhf.parallel.process_group import agreed_on_rank0, is_writer_process
 
     with contextlib.ExitStack() as stack:
         agreed_on_rank0(lambda: stack.enter_context(run_dir_lock(run_dir)) if is_writer_process() else None)

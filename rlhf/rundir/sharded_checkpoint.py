@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
+from rlhf.parallel.peers import Peers
 from rlhf.rundir import checkpoint as ckpt
-from rlhf.runtime.peers import Peers
 
 SHARDS = "shards"
 GROUPS = "groups"  # a Ray run's sharded role groups, each its own `shards/`

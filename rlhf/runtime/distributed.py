@@ -5,21 +5,21 @@ the same numbers: the same prompts, the same sampled tokens, the same experience
 The costly work on rows is shared:
 - `generate`: each rank samples its share of the rows, drawing the whole batch's uniforms at each
   step, so the tokens do not depend on the number of ranks; the shares are gathered
-  (rlhf/runtime/rollout_share.py);
+  (rlhf/parallel/rollout_share.py);
 - `map_rows`: each rank runs a rollout's no-grad forward (scores, log-probs, values) on its share of
   the rows; the shares are gathered, so every rank holds the whole batch's results;
 - `train`: every rank passes every minibatch to each learner, whose engine (rlhf/train/learner.py
   `Learner.step`) takes the rank's share of its rows, each micro-batch weighted by its tokens over
   the whole minibatch's tokens; under `ddp` the learners' modules are DistributedDataParallel
   replicas that sum the gradients in the backward of a step's last micro-batch
-  (rlhf/runtime/replicated.py), step statistics are summed over the ranks (rlhf/runtime/peers.py),
+  (rlhf/parallel/replicated.py), step statistics are summed over the ranks (rlhf/parallel/peers.py),
   so every rank takes the one-process step. Every rank runs as many micro-batches, padded with
   fillers that weigh nothing (the engine's lockstep). The critic's steps never run
   beside the policy's on a second thread here: both would all-reduce on one process group and could
   mix their buckets.
-The learners are built with their strategy (rlhf/runtime/parallel_plan.py: ddp replicas, or fsdp2
+The learners are built with their strategy (rlhf/parallel/parallel_plan.py: ddp replicas, or fsdp2
 shards planned). Under `dist.strategy fsdp2` every role is sharded per layer at its first use (after
-a resumed run has loaded its whole state; rlhf/runtime/fsdp.py): the policy, a separate critic, the reference's
+a resumed run has loaded its whole state; rlhf/parallel/fsdp.py): the policy, a separate critic, the reference's
 copy and the reward model, each rank holding 1/N of every one. Their forwards and backwards gather
 one layer at a time and reduce-scatter the gradients, so every rank runs the same ones: the rows of
 a no-grad forward are padded to the largest rank's share (`Peers.padded_share`), and the
@@ -43,11 +43,11 @@ from torch import nn
 from rlhf.config import ConfigError, RLConfig, RuntimeConfig
 from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
-from rlhf.runtime import fsdp
+from rlhf.parallel import fsdp
+from rlhf.parallel.peers import Peers
+from rlhf.parallel.rollout_share import join_rollouts, row_share
 from rlhf.runtime.local import LocalRuntime, RoleSet
-from rlhf.runtime.peers import Peers
 from rlhf.runtime.protocol import Minibatch
-from rlhf.runtime.rollout_share import join_rollouts, row_share
 
 
 class DistributedRuntime(LocalRuntime):
@@ -69,7 +69,7 @@ class DistributedRuntime(LocalRuntime):
         self.offload = offload  # dist.offload: the shards and AdamW state in CPU memory
         self.rollout_gather = rollout_gather  # dist.rollout_gather: the sampled policy whole or per layer
         # the learners were built with their strategy (ddp: replicated; fsdp2: sharded at the first
-        # use, `shard_roles`; rlhf/runtime/parallel_plan.py): built outside this group, they would not
+        # use, `shard_roles`; rlhf/parallel/parallel_plan.py): built outside this group, they would not
         # sum their gradients over its ranks
         for learner in self.learners:
             if learner.peers is None:
@@ -94,7 +94,7 @@ class DistributedRuntime(LocalRuntime):
         precision = r.policy.precision
         bf16 = precision is not None and precision.uses_autocast  # dtype bfloat16: gathered in bf16
         for learner in self.learners:
-            learner.shard()  # as planned when it was built (rlhf/runtime/parallel_plan.py)
+            learner.shard()  # as planned when it was built (rlhf/parallel/parallel_plan.py)
         frozen = {
             "reference": r.reference.own_module,
             "reward_model": r.reward_model and r.reward_model.model,

@@ -27,6 +27,8 @@ from rlhf.data.collate import PtxBatches
 from rlhf.models.backbone import causal_lm_parts, forward_changes_state, model_context
 from rlhf.models.sampling import Rollout, SamplingConfig
 from rlhf.models.sequences import Sequences
+from rlhf.parallel.peers import Peers
+from rlhf.parallel.threads import by_row_halves, run_side_by_side, side_by_side_threads
 from rlhf.runtime.allocator import keep_freed_memory
 from rlhf.runtime.flops import (
     MIN_SPLIT_FORWARD_FLOPS,
@@ -34,9 +36,7 @@ from rlhf.runtime.flops import (
     handover_step,
     training_flops_per_token,
 )
-from rlhf.runtime.peers import Peers
 from rlhf.runtime.protocol import Minibatch, Ready, RolloutHandle
-from rlhf.runtime.threads import by_row_halves, run_side_by_side, side_by_side_threads
 
 
 class RoleSet(Protocol):

@@ -33,7 +33,7 @@ from rlhf.models.device import model_device, to_device
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
-from rlhf.runtime.fsdp import shard_from_rank0
+from rlhf.parallel.fsdp import shard_from_rank0
 from rlhf.stages.rm import EncodedPair, encode_pairs, pair_positions
 from rlhf.train.learner import MicroBatch, RowList, step_metrics
 from rlhf.train.lm_loss import sequence_logprobs

@@ -12,13 +12,13 @@ from rlhf.data.tokenize import TruncationStats
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.tokenizer_match import check_same_tokenizer
 from rlhf.monitor import print_summary
+from rlhf.parallel.process_group import is_writer_process, sharded_launch
 from rlhf.rl.roles.assemble import load_roles
 from rlhf.rl.trainer import Evaluator, RLTrainer
 from rlhf.rundir.final_report import write_final_report
 from rlhf.rundir.footprint import footprint_line
 from rlhf.rundir.run_inputs import model_inputs, record_models
 from rlhf.runtime import runtime_for
-from rlhf.runtime.process_group import is_writer_process, sharded_launch
 from rlhf.runtime.protocol import Runtime
 from rlhf.stages.prompt_files import load_prompts, prompt_rows, ptx_sampler
 from rlhf.train.context_check import check_prompts_fit
@@ -55,7 +55,7 @@ def start_runtime(config: RLConfig, writer: bool) -> Runtime:
 
         return RayRuntime(config)
     # fsdp2 under torchrun: rank 0 alone reads the weights, the others build the models' structure on
-    # the meta device and receive their shards from rank 0 (rlhf/runtime/fsdp.py shard_from_rank0)
+    # the meta device and receive their shards from rank 0 (rlhf/parallel/fsdp.py shard_from_rank0)
     roles = load_roles(config, on_meta=sharded_launch(config.dist.strategy) and not writer)
     return runtime_for(roles, config)
 

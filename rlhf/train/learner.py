@@ -42,9 +42,9 @@ from torch.nn.parallel import DistributedDataParallel
 from rlhf.config import OptimConfig
 from rlhf.core import explained_variance
 from rlhf.data.length_grouping import micro_batch_groups, token_budget_groups
-from rlhf.runtime import fsdp
-from rlhf.runtime.peers import Peers
-from rlhf.runtime.replicated import fsdp_without_sync, replicate
+from rlhf.parallel import fsdp
+from rlhf.parallel.peers import Peers
+from rlhf.parallel.replicated import fsdp_without_sync, replicate
 from rlhf.train.optim import build_optimizer
 
 
@@ -133,7 +133,7 @@ class StepStats:
         self.returns.append(returns[valid].float())
 
     def result(self, peers: Peers | None = None) -> dict[str, float]:
-        """The step's stats; with `peers` (data-parallel ranks, rlhf/runtime/peers.py) over the
+        """The step's stats; with `peers` (data-parallel ranks, rlhf/parallel/peers.py) over the
         micro-batches of every rank."""
         if peers is not None:
             return merged_step_stats(peers.gather((self.sums, self.weights, self.extremes, self.moments())))
@@ -190,17 +190,17 @@ LossFn = Callable[[MicroBatch], tuple[torch.Tensor, dict[str, Any]]]
 class Learner:
     """`module` trained by AdamW over its trainable parameters with a warmup/decay schedule over
     `total_steps` and global gradient clipping (PPO paper §5.4, appendix C.2). With `peers`
-    (data-parallel ranks, rlhf/runtime/peers.py) the gradients are summed over the ranks before
+    (data-parallel ranks, rlhf/parallel/peers.py) the gradients are summed over the ranks before
     clipping (`strategy` "ddp": by DistributedDataParallel in the backward of a step's last pass,
-    rlhf/runtime/replicated.py); with "fsdp2" the module and its AdamW state are then sharded over them
+    rlhf/parallel/replicated.py); with "fsdp2" the module and its AdamW state are then sharded over them
     per layer (`shard`: every rank's shards from rank 0's module; `bf16_compute`, `offload`,
     `sync_once` as `shard_per_layer` takes them)."""
 
     peers: Peers | None = None  # data-parallel ranks: gradients and stats summed over them
-    # dist.strategy ddp: `module` under DistributedDataParallel (rlhf/runtime/replicated.py)
+    # dist.strategy ddp: `module` under DistributedDataParallel (rlhf/parallel/replicated.py)
     replicated: DistributedDataParallel | None = None
     sharded: nn.Module | None = (
-        None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/runtime/fsdp.py)
+        None  # dist.strategy fsdp2: the sharded root of `module` (rlhf/parallel/fsdp.py)
     )
     per_layer = False  # sharded per layer: gradients arrive reduce-scattered
     offload = False  # per layer, dist.offload: the shards, gradients and AdamW state in CPU memory
@@ -258,10 +258,10 @@ class Learner:
     def shard_per_layer(
         self, peers: Peers, bf16_compute: bool = False, offload: bool = False, sync_once: bool = False
     ) -> None:
-        """Shard the module per decoder layer over `peers` (rlhf/runtime/fsdp.py), AdamW's state with
+        """Shard the module per decoder layer over `peers` (rlhf/parallel/fsdp.py), AdamW's state with
         it, every rank's shards filled from rank 0's module and state (the others' may be on the
         meta device). `bf16_compute`: gathered in bf16 on a GPU; `offload` (dist.offload): the shards,
-        gradients and AdamW state in CPU memory (rlhf/runtime/fsdp.py). `sync_once` (dist.grad_sync
+        gradients and AdamW state in CPU memory (rlhf/parallel/fsdp.py). `sync_once` (dist.grad_sync
         step): gradients reduce-scattered in the last pass of an optimizer step only, accumulated
         whole before (else after every pass)."""
         self.peers = peers
@@ -274,7 +274,7 @@ class Learner:
     @property
     def call(self) -> nn.Module:
         """The module a training pass goes through: under ddp its DistributedDataParallel wrapper
-        (whose backward reduces the gradients, rlhf/runtime/replicated.py), else the module."""
+        (whose backward reduces the gradients, rlhf/parallel/replicated.py), else the module."""
         return self.replicated or self.module
 
     def train_forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -401,7 +401,7 @@ class Learner:
             )
         if self.peers is not None and self.replicated is None:
             raise RuntimeError("data parallel without a strategy: the gradients would not be summed")
-        # ddp: the gradients stay views of DDP's buckets, zeroed (rlhf/runtime/replicated.py)
+        # ddp: the gradients stay views of DDP's buckets, zeroed (rlhf/parallel/replicated.py)
         keep = self.replicated is not None
         return clip_and_step(self.optimizer, self.scheduler, self.trainable(), self.max_grad_norm, keep)
 
@@ -509,7 +509,7 @@ class Accumulation:
     """The `passes` forward/backward passes of one optimizer step, each entered with `next_pass()`:
     the gradients are reduced over the ranks in the last pass's backward only, the other passes
     running inside `local()` (DDP's `no_sync`; fsdp2 with `dist.grad_sync step`: FSDP2's
-    `set_requires_gradient_sync(False)`, rlhf/runtime/replicated.py); `local` None: every pass
+    `set_requires_gradient_sync(False)`, rlhf/parallel/replicated.py); `local` None: every pass
     reduces (one process, fsdp2's per-micro-batch reduction). `finish` checks that the reducing
     pass ran."""
 

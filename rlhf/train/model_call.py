@@ -3,7 +3,7 @@ the wrapper's `forward`.
 
 The stages call a causal LM as decoder + output head (rlhf/models/backbone.py), and the reward model
 as trunk + scalar head + LM head, so that a head runs only on the columns a loss needs. Sharded per
-layer (`dist.strategy fsdp2`, rlhf/runtime/fsdp.py), the root unit's parameters (embeddings, final
+layer (`dist.strategy fsdp2`, rlhf/parallel/fsdp.py), the root unit's parameters (embeddings, final
 norm, heads) are gathered by its `forward` alone: every parameter a loss touches must go through one
 call of the root. This wrapper is that root, as rlhf/rl/roles/forward.py's modules are the RL roles'.
 """

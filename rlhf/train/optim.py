@@ -22,7 +22,7 @@ def build_optimizer(params, config: OptimConfig, total_steps: int):
         weight_decay=config.weight_decay,
         eps=1e-8,
         # one kernel over all tensors (CPU and CUDA); a model built on the meta device (a sharded
-        # run's ranks but 0) has no kernel until it is sharded (rlhf/runtime/fsdp.py turns it on)
+        # run's ranks but 0) has no kernel until it is sharded (rlhf/parallel/fsdp.py turns it on)
         fused=not any(p.is_meta for p in params),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_multiplier(config, total_steps))

@@ -60,12 +60,12 @@ from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.precision import Precision, cast_parameters
 from rlhf.monitor import MetricsLogger, print_summary
 from rlhf.monitor.progress import announce
+from rlhf.parallel.peers import Peers, current_peers
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import SilentLogger, open_metrics_logger
 from rlhf.rundir.export import export_models
 from rlhf.rundir.final_report import write_final_report
 from rlhf.rundir.footprint import footprint_line
-from rlhf.runtime.peers import Peers, current_peers
 from rlhf.train.context_check import check_rows_fit
 from rlhf.train.learner import Learner
 from rlhf.train.model_call import ModelCall
@@ -87,7 +87,7 @@ class SupervisedRun:
     model: nn.Module
     learner: Learner
     precision: Precision
-    peers: Peers | None  # torchrun: this rank's share of every batch (rlhf/runtime/peers.py)
+    peers: Peers | None  # torchrun: this rank's share of every batch (rlhf/parallel/peers.py)
     writer: bool  # rank 0 (or the only process) writes the run directory
 
     @property
@@ -99,7 +99,7 @@ class SupervisedRun:
     def call(self) -> nn.Module:
         """The model's one call, `call(fn, *args)` = fn(model, *args): what every forward of a
         sharded model goes through (rlhf/train/model_call.py); under ddp its DistributedDataParallel
-        wrapper (whose backward reduces the gradients, rlhf/runtime/replicated.py)."""
+        wrapper (whose backward reduces the gradients, rlhf/parallel/replicated.py)."""
         return self.learner.call
 
     @property
@@ -388,7 +388,7 @@ def _train_steps(
 
 def placed(precision: Precision, model: nn.Module) -> nn.Module:
     """`precision.prepare(model)` (cast, on the run's device); a model built on the meta device
-    (`on_meta`) stays there, filled from rank 0 when sharded (rlhf/runtime/fsdp.py)."""
+    (`on_meta`) stays there, filled from rank 0 when sharded (rlhf/parallel/fsdp.py)."""
     on_meta = any(p.is_meta for p in model.parameters())
     return precision.prepare(model, torch.device("meta") if on_meta else None)
 

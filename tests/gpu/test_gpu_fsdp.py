@@ -1,4 +1,4 @@
-"""On a CUDA GPU: per-layer fsdp2 (rlhf/runtime/fsdp.py) on one NCCL rank, float32 and bf16.
+"""On a CUDA GPU: per-layer fsdp2 (rlhf/parallel/fsdp.py) on one NCCL rank, float32 and bf16.
 
 A process group of one rank runs the sharded code path (every role's layers as FSDP units, the
 rollout unsharded once, reduce-scatter and the step on DTensor shards) over NCCL; in float32 its

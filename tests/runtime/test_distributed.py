@@ -58,7 +58,7 @@ PPO_CASES = {
             }
         ],
     ),
-    # fsdp2: the policy and the critic sharded (rlhf/runtime/fsdp.py), the same numbers
+    # fsdp2: the policy and the critic sharded (rlhf/parallel/fsdp.py), the same numbers
     "fsdp2-separate-critic": ("ppo_max", [{"dist": {"strategy": "fsdp2"}}]),
     # fsdp2 with the value head on the policy's trunk, and rank 1 without rows in every step
     "fsdp2-shared-critic-empty-rank": (
@@ -185,7 +185,7 @@ def test_an_unknown_strategy_is_a_config_error():
 
 
 def test_row_shares_cover_the_batch_once_and_differ_by_at_most_one():
-    from rlhf.runtime.peers import share_of
+    from rlhf.parallel.peers import share_of
 
     for batch in range(0, 9):
         for world in (1, 2, 3, 4):
@@ -198,7 +198,7 @@ def test_row_shares_cover_the_batch_once_and_differ_by_at_most_one():
 
 @pytest.mark.slow
 def test_ranks_share_the_cores_and_a_collective_fails_after_the_timeout_instead_of_hanging():
-    from rlhf.runtime.threads import available_cores
+    from rlhf.parallel.threads import available_cores
     from tests.support.dist_cases import threads_then_silent_peer
 
     (threads_0, (lost, message)), (threads_1, _) = run_ranks(

@@ -19,8 +19,8 @@ import torch
 
 import rlhf.rl.roles.forward as forward_module
 import rlhf.runtime.local as local_module
+from rlhf.parallel.threads import by_row_halves, run_side_by_side
 from rlhf.runtime.flops import handover_step
-from rlhf.runtime.threads import by_row_halves, run_side_by_side
 from tests.support.train_testing import rl_config
 
 # -- the trainer's update beside the critic's --------------------------------------------------------
@@ -36,7 +36,7 @@ def _no_omp_limit(monkeypatch):
 def one_update(make_trainer, monkeypatch, tmp_path, *, cores: int, **overrides):
     """A trainer's first iteration with the machine reporting `cores` cores; returns its metrics,
     its parameters, and how many times the side-by-side update ran."""
-    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: cores)
+    monkeypatch.setattr("rlhf.parallel.threads.available_cores", lambda: cores)
     calls = []
 
     def spy(*args):
@@ -135,7 +135,7 @@ def test_no_overlap_on_one_core_or_with_a_shared_critic(
 
 
 def test_an_error_in_the_critic_update_reaches_the_caller(make_trainer, monkeypatch):
-    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
+    monkeypatch.setattr("rlhf.parallel.threads.available_cores", lambda: 2)
     trainer = make_trainer(rl_config("vanilla_ppo"))
 
     def broken(*args, **kwargs):
@@ -157,7 +157,7 @@ def test_split_forwards_equal_the_whole_batch(make_trainer, monkeypatch, tmp_pat
     each, equal the whole batch's to float rounding; a LoRA reference switches its adapter off once
     for both halves (per call, one thread could switch it back on under the other)."""
     torch.set_num_threads(1)
-    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
+    monkeypatch.setattr("rlhf.parallel.threads.available_cores", lambda: 2)
     monkeypatch.setattr(local_module, "MIN_SPLIT_FORWARD_FLOPS", 0.0)
     calls = []
 
@@ -228,7 +228,7 @@ def test_models_whose_forward_rewrites_rope_frequencies_are_never_split(
     model.config = config
     assert forward_changes_state(model) is stateful
     torch.set_num_threads(1)
-    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
+    monkeypatch.setattr("rlhf.parallel.threads.available_cores", lambda: 2)
     trainer = make_trainer(rl_config("vanilla_ppo"))
     if rope is not None:
         reward_config = trainer.runtime.roles.reward_model.model.causal_lm.config
@@ -243,13 +243,13 @@ def count_calls(calls: list, function, *args, **kwargs):
 
 def test_split_forwards_need_the_switch_two_cores_and_enough_work(make_trainer, monkeypatch):
     torch.set_num_threads(1)
-    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
+    monkeypatch.setattr("rlhf.parallel.threads.available_cores", lambda: 2)
     trainer = make_trainer(rl_config("vanilla_ppo"))
     assert trainer.runtime.split_forward_threads(tokens=10**9) == 1
     assert trainer.runtime.split_forward_threads(tokens=10) is None  # a forward too small to gain from it
-    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 1)
+    monkeypatch.setattr("rlhf.parallel.threads.available_cores", lambda: 1)
     assert trainer.runtime.split_forward_threads(tokens=10**9) is None
-    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 2)
+    monkeypatch.setattr("rlhf.parallel.threads.available_cores", lambda: 2)
     off = make_trainer(rl_config("vanilla_ppo", runtime={"split_forwards": False}))
     assert off.runtime.split_forward_threads(tokens=10**9) is None
 

@@ -232,7 +232,7 @@ def wait_for_a_silent_peer(seconds: float) -> tuple[bool, str] | None:
 
     import torch.distributed as dist
 
-    from rlhf.runtime.process_group import is_lost_peer
+    from rlhf.parallel.process_group import is_lost_peer
 
     if dist.get_rank() == 1:
         time.sleep(seconds)
@@ -329,8 +329,8 @@ def supervised_run(
     DPO's reference copy) on the meta device."""
     from safetensors.torch import load_file
 
-    from rlhf.runtime.fsdp import whole_copies
-    from rlhf.runtime.peers import current_peers
+    from rlhf.parallel.fsdp import whole_copies
+    from rlhf.parallel.peers import current_peers
     from rlhf.train.supervised import run_supervised
 
     stage_, model, tok = supervised_stage(stage, run_dir, data_path, strategy, batch_size=batch_size,
@@ -369,7 +369,7 @@ def supervised_run(
 def offload_policies(root) -> list[str]:
     """The offload policy of every FSDP unit of the sharded `root` (torch's per-unit state), by class
     name: "CPUOffloadPolicy" under dist.offload, else "OffloadPolicy" (none); [] when not sharded."""
-    from rlhf.runtime.fsdp import fsdp_units
+    from rlhf.parallel.fsdp import fsdp_units
 
     return [
         type(unit._get_fsdp_state()._fsdp_param_group.offload_policy).__name__ for unit in fsdp_units(root)
@@ -390,7 +390,7 @@ def run_whole_and_interrupted(root: str, ptx_file: str, strategy: str = "ddp") -
 
     import torch.distributed as dist
 
-    from rlhf.runtime.peers import current_peers
+    from rlhf.parallel.peers import current_peers
 
     layer = {"dist": {"strategy": strategy}}
     config = rl_config("ppo_max", DATA_PARALLEL_CASE, RESUME_CASE, layer, out=f"{root}/whole")
@@ -428,7 +428,7 @@ def dpo_whole_and_interrupted(root: str, data_path: str) -> None:
 
     import torch.distributed as dist
 
-    from rlhf.runtime.peers import current_peers
+    from rlhf.parallel.peers import current_peers
     from rlhf.train.supervised import run_supervised
 
     stage, model, tok = supervised_stage("dpo", f"{root}/whole", data_path, "fsdp2", checkpoint=DPO_RESUME)
@@ -494,8 +494,8 @@ def sample_batches(case: str, batch_size: int = 5, batches: int = 3) -> list[dic
     rows (every row outside a process group) joined over the ranks: their tokens, masks, log-probs
     and the decode steps this process ran itself (the generator must follow the longest share)."""
     from rlhf.models.sampling import RowShare, SamplingConfig, generate
-    from rlhf.runtime.peers import current_peers
-    from rlhf.runtime.rollout_share import join_rollouts, row_share
+    from rlhf.parallel.peers import current_peers
+    from rlhf.parallel.rollout_share import join_rollouts, row_share
 
     tok = word_tokenizer([" ".join(WORDS)])
     policy, _ = tiny_models(tok)
@@ -552,11 +552,11 @@ PASS_INPUTS = [torch.linspace(-1, 1, 6).view(2, 3), torch.linspace(0.5, 2, 3).vi
 
 
 def partial_passes() -> dict:
-    """Under ddp (DistributedDataParallel, rlhf/runtime/replicated.py) two passes of one optimizer
+    """Under ddp (DistributedDataParallel, rlhf/parallel/replicated.py) two passes of one optimizer
     step: rank 0's first uses `a` and `b`, rank 1's `b` alone; the last (the reducing one) uses `b`
     alone on both; `c` is never used. The gradients before the step and the parameters after it."""
     from rlhf.config import OptimConfig
-    from rlhf.runtime.peers import current_peers
+    from rlhf.parallel.peers import current_peers
     from rlhf.train.learner import Learner
     from rlhf.train.model_call import ModelCall
 
@@ -626,8 +626,8 @@ def rank0_verdicts(busy_run_dir: str) -> list:
     (its result), one that refuses (a user mistake), one that fails (a bug), and the lock of a
     run directory another process holds (lock.writer_lock)."""
     from rlhf.config import ConfigError
+    from rlhf.parallel.process_group import agreed_on_rank0
     from rlhf.rundir.lock import writer_lock
-    from rlhf.runtime.process_group import agreed_on_rank0
 
     def outcome(body) -> tuple:
         try:

@@ -1,7 +1,7 @@
 """Run a function on 2 spawned ranks of a gloo process group, with a timeout (tests.support.ranks).
 
 Each rank is a fresh process (spawn) with torchrun's environment variables set, and joins the
-group through `rlhf.runtime.process_group.data_parallel`, as `rlhf` under torchrun does (which
+group through `rlhf.parallel.process_group.data_parallel`, as `rlhf` under torchrun does (which
 gives each rank its share of the cores: one thread each on 2 cores). The function must be importable by name (a module-level function of a test helper module).
 """
 
@@ -36,8 +36,8 @@ def _rank_main(rank: int, world_size: int, port: int, out: str, collective_timeo
     )
     os.environ.pop("OMP_NUM_THREADS", None)  # the user's choice, not the suite's, sets the ranks' threads
     from rlhf.config import DistConfig
-    from rlhf.runtime.process_group import data_parallel
-    from rlhf.runtime.threads import available_cores
+    from rlhf.parallel.process_group import data_parallel
+    from rlhf.parallel.threads import available_cores
 
     torch.set_num_threads(available_cores())  # a plain process's threads: the group divides them
 

@@ -14,7 +14,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlhf.runtime.fsdp import transformer_blocks
+from rlhf.parallel.fsdp import transformer_blocks
 from tests.support.dist_cases import DATA_PARALLEL_CASE, trainer_of
 from tests.support.train_testing import metric_rows, rl_config
 

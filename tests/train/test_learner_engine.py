@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from rlhf.config import OptimConfig
-from rlhf.runtime.peers import share_of
+from rlhf.parallel.peers import share_of
 from rlhf.train.learner import Learner, RowList, micro_batches, split_rows
 
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from rlhf.config import OptimConfig
 from rlhf.data.length_grouping import token_budget_groups
-from rlhf.runtime.peers import share_of
+from rlhf.parallel.peers import share_of
 from rlhf.train.learner import Learner, micro_batches, split_rows
 from tests.support.train_testing import metric_rows, rl_config
 from tests.train.test_learner_engine import FakePeers, Rows, rows_of

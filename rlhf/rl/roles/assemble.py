@@ -23,6 +23,9 @@ from rlhf.models.reference import ReferenceModel
 from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel, init_critic
 from rlhf.models.sequences import Sequences
+from rlhf.parallel.parallel_plan import ParallelPlan, parallel_plan
+from rlhf.parallel.peers import Peers
+from rlhf.parallel.process_group import in_sharded_group
 from rlhf.rl.roles.critic import Critic, SharedCritic
 from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.frozen import Reference, RewardModel
@@ -37,9 +40,6 @@ from rlhf.rundir.sharded_checkpoint import (
     write_shards_and_state,
 )
 from rlhf.rundir.weights import load_trained, save_trained
-from rlhf.runtime.parallel_plan import ParallelPlan, parallel_plan
-from rlhf.runtime.peers import Peers
-from rlhf.runtime.process_group import in_sharded_group
 from rlhf.train.setup import with_lora
 
 
@@ -149,7 +149,7 @@ class Roles:
     def load_weights(self, directory: Path) -> None:
         """A checkpoint's trained parameters: its per-role files, or an fsdp2 run's shards (at any
         number of ranks, or in one process), or a Ray run's sharded groups' shards; a sharded rank
-        but 0 (on the meta device) loads none: its shards come from rank 0's (rlhf/runtime/fsdp.py)."""
+        but 0 (on the meta device) loads none: its shards come from rank 0's (rlhf/parallel/fsdp.py)."""
         if self.on_meta:
             return
         if has_shards(directory):
@@ -246,7 +246,7 @@ def assemble_roles(
     """Build the four roles around an SFT policy and a reward model (both already loaded; no reward
     model when `reward.functions` give the reward), on `train.device` in the `dtype` precision.
     Inside a process group the trained roles among `hosted` (None: all) are built with the
-    data-parallel strategy they train under (rlhf/runtime/parallel_plan.py)."""
+    data-parallel strategy they train under (rlhf/parallel/parallel_plan.py)."""
     c = config
     device, precision, place = _place_models(c, policy, reward_model)
     tokenizer = prepare_tokenizer(tokenizer)
@@ -390,7 +390,7 @@ def rollout_sampling_config(c: RLConfig) -> SamplingConfig:
 
 def load_roles(config: RLConfig, on_meta: bool = False, hosted: frozenset[str] | None = None) -> Roles:
     """Load policy, reward model and tokenizer from the paths in `config.model`. `on_meta`: the
-    models' structure only, on the meta device (a sharded run's ranks but 0: rlhf/runtime/fsdp.py
+    models' structure only, on the meta device (a sharded run's ranks but 0: rlhf/parallel/fsdp.py
     fills their shards from rank 0); a GGUF policy or a LoRA reward model is read whole anyway.
     `hosted`: the roles this process serves (a Ray actor's); the weights no hosted role starts from
     are not read, and the roles not hosted are left on the meta device (`Roles.release_unhosted`)."""

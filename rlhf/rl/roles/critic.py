@@ -20,10 +20,10 @@ from rlhf.config import OptimConfig
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
+from rlhf.parallel.parallel_plan import ParallelPlan
 from rlhf.rl.experience import Experience, in_row_chunks, valid_tokens
 from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.policy import Policy, value_micro_loss
-from rlhf.runtime.parallel_plan import ParallelPlan
 from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
 
 

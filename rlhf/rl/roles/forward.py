@@ -63,7 +63,7 @@ class PolicyForward(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig, **options: Any
     ) -> Rollout:
         """The rollout of a left-padded prompt batch (rlhf.models.sampling.generate with `options`),
-        as a forward method: a sharded policy gathers its parameters for it (rlhf/runtime/fsdp.py)."""
+        as a forward method: a sharded policy gathers its parameters for it (rlhf/parallel/fsdp.py)."""
         with autocast(self.precision):
             return generate(self.model, input_ids, attention_mask, sampling, **options)
 

@@ -1,6 +1,6 @@
 """The two frozen roles: the reference (log-probs that anchor the KL penalty) and the reward model
 (a scalar per response). Each computes through one module, the unit a sharded run gathers
-(rlhf/runtime/fsdp.py): the reference's `forward`, the reward model's `score`."""
+(rlhf/parallel/fsdp.py): the reference's `forward`, the reward model's `score`."""
 
 from __future__ import annotations
 

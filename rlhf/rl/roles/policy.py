@@ -38,10 +38,10 @@ from rlhf.data.collate import PtxBatches, left_pad
 from rlhf.models.precision import Precision
 from rlhf.models.sampling import Rollout, RowShare, SamplingConfig
 from rlhf.models.sequences import Sequences
+from rlhf.parallel.parallel_plan import ParallelPlan
+from rlhf.parallel.peers import Peers
 from rlhf.rl.experience import Experience, in_row_chunks, valid_tokens
 from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
-from rlhf.runtime.parallel_plan import ParallelPlan
-from rlhf.runtime.peers import Peers
 from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
 
 
@@ -100,7 +100,7 @@ class Policy(Learner):
         # with the value head on its trunk when the critic is shared (`self.module(..., part="value")`)
         trained = self.forward if joint_value is None else JointForward(self.forward, joint_value.forward)
         # a value head is left out of the policy's passes (uses_every_parameter: ddp's unused walk)
-        # `parallel`: the data-parallel strategy it trains under (rlhf/runtime/parallel_plan.py)
+        # `parallel`: the data-parallel strategy it trains under (rlhf/parallel/parallel_plan.py)
         super().__init__(
             trained, optim, total_steps, micro_batch_size=micro_batch_size, by_length=sort_by_length,
             micro_batch_tokens=micro_batch_tokens,

@@ -1,4 +1,4 @@
-"""`dist.strategy ddp` through DistributedDataParallel (rlhf/runtime/replicated.py): the gradients of
+"""`dist.strategy ddp` through DistributedDataParallel (rlhf/parallel/replicated.py): the gradients of
 a step's passes summed over the ranks, a parameter some rank left out counted as zeros there, one no
 rank used left without a gradient (AdamW skips it), against the plain sum in one process."""
 

@@ -1,5 +1,5 @@
 """The CPU scheduling pieces of the local runtime, without a trainer: two pieces of work side by
-side on two threads (run_side_by_side, side_by_side_threads, by_row_halves: rlhf/runtime/threads.py)
+side on two threads (run_side_by_side, side_by_side_threads, by_row_halves: rlhf/parallel/threads.py)
 and the FLOP counts that decide when it pays (handover_step, training_flops_per_token,
 forward_flops: rlhf/runtime/flops.py)."""
 
@@ -10,13 +10,13 @@ import threading
 import pytest
 import torch
 
+from rlhf.parallel.threads import by_row_halves, run_side_by_side, side_by_side_threads
 from rlhf.runtime.flops import (
     MIN_HANDOVER_STEP_FLOPS,
     forward_flops,
     handover_step,
     training_flops_per_token,
 )
-from rlhf.runtime.threads import by_row_halves, run_side_by_side, side_by_side_threads
 
 # -- run_side_by_side ------------------------------------------------------------------------------
 
@@ -113,9 +113,9 @@ def test_no_step_runs_after_the_hand_over_when_the_helper_failed():
 
 
 def test_side_by_side_threads_split_the_intra_op_threads(monkeypatch):
-    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 1)
+    monkeypatch.setattr("rlhf.parallel.threads.available_cores", lambda: 1)
     assert side_by_side_threads() is None  # one core: two threads would only take turns
-    monkeypatch.setattr("rlhf.runtime.threads.available_cores", lambda: 8)
+    monkeypatch.setattr("rlhf.parallel.threads.available_cores", lambda: 8)
     previous = torch.get_num_threads()
     try:
         for threads, each in [(1, 1), (2, 1), (4, 2), (5, 2)]:

@@ -1,5 +1,5 @@
 """Where a sharded run's roles are built: on the CPU until fully_shard moves each rank's shards to
-its device, under torchrun and in a Ray role group alike (rlhf/runtime/process_group.py)."""
+its device, under torchrun and in a Ray role group alike (rlhf/parallel/process_group.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch.distributed as dist
 
 from rlhf.config import RLConfig, load_config
 from rlhf.models.tiny import tiny_causal_lm
+from rlhf.parallel.process_group import in_sharded_group
 from rlhf.rl.roles import assemble
-from rlhf.runtime.process_group import in_sharded_group
 
 
 def test_one_process_is_no_sharded_group(monkeypatch):

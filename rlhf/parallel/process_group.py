@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from rlhf.config import ConfigError, DistConfig
 from rlhf.models.device import resolve_device
-from rlhf.runtime.threads import oversubscription_note, thread_budget
+from rlhf.parallel.threads import oversubscription_note, thread_budget
 
 
 def launch_rank() -> int:

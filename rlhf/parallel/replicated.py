@@ -49,7 +49,7 @@ from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, which torc
 from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
-from rlhf.runtime.peers import Peers
+from rlhf.parallel.peers import Peers
 
 
 def replicate(module: nn.Module, peers: Peers, uses_every_parameter: bool = False) -> DistributedDataParallel:

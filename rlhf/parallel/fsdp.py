@@ -37,7 +37,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from rlhf.runtime.peers import Peers
+from rlhf.parallel.peers import Peers
 
 
 def _precision(peers: Peers, bf16_compute: bool = True, offload: bool = False) -> dict[str, Any]:

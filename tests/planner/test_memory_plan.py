@@ -1,4 +1,4 @@
-"""`rlhf plan` (rlhf/runtime/memory_plan.py): parameter counts against real models, role bytes
+"""`rlhf plan` (rlhf/planner/memory_plan.py): parameter counts against real models, role bytes
 against closed forms, sharding divides by the ranks, the verdict and its advice, the command's
 JSON, and the prediction against the GPU peaks measured on an H200 (within 15%)."""
 
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from rlhf.cli import main
 from rlhf.models.lora import apply_lora
-from rlhf.runtime.memory_plan import GIB, NAMED_SHAPES, Job, Shape, parse_bytes, plan, shape_of
+from rlhf.planner.memory_plan import GIB, NAMED_SHAPES, Job, Shape, parse_bytes, plan, shape_of
 
 TINY = Shape("tiny", hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=50)
 MEASURED = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_h200_session10.json"

@@ -1,4 +1,4 @@
-"""A learner gets its data-parallel strategy when it is built (rlhf/runtime/parallel_plan.py): the
+"""A learner gets its data-parallel strategy when it is built (rlhf/parallel/parallel_plan.py): the
 roles assembled inside a process group (one gloo rank here) come out replicated (ddp) or with their
 sharding planned (fsdp2), only those the process hosts; the torchrun runtime sets nothing on them
 and refuses roles built outside the group."""
@@ -9,9 +9,9 @@ import pytest
 import torch.distributed as dist
 
 from rlhf.models.tiny import word_tokenizer
+from rlhf.parallel.parallel_plan import parallel_plan
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.runtime import DistributedRuntime, LocalRuntime
-from rlhf.runtime.parallel_plan import parallel_plan
 from tests.support.dist_cases import tiny_models
 from tests.support.train_testing import WORDS, rl_config
 

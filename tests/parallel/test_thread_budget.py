@@ -1,4 +1,4 @@
-"""Threads on a shared machine (rlhf/runtime/threads.py): OMP_NUM_THREADS, the affinity mask and
+"""Threads on a shared machine (rlhf/parallel/threads.py): OMP_NUM_THREADS, the affinity mask and
 the cgroup CPU quota decide how many threads a run uses, and how many the side-by-side work gets."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf.runtime import threads
-from rlhf.runtime.threads import (
+from rlhf.parallel import threads
+from rlhf.parallel.threads import (
     available_cores,
     cgroup_cpus,
     limit_threads,

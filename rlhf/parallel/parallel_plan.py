@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf.config import DistConfig
-from rlhf.runtime.peers import Peers, current_peers
+from rlhf.parallel.peers import Peers, current_peers
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from rlhf.models.sampling import Rollout, RowShare, skip_draws
-from rlhf.runtime.peers import Peers
+from rlhf.parallel.peers import Peers
 
 
 def row_share(peers: Peers, batch_size: int) -> RowShare:

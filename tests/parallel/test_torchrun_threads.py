@@ -1,5 +1,5 @@
 """Under a real torchrun: the OMP_NUM_THREADS=1 torchrun sets by itself is told apart from a user's,
-and each rank takes its share of the cores (rlhf/runtime/threads.py, process_group.data_parallel)."""
+and each rank takes its share of the cores (rlhf/parallel/threads.py, process_group.data_parallel)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RANK_SCRIPT = """
 import json, torch
 from rlhf.config import DistConfig
-from rlhf.runtime.process_group import data_parallel, launch_rank
-from rlhf.runtime.threads import available_cores, launcher_default_omp
+from rlhf.parallel.process_group import data_parallel, launch_rank
+from rlhf.parallel.threads import available_cores, launcher_default_omp
 with data_parallel(DistConfig(strategy="ddp", timeout=60), "cpu"):
     print(json.dumps({"rank": launch_rank(), "default": launcher_default_omp(),
                       "threads": torch.get_num_threads(), "cores": available_cores()}))

@@ -17,7 +17,7 @@ The supervised stages (`stage` sft, rm, dpo) have no rollout: their roles are th
 (chosen and rejected in one forward).
 
 Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is `--dist.strategy fsdp2`
-(rlhf/runtime/fsdp.py), in `rlhf train` and the supervised stages alike: per-layer sharding, every
+(rlhf/parallel/fsdp.py), in `rlhf train` and the supervised stages alike: per-layer sharding, every
 role 1/N, one gathered decoder layer at a time (and the next, prefetched) beside the root unit
 (embeddings, final norm, heads; gathered through a forward and its backward), the policy unsharded in
 the compute dtype only while sampling (`rollout_gather per_layer`, `dist.rollout_gather`: one
@@ -363,7 +363,7 @@ def plan(job: Job, *, with_advice: bool = True) -> Plan:
 
 def as_run(job: Job) -> Job:
     """`job` as it runs: on 1 rank every strategy is the one process's (torchrun at world size 1 runs
-    the local runtime, rlhf/runtime/process_group.py: nothing sharded, gathered or offloaded)."""
+    the local runtime, rlhf/parallel/process_group.py: nothing sharded, gathered or offloaded)."""
     if job.ranks == 1 and job.strategy != "none":
         return replace(job, strategy="none", offload=False, rollout_gather="whole")
     return job

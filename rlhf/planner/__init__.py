@@ -1,0 +1,2 @@
+"""`rlhf plan`: the per-rank peak memory of each role and phase predicted from a model's shape, a
+preset and a parallel strategy, before anything loads (memory_plan.py; docs/memory.md)."""

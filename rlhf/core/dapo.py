@@ -3,7 +3,7 @@ penalty (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System
 arXiv 2503.14476; docs/algorithms.md §35-§37).
 
 Both are per-row functions over ``[B]`` tensors: no models, no sampling. The loop that refills a
-batch with informative groups is rlhf/rl/dynamic_sampling.py; the clip-higher bound is
+batch with informative groups is rlhf/rl/dapo.py (`fill_with_informative`); the clip-higher bound is
 ``policy_loss("ppo", ..., clip_eps_high=...)`` (rlhf/core/losses.py).
 """
 

@@ -4,7 +4,7 @@
 # the three comparisons (win rates under both judges and the verdict of held-out human labels).
 # Every stage is run.sh's own (ONLY=), so the figures are the recipe's.
 #
-#   MODEL=DIR GGUF_FILE=F.gguf HH_OUT=/tmp/hh RESULTS=$OUT/results.tgz bash bench/smollm2_hh_gpu.sh
+#   MODEL=DIR GGUF_FILE=F.gguf HH_OUT=runs/hh_gpu RESULTS=$OUT/results.tgz bash bench/smollm2_hh_gpu.sh
 #
 # Sizes: one epoch of SFT (400 examples), of each judge's pairs and of DPO; PPO-max in float32 (the
 # bf16 critic went NaN on an H200, README.md; the probe below looks for why), 32 prompts x 64 tokens an
@@ -15,7 +15,7 @@
 # finished.
 set -u
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export OUT="${HH_OUT:-/tmp/hh}" RLHF="${RLHF:-python3 -m rlhf}"
+export OUT="${HH_OUT:-runs/hh_gpu}" RLHF="${RLHF:-python3 -m rlhf}"
 export EXTRA="${EXTRA:---train.device cuda}" PROMPT_TOKENS="${PROMPT_TOKENS:-192}"
 export RESPONSE_TOKENS="${RESPONSE_TOKENS:-128}" SFT_EXAMPLES="${SFT_EXAMPLES:-400}" EPOCHS="${EPOCHS:-1}"
 export RM_HELDOUT="${RM_HELDOUT:-300}" PPO_ITERATIONS="${PPO_ITERATIONS:-60}"
@@ -24,7 +24,7 @@ export PPO_EXTRA="${PPO_EXTRA:---dtype float32 --rollout.batch_size 32 --rollout
 PROBE="${PROBE:-1}"                           # 0: skip the bf16 critic probe (bench/critic_nan_gpu.py)
 RESULTS="${RESULTS:-$OUT.tgz}"
 RUN="$HERE/examples/smollm2_hh/run.sh"
-mkdir -p "$OUT/logs"
+mkdir -p "$OUT/logs" && OUT="$(cd "$OUT" && pwd)"  # absolute: PATH and the stages read it
 if ! command -v python >/dev/null; then  # run.sh calls `python`; a wrapper keeps python3's environment
   mkdir -p "$OUT/bin" && printf '#!/bin/sh\nexec python3 "$@"\n' >"$OUT/bin/python" && chmod +x "$OUT/bin/python"
   export PATH="$OUT/bin:$PATH"

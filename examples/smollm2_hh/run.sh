@@ -6,7 +6,7 @@
 # Only the `rlhf` CLI. examples/smollm2_hh/README.md gives the measured figures and the GPU command.
 #
 #   bash examples/smollm2_hh/run.sh                   # everything into runs/smollm2_hh
-#   OUT=/tmp/hh MODEL=/path/to/smollm2 bash examples/smollm2_hh/run.sh
+#   OUT=runs/hh MODEL=SMOLLM2_DIR bash examples/smollm2_hh/run.sh
 #
 # A stage whose output exists is skipped, so an interrupted run continues where it stopped.
 # Each stage's wall time and peak RSS go to $OUT/logs/<stage>.time (GNU time -v, when installed).

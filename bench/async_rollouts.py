@@ -10,7 +10,7 @@ PPO-max settings (rlhf/demo/run.py demo_rl_overrides) in three modes:
     local   the local runtime in this process (seeds 0..S-1)
     ray     Ray with a rollout actor on one CPU and the trainer's actors on the other,
             rollout.max_staleness 0: the synchronous loop (seed 0: it gives the local numbers
-            exactly, tests/runtime/test_ray_runtime.py; here for its seconds per iteration)
+            exactly, tests/ray_runtime/test_ray_runtime.py; here for its seconds per iteration)
     async   the same placement with rollout.max_staleness 1 (seeds 0..S-1)
 
 Per run: seconds per iteration (the mean of time/iteration), and the exported policy's held-out

@@ -36,7 +36,7 @@ RESUMABLE_KEYS = (
     "log.sinks",
     "log.eval_every",
     "log.samples_to_log",
-    "dist.runtime",  # local or Ray: the same numbers (tests/runtime/test_ray_runtime.py)
+    "dist.runtime",  # local or Ray: the same numbers (tests/ray_runtime/test_ray_runtime.py)
     "ray.",  # every key of the group: where the roles run
     "reward.remote.",  # where the reward server runs and how it is asked (the same model is the user's word)
     "log.mismatch.",  # a monitor: measures, never changes a result

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlhf.cli import main
-from tests.test_cli import files, write_jsonl  # noqa: F401 (the module's fixture of tiny files)
+from tests.cli.test_cli import files, write_jsonl  # noqa: F401 (the module's fixture of tiny files)
 
 TINY_GRPO = [
     "--preset", "grpo", "--train.iterations", "1", "--rollout.batch_size", "3",

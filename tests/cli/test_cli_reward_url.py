@@ -14,9 +14,9 @@ import pytest
 
 from rlhf.cli import main
 from rlhf.stages.serve_rm import RewardServer, load_scorer
+from tests.cli.test_cli import files, write_jsonl  # noqa: F401 (the module's fixture of tiny files)
+from tests.stages.test_serve_rm import FakeServer, free_port, post
 from tests.support.reliability_testing import start
-from tests.test_cli import files, write_jsonl  # noqa: F401 (the module's fixture of tiny files)
-from tests.test_serve_rm import FakeServer, free_port, post
 
 TINY_GRPO = [
     "--preset", "grpo", "--train.iterations", "1", "--rollout.batch_size", "3",

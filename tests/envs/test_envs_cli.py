@@ -8,8 +8,8 @@ import json
 import pytest
 
 from rlhf.cli import main
-from tests.test_cli import files  # noqa: F401 (the module's fixture of tiny files)
-from tests.test_cli_reward_fn import TINY_GRPO, sft  # noqa: F401 (its SFT model)
+from tests.cli.test_cli import files  # noqa: F401 (the module's fixture of tiny files)
+from tests.cli.test_cli_reward_fn import TINY_GRPO, sft  # noqa: F401 (its SFT model)
 
 
 @pytest.mark.slow

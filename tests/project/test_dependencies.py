@@ -22,7 +22,7 @@ from tests.support.cli_data import pair_rows, save_tiny_base, sft_rows, write_js
 from tests.support.reliability_testing import rlhf
 from tests.support.train_testing import rl_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
 
 # transformers and PEFT APIs rlhf calls (or that are called on its behalf) whose names have changed:

@@ -12,8 +12,8 @@ from safetensors import safe_open
 from rlhf.config import ConfigError
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rundir import checkpoint as ckpt
+from tests.rl.test_train_resume import Interrupted, interrupt_at
 from tests.support.train_testing import metric_rows, rl_config
-from tests.train.test_train_resume import Interrupted, interrupt_at
 
 ITERATIONS = 4
 

@@ -17,9 +17,9 @@ from rlhf.models.precision import Precision
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.stages.rm import run_reward_training
 from rlhf.stages.sft import run_sft
+from tests.stages.test_train_reward_model import marker_pairs, reward_model
+from tests.stages.test_train_sft import log_rows, sft_config
 from tests.support.train_testing import write_jsonl
-from tests.train.test_train_reward_model import marker_pairs, reward_model
-from tests.train.test_train_sft import log_rows, sft_config
 
 
 def output_dtypes(module: torch.nn.Module) -> list[torch.dtype]:

@@ -48,7 +48,7 @@ def each_call(calls: list[tuple]) -> list:
 
 def tiny_models(tok, num_layers: int = 1):
     policy = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=num_layers, num_heads=2)
-    with torch.no_grad():  # about half the responses end within 5 tokens (as in tests/train)
+    with torch.no_grad():  # about half the responses end within 5 tokens (as in tests/rl)
         generator = torch.Generator().manual_seed(0)
         policy.lm_head.weight[tok.eos_token_id] = 0.4 * torch.randn(32, generator=generator)
     reward_model = ScalarHeadModel.from_causal_lm(

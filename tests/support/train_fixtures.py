@@ -1,4 +1,4 @@
-"""Fixtures of the trainer tests (tests/train, tests/runtime; a plugin of tests/conftest.py): a
+"""Fixtures of the trainer tests (tests/rl, tests/stages, tests/train, tests/runtime and others; a plugin of tests/conftest.py): a
 20-word vocabulary, Llama models of hidden 32 with one layer, rollouts of 8 prompts and at most 5
 new tokens. Models are built once per session and deep-copied per test, so a test may train them
 freely.

@@ -154,7 +154,7 @@ def records(path) -> list[dict]:
 def test_sft_metrics_are_unchanged_by_a_budget(budget, cuts, tok, tmp_path):
     from rlhf.models.tiny import tiny_causal_lm
     from rlhf.stages.sft import run_sft
-    from tests.train.test_train_sft import sft_config
+    from tests.stages.test_train_sft import sft_config
 
     logs = []
     for name, tokens in (("rows", None), ("tokens", budget)):
@@ -171,7 +171,7 @@ def test_sft_metrics_are_unchanged_by_a_budget(budget, cuts, tok, tmp_path):
 @pytest.mark.parametrize("budget", [20, 60])
 def test_rm_metrics_are_unchanged_by_a_budget(budget, cuts, tok, tmp_path):
     from rlhf.stages.rm import run_reward_training
-    from tests.train.test_train_reward_model import reward_model, rm_config
+    from tests.stages.test_train_reward_model import reward_model, rm_config
 
     logs = []
     for name, tokens in (("rows", None), ("tokens", budget)):
@@ -186,7 +186,7 @@ def test_rm_metrics_are_unchanged_by_a_budget(budget, cuts, tok, tmp_path):
 @pytest.mark.parametrize("budget", [20, 60])
 def test_dpo_metrics_are_unchanged_by_a_budget(budget, cuts, tok, tmp_path):
     from rlhf.stages.dpo import run_dpo
-    from tests.train.test_train_dpo import config, model
+    from tests.stages.test_train_dpo import config, model
 
     tokenizer = tok
     logs = []

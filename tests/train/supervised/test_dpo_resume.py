@@ -14,7 +14,7 @@ from rlhf.config import ConfigError, DPOConfig, load_config
 from rlhf.models.tiny import word_tokenizer
 from rlhf.rundir.supervised_resume import supervised_resume_config
 from rlhf.stages.dpo import DPOStage, run_dpo
-from tests.train.test_train_dpo import WORDS, model, pairs, records
+from tests.stages.test_train_dpo import WORDS, model, pairs, records
 
 TOLERANCE = 1e-6  # absolute, on every logged float; on a CPU the two runs agree to the last bit
 

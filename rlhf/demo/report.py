@@ -74,7 +74,7 @@ from rlhf.monitor.html_parts import fmt as _fmt
 from rlhf.monitor.html_parts import img as _img
 from rlhf.monitor.html_parts import note as _note
 from rlhf.monitor.html_parts import num as _num
-from rlhf.monitor.html_parts import page
+from rlhf.monitor.html_parts import page, pooled_reward_buckets
 from rlhf.monitor.html_parts import table as _table
 from rlhf.monitor.records import read_metrics
 
@@ -184,26 +184,6 @@ def _bands(groups, series_of) -> dict[str, dict[str, plots.Band]]:
             if band is not None:
                 bands[algorithm][name] = band
     return bands
-
-
-def pooled_reward_buckets(group: Sequence[Mapping[str, Any]], n_buckets: int) -> list[tuple[str, np.ndarray]]:
-    """Pool the reward samples of a group's seeds into up to n_buckets contiguous iteration ranges."""
-    by_iteration: dict[float, list[float]] = {}
-    for run in group:
-        for entry in run.get("reward_samples") or ():
-            iteration = _num(entry.get("iteration"))
-            scores = [s for s in (_num(v) for v in entry.get("scores") or ()) if s is not None]
-            if iteration is not None and scores:
-                by_iteration.setdefault(iteration, []).extend(scores)
-    iterations = sorted(by_iteration)
-    buckets = []
-    for chunk in (
-        np.array_split(np.asarray(iterations), min(n_buckets, len(iterations))) if iterations else ()
-    ):
-        lo, hi = int(chunk[0]), int(chunk[-1])
-        scores = np.concatenate([np.asarray(by_iteration[x]) for x in chunk])
-        buckets.append((f"{lo}" if lo == hi else f"{lo}-{hi}", scores))
-    return buckets
 
 
 def _run_entries(summary: Mapping[str, Any], runs, metric_keys) -> list[Mapping[str, Any]]:

@@ -47,13 +47,13 @@ from rlhf.config import (
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt
 from rlhf.demo.held_out import ModulesInProcess, evaluate_policy
+from rlhf.demo.report import write_report
 from rlhf.demo.world_scores import trainer_class
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.monitor import print_summary
-from rlhf.monitor.report import write_report
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rl.trainer import RLTrainer
 from rlhf.runtime import LocalRuntime

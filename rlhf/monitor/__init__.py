@@ -1,12 +1,11 @@
-"""Monitoring: metric sinks and progress display, the pattern-collapse detector, summaries and the
-HTML report. Pure logging and plotting: imports nothing from the other layers of rlhf.
+"""Monitoring: metric sinks and progress display, the pattern-collapse detector, summaries, and a run
+directory's HTML report (run_report.py, `rlhf report`; the demo's report is rlhf/demo/report.py).
+Pure logging and plotting: imports nothing from the other layers of rlhf.
 
-The report (matplotlib) is imported on first use, so a trainer that only logs does not pay for it.
+The plots (matplotlib) are imported by the reports only, so a trainer that only logs does not pay for them.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from rlhf.monitor.collapse import CollapseDetector
 from rlhf.monitor.console import DEFAULT_KEY_METRICS, ConsoleSink
@@ -27,14 +26,4 @@ __all__ = [
     "WandbSink",
     "print_summary",
     "read_metrics",
-    "write_report",
-    "load_run",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("write_report", "load_run"):
-        from rlhf.monitor import report
-
-        return getattr(report, name)
-    raise AttributeError(f"module 'rlhf.monitor' has no attribute {name!r}")

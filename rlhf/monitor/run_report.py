@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rlhf.monitor import plots
-from rlhf.monitor.html_parts import NumText, esc, fmt, img, note, num, page, table
+from rlhf.monitor.html_parts import NumText, esc, fmt, img, note, num, page, pooled_reward_buckets, table
 from rlhf.monitor.run_files import KINDS, RunFiles, read_run_dir
 from rlhf.monitor.run_kinds import (
     NOT_PLOTTED,
@@ -223,8 +223,6 @@ def _panels(series: dict[str, list[tuple[float, float]]], keys: Sequence[str], p
 
 def _distribution(run: RunFiles) -> str:
     """The reward of the sampled responses over training (RL), the held-out margins (reward model)."""
-    from rlhf.monitor.report import pooled_reward_buckets
-
     key, title, caption = {
         "rl": (
             "reward/raw_scores",

@@ -55,7 +55,7 @@ from rlhf.parallel.peers import Peers
 def replicate(module: nn.Module, peers: Peers, uses_every_parameter: bool = False) -> DistributedDataParallel:
     """`module` under DistributedDataParallel over `peers` (rank 0's parameters and buffers broadcast
     to every rank), gradients summed (module docstring). `module`'s forward must reach every
-    parameter a loss uses in one call (rlhf/rl/roles/forward.py, rlhf/train/model_call.py).
+    parameter a loss uses in one call (rlhf/rl/roles/forward.py, rlhf/train/supervised/model_call.py).
     `uses_every_parameter`: every pass reaches every trained parameter (no unused-parameter walk)."""
     on_gpu = peers.device.type == "cuda"
     ddp = DistributedDataParallel(

@@ -6,7 +6,7 @@ dialogues, chat messages). The reference is a frozen copy of the starting model,
 policy, the same weights with the adapter switched off (no second copy). Its summed log-probs of
 each pair are computed once before training (`dpo.precompute_reference`, the default: each rank
 scores its share and the shares are joined) or in every step. The step runs in the supervised
-skeleton (rlhf/train/supervised.py): the loss is the mean over the step's pairs however the
+skeleton (rlhf/train/supervised/): the loss is the mean over the step's pairs however the
 micro-batches and ranks split them. Under `dist.strategy fsdp2` the policy and the reference's copy
 are sharded per layer (the copy without optimizer; the adapter-off reference is the policy's own
 shards), every rank running as many micro-batches (rlhf/train/learner.py).
@@ -14,7 +14,7 @@ shards), every rank running as many micro-batches (rlhf/train/learner.py).
 Resume (`rlhf dpo --resume DIR`, `checkpoint.every`): a checkpoint also holds the cached reference
 log-probs of every pair (not computed again) and a digest of the encoded pairs, so that a resume on
 other data stops instead of pairing the cache with other rows. Under fsdp2 each rank writes its shards
-of the weights and AdamW moments (rlhf/train/supervised_checkpoint.py), resumable at any number of ranks.
+of the weights and AdamW moments (rlhf/train/supervised/checkpoint.py), resumable at any number of ranks.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from rlhf.parallel.fsdp import shard_from_rank0
 from rlhf.stages.rm import EncodedPair, encode_pairs, pair_positions
 from rlhf.train.learner import MicroBatch, RowList, step_metrics
 from rlhf.train.lm_loss import sequence_logprobs
-from rlhf.train.model_call import ModelCall, call_model
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import (
     SupervisedRun,
@@ -45,6 +44,7 @@ from rlhf.train.supervised import (
     placed,
     run_supervised,
 )
+from rlhf.train.supervised.model_call import ModelCall, call_model
 
 STATS = ("chosen_reward", "rejected_reward", "margin", "accuracy", "chosen_logp", "rejected_logp")
 

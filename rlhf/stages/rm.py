@@ -35,9 +35,9 @@ from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.rundir.export import export_models
 from rlhf.train.learner import Learner, MicroBatch, RowList, forward_passes, split_rows, step_metrics
 from rlhf.train.lm_loss import hidden_token_nll
-from rlhf.train.model_call import call_model
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import SupervisedRun, SupervisedStage, placed, run_supervised
+from rlhf.train.supervised.model_call import call_model
 
 
 @dataclass
@@ -293,7 +293,7 @@ def run_reward_training(
     quiet: bool = False,
 ) -> dict:
     """Train, keep the best held-out checkpoint in `config.out`, return the final metrics
-    (rlhf/train/supervised.py runs the stage).
+    (rlhf/train/supervised/ runs the stage).
 
     `train_rows` / `test_rows` replace the pairs read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).

@@ -19,7 +19,6 @@ from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.train.learner import Learner, MicroBatch, RowList, step_metrics
 from rlhf.train.lm_loss import model_token_nll
-from rlhf.train.model_call import call_model
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import (
     SupervisedRun,
@@ -27,6 +26,7 @@ from rlhf.train.supervised import (
     placed,
     run_supervised,
 )
+from rlhf.train.supervised.model_call import call_model
 
 
 @dataclass
@@ -164,7 +164,7 @@ def run_sft(
     quiet: bool = False,
 ) -> dict:
     """Train, evaluate, and save a Hugging Face directory at `config.out`. Returns the final metrics
-    (rlhf/train/supervised.py runs the stage).
+    (rlhf/train/supervised/ runs the stage).
 
     With held-out rows, the first record of metrics.jsonl is the baseline: `{"step": 0, "eval/loss",
     "eval/ppl", "eval/tokens"}` of the model before any update (no train/ keys; the training records

@@ -21,7 +21,7 @@ One optimizer step (`step(batch, losses)`), written once here:
 
 A learner gets its parallel strategy when it is built (`peers`, `strategy` and how it shards): under
 ddp it is replicated at once; under fsdp2 its owner calls `shard` once its whole state is in place
-(the supervised skeleton after a resume has loaded the checkpoint, rlhf/train/supervised.py; the RL
+(the supervised skeleton after a resume has loaded the checkpoint, rlhf/train/supervised/; the RL
 runtime of torchrun or of a Ray group at a role's first use, rlhf/runtime/distributed.py), which
 shards it as planned. No runtime sets a learner's parallel state after it is built.
 """

@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
+from rlhf.demo.report import SECTIONS
 from rlhf.demo.run import ALGORITHMS, run_demo
-from rlhf.monitor.report import SECTIONS
 
 TINY = [
     "--sft_steps", "6", "--rm_steps", "6", "--iterations", "3", "--eval_every", "2", "--eval_prompts", "8",

@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
+from rlhf.demo.report import OVERVIEW_PNG, SECTIONS, load_run, write_report
 from rlhf.monitor import MetricsLogger, plots
-from rlhf.monitor.report import OVERVIEW_PNG, SECTIONS, load_run, write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EVIL = "<script>alert('x')</script>"

@@ -558,11 +558,11 @@ def partial_passes() -> dict:
     from rlhf.config import OptimConfig
     from rlhf.parallel.peers import current_peers
     from rlhf.train.learner import Learner
-    from rlhf.train.model_call import ModelCall
+    from rlhf.train.supervised.model_call import ModelCall
 
     peers = current_peers()
     module = ThreeLayers()
-    call = ModelCall(module)  # one call per loss, as the supervised stages' (rlhf/train/model_call.py)
+    call = ModelCall(module)  # one call per loss, as the supervised stages' (train/supervised/model_call.py)
     learner = Learner(call, OptimConfig(lr=0.1, weight_decay=0.5), 1, peers=peers, strategy="ddp")
     x = PASS_INPUTS[peers.rank]
     passes = learner.passes(2)

@@ -18,7 +18,7 @@ and sharded training written once, rlhf/train/learner.py), the evaluation cadenc
 
 and, when it needs them, `before_training` (once, before the first step). A `resumable` stage (DPO)
 saves a checkpoint every `checkpoint.every` steps and continues from the newest one with
-`resume=True` (supervised_checkpoint.py); its own state beyond the model, optimizer, schedule and
+`resume=True` (checkpoint.py); its own state beyond the model, optimizer, schedule and
 RNGs goes through `checkpoint_state` / `restore_state`.
 
 The run's skeleton:
@@ -34,6 +34,9 @@ The run's skeleton:
                    evaluate every train.eval_every steps and at the last;
                    [a checkpoint every checkpoint.every steps; fsdp2: each rank's shards]
     [fsdp2: AdamW's moments freed]; finish, report.html, the one-screen summary
+
+What only the supervised stages use sits beside the skeleton: checkpoint.py (a resumable stage's
+checkpoints) and model_call.py (the one call every forward goes through).
 """
 
 from __future__ import annotations
@@ -68,13 +71,13 @@ from rlhf.rundir.final_report import write_final_report
 from rlhf.rundir.footprint import footprint_line
 from rlhf.train.context_check import check_rows_fit
 from rlhf.train.learner import Learner
-from rlhf.train.model_call import ModelCall
 from rlhf.train.setup import start_run
-from rlhf.train.supervised_checkpoint import (
+from rlhf.train.supervised.checkpoint import (
     latest_checkpoint,
     load_supervised_checkpoint,
     save_supervised_checkpoint,
 )
+from rlhf.train.supervised.model_call import ModelCall
 
 
 @dataclass
@@ -98,7 +101,7 @@ class SupervisedRun:
     @property
     def call(self) -> nn.Module:
         """The model's one call, `call(fn, *args)` = fn(model, *args): what every forward of a
-        sharded model goes through (rlhf/train/model_call.py); under ddp its DistributedDataParallel
+        sharded model goes through (rlhf/train/supervised/model_call.py); under ddp its DistributedDataParallel
         wrapper (whose backward reduces the gradients, rlhf/parallel/replicated.py)."""
         return self.learner.call
 
@@ -262,7 +265,7 @@ def _learner(
     """The model's learner: AdamW over `steps`, the run's data-parallel strategy, the stage's micro-batches."""
     c = stage.config
     return Learner(
-        ModelCall(model),  # the one call every forward goes through (rlhf/train/model_call.py)
+        ModelCall(model),  # the one call every forward goes through (rlhf/train/supervised/model_call.py)
         c.optim,
         steps,
         peers=peers,

@@ -1,4 +1,4 @@
-"""Checkpoints of a supervised stage (`rlhf dpo --resume`): what the skeleton (supervised.py) needs to
+"""Checkpoints of a supervised stage (`rlhf dpo --resume`): what the skeleton (__init__.py) needs to
 go on after N optimizer steps as if it had never stopped.
 
 `checkpoints/iter_N/` (N: the optimizer steps done; the directory layout, checksums, pruning and the

@@ -1,4 +1,4 @@
-"""`rlhf dpo --resume` (rlhf/train/supervised_checkpoint.py): a run interrupted after a checkpoint and
+"""`rlhf dpo --resume` (rlhf/train/supervised/checkpoint.py): a run interrupted after a checkpoint and
 resumed writes the same metrics, step for step, as the run that was never interrupted (weights,
 AdamW moments, schedule, data order, RNG states and the reference cache all restored); the resume
 refuses what would make it another run, and the command continues a run it was told to."""

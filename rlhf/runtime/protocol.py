@@ -5,7 +5,7 @@ never the roles. Roles are called by name with plain data (token ids, Sequences,
 PPO-ptx rows, state dicts, paths): no callable, closure or generator crosses, so a runtime may serve
 a role from another process.
 
-The type checker holds every runtime to it (`make lint` runs mypy; rlhf/runtime/conformance.py
+The type checker holds every runtime to it (`make lint` runs mypy; tests/runtime/runtime_conformance.py
 assigns each runtime to a `Runtime`), so a member the loop uses and a runtime lacks, or one whose
 signature differs, fails the check."""
 

@@ -19,13 +19,16 @@ is never an expected code: every user mistake is exit 2 (rlhf/cli_errors.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -1164,26 +1167,35 @@ class _Hung(BaseException):
     """An in-process case ran past its timeout (raised by SIGALRM in the main thread)."""
 
 
-def _in_process(args: list[str], work: Path, timeout: float = 0) -> tuple[int | None, str, str]:
-    """`rlhf.cli.main(args)` in this process, in `work`: (exit code, stdout, stderr); exit code None
-    when it ran past `timeout` seconds (0: no limit; main thread only)."""
-    import contextlib
-    import io
-    import signal
-    import threading
-
-    from rlhf.cli import main as rlhf_main
+@contextlib.contextmanager
+def _alarm(timeout: float):
+    """Raise _Hung in the main thread after `timeout` seconds (0, or another thread: no limit)."""
+    if not timeout > 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
     def hung(signum, frame):
         raise _Hung
 
-    alarm = timeout > 0 and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _in_process(args: list[str], work: Path) -> tuple[int | None, str, str]:
+    """`rlhf.cli.main(args)` in this process, in `work`: (exit code, stdout, stderr); exit code None
+    when the case's `_alarm` went off."""
+    import io
+
+    from rlhf.cli import main as rlhf_main
+
     out, err, cwd = io.StringIO(), io.StringIO(), os.getcwd()
-    previous = signal.signal(signal.SIGALRM, hung) if alarm else None
     try:
         os.chdir(work)
-        if alarm:
-            signal.setitimer(signal.ITIMER_REAL, timeout)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = rlhf_main(list(args))
@@ -1191,11 +1203,8 @@ def _in_process(args: list[str], work: Path, timeout: float = 0) -> tuple[int | 
                 code = stop.code if isinstance(stop.code, int) else 2
             except _Hung:
                 code = None
-                print(f"timed out after {timeout} s", file=sys.stderr)
+                print("timed out", file=sys.stderr)
     finally:
-        if alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
         os.chdir(cwd)
         # the case's own modules (reward functions, environments) go with it: the next case may
         # have a module of the same name
@@ -1255,7 +1264,8 @@ def run_case(
     start = time.monotonic()
     try:
         if in_process:
-            code, stdout, stderr = _in_process(args, work, timeout)
+            with _alarm(timeout):
+                code, stdout, stderr = _in_process(args, work)
         else:
             try:
                 run = subprocess.run([sys.executable, "-m", "rlhf", *args], cwd=work, env=env, capture_output=True,

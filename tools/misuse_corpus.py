@@ -3,6 +3,14 @@
     python tools/misuse_corpus.py                  # every case, a table of outcomes
     python tools/misuse_corpus.py --only yaml_bom,out_is_file --json out.json
     python tools/misuse_corpus.py --list
+    python tools/misuse_corpus.py --group surfaces --in-process   # one group, without interpreter starts
+
+Groups (GROUPS): `named` and `new` (issue 28's corpus), then issue 40's reruns of the older passes
+case by case (`issue16`, `pass153`, `corpus30`, `pass127`: the cases each pass names that the groups
+before did not have) and `surfaces` (environments, DAPO, the reward server and its client,
+verifiers, eval --pairs, token budgets, sampler engines, plan). A case may start from an earlier
+run (`built`: trained once per scratch folder, then copied) or talk to a local HTTP server
+(`server`), and has a timeout: a case still running then has hung.
 
 Each case is a command line of `rlhf`, the files to set up beside the shared inputs (a tiny policy
 `policy/`, a reward model `rm/`, `sft.jsonl`, `pairs.jsonl`, `prompts.jsonl`), the exit code it must
@@ -696,7 +704,10 @@ def no_package(module: str) -> Callable[[], str | None]:
 LONG_PROMPTS = jsonl([{"prompt": " ".join(WORDS * 40)}] * 4)
 LONG_PAIRS = jsonl([{"prompt": " ".join(WORDS * 40), "chosen": "t a", "rejected": "a b"}] * 4)
 USER_FILES = ("policy", "rm", "sft.jsonl", "pairs.jsonl", "prompts.jsonl")
-RESUMED = (*USER_FILES, "run/config.yaml", "run/run_inputs.json")
+# what a resume with nothing left to do must leave byte-identical; it writes the final checkpoint
+# again, with equal tensors (its safetensors files' bytes may differ: their header's order)
+FINISHED_RUN = ("run/config.yaml", "run/run_inputs.json", "run/metrics.jsonl", "run/model.safetensors",
+                "run/config.json")  # fmt: skip
 
 # issue 16 (the reliability issue): its ~25 cases; the ones that need a second process, a signal or a
 # full disk are the reliability suite's own tests (tests/reliability: test_run_dir_lock,
@@ -803,7 +814,7 @@ PASS_153 = [
          setup=steps(built("train2"), edit("run/config.yaml", lambda b: b.replace(b"beta: ", b"beta: 0.7", 1)
                                            if b"beta: 0.7" not in b else b))),
     Case("resume_that_changes_nothing", ["train", "--resume", "run", "--train.iterations", "2"], code=0,
-         setup=built("train2"), unchanged=(*USER_FILES, "run")),
+         setup=built("train2"), unchanged=(*USER_FILES, *FINISHED_RUN)),
     Case("eval_out_read_only", evaluate("--out", "/proc/rlhf-misuse/eval.json"), words=("/proc/rlhf-misuse/eval.json",)),
     Case("data_json_nested_deep", sft(data="deep.jsonl"), words=("deep.jsonl",),
          setup=write("deep.jsonl", "[" * 100000 + "]" * 100000 + "\n")),

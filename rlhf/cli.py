@@ -735,10 +735,12 @@ def run_rm_eval_command(args, rest, ctx) -> int:
 
 def run_demo_command(args, rest, ctx) -> int:
     from rlhf.demo.run import run_demo
+    from rlhf.rundir.directory import check_out_dir
     from rlhf.rundir.lock import refuse_if_in_use, run_dir_lock
     from rlhf.rundir.outputs import DEMO_OUTPUTS, check_out_holds_nothing_of_yours
 
     # the demo clears its earlier outputs: never a folder of anything else
+    check_out_dir(args.out, {})  # an existing file, a read-only or impossible path
     refuse_if_in_use(args.out)
     check_out_holds_nothing_of_yours(args.out, "demo", args.config, leftovers=DEMO_OUTPUTS)
     with run_dir_lock(args.out) as ctx.run_dir:
@@ -754,8 +756,14 @@ def run_demo_command(args, rest, ctx) -> int:
 
 def run_ablate_command(args, rest, ctx) -> int:
     from rlhf.demo.ablate import run_ablation
-    from rlhf.rundir.lock import run_dir_lock
+    from rlhf.rundir.directory import check_out_dir
+    from rlhf.rundir.lock import refuse_if_in_use, run_dir_lock
+    from rlhf.rundir.outputs import ABLATE_OUTPUTS, check_out_holds_nothing_of_yours
 
+    # the ablation resumes from its own outputs and clears them: never a folder of anything else
+    check_out_dir(args.out, {})  # an existing file, a read-only or impossible path
+    refuse_if_in_use(args.out)
+    check_out_holds_nothing_of_yours(args.out, "ablate", args.config, leftovers=ABLATE_OUTPUTS)
     with run_dir_lock(args.out) as ctx.run_dir:
         return run_ablation(
             out=args.out,

@@ -3,6 +3,14 @@
     python tools/misuse_corpus.py                  # every case, a table of outcomes
     python tools/misuse_corpus.py --only yaml_bom,out_is_file --json out.json
     python tools/misuse_corpus.py --list
+    python tools/misuse_corpus.py --group surfaces --in-process   # one group, without interpreter starts
+
+Groups (GROUPS): `named` and `new` (issue 28's corpus), then issue 40's reruns of the older passes
+case by case (`issue16`, `pass153`, `corpus30`, `pass127`: the cases each pass names that the groups
+before did not have) and `surfaces` (environments, DAPO, the reward server and its client,
+verifiers, eval --pairs, token budgets, sampler engines, plan). A case may start from an earlier
+run (`built`: trained once per scratch folder, then copied) or talk to a local HTTP server
+(`server`), and has a timeout: a case still running then has hung.
 
 Each case is a command line of `rlhf`, the files to set up beside the shared inputs (a tiny policy
 `policy/`, a reward model `rm/`, `sft.jsonl`, `pairs.jsonl`, `prompts.jsonl`), the exit code it must
@@ -19,13 +27,16 @@ is never an expected code: every user mistake is exit 2 (rlhf/cli_errors.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +60,10 @@ class Case:
     unchanged: str | tuple[str, ...] = ALL  # relative paths (files or folders) that must stay as they were
     env: dict[str, str] = field(default_factory=dict)
     skip: Callable[[], str | None] | None = None  # the reason it cannot run here, or None
+    timeout: float = 300  # seconds: a case still running then has hung (a failure)
+    # a local HTTP server for the case (a BaseHTTPRequestHandler class): "{url}" and "{port}" in
+    # `args` become its address; it stops when the case ends
+    server: type | None = None
 
 
 # -- setting up files -------------------------------------------------------------------------------
@@ -94,8 +109,8 @@ SFT_ROWS = [{"prompt": f"{a} {b}", "response": f"{c} t"} for a, b, c in zip(WORD
 SFT_TEXT = jsonl(SFT_ROWS)
 
 
-def sft(*extra: str, data: str = "sft.jsonl", out: str = "out") -> list[str]:
-    return ["sft", "--model", "policy", "--data", data, "--out", out, *TINY_SUPERVISED, *extra]
+def sft(*extra: str, data: str = "sft.jsonl", out: str = "out", model: str = "policy") -> list[str]:
+    return ["sft", "--model", model, "--data", data, "--out", out, *TINY_SUPERVISED, *extra]
 
 
 def train(*extra: str, out: str = "out") -> list[str]:
@@ -516,7 +531,593 @@ NEW = [
     ),  # fmt: skip
 ]
 
-CASES = NAMED + NEW
+# -- the older passes, rerun case by case (issue 40's "Done when") -----------------------------------
+# Each group holds the cases of one earlier pass that the groups above did not have yet: the pass's
+# own list is in its issue (16, 28, 40), where only the cases it names can be read back; a case of
+# it already above (e.g. `config_is_directory`) is not repeated.
+
+
+def _tiny_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1"}  # fmt: skip
+
+
+GRPO_TINY = ["--rollout.batch_size", "4", "--rollout.samples_per_prompt", "2", "--rollout.max_new_tokens", "3",
+             "--train.micro_batch_size", "4", "--log.sinks", "jsonl"]  # fmt: skip
+CALC_ROWS = jsonl([{"prompt": f"{a} {b}", "answer": k} for k, (a, b) in enumerate(zip(WORDS, WORDS[1:8]))])
+# earlier runs the resume cases start from: built once per scratch folder, in a copy of the inputs
+BUILDS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "train2": (["train", "--preset", "vanilla_ppo", "--policy", "policy", "--reward-model", "rm", "--prompts",
+                "prompts.jsonl", "--out", "run", "--train.iterations", "2", "--checkpoint.every", "1",
+                *TINY_TRAIN[2:]], {}),
+    "dpo2": (["dpo", "--model", "policy", "--data", "pairs.jsonl", "--out", "run", "--train.max_steps", "2",
+              "--train.batch_size", "4", "--checkpoint.every", "1", "--sinks", "jsonl"], {}),
+    "calc2": (["train", "--preset", "grpo", "--policy", "policy", "--env", "rlhf.envs.calculator:Calculator",
+               "--env.max_turns", "2", "--prompts", "calc.jsonl", "--out", "run", "--train.iterations", "2",
+               "--checkpoint.every", "1", *GRPO_TINY], {"calc.jsonl": CALC_ROWS}),
+}  # fmt: skip
+
+
+def built(kind: str) -> Callable[[Path], None]:
+    """A setup that puts the earlier run BUILDS[kind] (`run/`, and the files it read) into the case's
+    directory; it is built once per scratch folder, in a copy of the shared inputs (so this setup
+    comes first in `steps`)."""
+
+    def setup(work: Path) -> None:
+        cache = work.parent / "_built" / kind
+        args, files = BUILDS[kind]
+        if not (cache / "run").is_dir():
+            shutil.rmtree(cache, ignore_errors=True)
+            shutil.copytree(work, cache)
+            for name, text in files.items():
+                (cache / name).write_text(text)
+            done = subprocess.run([sys.executable, "-m", "rlhf", *args], cwd=cache, env=_tiny_env(),
+                                  capture_output=True, text=True, timeout=900)  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError(f"building {kind} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+        shutil.copytree(cache / "run", work / "run")
+        for name in files:
+            shutil.copy(cache / name, work / name)
+
+    return setup
+
+
+def edit(name: str, change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    def setup(work: Path) -> None:
+        path = work / name
+        path.write_bytes(change(path.read_bytes()))
+
+    return setup
+
+
+def newest_checkpoint_file(pick: Callable[[list[Path]], Path], change: Callable[[bytes], bytes]):
+    """A setup that changes one file (chosen by `pick`) of run/'s newest checkpoint."""
+
+    def setup(work: Path) -> None:
+        newest = max((work / "run" / "checkpoints").glob("iter_*"), key=lambda p: int(p.name.split("_")[1]))
+        path = pick([p for p in newest.iterdir() if p.is_file() and p.name != "DONE"])
+        path.write_bytes(change(path.read_bytes()))
+
+    return setup
+
+
+def largest(paths: list[Path]) -> Path:
+    return max(paths, key=lambda p: p.stat().st_size)
+
+
+def named(name: str) -> Callable[[list[Path]], Path]:
+    return lambda paths: next(p for p in paths if p.name == name)
+
+
+def model_variant(
+    target: str, change: Callable[[Path], None], source: str = "policy"
+) -> Callable[[Path], None]:
+    """A copy of the model directory `source` as `target`, then `change(target_dir)`."""
+
+    def setup(work: Path) -> None:
+        shutil.copytree(work / source, work / target)
+        change(work / target)
+
+    return setup
+
+
+def _config_json(update: dict) -> Callable[[Path], None]:
+    def change(directory: Path) -> None:
+        config = json.loads((directory / "config.json").read_text())
+        config.update(update)
+        (directory / "config.json").write_text(json.dumps(config))
+
+    return change
+
+
+def _as_pickle(directory: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(directory / "model.safetensors")), directory / "pytorch_model.bin")
+    (directory / "model.safetensors").unlink()
+
+
+def _nan_weights(directory: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    for path in directory.glob("*.safetensors"):
+        tensors = load_file(str(path))
+        save_file({k: v.float().fill_(float("nan")) for k, v in tensors.items()}, str(path))
+
+
+def other_tokenizer(target: str, reward_model: bool) -> Callable[[Path], None]:
+    """A tiny model saved with a tokenizer of the same size but other words (upper case)."""
+
+    def setup(work: Path) -> None:
+        from rlhf.models.scalar_head import ScalarHeadModel
+        from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
+
+        tok = word_tokenizer([" ".join(w.upper() for w in WORDS)])
+        model = tiny_causal_lm(tok, seed=1, hidden_size=16, num_layers=1, num_heads=2)
+        if reward_model:
+            model = ScalarHeadModel.from_causal_lm(model, head_init_std=0.5)
+        model.save_pretrained(work / target)
+        tok.save_pretrained(work / target)
+
+    return setup
+
+
+def fifo(name: str) -> Callable[[Path], None]:
+    return lambda work: os.mkfifo(work / name)
+
+
+def dpo(*extra: str, data: str = "pairs.jsonl", out: str = "out", model: str = "policy") -> list[str]:
+    return ["dpo", "--model", model, "--data", data, "--out", out, *TINY_SUPERVISED, *extra]
+
+
+def rm(*extra: str, data: str = "pairs.jsonl", out: str = "out", model: str = "policy") -> list[str]:
+    return ["rm", "--model", model, "--data", data, "--out", out, *TINY_SUPERVISED, *extra]
+
+
+def evaluate(*extra: str, judge: str = "rm") -> list[str]:
+    return ["eval", "--policy", "policy", "--baseline", "policy", "--judge", judge, "--prompts", "prompts.jsonl",
+            "--n", "2", "--max-new-tokens", "2", *extra]  # fmt: skip
+
+
+def grpo(*extra: str, prompts: str = "prompts.jsonl", out: str = "out", preset: str = "grpo") -> list[str]:
+    return ["train", "--preset", preset, "--policy", "policy", "--prompts", prompts, "--out", out,
+            "--train.iterations", "1", *GRPO_TINY, *extra]  # fmt: skip
+
+
+def fn_module(name: str, body: str) -> Callable[[Path], None]:
+    return write(f"{name}.py", body)
+
+
+def needs_package(module: str) -> Callable[[], str | None]:
+    import importlib.util
+
+    return lambda: None if importlib.util.find_spec(module) else f"{module} is not installed here"
+
+
+def no_package(module: str) -> Callable[[], str | None]:
+    import importlib.util
+
+    return lambda: f"{module} is installed here" if importlib.util.find_spec(module) else None
+
+
+LONG_PROMPTS = jsonl([{"prompt": " ".join(WORDS * 40)}] * 4)
+LONG_PAIRS = jsonl([{"prompt": " ".join(WORDS * 40), "chosen": "t a", "rejected": "a b"}] * 4)
+USER_FILES = ("policy", "rm", "sft.jsonl", "pairs.jsonl", "prompts.jsonl")
+# what a resume with nothing left to do must leave byte-identical; it writes the final checkpoint
+# again, with equal tensors (its safetensors files' bytes may differ: their header's order)
+FINISHED_RUN = ("run/config.yaml", "run/run_inputs.json", "run/metrics.jsonl", "run/model.safetensors",
+                "run/config.json")  # fmt: skip
+
+# issue 16 (the reliability issue): its ~25 cases; the ones that need a second process, a signal or a
+# full disk are the reliability suite's own tests (tests/reliability: test_run_dir_lock,
+# test_sigterm, test_signal_during_write, test_atomic_export; ENOSPC simulated in test_cli_error_path)
+ISSUE_16 = [
+    *(Case(f"resume_override_{name}", ["train", "--resume", "run", *flag], words=(key, "Fix"),
+           setup=built("train2")) for name, flag, key in [
+        ("kl_beta", ["--kl.beta", "0.5"], "kl.beta"),
+        ("policy_lr", ["--policy_optim.lr", "0.5"], "policy_optim.lr"),
+        ("reward_model", ["--reward-model", "rm2"], "model.reward_model"),
+        ("preset", ["--preset", "ppo_max"], "preset ('vanilla_ppo' -> 'ppo_max')"),
+        ("critic_mode", ["--model.critic_mode", "shared"], "model.critic_mode"),
+    ]),
+    Case("resume_config_yaml_error", ["train", "--resume", "run", "--config", "c.yaml"], words=("c.yaml",),
+         setup=steps(built("train2"), write("c.yaml", "kl: [1,\n"))),
+    Case("resume_truncated_newest_checkpoint", ["train", "--resume", "run", "--train.iterations", "3"], code=0,
+         words=("skipping damaged checkpoint run/checkpoints/iter_000002",), setup=steps(built("train2"), newest_checkpoint_file(largest, lambda b: b[:64])),
+         unchanged=USER_FILES),
+    Case("resume_edited_trainer_state", ["train", "--resume", "run", "--train.iterations", "3"], code=0,
+         words=("skipping damaged checkpoint run/checkpoints/iter_000002",), unchanged=USER_FILES,
+         setup=steps(built("train2"), newest_checkpoint_file(named("trainer.json"), lambda b: b + b" "))),
+    Case("model_auto_map_refused", sft(model="remote"), words=("auto_map", "--trust-remote-code"),
+         setup=steps(copy_model("policy", "remote"),
+                     write("remote/modeling_evil.py", "raise SystemExit(7)\n"),
+                     lambda w: _config_json({"auto_map": {"AutoModelForCausalLM": "modeling_evil.Evil"}})(w / "remote")),
+         ),
+    Case("model_pickle_weights_refused",
+         ["sft", "--model", "pkl", "--data", "sft.jsonl", "--out", "out", *TINY_SUPERVISED],
+         words=("pkl", "--allow-pickle"), setup=model_variant("pkl", _as_pickle)),
+    Case("model_unknown_architecture",
+         ["sft", "--model", "alien", "--data", "sft.jsonl", "--out", "out", *TINY_SUPERVISED],
+         words=("alien", "nosucharch"),
+         setup=model_variant("alien", _config_json({"model_type": "nosucharch", "architectures": ["NoSuch"]}))),
+    Case("train_prompt_longer_than_positions", train("--data.max_prompt_tokens", "4000", "--prompts", "long.jsonl"),
+         words=("long.jsonl", "Fix"), setup=write("long.jsonl", LONG_PROMPTS)),
+    Case("log_every_zero", train("--log.every", "0"), words=("log.every", "0")),
+    Case("sft_micro_batch_zero", sft("--train.micro_batch_size", "0"), words=("train.micro_batch_size", "0")),
+    Case("stop_at_eos_false_truncated_drop", train("--rollout.stop_at_eos", "false", "--rollout.truncated", "drop"),
+         words=("rollout.truncated", "Fix")),
+    Case("eval_temperature_zero_is_greedy", evaluate("--temperature", "0", "--out", "e.json"), code=0),
+    Case("report_on_a_train_run", ["report", "run"], code=0, setup=built("train2"), unchanged=USER_FILES),
+    Case("report_on_a_folder_that_is_no_run", ["report", "emptyrun"], words=("emptyrun",),
+         setup=lambda w: (w / "emptyrun").mkdir()),
+    Case("report_on_a_model_dir", ["report", "policy"], words=("policy",)),
+    Case("nan_reward_model", train(), words=("rm", "Fix"),
+         setup=lambda w: _nan_weights(w / "rm")),
+    Case("negative_iterations", train("--train.iterations", "-3"), words=("train.iterations", "-3")),
+    Case("sft_batch_size_zero", sft("--train.batch_size", "0"), words=("train.batch_size", "0")),
+    Case("tiny_temperature_warns", train("--rollout.temperature", "1e-6"), code=0, words=("temperature",)),
+    Case("eval_nan_judge", evaluate("--out", "e.json", judge="nanrm"), words=("nanrm",),
+         setup=model_variant("nanrm", _nan_weights, source="rm")),
+    Case("data_check_skip_invalid", ["data", "check", "mixed.jsonl", "--skip-invalid"], code=0,
+         words=("skipped",), setup=write("mixed.jsonl", SFT_TEXT + "{oops\n")),
+    Case("data_error_names_a_flag_that_exists", sft(data="mixed.jsonl"), words=("mixed.jsonl:19", "--skip-invalid"),
+         setup=write("mixed.jsonl", SFT_TEXT + "{oops\n")),
+    Case("sft_skip_invalid_runs", sft("--skip-invalid", data="mixed.jsonl"), code=0,
+         setup=write("mixed.jsonl", SFT_TEXT + "{oops\n")),
+    Case("eval_skip_invalid_runs", evaluate("--prompts", "mixed.jsonl", "--skip-invalid", "--out", "e.json"), code=0,
+         setup=write("mixed.jsonl", jsonl([{"prompt": "a b"}] * 3) + "{oops\n")),
+    Case("data_csv_behind_jsonl", sft(data="table.jsonl"), words=("table.jsonl", "CSV"),
+         setup=write("table.jsonl", "prompt,response\na b,c t\nb c,d t\n")),
+    Case("data_gzip_behind_jsonl_is_read", sft(data="packed.jsonl"), code=0,
+         setup=lambda w: (w / "packed.jsonl").write_bytes(__import__("gzip").compress(SFT_TEXT.encode()))),
+]  # fmt: skip
+
+# issue 28's pass of 153 cases: the cases it names
+PASS_153 = [
+    Case("rm_rows_longer_than_positions",
+         rm("--data.max_prompt_tokens", "4000", "--data.max_response_tokens", "4000", data="long.jsonl"),
+         words=("long.jsonl", "positions", "Fix"), setup=write("long.jsonl", LONG_PAIRS)),
+    Case("dpo_rows_longer_than_positions",
+         dpo("--data.max_prompt_tokens", "4000", "--data.max_response_tokens", "4000", data="long.jsonl"),
+         words=("long.jsonl", "positions", "Fix"), setup=write("long.jsonl", LONG_PAIRS)),
+    Case("reward_fn_returns_1e300", train("--reward-fn", "rf_big:score"), words=("rf_big", "1e+300"),
+         setup=fn_module("rf_big", "def score(prompts, completions, **kw):\n    return [1e300] * len(completions)\n")),
+    Case("reward_fn_returns_minus_1e39", train("--reward-fn", "rf_neg:score"), words=("rf_neg",),
+         setup=fn_module("rf_neg", "def score(prompts, completions, **kw):\n    return [-1e39] * len(completions)\n")),
+    Case("reward_fn_wrong_count", train("--reward-fn", "rf_one:score"), words=("rf_one",),
+         setup=fn_module("rf_one", "def score(completions, **kw):\n    return [1.0]\n")),
+    Case("reward_fn_returns_text", train("--reward-fn", "rf_text:score"), words=("rf_text",),
+         setup=fn_module("rf_text", "def score(completions, **kw):\n    return ['good'] * len(completions)\n")),
+    Case("reward_fn_raises", train("--reward-fn", "rf_raise:score"), words=("rf_raise", "ValueError"),
+         setup=fn_module("rf_raise", "def score(completions, **kw):\n    raise ValueError('no')\n")),
+    Case("reward_fn_keyboard_interrupt", train("--reward-fn", "rf_kbd:score"), words=("rf_kbd",),
+         setup=fn_module("rf_kbd", "def score(completions, **kw):\n    raise KeyboardInterrupt\n")),
+    Case("reward_fn_import_error", train("--reward-fn", "rf_imp:score"), words=("rf_imp",),
+         setup=fn_module("rf_imp", "import no_such_package_here\n\ndef score(completions, **kw):\n    return 0\n")),
+    Case("reward_fn_trl_prompts_completions", train("--reward-fn", "rf_trl:reward"), code=0,
+         setup=fn_module("rf_trl", "def reward(prompts, completions, **kwargs):\n    return [len(c) / 10 for c in completions]\n")),
+    Case("reward_fn_trl_completions_only", train("--reward-fn", "rf_trl1:reward"), code=0,
+         setup=fn_module("rf_trl1", "def reward(completions, **kwargs):\n    return [0.5 for c in completions]\n")),
+    Case("reward_fn_row_field_as_keyword",
+         train("--reward-fn", "rf_kw:reward", "--prompts", "topics.jsonl"), code=0,
+         setup=steps(write("topics.jsonl", jsonl([{"prompt": f"{a} b", "topic": a} for a in WORDS[:8]])),
+                     fn_module("rf_kw", "def reward(completions, topic, **kw):\n"
+                                        "    return [float(t in c) for c, t in zip(completions, topic)]\n"))),
+    Case("train_foreign_tokenizer_reward_model", train("--reward-model", "frm"), words=("frm", "Fix"),
+         setup=other_tokenizer("frm", reward_model=True)),
+    Case("resume_reference_model_changed", ["train", "--resume", "run"],
+         words=("config.json", "--resume-allow-changed-models"),
+         setup=steps(built("train2"), edit("policy/config.json", lambda b: b + b"\n"))),
+    Case("resume_config_yaml_edited_by_hand", ["train", "--resume", "run", "--train.iterations", "3"],
+         words=("config.yaml", "kl"),
+         setup=steps(built("train2"), edit("run/config.yaml", lambda b: b.replace(b"beta: ", b"beta: 0.7", 1)
+                                           if b"beta: 0.7" not in b else b))),
+    Case("resume_that_changes_nothing", ["train", "--resume", "run", "--train.iterations", "2"], code=0,
+         setup=built("train2"), unchanged=(*USER_FILES, *FINISHED_RUN)),
+    Case("eval_out_read_only", evaluate("--out", "/proc/rlhf-misuse/eval.json"), words=("/proc/rlhf-misuse/eval.json",)),
+    Case("data_json_nested_deep", sft(data="deep.jsonl"), words=("deep.jsonl",),
+         setup=write("deep.jsonl", "[" * 100000 + "]" * 100000 + "\n")),
+    Case("yaml_scientific_lr_is_a_number", sft("--config", "c.yaml"), code=0,
+         setup=write("c.yaml", "optim:\n  lr: 1e-3\n")),
+    Case("data_json_gzip_garbage", sft(data="d.json"), words=("d.json",),
+         setup=write("d.json", b"\x1f\x8b\x08\x00garbage")),
+    Case("data_check_gzip_garbage", ["data", "check", "d.jsonl.gz"], words=("d.jsonl.gz",),
+         setup=write("d.jsonl.gz", b"\x1f\x8b\x08\x00garbage")),
+    Case("model_typo_dir", ["sft", "--model", "polcy", "--data", "sft.jsonl", "--out", "out", *TINY_SUPERVISED],
+         words=("polcy", "Fix"), timeout=90),
+    Case("eval_baseline_foreign_tokenizer",
+         ["eval", "--policy", "policy", "--baseline", "fpol", "--judge", "rm", "--prompts", "prompts.jsonl",
+          "--n", "2", "--max-new-tokens", "2", "--out", "e.json"], words=("fpol",),
+         setup=other_tokenizer("fpol", reward_model=False)),
+    Case("sft_out_inside_model", sft(out="policy/run"), words=("--out policy/run", "--model")),
+    Case("rm_out_is_model", rm(out="policy"), words=("--out policy", "--model")),
+    Case("dpo_out_is_model", dpo(out="policy"), words=("--out policy", "--model")),
+]  # fmt: skip
+
+# issue 40's corpus of 30 cases: the 7 it found failing (the others are in the groups above)
+CORPUS_30 = [
+    Case("resume_fewer_iterations_than_done", ["train", "--resume", "run", "--train.iterations", "1"],
+         words=("train.iterations 1", "2 iterations"), setup=built("train2")),
+    Case("wandb_sink_without_package", sft("--sinks", "[console,wandb]"), words=("wandb", "pip install"),
+         skip=no_package("wandb")),
+    Case("eval_world_judge_missing", evaluate("--out", "e.json", judge="world:nowhere"), words=("world:nowhere",)),
+    Case("sft_data_and_data_path", sft("--data.path", "pairs.jsonl"), words=("--data", "--data.path")),
+    Case("demo_seeds_zero", ["demo", "--seeds", "0", "--out", "d"], words=("--seeds", "0")),
+    Case("rm_eval_n_zero", ["rm-eval", "--reward-model", "rm", "--data", "pairs.jsonl", "--n", "0"], words=("n", "0")),
+    Case("eval_n_zero", evaluate("--n", "0"), words=("n must be >= 1",)),
+]  # fmt: skip
+
+# issue 40's pass of 127 cases: the cases it names
+PASS_127 = [
+    Case("dpo_out_holds_its_config", dpo("--config", "proj/config.yaml", out="proj"),
+         words=("--out proj", "--config", "Fix"),
+         setup=steps(write("proj/config.yaml", "train:\n  max_steps: 1\n"), write("proj/report.html", "<p>mine</p>\n"))),
+    Case("sft_out_is_another_model", sft(out="rm"), words=("--out rm", "Fix")),
+    Case("dpo_out_is_another_model", dpo(out="rm"), words=("--out rm", "Fix")),
+    Case("eval_second_judge_foreign", evaluate("--judge", "frm", "--out", "e.json"), words=("frm",),
+         setup=other_tokenizer("frm", reward_model=True)),
+    Case("dpo_resume_model_changed", ["dpo", "--resume", "run"],
+         words=("config.json", "--resume-allow-changed-models"),
+         setup=steps(built("dpo2"), edit("policy/config.json", lambda b: b + b"\n"))),
+    Case("rm_eval_read_only_model_folder", ["rm-eval", "--reward-model", "rm", "--data", "pairs.jsonl"],
+         words=("rm_eval.json",), setup=lambda w: os.chmod(w / "rm", 0o555), skip=as_root),
+    Case("ray_address_that_does_not_answer", train("--dist.runtime", "ray", "--ray.address", "127.0.0.1:1"),
+         words=("ray.address", "127.0.0.1:1"), timeout=60, skip=needs_package("ray")),
+    Case("plan_gpu_memory_without_unit", ["plan", "--model", "7b", "--gpu-memory", "80"], words=("80GB",)),
+    Case("dpo_data_is_a_fifo", dpo(data="pipe.jsonl"), words=("pipe.jsonl", "FIFO"), setup=fifo("pipe.jsonl"),
+         timeout=60),
+    Case("rm_eval_huge_bins", ["rm-eval", "--reward-model", "rm", "--data", "pairs.jsonl", "--histogram-bins",
+                               "1000000000"], words=("histogram_bins",), timeout=60),
+    Case("tensorboard_sink_without_package", sft("--sinks", "[tensorboard]"), words=("tensorboard", "pip install"),
+         skip=no_package("tensorboard")),
+    Case("train_policy_and_model_policy", train("--model.policy", "rm"), words=("--policy", "--model.policy")),
+    Case("ablate_out_project_folder", ["ablate", "--out", "proj", "--seeds", "1"], words=("--out proj", "Fix"),
+         setup=write("proj/notes.txt", "mine\n")),
+    Case("ablate_out_holds_its_config", ["ablate", "--out", "proj", "--config", "proj/demo.yaml"],
+         words=("--config", "Fix"), setup=write("proj/demo.yaml", "iterations: 1\n")),
+    Case("ablate_out_another_model", ["ablate", "--out", "rm"], words=("model directory", "Fix")),
+    Case("ablate_out_existing_file", ["ablate", "--out", "notes.txt"], words=("existing file", "Fix"),
+         setup=write("notes.txt", "mine\n")),
+    Case("demo_out_another_model", ["demo", "--out", "rm"], words=("model directory", "Fix")),
+]  # fmt: skip
+
+
+# -- the newest surfaces (issue 40's "30 new cases of your own") --------------------------------------
+class _Health(__import__("http.server").server.BaseHTTPRequestHandler):
+    """A reward server's /health; POST /score answered by `score` (overridden below)."""
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._send(200, b'{"status": "ok", "wire": 1, "tokenizer": null}')
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        rows = len(json.loads(self.rfile.read(length) or b"{}").get("responses", []))
+        status, body = self.score(rows)
+        self._send(status, body)
+
+    def score(self, rows: int) -> tuple[int, bytes]:
+        return 200, json.dumps({"scores": [0.5] * rows}).encode()
+
+
+class _Garbage(_Health):
+    def score(self, rows):
+        return 200, b"<html>hello</html>"
+
+
+class _WrongCount(_Health):
+    def score(self, rows):
+        return 200, json.dumps({"scores": [0.5] * (rows + 1)}).encode()
+
+
+class _NaN(_Health):
+    def score(self, rows):
+        return 200, b'{"scores": [' + b", ".join([b"NaN"] * rows) + b"]}"
+
+
+class _Fails(_Health):
+    def score(self, rows):
+        return 500, b'{"error": "model crashed"}'
+
+
+class _Refuses(_Health):
+    def score(self, rows):
+        return 400, b'{"error": "bad request: no such field"}'
+
+
+class _Sleeps(_Health):
+    def score(self, rows):
+        time.sleep(30)
+        return 200, b"{}"
+
+
+class _Unhealthy(_Health):
+    def do_GET(self) -> None:
+        self._send(200, b'{"status": "loading"}')
+
+
+REMOTE = ["--model.critic_init", "policy", "--reward.remote.retries", "0", "--reward.remote.timeout", "2"]
+
+
+def remote(*extra: str) -> list[str]:
+    return ["train", "--preset", "vanilla_ppo", "--policy", "policy", "--reward-url", "{url}", "--prompts",
+            "prompts.jsonl", "--out", "out", *TINY_TRAIN, *REMOTE, *extra]  # fmt: skip
+
+
+def bad_url(url: str) -> list[str]:
+    return ["train", "--preset", "grpo", "--policy", "policy", "--reward-url", url, "--prompts", "prompts.jsonl",
+            "--out", "out", *GRPO_TINY]  # fmt: skip
+
+
+ENV_ROWS = steps(write("calc.jsonl", CALC_ROWS))
+CALC = "rlhf.envs.calculator:Calculator"
+
+
+def env_module(name: str, body: str) -> Callable[[Path], None]:
+    return write(f"{name}.py", "class Env:\n    def __init__(self, row):\n        self.row = row\n\n" + body)
+
+
+def env_run(*extra: str, env: str = CALC, prompts: str = "calc.jsonl") -> list[str]:
+    return grpo("--env", env, *extra, prompts=prompts)
+
+
+SURFACES = [
+    # --- environments (--env module:Class, rlhf/envs/)
+    Case("env_calculator_runs", env_run("--env.max_turns", "2"), code=0, setup=ENV_ROWS),
+    Case("env_calculator_rows_without_answer", env_run(prompts="prompts.jsonl"), words=("answer",)),
+    Case("env_max_turns_zero", env_run("--env.max_turns", "0"), words=("env.max_turns", "0"), setup=ENV_ROWS),
+    Case("env_max_turns_text", env_run("--env.max_turns", "two"), words=("env.max_turns", "two"), setup=ENV_ROWS),
+    Case("env_max_tokens_negative", env_run("--env.max_tokens", "-1"), words=("env.max_tokens", "-1"),
+         setup=ENV_ROWS),
+    Case("env_reward_placement_unknown", env_run("--env.reward_placement", "middle"),
+         words=("env.reward_placement", "middle"), setup=ENV_ROWS),
+    Case("env_missing_module", env_run(env="rlhf.envs.nosuch:Env"), words=("rlhf.envs.nosuch",), setup=ENV_ROWS),
+    Case("env_missing_class", env_run(env="rlhf.envs.calculator:Calc"), words=("Calc",), setup=ENV_ROWS),
+    Case("env_guess_target_not_a_number", env_run(env="rlhf.envs.guess:GuessNumber", prompts="g.jsonl"),
+         words=("target",), setup=write("g.jsonl", jsonl([{"prompt": "a b", "target": "eleven"}] * 4))),
+    Case("env_with_async_rollouts", env_run("--rollout.max_staleness", "1"), words=("rollout.max_staleness",),
+         setup=ENV_ROWS),
+    Case("env_step_raises", env_run(env="env_raise:Env", prompts="prompts.jsonl"), words=("env_raise",),
+         setup=env_module("env_raise", "    def step(self, response):\n        raise RuntimeError('broken tool')\n")),
+    Case("env_step_nan_reward", env_run(env="env_nan:Env", prompts="prompts.jsonl"), words=("env_nan",),
+         setup=env_module("env_nan", "    def step(self, response):\n        return None, float('nan'), True\n")),
+    Case("env_init_raises", env_run(env="env_init:Env", prompts="prompts.jsonl"), words=("env_init",),
+         setup=write("env_init.py", "class Env:\n    def __init__(self, row):\n        raise KeyError('level')\n\n"
+                                    "    def step(self, response):\n        return None, 0.0, True\n")),
+    Case("env_never_done_stops_at_max_turns", env_run("--env.max_turns", "2", env="env_loop:Env",
+                                                      prompts="prompts.jsonl"), code=0,
+         setup=env_module("env_loop", "    def step(self, response):\n        return 'a b', 0.0, False\n")),
+    Case("env_long_reply_cut_at_max_tokens", env_run("--env.max_tokens", "8", env="env_long:Env",
+                                                     prompts="prompts.jsonl"), code=0,
+         setup=env_module("env_long", "    def step(self, response):\n        return 'a b c ' * 200, 0.0, False\n")),
+    Case("env_resume_changes_max_turns", ["train", "--resume", "run", "--env.max_turns", "3"],
+         words=("env.max_turns",), setup=built("calc2")),
+    Case("env_resume_fewer_iterations", ["train", "--resume", "run", "--train.iterations", "1"],
+         words=("train.iterations 1",), setup=built("calc2")),
+    # --- DAPO (--preset dapo, rollout.dynamic_sampling, max_sampling_rounds, reward.overlong_buffer)
+    Case("dapo_one_sample_per_prompt", grpo("--reward-model", "rm", "--rollout.samples_per_prompt", "1", preset="dapo"),
+         words=("rollout.samples_per_prompt", "Fix")),
+    Case("dapo_zero_sampling_rounds", grpo("--reward-model", "rm", "--rollout.max_sampling_rounds", "0", preset="dapo"),
+         words=("rollout.max_sampling_rounds", "0")),
+    Case("dapo_overlong_buffer_above_1", grpo("--reward-model", "rm", "--reward.overlong_buffer", "1.5", preset="dapo"),
+         words=("reward.overlong_buffer", "1.5")),
+    Case("dapo_overlong_buffer_negative", grpo("--reward-model", "rm", "--reward.overlong_buffer", "-0.1",
+                                               preset="dapo"), words=("reward.overlong_buffer", "-0.1")),
+    Case("dapo_penalty_factor_negative", grpo("--reward-model", "rm", "--reward.overlong_penalty_factor", "-1",
+                                              preset="dapo"), words=("reward.overlong_penalty_factor", "-1")),
+    Case("dapo_with_async_rollouts", grpo("--reward-model", "rm", "--rollout.max_staleness", "1", preset="dapo"),
+         words=("rollout.max_staleness",)),
+    Case("dapo_runs", grpo("--reward-model", "rm", "--reward.overlong_buffer", "0.5", preset="dapo"), code=0),
+    Case("dapo_constant_reward_keeps_no_group",
+         grpo("--reward-fn", "rf_flat:score", "--rollout.max_sampling_rounds", "2", preset="dapo"), code=0,
+         words=("dynamic_sampling",),
+         setup=fn_module("rf_flat", "def score(completions, **kw):\n    return [1.0] * len(completions)\n")),
+    # --- the reward server and its client
+    Case("reward_url_ftp", bad_url("ftp://127.0.0.1:8000"), words=("reward.remote.url", "ftp://", "Fix")),
+    Case("reward_url_no_host", bad_url("http://"), words=("reward.remote.url", "Fix")),
+    Case("reward_url_port_out_of_range", bad_url("http://127.0.0.1:99999"), words=("99999", "Fix")),
+    Case("reward_url_with_query", bad_url("http://127.0.0.1:8000/?model=x"), words=("query", "Fix")),
+    Case("reward_url_and_reward_model", bad_url("http://127.0.0.1:8000") + ["--reward-model", "rm"],
+         words=("--reward-model", "--reward-url")),
+    Case("reward_url_nothing_listens", [*bad_url("http://127.0.0.1:9"), "--reward.remote.retries", "0"], words=("http://127.0.0.1:9", "Fix"), timeout=60),
+    Case("reward_server_answers_garbage", remote(), words=("{url}", "JSON"), server=_Garbage, timeout=120),
+    Case("reward_server_wrong_count", remote(), words=("scores for",), server=_WrongCount, timeout=120),
+    Case("reward_server_nan", remote(), words=("NaN", "finite"), server=_NaN, timeout=120),
+    Case("reward_server_500", remote(), words=("500", "model crashed"), server=_Fails, timeout=120),
+    Case("reward_server_400", remote(), words=("400", "no such field"), server=_Refuses, timeout=120),
+    Case("reward_server_hangs", remote(), words=("no answer within reward.remote.timeout 2 s",), server=_Sleeps, timeout=120),
+    Case("reward_server_not_ready", remote(), words=("/health", "loading"), server=_Unhealthy, timeout=60),
+    Case("reward_server_good_runs", remote(), code=0, server=_Health, timeout=200),
+    Case("serve_rm_missing_dir", ["serve-rm", "--reward-model", "nope", "--port", "0"], words=("nope",), timeout=60),
+    Case("serve_rm_policy_dir", ["serve-rm", "--reward-model", "policy", "--port", "0"], words=("policy",),
+         timeout=60),
+    Case("serve_rm_port_in_use", ["serve-rm", "--reward-model", "rm", "--port", "{port}"],
+         words=("{port}", "Fix"), server=_Health, timeout=90),
+    Case("serve_rm_port_out_of_range", ["serve-rm", "--reward-model", "rm", "--port", "70000"],
+         words=("70000",), timeout=60),
+    Case("serve_rm_batch_size_zero", ["serve-rm", "--reward-model", "rm", "--batch-size", "0"],
+         words=("--batch-size", "0"), timeout=60),
+    Case("serve_rm_host_unresolvable", ["serve-rm", "--reward-model", "rm", "--host", "no-such-host.invalid",
+                                        "--port", "0"], words=("no-such-host.invalid",), timeout=90),
+    Case("serve_rm_port_text", ["serve-rm", "--reward-model", "rm", "--port", "http"], words=("--port",)),
+    # --- verifiers (--reward-fn rlhf.rl.verifiers:...)
+    Case("verifier_rows_without_answer", grpo("--reward-fn", "rlhf.rl.verifiers:exact_answer"), words=("answer",)),
+    Case("verifier_unknown_function", grpo("--reward-fn", "rlhf.rl.verifiers:exact"), words=("exact",)),
+    Case("verifier_exact_answer_runs", grpo("--reward-fn", "rlhf.rl.verifiers:exact_answer", prompts="calc.jsonl"),
+         code=0, setup=ENV_ROWS),
+    Case("verifier_math_answer_runs", grpo("--reward-fn", "rlhf.rl.verifiers:math_answer", prompts="calc.jsonl"),
+         code=0, setup=ENV_ROWS),
+    Case("verifier_format_and_length_run", grpo("--reward-fn", "rlhf.rl.verifiers:answer_tag_format",
+                                                "--reward-fn", "rlhf.rl.verifiers:length_penalty"), code=0),
+    Case("verifier_answer_null", grpo("--reward-fn", "rlhf.rl.verifiers:exact_answer", prompts="null.jsonl"),
+         code=0, setup=write("null.jsonl", jsonl([{"prompt": "a b", "answer": None}] * 4))),
+    # --- rlhf eval --pairs
+    Case("pairs_missing_file", ["eval", "--policy", "policy", "--baseline", "policy", "--pairs", "nope.jsonl"],
+         words=("nope.jsonl",)),
+    Case("pairs_empty_file", ["eval", "--policy", "policy", "--baseline", "policy", "--pairs", "e.jsonl",
+                              "--out", "r.json"], words=("e.jsonl",), setup=write("e.jsonl", "")),
+    Case("pairs_wrong_keys", ["eval", "--policy", "policy", "--baseline", "policy", "--pairs", "w.jsonl",
+                              "--out", "r.json"], words=("w.jsonl", "chosen"),
+         setup=write("w.jsonl", jsonl([{"prompt": "a", "good": "b", "bad": "c"}] * 3))),
+    Case("pairs_n_zero", ["eval", "--policy", "policy", "--baseline", "policy", "--pairs", "pairs.jsonl",
+                          "--pairs-n", "0"], words=("pairs_n", "0")),
+    Case("pairs_n_negative", ["eval", "--policy", "policy", "--baseline", "policy", "--pairs", "pairs.jsonl",
+                              "--pairs-n", "-2"], words=("pairs_n", "-2")),
+    Case("pairs_n_text", ["eval", "--policy", "policy", "--baseline", "policy", "--pairs", "pairs.jsonl",
+                          "--pairs-n", "all"], words=("pairs_n", "all")),
+    Case("pairs_without_baseline", ["eval", "--policy", "policy", "--pairs", "pairs.jsonl"], words=("--baseline",)),
+    Case("pairs_binary_file", ["eval", "--policy", "policy", "--baseline", "policy", "--pairs", "b.jsonl",
+                               "--out", "r.json"], words=("b.jsonl",), setup=write("b.jsonl", bytes(range(256)))),
+    Case("pairs_runs", ["eval", "--policy", "policy", "--baseline", "policy", "--pairs", "pairs.jsonl",
+                        "--pairs-n", "4", "--out", "r.json"], code=0),
+    # --- train.micro_batch_tokens
+    Case("micro_batch_tokens_negative", sft("--train.micro_batch_tokens", "-1"),
+         words=("train.micro_batch_tokens", "-1")),
+    Case("micro_batch_tokens_text", train("--train.micro_batch_tokens", "lots"),
+         words=("train.micro_batch_tokens", "lots")),
+    Case("micro_batch_tokens_float", dpo("--train.micro_batch_tokens", "2.5"),
+         words=("train.micro_batch_tokens", "2.5")),
+    Case("micro_batch_tokens_1_sft_runs", sft("--train.micro_batch_tokens", "1"), code=0),
+    Case("micro_batch_tokens_3_train_runs", train("--train.micro_batch_tokens", "3"), code=0),
+    Case("micro_batch_tokens_4_rm_runs", rm("--train.micro_batch_tokens", "4"), code=0),
+    # --- rollout.engine
+    Case("engine_cuda_graph_on_cpu", train("--rollout.engine", "cuda_graph"), words=("cuda_graph", "Fix")),
+    Case("engine_unknown", train("--rollout.engine", "turbo"), words=("rollout.engine", "turbo")),
+    Case("engine_static_on_cpu_runs", train("--rollout.engine", "static"), code=0),
+    # --- rlhf plan
+    Case("plan_unknown_model", ["plan", "--model", "8b-nope"], words=("8b-nope",)),
+    Case("plan_model_dir_without_config", ["plan", "--model", "emptydir"], words=("emptydir",),
+         setup=lambda w: (w / "emptydir").mkdir()),
+    Case("plan_model_config_not_json", ["plan", "--model", "badconf"], words=("badconf",),
+         setup=write("badconf/config.json", "{nope")),
+    Case("plan_tiny_model_dir", ["plan", "--model", "policy", "--gpus", "1", "--gpu-memory", "1GB"], code=0),
+    Case("plan_gpu_memory_zero", ["plan", "--model", "7b", "--gpu-memory", "0GB"], words=("--gpu-memory",)),
+    Case("plan_gpu_memory_text", ["plan", "--model", "7b", "--gpu-memory", "lots"], words=("--gpu-memory", "lots")),
+    Case("plan_unknown_preset", ["plan", "--model", "7b", "--preset", "ppo_maxx"], words=("ppo_maxx",)),
+    Case("plan_unknown_strategy", ["plan", "--model", "7b", "--strategy", "zero3"], words=("zero3", "Fix: --strategy")),
+    Case("plan_unknown_dtype", ["plan", "--model", "7b", "--dtype", "float8"], words=("float8", "Fix: --dtype")),
+    Case("plan_unknown_rollout_gather", ["plan", "--model", "7b", "--rollout-gather", "some"], words=("some", "Fix: --rollout-gather")),
+    Case("plan_lora_rank_zero", ["plan", "--model", "7b", "--lora", "--lora-rank", "0"], words=("--lora-rank",)),
+    Case("plan_extra_argument", ["plan", "--model", "7b", "--iterations", "3"], words=("--iterations",)),
+    Case("plan_critic_free_preset", ["plan", "--model", "7b", "--preset", "grpo", "--json"], code=0),
+]  # fmt: skip
+
+GROUPS = {
+    "named": NAMED, "new": NEW, "issue16": ISSUE_16, "pass153": PASS_153, "corpus30": CORPUS_30,
+    "pass127": PASS_127, "surfaces": SURFACES,
+}  # fmt: skip
+
+CASES = [case for group in GROUPS.values() for case in group]
 
 
 # -- running ----------------------------------------------------------------------------------------
@@ -573,9 +1174,32 @@ class Outcome:
         return self.code == self.case.code and not self.missing and not self.traceback and not self.changed
 
 
+class _Hung(BaseException):
+    """An in-process case ran past its timeout (raised by SIGALRM in the main thread)."""
+
+
+@contextlib.contextmanager
+def _alarm(timeout: float):
+    """Raise _Hung in the main thread after `timeout` seconds (0, or another thread: no limit)."""
+    if not timeout > 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def hung(signum, frame):
+        raise _Hung
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _in_process(args: list[str], work: Path) -> tuple[int | None, str, str]:
-    """`rlhf.cli.main(args)` in this process, in `work`: (exit code, stdout, stderr)."""
-    import contextlib
+    """`rlhf.cli.main(args)` in this process, in `work`: (exit code, stdout, stderr); exit code None
+    when the case's `_alarm` went off."""
     import io
 
     from rlhf.cli import main as rlhf_main
@@ -588,9 +1212,42 @@ def _in_process(args: list[str], work: Path) -> tuple[int | None, str, str]:
                 code = rlhf_main(list(args))
             except SystemExit as stop:  # argparse's usage errors
                 code = stop.code if isinstance(stop.code, int) else 2
+            except _Hung:
+                code = None
+                print("timed out", file=sys.stderr)
     finally:
         os.chdir(cwd)
+        # the case's own modules (reward functions, environments) go with it: the next case may
+        # have a module of the same name
+        for name, module in list(sys.modules.items()):
+            if str(getattr(module, "__file__", None) or "").startswith(str(work)):
+                del sys.modules[name]
+        while str(work) in sys.path:
+            sys.path.remove(str(work))
     return code, out.getvalue(), err.getvalue()
+
+
+def _start_server(handler: type):
+    """A ThreadingHTTPServer on a free loopback port answering with `handler`, in a daemon thread."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    class Quiet(ThreadingHTTPServer):
+        def handle_error(
+            self, request, client_address
+        ) -> None:  # a client that hung up: not the case's output
+            pass
+
+    server = Quiet(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _with_address(args: list[str], port: int | None) -> list[str]:
+    if port is None:
+        return list(args)
+    return [a.replace("{url}", f"http://127.0.0.1:{port}").replace("{port}", str(port)) for a in args]
 
 
 def run_case(
@@ -611,25 +1268,36 @@ def run_case(
     before = snapshot(work)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", **case.env}  # fmt: skip
+    timeout = min(timeout, case.timeout)
+    server = _start_server(case.server) if case.server else None
+    port = server.server_address[1] if server else None
+    args = _with_address(case.args, port)
     start = time.monotonic()
-    if in_process:
-        code, stdout, stderr = _in_process(case.args, work)
-    else:
-        try:
-            run = subprocess.run([sys.executable, "-m", "rlhf", *case.args], cwd=work, env=env, capture_output=True,
-                                 text=True, errors="replace", timeout=timeout)  # fmt: skip
-            code, stdout, stderr = run.returncode, run.stdout, run.stderr
-        except subprocess.TimeoutExpired as err:
-            code, stdout, stderr = None, str(err.stdout or ""), f"timed out after {timeout} s"
+    try:
+        if in_process:
+            with _alarm(timeout):
+                code, stdout, stderr = _in_process(args, work)
+        else:
+            try:
+                run = subprocess.run([sys.executable, "-m", "rlhf", *args], cwd=work, env=env, capture_output=True,
+                                     text=True, errors="replace", timeout=timeout)  # fmt: skip
+                code, stdout, stderr = run.returncode, run.stdout, run.stderr
+            except subprocess.TimeoutExpired as err:
+                code, stdout, stderr = None, str(err.stdout or ""), f"timed out after {timeout} s"
+    finally:
+        if server:
+            server.shutdown()
+            server.server_close()
     outcome = Outcome(case, code=code, seconds=time.monotonic() - start)
     output = stdout + stderr
-    outcome.missing = [w for w in case.words if w not in output]
+    outcome.missing = [w for w in _with_address(list(case.words), port) if w not in output]
     outcome.traceback = "Traceback (most recent call last)" in output
     after = snapshot(work)
     keep = before if case.unchanged == ALL else {
         k: v for k, v in before.items() if any(k == p or k.startswith(p + "/") for p in case.unchanged)
     }  # fmt: skip
-    outcome.changed = [k for k, v in keep.items() if after.get(k) != v]
+    # a run directory's lock file holds the pid of its last holder: rlhf's own record, not the user's
+    outcome.changed = [k for k, v in keep.items() if after.get(k) != v and Path(k).name != ".lock"]
     lines = [line for line in stderr.splitlines() if line.strip()]
     outcome.message = lines[-1] if lines else ""
     return outcome
@@ -661,14 +1329,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated case names")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--json", help="write the outcomes here")
+    parser.add_argument("--group", help="comma-separated groups: " + ", ".join(GROUPS))
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run each case in this process (faster: no interpreter start; cases with env vars still skip)",
+    )
     args = parser.parse_args(argv)
     cases = CASES
+    if args.group:
+        unknown = set(args.group.split(",")) - set(GROUPS)
+        if unknown:
+            parser.error(f"unknown groups: {sorted(unknown)}; the groups: {', '.join(GROUPS)}")
+        cases = [c for g in args.group.split(",") for c in GROUPS[g]]
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {c.name for c in CASES}
         if unknown:
             parser.error(f"unknown cases: {sorted(unknown)}")
-        cases = [c for c in CASES if c.name in wanted]
+        cases = [c for c in cases if c.name in wanted]
     if args.list:
         for case in cases:
             print(f"{case.name}: rlhf {' '.join(case.args)} -> exit {case.code}")
@@ -678,7 +1357,7 @@ def main(argv: list[str] | None = None) -> int:
         build_inputs(inputs)
         outcomes = []
         for case in cases:
-            outcomes.append(run_case(case, inputs, Path(scratch)))
+            outcomes.append(run_case(case, inputs, Path(scratch), in_process=args.in_process))
             print(
                 f"{case.name}: {'ok' if outcomes[-1].ok else 'FAIL'} (exit {outcomes[-1].code})",
                 file=sys.stderr,

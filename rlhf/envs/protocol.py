@@ -54,7 +54,20 @@ def _where(err: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
+def working_directory_importable() -> None:
+    """Let a module in the working directory be named (`--env my_env:Game`, `--reward-fn
+    my_rewards:score`) whichever way rlhf was started: `python -m rlhf` puts the working directory
+    first on sys.path, the `rlhf` console script does not. Appended, so that a local file never
+    shadows an installed package."""
+    import os
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 def _import(name: str, module_name: str):
+    working_directory_importable()
     try:
         return importlib.import_module(module_name)
     except KeyboardInterrupt:

@@ -160,15 +160,26 @@ class Job:
 
     def validate(self) -> None:
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+            raise ValueError(
+                f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}. Fix: --strategy fsdp2."
+            )
         if self.dtype not in PRECISIONS:
-            raise ValueError(f"--dtype must be one of {', '.join(PRECISIONS)}, got {self.dtype!r}")
+            raise ValueError(
+                f"--dtype must be one of {', '.join(PRECISIONS)}, got {self.dtype!r}. Fix: --dtype bfloat16."
+            )
         if self.offload and self.strategy != "fsdp2":
-            raise ValueError(f"--offload needs --strategy fsdp2, got {self.strategy!r}")
+            raise ValueError(
+                f"--offload needs --strategy fsdp2, got {self.strategy!r}. Fix: --strategy fsdp2, or drop --offload."
+            )
         if self.rollout_gather not in ("whole", "per_layer"):
-            raise ValueError(f"--rollout-gather must be whole or per_layer, got {self.rollout_gather!r}")
+            raise ValueError(
+                f"--rollout-gather must be whole or per_layer, got {self.rollout_gather!r}. Fix: --rollout-gather whole."
+            )
         if self.rollout_gather == "per_layer" and self.strategy != "fsdp2":
-            raise ValueError(f"--rollout-gather per_layer needs --strategy fsdp2, got {self.strategy!r}")
+            raise ValueError(
+                f"--rollout-gather per_layer needs --strategy fsdp2, got {self.strategy!r}. Fix: --strategy fsdp2, or "
+                "--rollout-gather whole."
+            )
         if self.stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
         if self.overlap_critic and (self.ranks != 1 or self.stage != "rl"):

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from rlhf.config import ConfigError
+from rlhf.envs.protocol import working_directory_importable
 from rlhf.models.sampling import Rollout
 
 # the keyword arguments a reward function may name -> what each holds
@@ -182,6 +183,7 @@ def _import_failure(name: str, module_name: str, err: BaseException) -> RewardFu
 
 
 def _import(name: str, module_name: str) -> ModuleType:
+    working_directory_importable()
     with _watch_ctrl_c() as ctrl_c:
         try:
             return importlib.import_module(module_name)

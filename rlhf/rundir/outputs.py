@@ -35,6 +35,21 @@ DEMO_OUTPUTS = frozenset(
      "report_overview.png"}
 )  # fmt: skip
 
+# What `rlhf ablate` writes into its --out (rlhf/demo/ablate/runner.py: the demo's stage, then a run
+# per variant and seed; a re-run resumes from them and clears world/, sft/, rm/ and runs/ when it has
+# no stage.json)
+ABLATE_OUTPUTS = frozenset(
+    {LOCK_FILE, "error.log", "world", "sft", "rm", "runs", "stage.json", "ablation.json", "report.html",
+     "ablation.md"}
+)  # fmt: skip
+
+# what each command that owns a whole --out writes there, for the refusal's words
+_WRITES = {
+    "demo": "its world, models, runs and report.html",
+    "ablate": "its world, models, a run per variant and seed, ablation.json and report.html (and clears "
+    "world/, sft/, rm/ and runs/ first)",
+}
+
 
 def check_out_holds_nothing_of_yours(
     out: str | Path, command: str, config_file: str | None = None, leftovers: frozenset[str] = RUN_LEFTOVERS
@@ -63,11 +78,7 @@ def check_out_holds_nothing_of_yours(
         return  # an earlier run stopped before its work: its metrics file says whether it ran
     shown = ", ".join(foreign[:5] or entries[:5]) + (" ..." if len(foreign or entries) > 5 else "")
     what = "a model directory" if "config.json" in entries else f"a folder no `rlhf {command}` made"
-    writes = (
-        "its world, models, runs and report.html"
-        if command == "demo"
-        else "config.yaml, metrics, report.html and model files"
-    )
+    writes = _WRITES.get(command, "config.yaml, metrics, report.html and model files")
     raise ConfigError(
         f"--out {out} is {what} and not empty ({shown}): `rlhf {command}` writes {writes} there, replacing "
         f"what has those names. Fix: --out a new or empty directory (e.g. {target / command} or runs/NAME)."

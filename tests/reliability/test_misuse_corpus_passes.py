@@ -1,0 +1,101 @@
+"""tools/misuse_corpus.py's groups of issue 40: the older passes rerun case by case (issue 16's
+corpus, issue 28's 153-case pass, issue 40's 30-case corpus and 127-case pass) and the newest
+surfaces (environments, DAPO, the reward server, verifiers, eval --pairs, token budgets, sampler
+engines, plan). The cases that stop before any training run here in this process, each in a fresh
+copy of the tiny inputs (exit code, message words, no traceback, every file of the user's
+unchanged); a few that train or resume are `slow`. The whole corpus: `python tools/misuse_corpus.py`
+(`--group surfaces`, `--in-process`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+# refusals that load no model or stop at the first check (about a second each on an idle machine);
+# the first of each group run in `make test-fast`, the rest (MORE) with the slow tests
+FAST = [
+    # issue 16
+    "log_every_zero", "sft_micro_batch_zero", "stop_at_eos_false_truncated_drop", "negative_iterations",
+    "sft_batch_size_zero", "report_on_a_folder_that_is_no_run", "data_error_names_a_flag_that_exists",
+    "data_csv_behind_jsonl", "model_pickle_weights_refused", "model_auto_map_refused",
+    # issue 28's 153-case pass
+    "eval_out_read_only", "data_json_nested_deep", "data_check_gzip_garbage", "sft_out_inside_model",
+    "rm_out_is_model",
+    # issue 40's 30-case corpus and 127-case pass
+    "sft_data_and_data_path", "demo_seeds_zero", "rm_eval_n_zero", "eval_n_zero", "dpo_out_holds_its_config",
+    "sft_out_is_another_model", "plan_gpu_memory_without_unit", "dpo_data_is_a_fifo", "ablate_out_project_folder",
+    "ablate_out_holds_its_config", "ablate_out_existing_file", "train_policy_and_model_policy",
+    # the newest surfaces
+    "env_max_turns_zero", "env_reward_placement_unknown", "env_with_async_rollouts",
+    "dapo_one_sample_per_prompt", "dapo_overlong_buffer_above_1", "dapo_zero_sampling_rounds",
+    "reward_url_ftp", "reward_url_with_query", "reward_url_and_reward_model", "reward_url_port_out_of_range",
+    "pairs_n_zero", "pairs_without_baseline", "micro_batch_tokens_negative", "micro_batch_tokens_float",
+    "engine_cuda_graph_on_cpu", "engine_unknown", "plan_unknown_model", "plan_gpu_memory_zero",
+    "plan_unknown_strategy", "serve_rm_batch_size_zero",
+]  # fmt: skip
+FIRST = {
+    "log_every_zero", "stop_at_eos_false_truncated_drop", "model_pickle_weights_refused", "model_auto_map_refused",
+    "eval_out_read_only", "data_json_nested_deep", "sft_out_inside_model", "sft_data_and_data_path",
+    "eval_n_zero", "dpo_out_holds_its_config", "dpo_data_is_a_fifo", "ablate_out_project_folder",
+    "env_max_turns_zero", "dapo_one_sample_per_prompt", "reward_url_ftp", "pairs_n_zero",
+    "micro_batch_tokens_float", "engine_cuda_graph_on_cpu", "plan_unknown_model", "serve_rm_batch_size_zero",
+}  # fmt: skip
+# a few that load models, train or resume an earlier run (tens of seconds each)
+SLOW = [
+    "resume_fewer_iterations_than_done", "env_calculator_runs", "reward_server_answers_garbage",
+    "reward_server_nan", "pairs_wrong_keys", "verifier_rows_without_answer", "ablate_out_another_model",
+    "env_step_raises",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    spec = importlib.util.spec_from_file_location("misuse_corpus", REPO / "tools" / "misuse_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["misuse_corpus"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def inputs(corpus, tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("misuse_inputs")
+    corpus.build_inputs(root)
+    return root
+
+
+def test_every_pass_has_its_group_and_the_surfaces_30_cases(corpus):
+    groups = corpus.GROUPS
+    assert {"issue16", "pass153", "corpus30", "pass127", "surfaces"} <= set(groups)
+    assert len(groups["surfaces"]) >= 30
+    names = [case.name for case in corpus.CASES]
+    assert len(names) == len(set(names)) and set(FAST + SLOW) <= set(names) and FIRST <= set(FAST)
+    assert all(case.code in (0, 2) for case in corpus.CASES)  # exit 1 is a bug, never an expectation
+    assert all(case.words or case.code == 0 for case in corpus.CASES)  # a refusal says something
+    assert all(case.timeout <= 300 for case in corpus.CASES)  # nothing may wait forever
+
+
+def _run(corpus, inputs, tmp_path, name):
+    case = next(c for c in corpus.CASES if c.name == name)
+    outcome = corpus.run_case(case, inputs, tmp_path, in_process=True)
+    assert outcome.ok, corpus.table([outcome])
+
+
+@pytest.mark.parametrize(
+    "name", [name if name in FIRST else pytest.param(name, marks=pytest.mark.slow) for name in FAST]
+)
+def test_a_mistake_of_an_older_pass_or_a_new_surface_is_one_clear_exit_2(corpus, inputs, tmp_path, name):
+    _run(corpus, inputs, tmp_path, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW)
+def test_a_case_that_loads_or_trains_holds(corpus, inputs, tmp_path, name):
+    _run(corpus, inputs, tmp_path, name)

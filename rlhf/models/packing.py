@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -106,7 +107,11 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, one_row: bool = 
     positions = (column - fill.to(device).unsqueeze(1)).clamp(min=0).reshape(-1).clone()
     positions[target] = k
     return Packing(
-        ids.view(len(bins), width), positions.view(len(bins), width), source, target, tuple(mask.shape)
+        ids.view(len(bins), width),
+        positions.view(len(bins), width),
+        source,
+        target,
+        (int(mask.shape[0]), int(mask.shape[1])),
     )
 
 
@@ -142,7 +147,7 @@ def packing_refusal(model: nn.Module) -> str | None:
     `position_ids` and build its mask with transformers' `create_causal_mask`, which turns
     restarting positions into a document mask."""
     for lm in causal_lms(model):
-        decoder = lm.get_decoder()
+        decoder = cast(Callable[[], nn.Module], lm.get_decoder)()
         name = type(lm).__name__
         if "position_ids" not in inspect.signature(decoder.forward).parameters:
             return f"{name}'s decoder takes no position_ids"

@@ -142,6 +142,23 @@ def causal_lms(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, PreTrainedModel) and hasattr(m, "get_decoder")]
 
 
+def architecture_refusal(config: object) -> str | None:
+    """`packing_refusal` from a model's config alone (its causal-LM class, before any weight is
+    read): why that architecture cannot pack, or None (it can, or the class is not known here)."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        return None
+    base = sys.modules.get(cls.__module__)
+    if "position_ids" not in inspect.signature(cls.forward).parameters:
+        return f"{cls.__name__}'s decoder takes no position_ids"
+    if getattr(base, "create_causal_mask", None) is None:
+        return f"{cls.__name__} builds its own attention mask (not transformers' create_causal_mask)"
+    return None
+
+
 def packing_refusal(model: nn.Module) -> str | None:
     """Why `model`'s attention cannot take packed rows (None: it can): its decoder must take
     `position_ids` and build its mask with transformers' `create_causal_mask`, which turns

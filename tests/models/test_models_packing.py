@@ -213,3 +213,17 @@ def test_copies_of_a_marked_model_keep_packing():
     assert not getattr(model, PACKING_ATTRIBUTE, False)
     critic = ScalarHeadModel.from_causal_lm(copy.deepcopy(packed))
     assert getattr(critic.causal_lm, PACKING_ATTRIBUTE)
+
+
+def test_the_cli_refuses_packing_for_such_an_architecture_before_loading_it(tmp_path, capsys):
+    from rlhf.cli import main
+
+    MambaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, state_size=4).save_pretrained(
+        tmp_path / "m"
+    )
+    data = tmp_path / "sft.jsonl"
+    data.write_text('{"prompt": "a", "response": "b"}\n')
+    args = ["sft", "--model", str(tmp_path / "m"), "--data", str(data), "--out", str(tmp_path / "run")]
+    assert main([*args, "--train.packing", "true"]) == 2  # config.json alone: no weights are there
+    err = capsys.readouterr().err
+    assert "train.packing is true, but MambaForCausalLM" in err and "Fix: --train.packing false" in err

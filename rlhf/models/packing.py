@@ -28,7 +28,7 @@ import inspect
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -147,8 +147,9 @@ def architecture_refusal(config: object) -> str | None:
     read): why that architecture cannot pack, or None (it can, or the class is not known here)."""
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    mapping: Any = MODEL_FOR_CAUSAL_LM_MAPPING  # config class -> causal-LM class (lazily imported)
     try:
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        cls = mapping[type(config)]
     except KeyError:
         return None
     base = sys.modules.get(cls.__module__)

@@ -1,6 +1,6 @@
 """Padded-token fraction of SFT, RM and PPO micro-batches on real HH-RLHF pairs (issue 17.4).
 
-    .venv/bin/python -m bench.padding [--data FILE] [--tokenizer DIR] [--budgets 1024,2048,4096] [--json]
+    .venv/bin/python -m bench.padding [--data FILE] [--tokenizer DIR [--gguf_file F]] [--budgets 1024,2048,4096] [--json]
 
 Tokenizes the pairs as `rlhf sft` / `rlhf rm` do by default (SmolLM2's chat template, prompts <= 256
 tokens, responses <= 256), batches them as the trainers do with their default sizes, and prints,
@@ -19,6 +19,10 @@ Stages and groupings (`train.group_by_length`, `runtime.sort_by_length`):
   by a budget of rows x longest row instead of 8 rows (PPO: 16 rows of a 64-row minibatch), per
   budget the padded fraction, the forward/backward passes per step and the largest pass's padded
   tokens (what bounds the activations' memory), beside the row-count path's.
+- Sequence packing (`train.packing`): the same steps cut by `split_rows(..., packing=True)` (under
+  each budget, and under "rows": 8 rows x the longest row, what a padded micro-batch computes at
+  most), each pass's sequences packed first-fit into rows as wide as its longest
+  (rlhf/models/packing.py): the padded fraction left, passes per step and the largest pass.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from rlhf.data.length_grouping import (
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response, encode_sft
 from rlhf.models.loading import load_tokenizer
+from rlhf.models.packing import first_fit
+from rlhf.train.learner import split_rows
 
 # the HH pairs and the tokenizer: flags, else these environment variables (no machine paths here)
 DATA_ENV, TOKENIZER_ENV = "RLHF_BENCH_PAIRS", "RLHF_BENCH_MODEL"
@@ -105,6 +111,29 @@ def budget_table(
     return out
 
 
+def packed_table(
+    measures: list[int], rows_of, real: int, steps: list[list[int]], micro: int, budgets: list[int]
+) -> dict:
+    """`budget_table` with sequence packing: each step cut as `Learner.split` cuts it with
+    `train.packing` (the items' `measures`, as the stage measures them), each pass costing its packed
+    rows x its longest sequence; `rows_of(i)`: the real lengths of item i's sequences (a pair: 2)."""
+    out = {}
+    for name, budget in [("rows", None)] + [(str(b), b) for b in budgets]:
+        computed, passes, largest = 0, 0, 0
+        for step in steps:
+            for group in split_rows([measures[i] for i in step], micro, True, budget, packing=True):
+                rows = [n for k in group for n in rows_of(step[k])]
+                width = max(rows)
+                c = len(first_fit(rows, width)) * width
+                computed, passes, largest = computed + c, passes + 1, max(largest, c)
+        out[name] = {
+            "padded": round(fraction(real, computed), 3),
+            "passes_per_step": round(passes / len(steps), 2),
+            "largest_pass": largest,
+        }
+    return out
+
+
 def rollout_cost(prompts: list[int], responses: list[int], rows: list[int], micro: int, key) -> int:
     """Computed tokens of one rollout batch's forwards: micro-batches of the rows in `key` order
     (None: as drawn), each costing rows x (longest prompt + longest response)."""
@@ -126,6 +155,7 @@ def main() -> None:
     parser.add_argument(
         "--tokenizer", default=os.environ.get(TOKENIZER_ENV), help=f"SmolLM2's directory, or ${TOKENIZER_ENV}"
     )
+    parser.add_argument("--gguf_file", default=None, help="a GGUF file inside --tokenizer (its tokenizer)")
     parser.add_argument(
         "--budgets",
         default="1024,2048,4096",
@@ -137,7 +167,7 @@ def main() -> None:
     if not args.data or not args.tokenizer:
         parser.error(f"needs --data (or ${DATA_ENV}) and --tokenizer (or ${TOKENIZER_ENV})")
     logging.getLogger("rlhf.data.loading").setLevel(logging.ERROR)  # the 5 malformed HH lines: skipped
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = load_tokenizer(args.tokenizer, gguf_file=args.gguf_file)
     stats = TruncationStats()
 
     sft = [
@@ -155,6 +185,9 @@ def main() -> None:
     order = torch.randperm(len(sft_lengths), generator=torch.Generator().manual_seed(0)).tolist()
     results["sft_train_budget"] = budget_table(
         sft_lengths, sum(sft_lengths), 1, steps_of(order, 16), 8, budgets
+    )
+    results["sft_train_packed"] = packed_table(
+        sft_lengths, lambda i: [sft_lengths[i]], sum(sft_lengths), steps_of(order, 16), 8, budgets
     )
 
     pairs = load_examples(args.data, kind="preference", skip_invalid=True).examples
@@ -174,6 +207,10 @@ def main() -> None:
     results["rm_train"] = grouped_fractions(pair_lengths, pair_real, 2, batch=16, micro=8)
     order = torch.randperm(len(pair_lengths), generator=torch.Generator().manual_seed(0)).tolist()
     results["rm_train_budget"] = budget_table(pair_lengths, pair_real, 2, steps_of(order, 16), 8, budgets)
+    pair_rows = [(len(p) + len(c), len(p) + len(r)) for p, c, r in encoded]
+    results["rm_train_packed"] = packed_table(
+        [2 * n for n in pair_lengths], lambda i: pair_rows[i], pair_real, steps_of(order, 16), 8, budgets
+    )  # measured as `rlhf rm` measures a pair (rlhf/stages/rm.py pair_positions)
 
     prompts = [len(p) for p, _, _ in encoded]
     responses = [min(len(c), 64) for _, c, _ in encoded]
@@ -195,6 +232,9 @@ def main() -> None:
         lengths, real, 1, steps_of(order, 64), 16, budgets,
         cost=lambda g: len(g) * (max(prompts[i] for i in g) + max(responses[i] for i in g)),
     )  # fmt: skip
+    results["ppo_update_packed"] = packed_table(
+        lengths, lambda i: [lengths[i]], real, steps_of(order, 64), 16, budgets
+    )
     results["mean_tokens"] = {
         "sft_row": round(sum(sft_lengths) / len(sft_lengths), 1),
         "rm_pair_rows": round(pair_real / (2 * len(encoded)), 1),
@@ -208,7 +248,11 @@ def main() -> None:
         print(f"  {stage:20s} " + "  ".join(f"{k} {v:.3f}" for k, v in results[stage].items()))
     print(f"  mean tokens: {results['mean_tokens']}")
     print("token budgets (train.micro_batch_tokens) against rows: padded fraction, passes/step, largest pass")
-    for stage in ("sft_train_budget", "rm_train_budget", "ppo_update_budget"):
+    stages = ("sft_train_budget", "rm_train_budget", "ppo_update_budget")
+    packed = ("sft_train_packed", "rm_train_packed", "ppo_update_packed")
+    for stage in stages + packed:
+        if stage == packed[0]:
+            print("sequence packing (train.packing), rows = micro_batch_size x longest row as the budget")
         cells = [
             f"{k} {v['padded']:.3f} {v['passes_per_step']:.2f} {v['largest_pass']}"
             for k, v in results[stage].items()

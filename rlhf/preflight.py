@@ -6,7 +6,8 @@ user can fix ends as one message (key, value, fix; exit 2) at the start, never a
 - input files that are not regular files (a FIFO, a device, a folder given as a data file), which a
   reader would wait on forever or fail in;
 - `world:DIR` judges whose world.json cannot be read;
-- a Ray address that does not answer (a bounded wait instead of Ray's endless retries).
+- a Ray address that does not answer (a bounded wait instead of Ray's endless retries);
+- `train.packing` on a model whose architecture (read from its config.json) cannot pack.
 """
 
 from __future__ import annotations
@@ -122,6 +123,34 @@ def check_ray_address(address: str | None, timeout: float = RAY_CONNECT_SECONDS)
         ) from None
 
 
+def check_packing(config) -> None:
+    """`train.packing` asks for sequence packing: each model directory's architecture (its
+    config.json; a GGUF or hub model is checked when it loads) must take a document mask."""
+    if not getattr(getattr(config, "train", None), "packing", False):
+        return
+    model = getattr(config, "model", None)
+    keys = {"model": model} if isinstance(model, str) else {
+        "model.policy": getattr(model, "policy", None), "model.reward_model": getattr(model, "reward_model", None)
+    }  # fmt: skip
+    for key, path in keys.items():
+        if not path or not os.path.isfile(os.path.join(path, "config.json")):
+            continue
+        from transformers import AutoConfig
+
+        from rlhf.models.packing import architecture_refusal
+
+        try:
+            why = architecture_refusal(AutoConfig.from_pretrained(path))
+        except (OSError, ValueError):
+            continue  # unreadable: the loader's own message names it
+        if why is not None:
+            raise ConfigError(
+                f"train.packing is true, but {why} ({key} {path}): its attention cannot keep packed "
+                "sequences apart. Fix: --train.packing false.",
+                "train.packing",
+            )
+
+
 def preflight(config) -> None:
     """Every check above that applies to `config` (any stage's config)."""
     check_optional_packages(config)
@@ -136,6 +165,7 @@ def preflight(config) -> None:
     dist = getattr(config, "dist", None)
     if getattr(dist, "runtime", "local") == "ray" and dataclasses.is_dataclass(getattr(config, "ray", None)):
         check_ray_address(config.ray.address)
+    check_packing(config)
 
 
 def machine_cpus() -> int:

@@ -84,6 +84,10 @@ class RLTrainConfig:
     # a longer row alone); the same gradient and metrics to float rounding (docs/speed.md). The
     # rollout's scoring forwards keep micro_batch_size. None or 0: by rows
     micro_batch_tokens: int | None = None
+    # sequence packing in every forward of the policy, reference, critic and reward model (a
+    # forward's rows laid end to end, positions restarting, attention kept within each sequence);
+    # the update's micro-batches cut by packed tokens. The same results (docs/speed.md)
+    packing: bool = False
     buffer_size: int = 1  # rollout batches kept and reused (experience buffer, PPO paper §5.3.2)
     device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N"
 

@@ -38,6 +38,10 @@ class SupervisedTrainConfig:
     # forward/backward as fit rows x longest row <= N (a longer row alone; rm/dpo: a pair's both
     # rows); the same gradient and metrics to float rounding (docs/speed.md). None or 0: by rows
     micro_batch_tokens: int | None = None
+    # sequence packing: a forward's rows laid end to end in fewer rows, positions restarting and
+    # attention kept within each sequence; micro-batches cut by packed tokens (micro_batch_tokens,
+    # else micro_batch_size x the longest row). The same losses and metrics (docs/speed.md)
+    packing: bool = False
     # less padding (docs/padding.md): "within_step" sorts each step's rows by length before cutting
     # micro-batches (the same step gradient, to float rounding) | "across_steps" also makes steps of
     # similar-length rows (HF group_by_length: another random order) | "none"

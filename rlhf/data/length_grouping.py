@@ -73,6 +73,33 @@ def token_budget_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return groups
 
 
+def packed_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """The positions 0..n-1 in `longest_first` order cut greedily into micro-batches for sequence
+    packing (`train.packing`, rlhf/models/packing.py): a micro-batch takes the next row while its
+    rows, placed first-fit in packed rows as wide as its first (longest) row, still fit `budget`
+    tokens (packed rows x that width); a row longer than the budget is a micro-batch of its own.
+    Every position appears exactly once."""
+    if budget < 1:
+        raise ValueError(f"micro-batch token budget must be at least 1, got {budget}")
+    groups: list[list[int]] = []
+    fills: list[int] = []  # the last micro-batch's packed rows: tokens in each
+    for i in longest_first(lengths):
+        if groups:
+            width = max(lengths[groups[-1][0]], 1)
+            free = next((b for b, used in enumerate(fills) if used + lengths[i] <= width), None)
+            if free is not None:
+                groups[-1].append(i)
+                fills[free] += lengths[i]
+                continue
+            if (len(fills) + 1) * width <= budget:
+                groups[-1].append(i)
+                fills.append(lengths[i])
+                continue
+        groups.append([i])
+        fills = [lengths[i]]
+    return groups
+
+
 def _padded_in_order(sorted_lengths: list[int], sizes: list[int]) -> int:
     """Computed tokens of consecutive groups of `sizes` over lengths sorted longest first."""
     total, start = 0, 0

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from rlhf.models.packing import PACKING_ATTRIBUTE, packed_hidden_states
+
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """`attention_mask.cumsum(-1) - 1` clamped at 0: position 0 at the first real token of each row."""
@@ -66,8 +68,14 @@ def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 def decoder_hidden_states(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
-    """Last hidden states [B, L, H] of the decoder, position ids from the mask, no KV cache."""
+    """Last hidden states [B, L, H] of the decoder, position ids from the mask, no KV cache. A model
+    marked for sequence packing (`train.packing`, rlhf/models/packing.py) runs its rows packed and
+    gets them back in this padded layout (0 at padding)."""
     decoder, _ = causal_lm_parts(model)
+    if getattr(unwrap_causal_lm(model), PACKING_ATTRIBUTE, False):
+        packed = packed_hidden_states(decoder, input_ids, attention_mask)
+        if packed is not None:
+            return packed
     out = decoder(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rlhf.config import OptimConfig
 from rlhf.core import explained_variance
-from rlhf.data.length_grouping import micro_batch_groups, token_budget_groups
+from rlhf.data.length_grouping import micro_batch_groups, packed_groups, token_budget_groups
 from rlhf.parallel import fsdp
 from rlhf.parallel.peers import Peers
 from rlhf.parallel.replicated import fsdp_without_sync, replicate
@@ -223,8 +223,10 @@ class Learner:
         micro_batch_size: int = 1,
         by_length: bool = False,
         micro_batch_tokens: int | None = None,
+        packing: bool = False,
     ) -> None:
         self.module = module
+        self.packing = packing  # micro-batches cut for packed forwards (`packed_groups`)
         self.micro_batch_size = micro_batch_size  # rows per forward/backward pass
         self.micro_batch_tokens = micro_batch_tokens  # else rows x longest row per pass (None/0: off)
         self.by_length = by_length  # micro-batches of rows of similar length (rlhf/data/length_grouping.py)
@@ -299,7 +301,9 @@ class Learner:
     def split(self, lengths: list[int]) -> list[list[int]]:
         """This learner's micro-batches of rows of `lengths` (`split_rows`: the one place that decides
         how rows share a pass)."""
-        return split_rows(lengths, self.micro_batch_size, self.by_length, self.micro_batch_tokens)
+        return split_rows(
+            lengths, self.micro_batch_size, self.by_length, self.micro_batch_tokens, self.packing
+        )
 
     @property
     def lockstep(self) -> bool:
@@ -426,15 +430,21 @@ class Learner:
                 group["lr"] = lr
 
 
-def split_rows(lengths: list[int], size: int, by_length: bool, tokens: int | None = None) -> list[list[int]]:
+def split_rows(
+    lengths: list[int], size: int, by_length: bool, tokens: int | None = None, packing: bool = False
+) -> list[list[int]]:
     """Rows of `lengths` cut into micro-batches of `size` rows (positions), longest first with
     `by_length` (rlhf/data/length_grouping.py): how rows share a forward/backward pass. With a
     token budget `tokens` (`train.micro_batch_tokens`; None or 0: off) the rows are sorted longest
     first and cut so that each micro-batch's rows x longest row fits it (`token_budget_groups`; a
     longer row alone), whatever `size` and `by_length`. The weights are each micro-batch's share of
-    the step's count, so the step's gradient is the same (docs/algorithms.md §18). Sequence
-    packing would replace this function and nothing else (every rank's count of passes, which a
-    budget makes differ, is evened by `micro_batches`)."""
+    the step's count, so the step's gradient is the same (docs/algorithms.md §18). With `packing`
+    (`train.packing`; the forwards themselves pack, rlhf/models/packing.py) the rows are cut by
+    `packed_groups` under `tokens`, or else under what a padded micro-batch would compute at most
+    (`size` x the longest row). Every rank's count of passes, which a budget makes differ, is
+    evened by `micro_batches`."""
+    if packing and lengths:
+        return packed_groups(lengths, tokens or size * max(max(lengths), 1))
     if tokens:
         return token_budget_groups(lengths, tokens)
     return micro_batch_groups(lengths, size, by_length)

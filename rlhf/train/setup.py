@@ -1,4 +1,5 @@
-"""What every trainer does first: claim a fresh run directory, seed, load the tokenizer, add LoRA."""
+"""What every trainer does first: claim a fresh run directory, seed, load the tokenizer, add LoRA,
+mark its models for sequence packing."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ from pathlib import Path
 
 import torch
 
-from rlhf.config import LoraConfig, save_config
+from rlhf.config import ConfigError, LoraConfig, save_config
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.lora import apply_lora
+from rlhf.models.packing import enable_packing
 from rlhf.rundir.directory import check_fresh_run_dir
 
 
@@ -19,6 +21,25 @@ def with_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     return apply_lora(
         model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules
     )
+
+
+def with_packing(packing: bool, *models: torch.nn.Module | None) -> None:
+    """`train.packing`: every forward of `models` packs its rows (rlhf/models/packing.py); an
+    architecture whose attention cannot take packed rows is refused (exit 2) before any step."""
+    if not packing:
+        return
+    for model in models:
+        if model is None:
+            continue
+        try:
+            enable_packing(model)
+        except ValueError as why:
+            raise ConfigError(
+                f"train.packing is true, but {why}: its attention cannot keep packed sequences apart. "
+                "Fix: --train.packing false (micro-batches by length or by --train.micro_batch_tokens "
+                "save most of the padding too).",
+                "train.packing",
+            ) from None
 
 
 def start_run(config, tokenizer=None, *, writer: bool = True, resume: bool = False, resumable: bool = False):

@@ -40,7 +40,7 @@ from rlhf.rundir.sharded_checkpoint import (
     write_shards_and_state,
 )
 from rlhf.rundir.weights import load_trained, save_trained
-from rlhf.train.setup import with_lora
+from rlhf.train.setup import with_lora, with_packing
 
 
 @dataclass
@@ -249,6 +249,8 @@ def assemble_roles(
     data-parallel strategy they train under (rlhf/parallel/parallel_plan.py)."""
     c = config
     device, precision, place = _place_models(c, policy, reward_model)
+    # train.packing: every forward packed; the reference and a critic are copies that keep the mark
+    with_packing(c.train.packing, policy, reward_model)
     tokenizer = prepare_tokenizer(tokenizer)
     torch.manual_seed(c.seed)
     critic_mode = c.model.critic_mode if c.uses_critic else None  # critic-free estimators build none
@@ -298,6 +300,7 @@ def assemble_roles(
         precision=precision,
         sort_by_length=c.runtime.sort_by_length,
         micro_batch_tokens=c.train.micro_batch_tokens,  # the update's micro-batches by a token budget
+        packing=c.train.packing,  # cut for packed forwards
         device=device,
         sample_seed=c.seed + 1,
         parallel=parallel("policy"),
@@ -317,6 +320,7 @@ def assemble_roles(
             precision=precision,
             sort_by_length=c.runtime.sort_by_length,
             micro_batch_tokens=c.train.micro_batch_tokens,
+            packing=c.train.packing,
             parallel=parallel("critic"),
         )
     frozen: dict[str, Any] = {

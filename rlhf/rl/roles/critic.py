@@ -81,6 +81,7 @@ class Critic(ValueRole, Learner):
         precision: Precision | None = None,
         sort_by_length: bool = True,
         micro_batch_tokens: int | None = None,
+        packing: bool = False,
         parallel: ParallelPlan | None = None,
     ) -> None:
         self.model = model
@@ -88,7 +89,7 @@ class Critic(ValueRole, Learner):
         self.forward = ValueForward(model, precision)
         super().__init__(
             self.forward, optim, total_steps, micro_batch_size=micro_batch_size, by_length=sort_by_length,
-            micro_batch_tokens=micro_batch_tokens,
+            micro_batch_tokens=micro_batch_tokens, packing=packing,
             **(parallel.learner_options() if parallel else {}),
         )  # fmt: skip
 

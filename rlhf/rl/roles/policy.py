@@ -82,6 +82,7 @@ class Policy(Learner):
         precision: Precision | None = None,
         sort_by_length: bool = True,
         micro_batch_tokens: int | None = None,
+        packing: bool = False,
         device: torch.device | None = None,
         sample_seed: int = 0,
         parallel: ParallelPlan | None = None,
@@ -103,7 +104,7 @@ class Policy(Learner):
         # `parallel`: the data-parallel strategy it trains under (rlhf/parallel/parallel_plan.py)
         super().__init__(
             trained, optim, total_steps, micro_batch_size=micro_batch_size, by_length=sort_by_length,
-            micro_batch_tokens=micro_batch_tokens,
+            micro_batch_tokens=micro_batch_tokens, packing=packing,
             uses_every_parameter=joint_value is None, **(parallel.learner_options() if parallel else {}),
         )  # fmt: skip
         # the rollouts' random draws, on the device where it samples: the policy's own state, saved

@@ -71,7 +71,7 @@ from rlhf.rundir.final_report import write_final_report
 from rlhf.rundir.footprint import footprint_line
 from rlhf.train.context_check import check_rows_fit
 from rlhf.train.learner import Learner
-from rlhf.train.setup import start_run
+from rlhf.train.setup import start_run, with_packing
 from rlhf.train.supervised.checkpoint import (
     latest_checkpoint,
     load_supervised_checkpoint,
@@ -203,6 +203,8 @@ def run_supervised(
     on_meta = sharded and not writer and model is None
     with _shown(writer and model is None, f"loading the model {config.model}"):  # a sign of life
         model = stage.build_model(model, precision, on_meta)
+    reference = getattr(getattr(stage, "reference", None), "model", None)  # DPO's frozen copy
+    with_packing(config.train.packing, model, reference)  # every forward packed (train.packing)
     if config.gradient_checkpointing:
         gradient_checkpointing(model)
     stats = TruncationStats()
@@ -276,6 +278,7 @@ def _learner(
         micro_batch_size=c.train.micro_batch_size,
         by_length=c.train.group_by_length != "none",  # micro-batches of rows of similar length
         micro_batch_tokens=c.train.micro_batch_tokens,  # or cut by a token budget
+        packing=c.train.packing,  # micro-batches cut for packed forwards
     )
 
 

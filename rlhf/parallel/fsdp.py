@@ -1,7 +1,7 @@
 """`dist.strategy fsdp2`: every role's parameters sharded over the ranks with
 `torch.distributed.fsdp.fully_shard` (docs/distributed.md, docs/scale.md).
 
-Per layer (`shard_layers`; every role of `rlhf train`, the trained model and DPO's reference of
+Per layer (`shard_from_rank0`; every role of `rlhf train`, the trained model and DPO's reference of
 `rlhf sft`, `rm` and `dpo`), as torchtitan applies FSDP2: each decoder layer is its own FSDP unit,
 then the role's root module (embeddings, final norm, output and value heads). Between uses
 each rank keeps one shard (dim 0 split in `world_size` chunks) of every parameter, of the trained
@@ -98,35 +98,6 @@ def transformer_blocks(module: nn.Module) -> list[nn.Module]:
 FORWARD_METHODS = ("sample", "score")
 
 
-def shard_layers(
-    root: nn.Module,
-    peers: Peers,
-    optimizer: torch.optim.Optimizer | None = None,
-    bf16_compute: bool = False,
-    offload: bool = False,
-) -> nn.Module:
-    """Shard `root` in place per layer: `fully_shard` each decoder layer, then `root` (the rest: the
-    embeddings, the final norm, the heads), every unit resharded after its forward, gradients
-    reduce-scattered as sums (divide factor 1). Every rank must hold the same parameters (and
-    optimizer state) first; `optimizer` (None for a frozen role) is pointed at the shards.
-    `bf16_compute`: on a GPU, layers gathered in bfloat16; `offload`: state in CPU memory (`_precision`).
-    `root` is what the role calls: its `forward` and FORWARD_METHODS gather its own parameters (and
-    make it FSDP's root); a submodule called directly would bypass them."""
-    before = dict(root.named_parameters())
-    precision = _precision(peers, bf16_compute, offload)
-    for block in transformer_blocks(root):
-        fully_shard(block, reshard_after_forward=True, **precision)
-    fully_shard(root, reshard_after_forward=True, **precision)
-    for unit in fsdp_units(root):
-        unit.set_gradient_divide_factor(1.0)
-        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
-    for name in FORWARD_METHODS:
-        if callable(getattr(root, name, None)):
-            register_fsdp_forward_method(root, name)
-    _point_optimizer_at_shards(optimizer, before, dict(root.named_parameters()), peers)
-    return root
-
-
 def shard_from_rank0(
     root: nn.Module,
     peers: Peers,
@@ -134,15 +105,17 @@ def shard_from_rank0(
     bf16_compute: bool = False,
     offload: bool = False,
 ) -> nn.Module:
-    """`shard_layers`, every rank's rows of the parameters, buffers and AdamW state sent by rank 0:
-    the only rank that must hold the whole module (the others may have built it on the meta device,
-    rlhf/models/loading.py, and never hold more than one whole tensor, in transit). Rank 0's
-    parameters are what a resumed run loaded there, or what every rank would have read."""
+    """Shard `root` in place per layer (`_shard_layers`), every rank's rows of the parameters,
+    buffers and AdamW state sent by rank 0: the only rank that must hold the whole module (the
+    others may have built it on the meta device, rlhf/models/loading.py, and never hold more than one
+    whole tensor, in transit). Rank 0's parameters are what a resumed run loaded there, or what
+    every rank would have read. `optimizer` (None for a frozen role) is pointed at the shards;
+    `bf16_compute`: on a GPU, layers gathered in bfloat16; `offload`: state in CPU memory (`_precision`)."""
     whole = dict(root.named_parameters())  # rank 0: the whole tensors, kept until their rows are sent
     moments = {n: dict(optimizer.state.get(p, {})) for n, p in whole.items()} if optimizer is not None else {}
     if optimizer is not None and peers.rank != 0:
         optimizer.state.clear()  # a meta rank's (a resume loads its state on rank 0 alone)
-    shard_layers(root, peers, optimizer, bf16_compute, offload)
+    _shard_layers(root, peers, optimizer, _precision(peers, bf16_compute, offload))
     device = torch.device("cpu") if offload else peers.device  # where the shards live
     meta = any(cast(DTensor, p).to_local().is_meta for p in root.parameters())  # fully_shard's DTensors
     if meta or any(b.is_meta for b in root.buffers()):
@@ -156,6 +129,27 @@ def shard_from_rank0(
     if optimizer is not None:
         _optimizer_state_from_rank0(optimizer, moments, shards, peers)
     return root
+
+
+def _shard_layers(
+    root: nn.Module, peers: Peers, optimizer: torch.optim.Optimizer | None, precision: dict[str, Any]
+) -> None:
+    """`fully_shard` each decoder layer of `root`, then `root` (the rest: the embeddings, the final
+    norm, the heads), every unit resharded after its forward, gradients reduce-scattered as sums
+    (divide factor 1); `optimizer`'s parameters and state pointed at the shards. `root` is what the
+    role calls: its `forward` and FORWARD_METHODS gather its own parameters (and make it FSDP's
+    root); a submodule called directly would bypass them."""
+    before = dict(root.named_parameters())
+    for block in transformer_blocks(root):
+        fully_shard(block, reshard_after_forward=True, **precision)
+    fully_shard(root, reshard_after_forward=True, **precision)
+    for unit in fsdp_units(root):
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    for name in FORWARD_METHODS:
+        if callable(getattr(root, name, None)):
+            register_fsdp_forward_method(root, name)
+    _point_optimizer_at_shards(optimizer, before, dict(root.named_parameters()), peers)
 
 
 def _local_of(param: torch.Tensor) -> torch.Tensor:
@@ -184,7 +178,9 @@ def _optimizer_state_from_rank0(
     layout = peers.gather(
         {n: {k: (tuple(v.shape), v.dtype) for k, v in state.items()} for n, state in moments.items() if state}
     )[0]
-    for group in optimizer.param_groups:  # built on the meta device without it (rlhf/train/optim.py)
+    for group in (
+        optimizer.param_groups
+    ):  # built on the meta device without it (rlhf/train/learner.py `build_optimizer`)
         group["fused"] = peers.device.type in ("cpu", "cuda")
     for name, keys in layout.items():
         shard = cast(DTensor, shards[name])  # fully_shard's parameters are DTensors

@@ -19,6 +19,7 @@ import shutil
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +38,10 @@ from rlhf.train.learner import Learner, MicroBatch, RowList, forward_passes, spl
 from rlhf.train.lm_loss import hidden_token_nll
 from rlhf.train.model_call import call_model
 from rlhf.train.setup import with_lora
-from rlhf.train.supervised import SupervisedRun, SupervisedStage, placed, run_supervised
+from rlhf.train.supervised import StageInputs, SupervisedRun, SupervisedStage, placed, run_supervised
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 @dataclass
@@ -283,25 +287,14 @@ class RewardModelStage(SupervisedStage):
         return final
 
 
-def run_reward_training(
-    config: RewardConfig,
-    *,
-    model: ScalarHeadModel | None = None,
-    tokenizer=None,
-    train_rows: list[EncodedPair] | None = None,
-    test_rows: list[EncodedPair] | None = None,
-    quiet: bool = False,
-) -> dict:
+def run_reward_training(config: RewardConfig, **inputs: Unpack[StageInputs]) -> dict:
     """Train, keep the best held-out checkpoint in `config.out`, return the final metrics
     (rlhf/train/supervised.py runs the stage).
 
     `train_rows` / `test_rows` replace the pairs read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).
     """
-    stage = RewardModelStage(config)
-    return run_supervised(
-        stage, model=model, tokenizer=tokenizer, train_rows=train_rows, test_rows=test_rows, quiet=quiet
-    )
+    return run_supervised(RewardModelStage(config), **inputs)
 
 
 def save_reward_model(model: ScalarHeadModel, tokenizer, directory: Path) -> None:

@@ -44,7 +44,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -169,6 +169,19 @@ class SupervisedStage:
         final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
         export_causal_lm(run)  # float32, LoRA merged (a copy), whatever the training used
         return final
+
+
+class StageInputs(TypedDict, total=False):
+    """What a stage's entry point (`run_sft`, `run_reward_training`, `run_dpo`) passes on to
+    `run_supervised`: a model and tokenizer given in code, rows in place of the data file's, quiet
+    output, a resume (a `resumable` stage)."""
+
+    model: nn.Module | None
+    tokenizer: Any
+    train_rows: list[Any] | None
+    test_rows: list[Any] | None
+    quiet: bool
+    resume: bool
 
 
 def run_supervised(

@@ -21,13 +21,16 @@ step (`gathered_per_layer`, `dist.rollout_gather per_layer`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -139,6 +142,7 @@ def _shard_layers(
     (divide factor 1); `optimizer`'s parameters and state pointed at the shards. `root` is what the
     role calls: its `forward` and FORWARD_METHODS gather its own parameters (and make it FSDP's
     root); a submodule called directly would bypass them."""
+    _META_COPIES[root] = _meta_copy(root)  # what `whole_copy` fills
     before = dict(root.named_parameters())
     for block in transformer_blocks(root):
         fully_shard(block, reshard_after_forward=True, **precision)
@@ -298,66 +302,67 @@ def is_sharded(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def whole_copies(modules: Sequence[nn.Module]) -> Iterator[None]:
-    """`modules` (sharded roots, or parts of one) as plain unsharded modules for the body: every
-    sharded parameter replaced by a whole copy (each DTensor shard's `full_tensor()`: an all-gather
-    on every rank, in the stored dtype: float32 master weights stay float32; tied weights stay one
-    parameter), and every FSDP unit its model's own class without FSDP's hooks (its state-dict
-    hooks would shard the parameters again before a save reads them; FSDP forbids deepcopy, which
-    an export of a LoRA model needs). All set back after: what saving, exporting, copying and
-    comparing need."""
-    owners = list({id(o): o for m in modules for o in m.modules()}.values())  # any part of a sharded tree
-    sharded: dict[tuple[int, str], tuple[nn.Module, str, nn.Parameter]] = {}
-    copies: dict[int, nn.Parameter] = {}
-    with torch.no_grad():
-        for owner in owners:
-            for name, param in list(owner._parameters.items()):
-                if not isinstance(param, DTensor):
-                    continue
-                if id(param) not in copies:
-                    whole = _full_tensor(param)
-                    if whole.is_inference():  # one rank: the local shard itself, made by a rollout
-                        with torch.inference_mode(False):
-                            whole = whole.clone()
-                    copies[id(param)] = nn.Parameter(whole, requires_grad=param.requires_grad)
-                sharded[id(owner), name] = (owner, name, param)
-                owner._parameters[name] = copies[id(param)]
-    units = [(o, o.__class__, _take_hooks(o)) for o in owners if isinstance(o, FSDPModule)]
-    for unit, fsdp_class, _ in units:
-        unit.__class__ = fsdp_class.__bases__[1]  # fully_shard's class is (FSDPModule, the model's)
-    try:
-        yield
-    finally:
-        for unit, fsdp_class, hooks in units:
-            unit.__class__ = fsdp_class
-            unit.__dict__.update(hooks)
-        for owner, name, param in sharded.values():
-            owner._parameters[name] = param
+def whole_copy(model: nn.Module, every_rank: bool = False) -> Iterator[nn.Module | None]:
+    """`model` (a sharded root, any part of one, or a module never sharded) with its whole
+    parameters for the body: what saving, exporting, copying and comparing need. Never sharded:
+    `model` itself. Sharded: a plain module of `model`'s own class, without FSDP's hooks (an export
+    of a LoRA model deep-copies it), built from the meta-device copy `_shard_layers` made of its
+    root and holding the full state dict torch's `get_model_state_dict` gathers (an all-gather on
+    every rank, so every rank must call this; in the stored dtype: float32 master weights stay
+    float32; tied weights stay one parameter) and `model`'s buffers. That copy is rank 0's, in CPU
+    memory (None on the other ranks), or with `every_rank` each rank's, on the shards' device."""
+    part = _meta_part(model)
+    if part is None:
+        yield model
+        return
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
+    state = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
+    if not every_rank and dist.get_rank() != 0:  # torch's CPU copy is rank 0's alone
+        yield None
+        return
+    plain = copy.deepcopy(part)  # still on the meta device: no memory
+    first_of = {id(p): n for n, p in reversed(list(plain.named_parameters(remove_duplicate=False)))}
+    tied = [(n, first_of[id(p)]) for n, p in plain.named_parameters(remove_duplicate=False)]
+    with torch.inference_mode(False):  # one rank: the state may be the shards a rollout made
+        state = {k: v.clone() if v.is_inference() else v for k, v in state.items()}
+    plain.load_state_dict(state, assign=True)
+    for name, first in tied:
+        if name != first:  # the state holds a tensor of each name: one parameter again
+            _set(plain, name, plain.get_parameter(first))
+    for name, buffer in model.named_buffers():  # rotary frequencies and the like: not in the state
+        _set(plain, name, buffer if every_rank else buffer.cpu())
+    yield plain
 
 
-def _full_tensor(param: DTensor) -> torch.Tensor:
-    """The whole of a sharded parameter; an offloaded shard (CPU memory, a GPU mesh: dist.offload)
-    goes to the GPU for the all-gather and the whole comes back to the CPU."""
-    local = param.to_local()
-    mesh_device = param.device_mesh.device_type
-    if local.device.type == mesh_device:
-        return param.full_tensor()
-    on_mesh = DTensor.from_local(
-        local.to(mesh_device), param.device_mesh, param.placements, run_check=False, shape=param.shape,
-        stride=param.stride(),
-    )  # fmt: skip
-    return on_mesh.full_tensor().to(local.device)
+# each sharded root's plain copy on the meta device, made before it was sharded (`whole_copy`)
+_META_COPIES: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
 
 
-def _take_hooks(module: nn.Module) -> dict[str, Any]:
-    """`module`'s hook registries (forward, backward, state dict), each replaced by an empty one, and
-    its FSDP state (torch's composable-API attribute, which holds the process group) removed."""
-    taken = {k: v for k, v in module.__dict__.items() if "hooks" in k and isinstance(v, dict)}
-    for key, value in taken.items():
-        module.__dict__[key] = type(value)()
-    for key in [k for k in module.__dict__ if k.startswith("__composable_api_state_key")]:
-        taken[key] = module.__dict__.pop(key)
-    return taken
+def _meta_copy(module: nn.Module) -> nn.Module:
+    """`module`'s structure on the meta device (a deep copy whose parameters and buffers are empty
+    meta tensors: no memory; a parameter tied in two places is one in the copy as well)."""
+    memo: dict[int, Any] = {}
+    for tensor in (*module.parameters(), *module.buffers()):
+        meta = torch.empty_like(tensor, device="meta")
+        is_param = isinstance(tensor, nn.Parameter)
+        memo[id(tensor)] = nn.Parameter(meta, requires_grad=tensor.requires_grad) if is_param else meta
+    return copy.deepcopy(module, memo)
+
+
+def _meta_part(model: nn.Module) -> nn.Module | None:
+    """The part of a sharded root's meta copy that stands where `model` stands in the root (None:
+    `model` is in no sharded root)."""
+    for root, meta in _META_COPIES.items():
+        for name, module in root.named_modules():
+            if module is model:
+                return meta.get_submodule(name)
+    return None
+
+
+def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Set the parameter or buffer `name` (dotted) of `module` to `value`."""
+    owner, _, leaf = name.rpartition(".")
+    setattr(module.get_submodule(owner), leaf, value)
 
 
 def _local_rows(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

@@ -265,18 +265,18 @@ class RewardModelStage(SupervisedStage):
         )  # fmt: skip
         if step is not None and result["accuracy"] > self.best["accuracy"]:  # the best held-out accuracy
             self.best = {"accuracy": result["accuracy"], "step": step}
-            with run.learner.whole_copies():  # fsdp2: every rank gathers, rank 0 saves
+            with run.learner.whole_copy(run.model) as model:  # fsdp2: every rank gathers, rank 0 saves
                 if run.writer:
-                    save_reward_model(run.model, run.tokenizer, run.out / "best")
+                    save_reward_model(model, run.tokenizer, run.out / "best")
         return result
 
     def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
         final["best_step"], final["best_accuracy"] = self.best["step"], self.best["accuracy"]
         final.update({f"data/{k}": v for k, v in stats.as_dict().items()})  # truncation, as every stage
         if self.best["step"] < 0:
-            with run.learner.whole_copies():  # fsdp2: every rank gathers, rank 0 saves
+            with run.learner.whole_copy(run.model) as model:  # fsdp2: every rank gathers, rank 0 saves
                 if run.writer:
-                    save_reward_model(run.model, run.tokenizer, run.out)
+                    save_reward_model(model, run.tokenizer, run.out)
         elif run.writer:
             for item in (run.out / "best").iterdir():  # promote the best checkpoint to the run directory
                 target = run.out / item.name

@@ -375,11 +375,11 @@ class Learner:
     def trainable(self) -> list[torch.Tensor]:
         return [q for group in self.optimizer.param_groups for q in group["params"]]
 
-    @contextlib.contextmanager
-    def whole_copies(self) -> Iterator[None]:
-        """The whole module as plain tensors for the body: what saving and exporting need."""
-        with fsdp.whole_copies([self.sharded] if self.sharded is not None else []):
-            yield
+    def whole_copy(self, model: nn.Module) -> contextlib.AbstractContextManager[nn.Module | None]:
+        """`model` (the learner's module or a part of it) with its whole parameters for the body,
+        what saving and exporting need: itself, or under fsdp2 a plain copy gathered by every rank
+        (each must call this), rank 0's (None on the others; rlhf/parallel/fsdp.py `whole_copy`)."""
+        return fsdp.whole_copy(model)
 
     def optimizer_step(self) -> float:
         """Clip the global gradient norm (when set), step, zero the gradients; the pre-clip norm.
@@ -578,7 +578,9 @@ def step_metrics(prefix: str, grad_norm: float) -> dict[str, float]:
     }
 
 
-def build_optimizer(params, config: OptimConfig, total_steps: int):
+def build_optimizer(
+    params: Iterable[torch.Tensor], config: OptimConfig, total_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over trainable `params` and a LambdaLR schedule (warmup, then the configured decay)."""
     params = [p for p in params if p.requires_grad]
     if not params:
@@ -597,7 +599,7 @@ def build_optimizer(params, config: OptimConfig, total_steps: int):
     return optimizer, scheduler
 
 
-def lr_multiplier(config: OptimConfig, total_steps: int):
+def lr_multiplier(config: OptimConfig, total_steps: int) -> Callable[[int], float]:
     """Multiplier of the peak lr at optimizer step `step` (0-based)."""
     # the longer of a fixed count and a fraction of the run (PPO paper §5.1: the first 10% of steps)
     warmup = max(0, config.warmup_steps, math.ceil(config.warmup_fraction * total_steps))

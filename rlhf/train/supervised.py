@@ -454,9 +454,10 @@ def export_causal_lm(run: SupervisedRun) -> None:
     """The trained causal LM as a float32 Hugging Face directory in the run directory (LoRA merged
     into a copy): every rank joins the gather of the whole model (fsdp2), rank 0 writes."""
     cast_parameters(run.model, torch.float32)  # training is over: float32 in place, no copy to export
-    with run.learner.whole_copies():
+    with run.learner.whole_copy(run.model) as model:
         if run.writer:
-            export_models(run.out, run.tokenizer, {"": run.model})
+            assert model is not None  # the writer is rank 0, which holds the copy
+            export_models(run.out, run.tokenizer, {"": model})
 
 
 def shuffled_step_batches(

@@ -23,6 +23,7 @@ def lora_exports() -> dict:
 
     tok = word_tokenizer(["a b c d e f g"])
     out: dict = {}
+    copies: dict = {}
     for kind in ("lm", "rm"):
         base = tiny_causal_lm(
             tok, seed=0, hidden_size=32, num_layers=2, num_heads=2, tie_word_embeddings=True
@@ -40,19 +41,21 @@ def lora_exports() -> dict:
         want = {k: v.clone() for k, v in export_copy(model).state_dict().items()}
         trained = sorted(n for n, p in model.named_parameters() if p.requires_grad)
         shard_from_rank0(ModelCall(model), current_peers())
-        with whole_copy(model) as plain:
-            if plain is not None:
-                got = export_copy(plain).state_dict()
-                out[kind] = {
-                    "equal": sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want),
-                    "class": type(plain).__name__,
-                    "fsdp": any(isinstance(m, FSDPModule) for m in plain.modules()),
-                }
-            else:
-                out[kind] = None
         with whole_copy(model, every_rank=True) as plain:
             assert plain is not None  # every rank's copy
             out[f"{kind}_trained"] = (
                 sorted(n for n, p in plain.named_parameters() if p.requires_grad) == trained
             )
+        with whole_copy(model) as plain:
+            copies[kind] = (plain, want)  # compared after the last collective: no rank waits on it
+    for kind, (plain, want) in copies.items():
+        if plain is None:
+            out[kind] = None
+            continue
+        got = export_copy(plain).state_dict()
+        out[kind] = {
+            "equal": sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want),
+            "class": type(plain).__name__,
+            "fsdp": any(isinstance(m, FSDPModule) for m in plain.modules()),
+        }
     return out

@@ -313,6 +313,8 @@ def whole_copy(model: nn.Module, every_rank: bool = False) -> Iterator[nn.Module
     memory (None on the other ranks), or with `every_rank` each rank's, on the shards' device."""
     part = _meta_part(model)
     if part is None:
+        if any(isinstance(p, DTensor) for p in model.parameters()):
+            raise RuntimeError("a part of a sharded module whose root is gone: keep the root (its meta copy)")
         yield model
         return
     options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)

@@ -24,6 +24,7 @@ def lora_exports() -> dict:
     tok = word_tokenizer(["a b c d e f g"])
     out: dict = {}
     copies: dict = {}
+    roots: dict = {}
     for kind in ("lm", "rm"):
         base = tiny_causal_lm(
             tok, seed=0, hidden_size=32, num_layers=2, num_heads=2, tie_word_embeddings=True
@@ -40,7 +41,7 @@ def lora_exports() -> dict:
                     param.copy_(0.1 * torch.randn(param.shape, generator=generator))
         want = {k: v.clone() for k, v in export_copy(model).state_dict().items()}
         trained = sorted(n for n, p in model.named_parameters() if p.requires_grad)
-        shard_from_rank0(ModelCall(model), current_peers())
+        roots[kind] = shard_from_rank0(ModelCall(model), current_peers())  # kept: its meta copy with it
         with whole_copy(model, every_rank=True) as plain:
             assert plain is not None  # every rank's copy
             out[f"{kind}_trained"] = (

@@ -39,9 +39,9 @@ def positive(value: Any, key: str, fix: Any, why: str = "") -> None:
     require(value > 0, key, value, f"must be > 0{why}", f"--{key} {fix}")
 
 
-def positive_or_off(value: Any, key: str, fix: Any) -> None:
-    """An optional threshold: null (off) or > 0."""
-    require(value is None or value > 0, key, value, "must be > 0, or null to turn it off", f"--{key} {fix}")
+def positive_or_off(value: Any, key: str, fix: Any, off: str = "to turn it off", low: Any = 0) -> None:
+    """An optional threshold: null (`off`: what null means) or > `low`."""
+    require(value is None or value > low, key, value, f"must be > {low}, or null {off}", f"--{key} {fix}")
 
 
 def token_budget(value: Any, key: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rlhf.config.checks import at_least, fraction, positive, require
+from rlhf.config.checks import at_least, fraction, positive, positive_or_off, require
 
 
 @dataclass
@@ -52,13 +52,7 @@ class OptimConfig:
         at_least(self.warmup_steps, 0, f"{prefix}warmup_steps")
         fraction(self.warmup_fraction, f"{prefix}warmup_fraction", 0.1)
         fraction(self.min_lr_ratio, f"{prefix}min_lr_ratio", 0.0, closed=True)
-        require(
-            self.max_grad_norm is None or self.max_grad_norm > 0,
-            f"{prefix}max_grad_norm",
-            self.max_grad_norm,
-            "must be > 0, or null to turn clipping off",
-            f"--{prefix}max_grad_norm 1.0",
-        )
+        positive_or_off(self.max_grad_norm, f"{prefix}max_grad_norm", 1.0, "to turn clipping off")
 
 
 @dataclass

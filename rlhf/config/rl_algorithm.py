@@ -125,21 +125,11 @@ class PolicyLossConfig:
 
     def validate(self, prefix: str) -> None:
         positive(self.clip_eps, f"{prefix}clip_eps", 0.2)
-        require(
-            self.clip_eps_high is None or self.clip_eps_high > 0,
-            f"{prefix}clip_eps_high",
-            self.clip_eps_high,
-            "must be > 0, or null for the symmetric clip (= clip_eps)",
-            f"--{prefix}clip_eps_high 0.28",
+        positive_or_off(
+            self.clip_eps_high, f"{prefix}clip_eps_high", 0.28, "for the symmetric clip (= clip_eps)"
         )
         positive(self.is_truncation, f"{prefix}is_truncation", 2.0)
-        require(
-            self.dual_clip is None or self.dual_clip > 1,
-            f"{prefix}dual_clip",
-            self.dual_clip,
-            "must be > 1 (or null to turn it off)",
-            f"--{prefix}dual_clip 3.0",
-        )
+        positive_or_off(self.dual_clip, f"{prefix}dual_clip", 3.0, low=1)
         positive(self.apa_lam, f"{prefix}apa_lam", 0.1)
         positive(self.awr_lam, f"{prefix}awr_lam", 2.0)
         positive_or_off(self.awr_max_weight, f"{prefix}awr_max_weight", 20.0)

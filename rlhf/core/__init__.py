@@ -12,6 +12,7 @@ from rlhf.core.advantages import (
     estimator_spec,
     gae,
     register_estimator,
+    whiten_advantages,
 )
 from rlhf.core.dapo import informative_groups, overlong_penalty
 from rlhf.core.entropy import entropy_from_logits, entropy_target_gate, entropy_target_loss
@@ -30,7 +31,7 @@ from rlhf.core.losses import (
     value_loss,
 )
 from rlhf.core.preference import PREFERENCE_LOSSES, preference_loss
-from rlhf.core.rewards import ScoreProcessor, token_rewards, whiten_advantages
+from rlhf.core.rewards import ScoreProcessor, token_rewards
 from rlhf.core.staleness import decoupled_is_weights
 from rlhf.core.stats import (
     RunningMoments,

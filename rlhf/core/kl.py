@@ -16,7 +16,7 @@ from typing import Literal
 
 from torch import Tensor
 
-from rlhf.core._masks import as_bool_mask, check_same_shape, fill_masked
+from rlhf.core.stats import as_bool_mask, check_same_shape, fill_masked
 
 KLKind = Literal["k1", "k2", "k3"]
 KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")

@@ -33,9 +33,16 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from rlhf.core._masks import as_bool_mask, check_same_shape, fill_masked
 from rlhf.core.kl import kl_estimate
-from rlhf.core.stats import explained_variance, masked_max, masked_mean, masked_min
+from rlhf.core.stats import (
+    as_bool_mask,
+    check_same_shape,
+    explained_variance,
+    fill_masked,
+    masked_max,
+    masked_mean,
+    masked_min,
+)
 
 LossOutput = tuple[Tensor, dict[str, Tensor]]
 

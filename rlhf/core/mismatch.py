@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlhf.core._masks import as_bool_mask, check_same_shape, fill_masked
 from rlhf.core.kl import kl_estimate
-from rlhf.core.stats import masked_mean
+from rlhf.core.stats import as_bool_mask, check_same_shape, fill_masked, masked_mean
 
 
 def sampler_mismatch(sampler_logp: Tensor, trainer_logp: Tensor, mask: Tensor) -> dict[str, float]:

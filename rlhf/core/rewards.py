@@ -1,4 +1,5 @@
-"""From reward-model scores to token rewards, and advantage whitening (docs/algorithms.md §6, §8, §11).
+"""From reward-model scores to token rewards (docs/algorithms.md §6, §8; advantage whitening, §11, is
+rlhf/core/advantages.py's `whiten_advantages`).
 
 Score reparameterization (PPO paper §5.3.1), each switch independent of the others:
 
@@ -16,8 +17,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from rlhf.core._masks import as_bool_mask, fill_masked
-from rlhf.core.stats import RunningMoments, masked_whiten
+from rlhf.core.stats import RunningMoments, as_bool_mask, fill_masked
 
 
 class ScoreProcessor:
@@ -122,16 +122,3 @@ def token_rewards(scores: Tensor, kl: Tensor, mask: Tensor, beta: float | Tensor
     last = torch.where(valid, positions, -1).amax(dim=-1)  # -1 for a fully masked row
     at_last = positions.unsqueeze(0) == last.unsqueeze(1)
     return rewards + fill_masked(scores.to(rewards.dtype).unsqueeze(1).expand_as(rewards), at_last)
-
-
-def whiten_advantages(advantages: Tensor, mask: Tensor, clip: float | None = None) -> Tensor:
-    """Advantage normalization, then optional advantage clipping (PPO paper §5.3.1).
-
-    Masked whitening (mean 0, unbiased variance 1 over valid tokens, eps 1e-8), then clip to
-    [-clip, clip] (the paper tries 0.12, 0.5, 0.8). Whiten over the whole minibatch, before any
-    split into micro-batches. 0 at masked positions; a fully masked input gives zeros.
-    """
-    if clip is not None and not clip > 0:
-        raise ValueError(f"advantage clip must be > 0 or None (off), got {clip}")
-    whitened = masked_whiten(advantages, mask)
-    return whitened if clip is None else whitened.clamp(-clip, clip)

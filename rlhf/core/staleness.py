@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlhf.core._masks import as_bool_mask, fill_masked
+from rlhf.core.stats import as_bool_mask, fill_masked
 
 
 def decoupled_is_weights(

@@ -35,25 +35,23 @@ def _as_lists(seqs: Sequence[TokenIds], what: str) -> list[list[int]]:
 
 def left_pad(seqs: Sequence[TokenIds], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids [B, P], attention_mask [B, P]) with each sequence flush right (padding on the left)."""
-    rows = _as_lists(seqs, "sequence")
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-        mask[i, width - len(row) :] = 1
-    return ids, mask
+    return _padded(seqs, pad_id, left=True)
 
 
 def right_pad(seqs: Sequence[TokenIds], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids [B, L], attention_mask [B, L]) with each sequence flush left (padding on the right)."""
+    return _padded(seqs, pad_id, left=False)
+
+
+def _padded(seqs: Sequence[TokenIds], pad_id: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     rows = _as_lists(seqs, "sequence")
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
+        start = width - len(row) if left else 0
+        ids[i, start : start + len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, start : start + len(row)] = 1
     return ids, mask
 
 

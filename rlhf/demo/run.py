@@ -312,6 +312,22 @@ def prepare_stage(cfg: DemoConfig, out_dir: Path, *, say=print, quiet: bool = Fa
     return Stage(world, world.tokenizer, reward_model, eval_texts, eval_ids, sft_summary, rm_summary)
 
 
+def _stage_steps(steps: int, batch_size: int) -> dict:
+    """The `train` keys of the demo's SFT and reward-model stages: `steps` steps of `batch_size`
+    rows, one micro-batch each, evaluated four times."""
+    return {
+        "max_steps": steps,
+        "batch_size": batch_size,
+        "micro_batch_size": batch_size,
+        "eval_every": max(1, steps // 4),
+    }
+
+
+def _stage_optim(lr: float, steps: int) -> OptimConfig:
+    """Their optimizer: warm-up over the first 5% of `steps`, then a cosine decay to a tenth of `lr`."""
+    return OptimConfig(lr=lr, warmup_steps=max(1, steps // 20), schedule="cosine", min_lr_ratio=0.1)
+
+
 def _train_sft(cfg: DemoConfig, world, out_dir: Path, quiet: bool) -> tuple[dict, float]:
     """A tiny Llama fine-tuned on the world's base responses, saved in out_dir/sft; (final metrics,
     seconds)."""
@@ -327,19 +343,8 @@ def _train_sft(cfg: DemoConfig, world, out_dir: Path, quiet: bool) -> tuple[dict
         out=str(out_dir / "sft"),
         seed=cfg.world.seed,
         data=SFTDataConfig(path=str(world_dir / "sft_train.jsonl"), test_fraction=0.05),
-        train=SFTTrainConfig(
-            max_steps=cfg.sft_steps,
-            batch_size=cfg.sft_batch_size,
-            micro_batch_size=cfg.sft_batch_size,
-            eval_every=max(1, cfg.sft_steps // 4),
-        ),
-        optim=OptimConfig(
-            lr=cfg.sft_lr,
-            warmup_steps=max(1, cfg.sft_steps // 20),
-            schedule="cosine",
-            min_lr_ratio=0.1,
-            weight_decay=0.0,
-        ),
+        train=SFTTrainConfig(**_stage_steps(cfg.sft_steps, cfg.sft_batch_size)),
+        optim=_stage_optim(cfg.sft_lr, cfg.sft_steps),
         sinks=["jsonl"] if quiet else ["console", "jsonl"],
     )
     t0 = time.perf_counter()
@@ -357,16 +362,8 @@ def _train_proxy_reward_model(cfg: DemoConfig, world, out_dir: Path, quiet: bool
         out=str(out_dir / "rm"),
         seed=cfg.world.seed,
         data=RewardDataConfig(path=str(world_dir / "pairs_train.jsonl"), test_fraction=0.0),
-        train=RewardTrainConfig(
-            max_steps=cfg.rm_steps,
-            batch_size=cfg.rm_batch_size,
-            micro_batch_size=cfg.rm_batch_size,
-            lm_coef=cfg.rm_lm_coef,
-            eval_every=max(1, cfg.rm_steps // 4),
-        ),
-        optim=OptimConfig(
-            lr=cfg.rm_lr, warmup_steps=max(1, cfg.rm_steps // 20), schedule="cosine", min_lr_ratio=0.1
-        ),
+        train=RewardTrainConfig(**_stage_steps(cfg.rm_steps, cfg.rm_batch_size), lm_coef=cfg.rm_lm_coef),
+        optim=_stage_optim(cfg.rm_lr, cfg.rm_steps),
         sinks=["jsonl"] if quiet else ["console", "jsonl"],
     )
     test_pairs = load_examples(world_dir / "pairs_test.jsonl", kind="preference").examples
@@ -517,25 +514,31 @@ def run_one(
     return run, summary
 
 
+def held_out_recorder(tokenizer, world, eval_texts, eval_ids, seed, max_new_tokens, history, samples):
+    """A run's held-out evaluation, `record(models, at, extra)`: the figures of the policy `models`
+    answers for (sampling seed 1000 + seed), appended to `history` between `at` (the iteration or
+    step) and `extra` (figures of the run's own); the first and latest 4 samples in `samples`."""
+
+    def record(models, at: dict, extra: dict | None = None) -> dict:
+        figures, picked, _ = evaluate_policy(
+            models, tokenizer, world, eval_texts, eval_ids, seed=1000 + seed, max_new_tokens=max_new_tokens
+        )
+        history.append({**at, **figures, **(extra or {})})
+        samples.setdefault("start", picked)
+        samples["end"] = picked
+        return figures
+
+    return record
+
+
 def rl_evaluator(tokenizer, world, eval_texts, eval_ids, seed, max_new_tokens, history, samples):
     """An RL run's evaluator (the trainer calls it every `eval_every` iterations): the held-out
     figures of the policy, appended to `history`; the first and latest 4 samples in `samples`."""
+    record = held_out_recorder(tokenizer, world, eval_texts, eval_ids, seed, max_new_tokens, history, samples)
 
     def evaluator(trainer: RLTrainer, iteration: int) -> dict:
         # through the runtime, by role name: the roles may live in other processes (torchrun, Ray)
-        record, picked, _ = evaluate_policy(
-            trainer.runtime,
-            tokenizer,
-            world,
-            eval_texts,
-            eval_ids,
-            seed=1000 + seed,
-            max_new_tokens=max_new_tokens,
-        )
-        history.append({"iteration": iteration, **record})
-        samples.setdefault("start", picked)
-        samples["end"] = picked
-        return record
+        return record(trainer.runtime, {"iteration": iteration})
 
     return evaluator
 
@@ -597,20 +600,11 @@ def run_dpo_one(cfg, seed, out_dir, tokenizer, reward_model, world, eval_texts, 
     history: list[dict] = []
     samples: dict = {}
 
+    record = held_out_recorder(tokenizer, world, eval_texts, eval_ids, seed, max_new, history, samples)
+
     def evaluator(policy, reference, steps: int, pairs: dict) -> None:
-        record, picked, _ = evaluate_policy(
-            ModulesInProcess(policy, reference, reward_model, tokenizer),
-            tokenizer,
-            world,
-            eval_texts,
-            eval_ids,
-            seed=1000 + seed,
-            max_new_tokens=max_new,
-        )
         pair_figures = {f"pair_{k}": pairs[k] for k in ("accuracy", "margin") if k in pairs}
-        history.append({"step": steps, **record, **pair_figures})
-        samples.setdefault("start", picked)
-        samples["end"] = picked
+        record(ModulesInProcess(policy, reference, reward_model, tokenizer), {"step": steps}, pair_figures)
 
     stage = DemoDPOStage(config, evaluator)
     test_rows = stage.encode(tokenizer, test_pairs, stats=None)  # as `rlhf dpo` encodes its pairs

@@ -1,7 +1,7 @@
 """`dist.strategy fsdp2`: every role's parameters sharded over the ranks with
 `torch.distributed.fsdp.fully_shard` (docs/distributed.md, docs/scale.md).
 
-Per layer (`shard_layers`; every role of `rlhf train`, the trained model and DPO's reference of
+Per layer (`shard_from_rank0`; every role of `rlhf train`, the trained model and DPO's reference of
 `rlhf sft`, `rm` and `dpo`), as torchtitan applies FSDP2: each decoder layer is its own FSDP unit,
 then the role's root module (embeddings, final norm, output and value heads). Between uses
 each rank keeps one shard (dim 0 split in `world_size` chunks) of every parameter, of the trained
@@ -21,13 +21,16 @@ step (`gathered_per_layer`, `dist.rollout_gather per_layer`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -98,35 +101,6 @@ def transformer_blocks(module: nn.Module) -> list[nn.Module]:
 FORWARD_METHODS = ("sample", "score")
 
 
-def shard_layers(
-    root: nn.Module,
-    peers: Peers,
-    optimizer: torch.optim.Optimizer | None = None,
-    bf16_compute: bool = False,
-    offload: bool = False,
-) -> nn.Module:
-    """Shard `root` in place per layer: `fully_shard` each decoder layer, then `root` (the rest: the
-    embeddings, the final norm, the heads), every unit resharded after its forward, gradients
-    reduce-scattered as sums (divide factor 1). Every rank must hold the same parameters (and
-    optimizer state) first; `optimizer` (None for a frozen role) is pointed at the shards.
-    `bf16_compute`: on a GPU, layers gathered in bfloat16; `offload`: state in CPU memory (`_precision`).
-    `root` is what the role calls: its `forward` and FORWARD_METHODS gather its own parameters (and
-    make it FSDP's root); a submodule called directly would bypass them."""
-    before = dict(root.named_parameters())
-    precision = _precision(peers, bf16_compute, offload)
-    for block in transformer_blocks(root):
-        fully_shard(block, reshard_after_forward=True, **precision)
-    fully_shard(root, reshard_after_forward=True, **precision)
-    for unit in fsdp_units(root):
-        unit.set_gradient_divide_factor(1.0)
-        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
-    for name in FORWARD_METHODS:
-        if callable(getattr(root, name, None)):
-            register_fsdp_forward_method(root, name)
-    _point_optimizer_at_shards(optimizer, before, dict(root.named_parameters()), peers)
-    return root
-
-
 def shard_from_rank0(
     root: nn.Module,
     peers: Peers,
@@ -134,15 +108,17 @@ def shard_from_rank0(
     bf16_compute: bool = False,
     offload: bool = False,
 ) -> nn.Module:
-    """`shard_layers`, every rank's rows of the parameters, buffers and AdamW state sent by rank 0:
-    the only rank that must hold the whole module (the others may have built it on the meta device,
-    rlhf/models/loading.py, and never hold more than one whole tensor, in transit). Rank 0's
-    parameters are what a resumed run loaded there, or what every rank would have read."""
+    """Shard `root` in place per layer (`_shard_layers`), every rank's rows of the parameters,
+    buffers and AdamW state sent by rank 0: the only rank that must hold the whole module (the
+    others may have built it on the meta device, rlhf/models/loading.py, and never hold more than one
+    whole tensor, in transit). Rank 0's parameters are what a resumed run loaded there, or what
+    every rank would have read. `optimizer` (None for a frozen role) is pointed at the shards;
+    `bf16_compute`: on a GPU, layers gathered in bfloat16; `offload`: state in CPU memory (`_precision`)."""
     whole = dict(root.named_parameters())  # rank 0: the whole tensors, kept until their rows are sent
     moments = {n: dict(optimizer.state.get(p, {})) for n, p in whole.items()} if optimizer is not None else {}
     if optimizer is not None and peers.rank != 0:
         optimizer.state.clear()  # a meta rank's (a resume loads its state on rank 0 alone)
-    shard_layers(root, peers, optimizer, bf16_compute, offload)
+    _shard_layers(root, peers, optimizer, _precision(peers, bf16_compute, offload))
     device = torch.device("cpu") if offload else peers.device  # where the shards live
     meta = any(cast(DTensor, p).to_local().is_meta for p in root.parameters())  # fully_shard's DTensors
     if meta or any(b.is_meta for b in root.buffers()):
@@ -156,6 +132,28 @@ def shard_from_rank0(
     if optimizer is not None:
         _optimizer_state_from_rank0(optimizer, moments, shards, peers)
     return root
+
+
+def _shard_layers(
+    root: nn.Module, peers: Peers, optimizer: torch.optim.Optimizer | None, precision: dict[str, Any]
+) -> None:
+    """`fully_shard` each decoder layer of `root`, then `root` (the rest: the embeddings, the final
+    norm, the heads), every unit resharded after its forward, gradients reduce-scattered as sums
+    (divide factor 1); `optimizer`'s parameters and state pointed at the shards. `root` is what the
+    role calls: its `forward` and FORWARD_METHODS gather its own parameters (and make it FSDP's
+    root); a submodule called directly would bypass them."""
+    _META_COPIES[root] = _meta_copy(root)  # what `whole_copy` fills
+    before = dict(root.named_parameters())
+    for block in transformer_blocks(root):
+        fully_shard(block, reshard_after_forward=True, **precision)
+    fully_shard(root, reshard_after_forward=True, **precision)
+    for unit in fsdp_units(root):
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    for name in FORWARD_METHODS:
+        if callable(getattr(root, name, None)):
+            register_fsdp_forward_method(root, name)
+    _point_optimizer_at_shards(optimizer, before, dict(root.named_parameters()), peers)
 
 
 def _local_of(param: torch.Tensor) -> torch.Tensor:
@@ -184,7 +182,9 @@ def _optimizer_state_from_rank0(
     layout = peers.gather(
         {n: {k: (tuple(v.shape), v.dtype) for k, v in state.items()} for n, state in moments.items() if state}
     )[0]
-    for group in optimizer.param_groups:  # built on the meta device without it (rlhf/train/optim.py)
+    for group in (
+        optimizer.param_groups
+    ):  # built on the meta device without it (rlhf/train/learner.py `build_optimizer`)
         group["fused"] = peers.device.type in ("cpu", "cuda")
     for name, keys in layout.items():
         shard = cast(DTensor, shards[name])  # fully_shard's parameters are DTensors
@@ -302,66 +302,69 @@ def is_sharded(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def whole_copies(modules: Sequence[nn.Module]) -> Iterator[None]:
-    """`modules` (sharded roots, or parts of one) as plain unsharded modules for the body: every
-    sharded parameter replaced by a whole copy (each DTensor shard's `full_tensor()`: an all-gather
-    on every rank, in the stored dtype: float32 master weights stay float32; tied weights stay one
-    parameter), and every FSDP unit its model's own class without FSDP's hooks (its state-dict
-    hooks would shard the parameters again before a save reads them; FSDP forbids deepcopy, which
-    an export of a LoRA model needs). All set back after: what saving, exporting, copying and
-    comparing need."""
-    owners = list({id(o): o for m in modules for o in m.modules()}.values())  # any part of a sharded tree
-    sharded: dict[tuple[int, str], tuple[nn.Module, str, nn.Parameter]] = {}
-    copies: dict[int, nn.Parameter] = {}
-    with torch.no_grad():
-        for owner in owners:
-            for name, param in list(owner._parameters.items()):
-                if not isinstance(param, DTensor):
-                    continue
-                if id(param) not in copies:
-                    whole = _full_tensor(param)
-                    if whole.is_inference():  # one rank: the local shard itself, made by a rollout
-                        with torch.inference_mode(False):
-                            whole = whole.clone()
-                    copies[id(param)] = nn.Parameter(whole, requires_grad=param.requires_grad)
-                sharded[id(owner), name] = (owner, name, param)
-                owner._parameters[name] = copies[id(param)]
-    units = [(o, o.__class__, _take_hooks(o)) for o in owners if isinstance(o, FSDPModule)]
-    for unit, fsdp_class, _ in units:
-        unit.__class__ = fsdp_class.__bases__[1]  # fully_shard's class is (FSDPModule, the model's)
-    try:
-        yield
-    finally:
-        for unit, fsdp_class, hooks in units:
-            unit.__class__ = fsdp_class
-            unit.__dict__.update(hooks)
-        for owner, name, param in sharded.values():
-            owner._parameters[name] = param
+def whole_copy(model: nn.Module, every_rank: bool = False) -> Iterator[nn.Module | None]:
+    """`model` (a sharded root, any part of one, or a module never sharded) with its whole
+    parameters for the body: what saving, exporting, copying and comparing need. Never sharded:
+    `model` itself. Sharded: a plain module of `model`'s own class, without FSDP's hooks (an export
+    of a LoRA model deep-copies it), built from the meta-device copy `_shard_layers` made of its
+    root and holding the full state dict torch's `get_model_state_dict` gathers (an all-gather on
+    every rank, so every rank must call this; in the stored dtype: float32 master weights stay
+    float32; tied weights stay one parameter) and `model`'s buffers. That copy is rank 0's, in CPU
+    memory (None on the other ranks), or with `every_rank` each rank's, on the shards' device."""
+    part = _meta_part(model)
+    if part is None:
+        if any(isinstance(p, DTensor) for p in model.parameters()):
+            raise RuntimeError("a part of a sharded module whose root is gone: keep the root (its meta copy)")
+        yield model
+        return
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
+    state = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
+    if not every_rank and dist.get_rank() != 0:  # torch's CPU copy is rank 0's alone
+        yield None
+        return
+    plain = copy.deepcopy(part)  # still on the meta device: no memory
+    first_of = {id(p): n for n, p in reversed(list(plain.named_parameters(remove_duplicate=False)))}
+    tied = [(n, first_of[id(p)]) for n, p in plain.named_parameters(remove_duplicate=False)]
+    with torch.inference_mode(False):  # one rank: the state may be the shards a rollout made
+        state = {k: v.clone() if v.is_inference() else v for k, v in state.items()}
+    plain.load_state_dict(state, assign=True)
+    for name, first in tied:
+        if name != first:  # the state holds a tensor of each name: one parameter again
+            _set(plain, name, plain.get_parameter(first))
+    for name, buffer in model.named_buffers():  # rotary frequencies and the like: not in the state
+        _set(plain, name, buffer if every_rank else buffer.cpu())
+    yield plain
 
 
-def _full_tensor(param: DTensor) -> torch.Tensor:
-    """The whole of a sharded parameter; an offloaded shard (CPU memory, a GPU mesh: dist.offload)
-    goes to the GPU for the all-gather and the whole comes back to the CPU."""
-    local = param.to_local()
-    mesh_device = param.device_mesh.device_type
-    if local.device.type == mesh_device:
-        return param.full_tensor()
-    on_mesh = DTensor.from_local(
-        local.to(mesh_device), param.device_mesh, param.placements, run_check=False, shape=param.shape,
-        stride=param.stride(),
-    )  # fmt: skip
-    return on_mesh.full_tensor().to(local.device)
+# each sharded root's plain copy on the meta device, made before it was sharded (`whole_copy`)
+_META_COPIES: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
 
 
-def _take_hooks(module: nn.Module) -> dict[str, Any]:
-    """`module`'s hook registries (forward, backward, state dict), each replaced by an empty one, and
-    its FSDP state (torch's composable-API attribute, which holds the process group) removed."""
-    taken = {k: v for k, v in module.__dict__.items() if "hooks" in k and isinstance(v, dict)}
-    for key, value in taken.items():
-        module.__dict__[key] = type(value)()
-    for key in [k for k in module.__dict__ if k.startswith("__composable_api_state_key")]:
-        taken[key] = module.__dict__.pop(key)
-    return taken
+def _meta_copy(module: nn.Module) -> nn.Module:
+    """`module`'s structure on the meta device (a deep copy whose parameters and buffers are empty
+    meta tensors: no memory; a parameter tied in two places is one in the copy as well)."""
+    memo: dict[int, Any] = {}
+    for tensor in (*module.parameters(), *module.buffers()):
+        meta = torch.empty_like(tensor, device="meta")
+        is_param = isinstance(tensor, nn.Parameter)
+        memo[id(tensor)] = nn.Parameter(meta, requires_grad=tensor.requires_grad) if is_param else meta
+    return copy.deepcopy(module, memo)
+
+
+def _meta_part(model: nn.Module) -> nn.Module | None:
+    """The part of a sharded root's meta copy that stands where `model` stands in the root (None:
+    `model` is in no sharded root)."""
+    for root, meta in _META_COPIES.items():
+        for name, module in root.named_modules():
+            if module is model:
+                return meta.get_submodule(name)
+    return None
+
+
+def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Set the parameter or buffer `name` (dotted) of `module` to `value`."""
+    owner, _, leaf = name.rpartition(".")
+    setattr(module.get_submodule(owner), leaf, value)
 
 
 def _local_rows(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

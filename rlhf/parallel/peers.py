@@ -2,7 +2,7 @@
 step statistics and the rows they computed.
 
 Each micro-batch's loss is weighted by its tokens over the whole minibatch's tokens
-(rlhf/rl/roles/learner.py), so the sum of the ranks' gradients is the gradient of the one-process
+(rlhf/train/learner.py), so the sum of the ranks' gradients is the gradient of the one-process
 token mean, and clipping the summed gradient clips by the global norm (PPO paper §5.4). Under `ddp`
 DistributedDataParallel sums them (rlhf/parallel/replicated.py), FSDP2's reduce-scatters under
 `fsdp2` (rlhf/parallel/fsdp.py); these peers give the rest: rows, statistics, the broadcast start.

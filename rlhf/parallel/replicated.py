@@ -21,7 +21,7 @@ Choices (issue 26):
   pass. A module whose every pass uses every trained parameter (a policy without a value head, the
   SFT and DPO models) skips that walk (and DDP's warning that it found nothing).
 - A comm hook that sums (DDP divides by the world size by default): each pass's loss is already
-  weighted by its tokens over the whole minibatch's (rlhf/rl/roles/learner.py), so the sum of the
+  weighted by its tokens over the whole minibatch's (rlhf/train/learner.py), so the sum of the
   ranks' gradients is the one-process gradient.
 - `gradient_as_bucket_view=True`, the gradients zeroed in place after each step (not dropped): each
   gradient is a view of DDP's bucket (which DDP keeps for the whole run), accumulated there by every

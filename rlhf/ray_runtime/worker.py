@@ -137,9 +137,10 @@ class RoleWorker:
         """{name: learner} of the trained roles this group hosts (a shared critic: the policy's)."""
         return {n: r for n, r in trained_learners(self.roles).items() if self.roles.hosts(n)}
 
-    def whole(self, model: torch.nn.Module) -> AbstractContextManager[None]:
-        """`model` whole for the body: gathered on every actor of a sharded group (all must call)."""
-        return self.runtime.whole_model(model) if self.sharded else contextlib.nullcontext()
+    def whole(self, model: torch.nn.Module) -> AbstractContextManager[torch.nn.Module | None]:
+        """`model` whole for the body: gathered on every actor of a sharded group (all must call), a
+        plain copy on rank 0 (None on the others); unsharded, `model` itself."""
+        return self.runtime.whole_model(model) if self.sharded else contextlib.nullcontext(model)
 
     def export_into(self, tmp: str) -> None:
         """This group's trained models into an export under way (the driver commits it); sharded,
@@ -151,8 +152,13 @@ class RoleWorker:
         """The policy's trained parameters (a LoRA policy: its adapters), by name; sharded, gathered
         by every actor and answered by rank 0 (None elsewhere)."""
         model = self.roles.policy.model
-        with self.whole(model):
-            weights = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+        trained = {n for n, p in model.named_parameters() if p.requires_grad}
+        with self.whole(model) as whole:
+            weights = (
+                None
+                if whole is None
+                else {n: p.detach() for n, p in whole.named_parameters() if n in trained}
+            )
         return weights if self.rank == 0 or not self.sharded else None
 
     def load_policy_weights(self, weights: dict[str, torch.Tensor]) -> None:

@@ -55,7 +55,6 @@ from rlhf.rl.prompts import PromptStream
 from rlhf.rl.remote_reward import remote_reward
 from rlhf.rl.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
 from rlhf.rl.roles.assemble import optimizer_steps
-from rlhf.rl.roles.learner import mean_over_steps
 from rlhf.rl.sample_log import SampleLog
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import open_metrics_logger
@@ -64,7 +63,7 @@ from rlhf.rundir.termination import finish_first
 from rlhf.runtime.protocol import Ready, RolloutHandle, Runtime
 from rlhf.train.guards import (
     NONFINITE_GRADIENTS,
-    SkippedStepStreak,
+    NonFiniteScoresError,
     require_finite_scores,
     require_finite_tokens,
 )
@@ -305,15 +304,15 @@ class RLTrainer:
         group, rollout, behind = self.take_rollout()
         t1 = time.perf_counter()
         self.status("scoring")
-        raw_scores, scores, keep = self.score(rollout)
+        scored = Scored(group, rollout, *self.score(rollout), behind)
         sampling_metrics: dict[str, float] = {}
         if c.rollout.dynamic_sampling:  # groups of equal scores dropped and refilled (DAPO §3.2; §36)
-            filled, sampling_metrics = fill_with_informative(
-                Scored(group, rollout, raw_scores, scores, keep, behind), self.sample_scored,
-                c.rollout.batch_size, c.rollout.max_sampling_rounds, self.runtime.tokenizer.pad_token_id or 0,
+            scored, sampling_metrics = fill_with_informative(
+                scored, self.sample_scored, c.rollout.batch_size, c.rollout.max_sampling_rounds,
+                self.runtime.tokenizer.pad_token_id or 0,
             )  # fmt: skip
-            group, rollout, raw_scores, scores, keep = (filled.group, filled.rollout, filled.raw_scores,
-                                                        filled.scores, filled.keep)  # fmt: skip
+        group, rollout, raw_scores, scores, keep = (scored.group, scored.rollout, scored.raw_scores,
+                                                    scored.scores, scored.keep)  # fmt: skip
         self.samples.keep(rollout, raw_scores)
         mask = rollout.response_mask.float() * keep[:, None].float()  # dropped responses train nothing
         t2 = time.perf_counter()
@@ -346,7 +345,7 @@ class RLTrainer:
         experience = Experience.of(rollout.sequences, mask, old_logp=old_logp, ref_logp=ref_logp,
                                    old_values=old_values, advantages=advantages, returns=returns, group=group,
                                    is_weights=is_weights)  # fmt: skip
-        metrics = self.experience_metrics(rollout, experience, raw_scores, processed, keep, kl, final_scores)
+        metrics = self.experience_metrics(scored, experience, processed, kl, final_scores)
         metrics.update(async_metrics)
         metrics.update(self.mismatch_metrics(rollout, mask, old_logp, behind))
         metrics.update(sampling_metrics)
@@ -487,18 +486,18 @@ class RLTrainer:
 
     def experience_metrics(
         self,
-        rollout: Rollout,
+        scored: Scored,
         experience: Experience,
-        raw_scores: torch.Tensor,
         processed: torch.Tensor,
-        keep: torch.Tensor,
         kl: torch.Tensor,
         final_scores: torch.Tensor,
     ) -> Metrics:
-        """The rollout monitors, group statistics when prompts are sampled in groups, reward parts."""
-        c = self.config
-        metrics = rollout_metrics(rollout, experience, raw_scores, processed, keep, kl, c.kl.estimator,
-                                  self.kl_controller.value, with_values=self.runtime.has_role("critic"))  # fmt: skip
+        """The rollout monitors, group statistics when prompts are sampled in groups, reward parts
+        (`processed`: the kept rows' processed scores; `final_scores`: them in place, 0 elsewhere)."""
+        c, keep = self.config, scored.keep
+        metrics = rollout_metrics(scored.rollout, experience, scored.raw_scores, processed, keep, kl,
+                                  c.kl.estimator, self.kl_controller.value,
+                                  with_values=self.runtime.has_role("critic"))  # fmt: skip
         if c.rollout.samples_per_prompt > 1:
             assert experience.group is not None  # make_experience gives every row its prompt's group
             metrics.update(group_metrics(final_scores, experience.group, keep))
@@ -596,7 +595,7 @@ class RLTrainer:
         return {**stats, **self.runtime.learning_rates()}
 
     def check_skipped_steps(self, stats: dict[str, float]) -> None:
-        """Warn when optimizer steps were skipped for NaN/inf gradients (rlhf/train/optim.py); stop
+        """Warn when optimizer steps were skipped for NaN/inf gradients (rlhf/train/learner.py); stop
         when a learner skipped all of them in 3 updates in a row (rlhf/train/guards.py)."""
         for prefix, role in (("policy", "policy"), ("value", "critic")):
             skipped = stats.get(f"{prefix}/skipped_step_fraction", 0.0)
@@ -667,7 +666,7 @@ class RLTrainer:
 
 
 def warmup_iterations(config: RLConfig) -> int:
-    """The RL iterations during which the policy's learning rate still warms up (rlhf/train/optim.py)."""
+    """The RL iterations during which the policy's learning rate still warms up (rlhf/train/learner.py)."""
     steps, _ = optimizer_steps(config)
     o = config.policy_optim
     warmup = max(0, o.warmup_steps, math.ceil(o.warmup_fraction * steps))
@@ -691,3 +690,39 @@ def collapse_detector(config: RLConfig) -> CollapseDetector:
         diversity_drop=col.diversity_drop,
         diversity_key="response/distinct2",
     )
+
+
+def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    """The stats of an update from those of its optimizer steps: the mean over the steps that have a
+    key (each step is one minibatch's token mean), `_max`/`_min` keys by max/min."""
+    merged: dict[str, list[float]] = {}
+    for stats in steps:
+        for key, value in stats.items():
+            merged.setdefault(key, []).append(value)
+    out = {}
+    for key, values in merged.items():
+        if key.endswith("_max"):
+            out[key] = max(values)
+        elif key.endswith("_min"):
+            out[key] = min(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+class SkippedStepStreak:
+    """Stops a run whose learner skipped every optimizer step (NaN/inf gradients, rlhf/train/learner.py)
+    in `patience` updates in a row: its weights no longer change, so going on only burns compute."""
+
+    def __init__(self, patience: int = 3) -> None:
+        self.patience = patience
+        self.streaks: dict[str, int] = {}
+
+    def update(self, role: str, skipped_fraction: float, iteration: int, fix: str) -> None:
+        self.streaks[role] = self.streaks.get(role, 0) + 1 if skipped_fraction >= 1.0 else 0
+        if self.streaks[role] >= self.patience:
+            raise NonFiniteScoresError(
+                f"the {role} skipped every optimizer step for NaN/inf gradients in {self.patience} updates in a "
+                f"row (to iteration {iteration}): its weights stopped changing. The last checkpoint holds the "
+                f"weights before. Fix: {fix}"
+            )

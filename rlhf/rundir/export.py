@@ -25,12 +25,13 @@ def export_models(
     tokenizer,
     models: dict[str, nn.Module],
     *,
-    whole: Callable[[nn.Module], AbstractContextManager] | None = None,
+    whole: Callable[[nn.Module], AbstractContextManager[nn.Module | None]] | None = None,
     write: bool = True,
 ) -> None:
     """Save each of `models` (`{subdirectory: model}`, "" for `directory` itself) with its
-    `save_pretrained`, and the tokenizer into `directory`. Sharded (fsdp2): `whole(model)` holds
-    one model's whole parameters at a time, on every rank (each calls this; `write` on rank 0 only)."""
+    `save_pretrained`, and the tokenizer into `directory`. Sharded (fsdp2): `whole(model)` gives a
+    plain copy of one model with its whole parameters at a time, gathered by every rank (each calls
+    this), rank 0's (`write` on rank 0 only)."""
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(atomic_export(Path(directory))) if write else None
         stack.enter_context(quiet_hf_saves())
@@ -43,13 +44,14 @@ def write_models(
     tmp: Path | None,
     models: dict[str, nn.Module],
     *,
-    whole: Callable[[nn.Module], AbstractContextManager] | None = None,
+    whole: Callable[[nn.Module], AbstractContextManager[nn.Module | None]] | None = None,
 ) -> None:
     """Each of `models` into `tmp` (an export under way; None: a rank that gathers but does not
     write), for `export_models` or a Ray actor writing its roles' part of one (rlhf/ray_runtime/)."""
-    whole = whole or (lambda _: contextlib.nullcontext())
+    whole = whole or contextlib.nullcontext
     with quiet_hf_saves():
         for where, model in models.items():
-            with whole(model):
+            with whole(model) as plain:
                 if tmp is not None:
-                    export_copy(model).save_pretrained(Path(tmp) / where if where else tmp)
+                    assert plain is not None  # the writer is rank 0, which holds the copy
+                    export_copy(plain).save_pretrained(Path(tmp) / where if where else tmp)

@@ -54,6 +54,33 @@ def changed_keys(recorded: dict, config, allowed: tuple[str, ...]) -> list[str]:
     ]
 
 
+def requested_config(
+    config_class, recorded: dict, start: dict, file_data: dict | None, file: str, overrides: dict | None
+):
+    """`start` (the recorded config, or it and a preset) with the file's keys, then the command
+    line's, merged on: a `config_class` config. Each change is first read on its own over the
+    recorded config, so that a wrong key names its origin (the file, or the command line)."""
+    requested = start
+    for data, origin in ((file_data, file), (overrides, "command line")):
+        if data:
+            from_dict(config_class, deep_merge(recorded, data), origin=origin)
+            requested = deep_merge(requested, data)
+    return from_dict(config_class, requested, origin="command line")
+
+
+def refuse_changes(command: str, kept: str, recorded: dict, config, allowed: tuple[str, ...]) -> None:
+    """Raise ConfigError listing every change of `config` from the `recorded` run outside `allowed`
+    (`command`: the command that resumes, `kept`: what a resumed run keeps, both for the message)."""
+    refused = changed_keys(recorded, config, allowed)
+    if refused:
+        may_change = ", ".join(k + "*" if k.endswith(".") else k for k in allowed)
+        raise ConfigError(
+            f"{command}: a resumed run keeps its {kept}, but these were changed: {', '.join(refused)}. "
+            "Fix: drop those options to resume as recorded, or start a new run (another --out) with "
+            f"them. A resume may change only: {may_change}."
+        )
+
+
 def allowed_change(key: str, allowed: tuple[str, ...]) -> bool:
     """`key` is one of `allowed`, or inside an allowed group ("ray." allows every ray key)."""
     return any(key == a or (a.endswith(".") and key.startswith(a)) for a in allowed)
@@ -89,24 +116,13 @@ def resume_config(
     recorded = to_dict(config_from_yaml(RLConfig, run_dir / "config.yaml"))
     if not recorded.get("out") or Path(recorded["out"]).resolve() != run_dir.resolve():
         recorded["out"] = str(run_dir)  # the run directory given, wherever the run was first written
-    requested = recorded
-    if preset:
-        requested = deep_merge(requested, {**preset_dict(preset), "preset": preset})
-    if file:
-        file_data = read_yaml(file)
-        from_dict(RLConfig, deep_merge(recorded, file_data), origin=str(file))
-        requested = deep_merge(requested, file_data)
-    if overrides:
-        from_dict(RLConfig, deep_merge(recorded, overrides), origin="command line")
-        requested = deep_merge(requested, overrides)
-    config = from_dict(RLConfig, requested, origin="command line")
-    refused = changed_keys(recorded, config, RESUMABLE_KEYS)
-    if refused:
-        raise ConfigError(
-            f"rlhf train --resume {run_dir}: a resumed run keeps its algorithm, models and data, but these "
-            f"were changed: {', '.join(refused)}. Fix: drop those options to resume as recorded, or start a "
-            f"new run (another --out) with them. A resume may change only: {', '.join(k + '*' if k.endswith('.') else k for k in RESUMABLE_KEYS)}."
-        )
+    start = deep_merge(recorded, {**preset_dict(preset), "preset": preset}) if preset else recorded
+    config = requested_config(
+        RLConfig, recorded, start, read_yaml(file) if file else None, str(file), overrides
+    )
+    refuse_changes(
+        f"rlhf train --resume {run_dir}", "algorithm, models and data", recorded, config, RESUMABLE_KEYS
+    )
     config.validate()  # the changes a resume may make are checked as a fresh run's are
     _refuse_going_back(run_dir, config.train.iterations, recorded["train"]["iterations"])
     return config

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlhf.config import (
-    ConfigError,
-    config_from_yaml,
-    deep_merge,
-    from_dict,
-    read_yaml,
-    to_dict,
-)
-from rlhf.rundir.resume import changed_keys
+from rlhf.config import ConfigError, config_from_yaml, read_yaml, to_dict
+from rlhf.rundir.resume import refuse_changes, requested_config
 
 # Keys a resumed supervised run may change: what it logs where and how often it evaluates and saves.
 SUPERVISED_RESUMABLE_KEYS = (
@@ -46,20 +39,15 @@ def supervised_resume_config(
         )
     recorded = to_dict(config_from_yaml(config_class, run_dir / "config.yaml"))
     recorded["out"] = str(run_dir)  # the run directory given, wherever the run was first written
-    requested = recorded
-    for data, origin in ((read_yaml(file) if file else None, str(file)), (overrides, "command line")):
-        if not data:
-            continue
-        from_dict(config_class, deep_merge(recorded, data), origin=origin)  # a wrong key names its origin
-        requested = deep_merge(requested, data)
-    config = from_dict(config_class, requested, origin="command line")
-    refused = changed_keys(recorded, config, SUPERVISED_RESUMABLE_KEYS)
-    if refused:
-        raise ConfigError(
-            f"rlhf {stage} --resume {run_dir}: a resumed run keeps its model, data, optimizer and schedule, "
-            f"but these were changed: {', '.join(refused)}. Fix: drop those options to resume as recorded, "
-            f"or start a new run (another --out) with them. A resume may change only: "
-            f"{', '.join(SUPERVISED_RESUMABLE_KEYS)}."
-        )
+    config = requested_config(
+        config_class, recorded, recorded, read_yaml(file) if file else None, str(file), overrides
+    )
+    refuse_changes(
+        f"rlhf {stage} --resume {run_dir}",
+        "model, data, optimizer and schedule",
+        recorded,
+        config,
+        SUPERVISED_RESUMABLE_KEYS,
+    )
     config.validate()
     return config

@@ -103,13 +103,11 @@ class DistributedRuntime(LocalRuntime):
             if module is not None and r.hosts(name):  # a Ray group's others are on the meta device
                 fsdp.shard_from_rank0(module, self.peers, bf16_compute=bf16, offload=self.offload)
 
-    def whole_models(self) -> AbstractContextManager[None]:
+    def whole_model(
+        self, model: nn.Module, every_rank: bool = False
+    ) -> AbstractContextManager[nn.Module | None]:
         self.shard_roles()
-        return fsdp.whole_copies([learner.module for learner in self.learners])
-
-    def whole_model(self, model: nn.Module) -> AbstractContextManager[None]:
-        self.shard_roles()
-        return fsdp.whole_copies([model])
+        return fsdp.whole_copy(model, every_rank)
 
     def save_checkpoint(self, directory: Path, state: dict[str, Any], steps_done: int) -> None:
         """ddp: rank 0 writes it all (every rank holds the same); fsdp2: every rank writes its shards

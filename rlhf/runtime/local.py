@@ -168,14 +168,13 @@ class LocalRuntime:
     def release_optimizer_state(self) -> None:
         self.roles.release_optimizer_state()
 
-    def whole_models(self) -> AbstractContextManager[None]:
-        """A context in which every role's model holds its whole parameters (under fsdp2 they are
-        gathered on every rank; here they always are)."""
-        return contextlib.nullcontext()
-
-    def whole_model(self, model: nn.Module) -> AbstractContextManager[None]:
-        """A context in which `model` (any role's, or a part of one) holds its whole parameters."""
-        return contextlib.nullcontext()
+    def whole_model(
+        self, model: nn.Module, every_rank: bool = False
+    ) -> AbstractContextManager[nn.Module | None]:
+        """A context that gives `model` (any role's, or a part of one) with its whole parameters:
+        here `model` itself; under fsdp2 a plain copy gathered by every rank, rank 0's (None on the
+        others) or with `every_rank` each rank's (rlhf/parallel/fsdp.py `whole_copy`)."""
+        return contextlib.nullcontext(model)
 
     # -- sampling ------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], return_logprobs: bool) -> Rollout:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,13 +39,11 @@ from rlhf.stages.rm import EncodedPair, encode_pairs, pair_positions
 from rlhf.train.learner import MicroBatch, RowList, step_metrics
 from rlhf.train.lm_loss import sequence_logprobs
 from rlhf.train.setup import with_lora
-from rlhf.train.supervised import (
-    SupervisedRun,
-    SupervisedStage,
-    placed,
-    run_supervised,
-)
+from rlhf.train.supervised import StageInputs, SupervisedRun, SupervisedStage, placed, run_supervised
 from rlhf.train.supervised.model_call import ModelCall, call_model
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 STATS = ("chosen_reward", "rejected_reward", "margin", "accuracy", "chosen_logp", "rejected_logp")
 
@@ -218,25 +217,8 @@ def pairs_digest(*groups: list[EncodedPair]) -> str:
     return digest.hexdigest()
 
 
-def run_dpo(
-    config: DPOConfig,
-    *,
-    model=None,
-    tokenizer=None,
-    train_rows: list[DPOPair] | None = None,
-    test_rows: list[DPOPair] | None = None,
-    quiet: bool = False,
-    resume: bool = False,
-) -> dict:
+def run_dpo(config: DPOConfig, **inputs: Unpack[StageInputs]) -> dict:
     """Train the policy of `config.model` by `config.dpo.loss` on the pairs of `config.data.path`,
     evaluate on the held-out pairs, export it to `config.out`; the final metrics. `resume`: go on
     from the newest checkpoint in `config.out` (`model`, when given, is the starting SFT model)."""
-    return run_supervised(
-        DPOStage(config),
-        model=model,
-        tokenizer=tokenizer,
-        train_rows=train_rows,
-        test_rows=test_rows,
-        quiet=quiet,
-        resume=resume,
-    )
+    return run_supervised(DPOStage(config), **inputs)

@@ -19,6 +19,7 @@ import shutil
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +37,11 @@ from rlhf.rundir.export import export_models
 from rlhf.train.learner import Learner, MicroBatch, RowList, forward_passes, split_rows, step_metrics
 from rlhf.train.lm_loss import hidden_token_nll
 from rlhf.train.setup import with_lora
-from rlhf.train.supervised import SupervisedRun, SupervisedStage, placed, run_supervised
+from rlhf.train.supervised import StageInputs, SupervisedRun, SupervisedStage, placed, run_supervised
 from rlhf.train.supervised.model_call import call_model
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 @dataclass
@@ -261,18 +265,18 @@ class RewardModelStage(SupervisedStage):
         )  # fmt: skip
         if step is not None and result["accuracy"] > self.best["accuracy"]:  # the best held-out accuracy
             self.best = {"accuracy": result["accuracy"], "step": step}
-            with run.learner.whole_copies():  # fsdp2: every rank gathers, rank 0 saves
+            with run.learner.whole_copy(run.model) as model:  # fsdp2: every rank gathers, rank 0 saves
                 if run.writer:
-                    save_reward_model(run.model, run.tokenizer, run.out / "best")
+                    save_reward_model(model, run.tokenizer, run.out / "best")
         return result
 
     def finish(self, run: SupervisedRun, final: dict, stats: TruncationStats) -> dict:
         final["best_step"], final["best_accuracy"] = self.best["step"], self.best["accuracy"]
         final.update({f"data/{k}": v for k, v in stats.as_dict().items()})  # truncation, as every stage
         if self.best["step"] < 0:
-            with run.learner.whole_copies():  # fsdp2: every rank gathers, rank 0 saves
+            with run.learner.whole_copy(run.model) as model:  # fsdp2: every rank gathers, rank 0 saves
                 if run.writer:
-                    save_reward_model(run.model, run.tokenizer, run.out)
+                    save_reward_model(model, run.tokenizer, run.out)
         elif run.writer:
             for item in (run.out / "best").iterdir():  # promote the best checkpoint to the run directory
                 target = run.out / item.name
@@ -283,25 +287,14 @@ class RewardModelStage(SupervisedStage):
         return final
 
 
-def run_reward_training(
-    config: RewardConfig,
-    *,
-    model: ScalarHeadModel | None = None,
-    tokenizer=None,
-    train_rows: list[EncodedPair] | None = None,
-    test_rows: list[EncodedPair] | None = None,
-    quiet: bool = False,
-) -> dict:
+def run_reward_training(config: RewardConfig, **inputs: Unpack[StageInputs]) -> dict:
     """Train, keep the best held-out checkpoint in `config.out`, return the final metrics
     (rlhf/train/supervised/ runs the stage).
 
     `train_rows` / `test_rows` replace the pairs read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).
     """
-    stage = RewardModelStage(config)
-    return run_supervised(
-        stage, model=model, tokenizer=tokenizer, train_rows=train_rows, test_rows=test_rows, quiet=quiet
-    )
+    return run_supervised(RewardModelStage(config), **inputs)
 
 
 def save_reward_model(model: ScalarHeadModel, tokenizer, directory: Path) -> None:

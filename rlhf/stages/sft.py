@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlhf.config import SFTConfig
 from rlhf.data.collate import collate_sft
@@ -20,13 +21,11 @@ from rlhf.models.precision import Precision
 from rlhf.train.learner import Learner, MicroBatch, RowList, step_metrics
 from rlhf.train.lm_loss import model_token_nll
 from rlhf.train.setup import with_lora
-from rlhf.train.supervised import (
-    SupervisedRun,
-    SupervisedStage,
-    placed,
-    run_supervised,
-)
+from rlhf.train.supervised import StageInputs, SupervisedRun, SupervisedStage, placed, run_supervised
 from rlhf.train.supervised.model_call import call_model
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 @dataclass
@@ -154,15 +153,7 @@ class SFTStage(SupervisedStage):
         return super().finish(run, final, stats)
 
 
-def run_sft(
-    config: SFTConfig,
-    *,
-    model=None,
-    tokenizer=None,
-    train_rows: list[EncodedSFT] | None = None,
-    test_rows: list[EncodedSFT] | None = None,
-    quiet: bool = False,
-) -> dict:
+def run_sft(config: SFTConfig, **inputs: Unpack[StageInputs]) -> dict:
     """Train, evaluate, and save a Hugging Face directory at `config.out`. Returns the final metrics
     (rlhf/train/supervised/ runs the stage).
 
@@ -174,11 +165,4 @@ def run_sft(
     `train_rows` / `test_rows` replace the rows read from `config.data.path` (given test rows are
     used as they are; without train rows the file is read and split by `data.test_fraction`).
     """
-    return run_supervised(
-        SFTStage(config),
-        model=model,
-        tokenizer=tokenizer,
-        train_rows=train_rows,
-        test_rows=test_rows,
-        quiet=quiet,
-    )
+    return run_supervised(SFTStage(config), **inputs)

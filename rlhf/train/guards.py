@@ -1,7 +1,7 @@
 """One check for every stage that scores with a model (RL rewards, `rlhf eval`'s judge, `rlhf
 rm-eval`) or reads a model's per-token outputs (the critic's values, the log-probs of the RL
 rollout): a NaN or infinite number stops the command before it is used, with one message naming
-the model, the rows and the fix. And the stop for a learner whose every step is skipped."""
+the model, the rows and the fix."""
 
 from __future__ import annotations
 
@@ -48,21 +48,3 @@ def require_finite_tokens(
         f"{model} gave non-finite {quantity} (nan/inf) to {len(bad)} of {len(values)} {what} {shown}. "
         f"{consequence} Fix: {fix}"
     )
-
-
-class SkippedStepStreak:
-    """Stops a run whose learner skipped every optimizer step (NaN/inf gradients, rlhf/train/optim.py)
-    in `patience` updates in a row: its weights no longer change, so going on only burns compute."""
-
-    def __init__(self, patience: int = 3) -> None:
-        self.patience = patience
-        self.streaks: dict[str, int] = {}
-
-    def update(self, role: str, skipped_fraction: float, iteration: int, fix: str) -> None:
-        self.streaks[role] = self.streaks.get(role, 0) + 1 if skipped_fraction >= 1.0 else 0
-        if self.streaks[role] >= self.patience:
-            raise NonFiniteScoresError(
-                f"the {role} skipped every optimizer step for NaN/inf gradients in {self.patience} updates in a "
-                f"row (to iteration {iteration}): its weights stopped changing. The last checkpoint holds the "
-                f"weights before. Fix: {fix}"
-            )

@@ -17,7 +17,8 @@ One optimizer step (`step(batch, losses)`), written once here:
                     reduced over the ranks in the step's last backward only (`Accumulation`)
     sums            each loss's figures summed over the real micro-batches and the ranks
     optimizer step  global gradient clipping (PPO paper §5.4), the NaN/inf step guard
-                    (docs/algorithms.md §19), AdamW and the schedule (`optimizer_step`)
+                    (docs/algorithms.md §19), AdamW and the schedule (`optimizer_step`; the optimizer
+                    and its warmup + constant/cosine/linear schedule: `build_optimizer`, below)
 
 A learner gets its parallel strategy when it is built (`peers`, `strategy` and how it shards): under
 ddp it is replicated at once; under fsdp2 its owner calls `shard` once its whole state is in place
@@ -45,7 +46,6 @@ from rlhf.data.length_grouping import micro_batch_groups, packed_groups, token_b
 from rlhf.parallel import fsdp
 from rlhf.parallel.peers import Peers
 from rlhf.parallel.replicated import fsdp_without_sync, replicate
-from rlhf.train.optim import build_optimizer
 
 
 class Rows(Protocol):
@@ -379,11 +379,11 @@ class Learner:
     def trainable(self) -> list[torch.Tensor]:
         return [q for group in self.optimizer.param_groups for q in group["params"]]
 
-    @contextlib.contextmanager
-    def whole_copies(self) -> Iterator[None]:
-        """The whole module as plain tensors for the body: what saving and exporting need."""
-        with fsdp.whole_copies([self.sharded] if self.sharded is not None else []):
-            yield
+    def whole_copy(self, model: nn.Module) -> contextlib.AbstractContextManager[nn.Module | None]:
+        """`model` (the learner's module or a part of it) with its whole parameters for the body,
+        what saving and exporting need: itself, or under fsdp2 a plain copy gathered by every rank
+        (each must call this), rank 0's (None on the others; rlhf/parallel/fsdp.py `whole_copy`)."""
+        return fsdp.whole_copy(model)
 
     def optimizer_step(self) -> float:
         """Clip the global gradient norm (when set), step, zero the gradients; the pre-clip norm.
@@ -579,10 +579,50 @@ def is_finite_norm(norm: float) -> bool:
 
 def step_metrics(prefix: str, grad_norm: float) -> dict[str, float]:
     """An optimizer step's own metrics: its pre-clip gradient norm, and whether it was skipped for a
-    NaN/inf norm (averaged by `mean_over_steps`, rlhf/rl/roles/learner.py, into the share of the
+    NaN/inf norm (averaged by `mean_over_steps`, rlhf/rl/trainer.py, into the share of the
     update's steps skipped). A skipped step's norm is left out of the mean of the others."""
     skipped = not is_finite_norm(grad_norm)
     return {
         f"{prefix}/skipped_step_fraction": float(skipped),
         **({} if skipped else {f"{prefix}/grad_norm": grad_norm}),
     }
+
+
+def build_optimizer(
+    params: Iterable[torch.Tensor], config: OptimConfig, total_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over trainable `params` and a LambdaLR schedule (warmup, then the configured decay)."""
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError("no trainable parameters: is every weight frozen?")
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=config.lr,
+        betas=(config.betas[0], config.betas[1]),
+        weight_decay=config.weight_decay,
+        eps=1e-8,
+        # one kernel over all tensors (CPU and CUDA); a model built on the meta device (a sharded
+        # run's ranks but 0) has no kernel until it is sharded (rlhf/parallel/fsdp.py turns it on)
+        fused=not any(p.is_meta for p in params),
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_multiplier(config, total_steps))
+    return optimizer, scheduler
+
+
+def lr_multiplier(config: OptimConfig, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of the peak lr at optimizer step `step` (0-based)."""
+    # the longer of a fixed count and a fraction of the run (PPO paper §5.1: the first 10% of steps)
+    warmup = max(0, config.warmup_steps, math.ceil(config.warmup_fraction * total_steps))
+    floor = config.min_lr_ratio
+
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if config.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if config.schedule == "cosine":
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        return floor + (1 - floor) * (1 - progress)  # linear
+
+    return multiplier

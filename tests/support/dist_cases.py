@@ -83,6 +83,12 @@ def trainer_of(
     )
 
 
+def whole_params(runtime, module) -> dict:
+    """`module`'s whole parameters by name (fsdp2: gathered on every rank)."""
+    with runtime.whole_model(module, every_rank=True) as plain:
+        return {n: p.detach().clone() for n, p in plain.named_parameters()}
+
+
 def ppo_run(run_dir: str, preset: str, layers: list[dict], ptx_file: str | None = None) -> dict:
     """Train a run; what every rank must agree on: its returned metrics, the final parameters,
     the sampled tokens of the last rollout, and the metrics rank 0 wrote."""
@@ -94,11 +100,9 @@ def ppo_run(run_dir: str, preset: str, layers: list[dict], ptx_file: str | None 
     last = trainer.train()
     roles = trainer.runtime.roles
     written = metric_rows(run_dir) if trainer.runtime.writer else None
-    with trainer.runtime.whole_models():  # fsdp2: the whole parameters, gathered on every rank
-        policy = {n: p.detach().clone() for n, p in roles.policy.module.named_parameters()}
-        critic = (
-            {n: p.detach().clone() for n, p in roles.critic.model.named_parameters()} if roles.critic else {}
-        )
+    policy, critic = whole_params(trainer.runtime, roles.policy.module), {}
+    if roles.critic:
+        critic = whole_params(trainer.runtime, roles.critic.model)
     return {
         "last": {k: v for k, v in last.items() if not k.startswith(("time/", "throughput/"))},
         "policy": policy,
@@ -220,8 +224,7 @@ def meta_loading_accounting(paths: dict[str, str]) -> dict:
     whole = {}
     largest_parameter = max(p.numel() for m in modules.values() for p in m.parameters())
     for name, module in modules.items():
-        with runtime.whole_model(module):
-            whole[name] = {n: p.detach().clone() for n, p in module.named_parameters()}
+        whole[name] = whole_params(runtime, module)
     return {"largest": watch.largest, "largest_parameter": largest_parameter, "whole": whole}
 
 
@@ -329,7 +332,7 @@ def supervised_run(
     DPO's reference copy) on the meta device."""
     from safetensors.torch import load_file
 
-    from rlhf.parallel.fsdp import whole_copies
+    from rlhf.parallel.fsdp import whole_copy
     from rlhf.parallel.peers import current_peers
     from rlhf.train.supervised import run_supervised
 
@@ -352,8 +355,8 @@ def supervised_run(
     roots += [stage_.reference_call] if stage.startswith("dpo") and stage_.reference.mode == "copy" else []
     peers = current_peers()
     sharded = all(isinstance(p, DTensor) for p in model.parameters())  # per layer: the model's every one
-    with whole_copies([model]):  # fsdp2: the whole parameters, gathered on every rank
-        params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with whole_copy(model, every_rank=True) as plain:  # fsdp2: the whole parameters, gathered on every rank
+        params = {n: p.detach().clone() for n, p in plain.named_parameters()}
     writer = peers is None or peers.rank == 0
     return {
         "last": final,

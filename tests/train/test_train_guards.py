@@ -9,16 +9,14 @@ import pytest
 import torch
 
 from rlhf.config import OptimConfig
-from rlhf.rl.roles.learner import mean_over_steps
+from rlhf.rl.trainer import SkippedStepStreak, mean_over_steps
 from rlhf.train.guards import (
     NONFINITE_GRADIENTS,
     NonFiniteScoresError,
-    SkippedStepStreak,
     require_finite_scores,
     require_finite_tokens,
 )
-from rlhf.train.learner import clip_and_step, step_metrics
-from rlhf.train.optim import build_optimizer
+from rlhf.train.learner import build_optimizer, clip_and_step, step_metrics
 from tests.support.train_testing import rl_config
 
 

@@ -195,7 +195,7 @@ class Roles:
     def export(
         self,
         directory: Path,
-        whole: Callable[[nn.Module], AbstractContextManager[Any]] | None = None,
+        whole: Callable[[nn.Module], AbstractContextManager[nn.Module | None]] | None = None,
         write: bool = True,
     ) -> None:
         """The trained policy as a float32 Hugging Face directory (LoRA merged) with the tokenizer; a

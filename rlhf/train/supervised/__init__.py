@@ -47,7 +47,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -172,6 +172,19 @@ class SupervisedStage:
         final.update({f"data/{k}": v for k, v in stats.as_dict().items()})
         export_causal_lm(run)  # float32, LoRA merged (a copy), whatever the training used
         return final
+
+
+class StageInputs(TypedDict, total=False):
+    """What a stage's entry point (`run_sft`, `run_reward_training`, `run_dpo`) passes on to
+    `run_supervised`: a model and tokenizer given in code, rows in place of the data file's, quiet
+    output, a resume (a `resumable` stage)."""
+
+    model: nn.Module | None
+    tokenizer: Any
+    train_rows: list[Any] | None
+    test_rows: list[Any] | None
+    quiet: bool
+    resume: bool
 
 
 def run_supervised(
@@ -447,9 +460,10 @@ def export_causal_lm(run: SupervisedRun) -> None:
     """The trained causal LM as a float32 Hugging Face directory in the run directory (LoRA merged
     into a copy): every rank joins the gather of the whole model (fsdp2), rank 0 writes."""
     cast_parameters(run.model, torch.float32)  # training is over: float32 in place, no copy to export
-    with run.learner.whole_copies():
+    with run.learner.whole_copy(run.model) as model:
         if run.writer:
-            export_models(run.out, run.tokenizer, {"": run.model})
+            assert model is not None  # the writer is rank 0, which holds the copy
+            export_models(run.out, run.tokenizer, {"": model})
 
 
 def shuffled_step_batches(

@@ -1,0 +1,25 @@
+"""One PPO minibatch update stays readable in a few files (issue 36): the files of `rlhf/` whose code
+runs in the policy's step, as `bench/trace_minibatch.py` traces it, may not grow past today's.
+
+Today's 16, by what a reader follows there (core/advantages.py's whitening and estimator table,
+core/losses.py's PPO loss, core/stats.py's masked means, core/kl.py's estimators; the trainer,
+the runtime, the role and its forward, the engine; the experience, the roles' lookup; the
+model's parts, log-probs, precision, checkpointing in eval; the engine's micro-batch grouping).
+A new file in the step must take one's place, or raise MOST with a reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.trace_minibatch import traced_files
+
+MOST = 16
+# what a reader must follow through the update: the trainer, the role, the engine, core/
+READ = {"rl/trainer.py", "rl/roles/policy.py", "train/learner.py", "core/losses.py", "core/advantages.py"}
+
+
+@pytest.mark.slow
+def test_one_ppo_minibatch_runs_through_at_most_most_files():
+    files = traced_files("vanilla_ppo", ("policy",))
+    assert READ <= set(files), sorted(files)
+    assert len(files) <= MOST, sorted(files)

@@ -29,7 +29,9 @@ SFT_STEPS="${SFT_STEPS:-}"                  # optional: a fixed number of steps 
 RM_STEPS="${RM_STEPS:-}"                    # ... x 8 pairs, each judge
 DPO_STEPS="${DPO_STEPS:-}"                  # ... x 8 pairs (the first judge's pairs)
 DPO_LR="${DPO_LR:-5e-4}"                    # LoRA learning rate of DPO (constant after 2 warmup steps)
-RM_HELDOUT="${RM_HELDOUT:-300}"             # held-out pairs scored by rm-eval and the label verdict
+RM_HELDOUT="${RM_HELDOUT:-200}"             # held-out pairs scored by rm-eval and the label verdict
+RM_LORA="${RM_LORA:-true}"                  # judges as LoRA adapters (r 16) + a full value head: ~0.6x a full step
+RM_LR="${RM_LR:-2e-4}"                      # judges' rate: 10x the full fine-tuning 2e-5 (LoRA rates, README.md)
 PPO_ITERATIONS="${PPO_ITERATIONS:-24}"      # x 8 prompts
 EVAL_N="${EVAL_N:-100}"                     # held-out prompts of each win rate
 EVAL_TOKENS="${EVAL_TOKENS:-32}"            # response budget of the win rates
@@ -92,7 +94,7 @@ stage dpo "$OUT/dpo/model.safetensors" $RLHF dpo --model "$OUT/sft" --data "$OUT
 rm_stage() {  # rm_stage NAME PAIRS
   stage "$1" "$OUT/$1/model.safetensors" $RLHF rm --model "$OUT/sft" --data "$OUT/data/$2" \
     --out "$OUT/$1" $(steps "$RM_STEPS") --train.batch_size 8 --train.micro_batch_size 8 "${budgets[@]}" \
-    --optim.lr 2e-5 --optim.warmup_steps 3 --optim.warmup_fraction 0 --train.log_every 1 --train.eval_every 1000 $EXTRA
+    --lora.enabled "$RM_LORA" --lora.r 16 --lora.alpha 32 --optim.lr "$RM_LR" --optim.warmup_steps 3 --optim.warmup_fraction 0 --train.log_every 1 --train.eval_every 1000 $EXTRA
 }
 rm_stage rm rm_train.jsonl
 

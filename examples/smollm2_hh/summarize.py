@@ -220,6 +220,7 @@ def win_rates(evaluation: dict, root: Path | None = None) -> dict:
         "prompts_truncated": truncated(evaluation.get("truncation")),
         "judges": by_judge,
         "held_out_labels": label_verdict(evaluation.get("pairs")),
+        "kl_to_baseline": evaluation.get("kl"),  # on the policy's answers, nats an answer (algorithms.md §38)
     }
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
 from rlhf.config import ConfigError, EvalConfig
 from rlhf.data.chat import stop_token_ids
 from rlhf.data.loading import load_examples
@@ -22,6 +24,7 @@ from rlhf.evaluation.judging import (
 )
 from rlhf.evaluation.label_pairs import label_pair_verdict, pair_logprobs
 from rlhf.evaluation.length_control import judge_length_bias
+from rlhf.evaluation.sample_kl import response_logprob_sums, sample_kl
 from rlhf.models.backbone import model_context
 from rlhf.models.device import resolve_device
 from rlhf.models.loading import load_causal_lm, load_tokenizer, prepare_tokenizer
@@ -49,12 +52,18 @@ def run_eval(config: EvalConfig) -> dict:
     _check_tokenizers(config, tokenizer)
     pairs = _read_label_pairs(config, tokenizer) if data.pairs else None  # a bad file stops before models
     prompts_run = _prepare_prompts(config, tokenizer, precision) if data.prompts else None
-    texts, pair_logps = {}, {}
+    texts, pair_logps, kl_logps = {}, {}, {}
+    policy_rollouts: list = []
     for name, path in (("policy", config.policy), ("baseline", config.baseline)):
         with announce(f"loading --{name} {path}"):
             model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))
         if prompts_run is not None:
-            texts[name] = _answer_and_score(prompts_run, name, path, model, tokenizer, config, precision)
+            rollouts, texts[name] = _answer_and_score(
+                prompts_run, name, path, model, tokenizer, config, precision
+            )
+            policy_rollouts = rollouts if name == "policy" else policy_rollouts
+            with announce(f"eval --{name}: log-probs of the policy's answers"):  # eval.json's "kl"
+                kl_logps[name] = response_logprob_sums(model, policy_rollouts, precision)
         if pairs is not None:
             pair_logps[name] = _pair_logprobs(name, path, model, pairs, tokenizer, config, precision)
         del model
@@ -73,6 +82,8 @@ def run_eval(config: EvalConfig) -> dict:
             k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")
         }
         results["max_prompt_tokens"] = prompts_run["budget"]
+        lengths = torch.cat([r.response_mask.sum(-1).cpu() for r in policy_rollouts])
+        results["kl"] = sample_kl(kl_logps["policy"], kl_logps["baseline"], lengths, results["sampling"])
         examples, prompts = prompts_run["examples"], prompts_run["prompts"]
         results["samples"] = paired_samples(
             [ex.prompt for ex in examples], [ex.source for ex in examples], texts, scores[judge_name]
@@ -93,7 +104,9 @@ def run_eval(config: EvalConfig) -> dict:
     write_result(out, results)
     if prompts_run is not None:
         for name in prompts_run["judges"]:
-            _print_eval_summary(config, results["judges"][name], name, out, results["truncation"])
+            _print_eval_summary(
+                config, {**results["judges"][name], "kl": results["kl"]}, name, out, results["truncation"]
+            )
     if pairs is not None:
         _print_pairs_summary(config, results["pairs"], out)
     return results
@@ -149,7 +162,8 @@ def _prepare_prompts(config: EvalConfig, tokenizer, precision: Precision) -> dic
 
 
 def _answer_and_score(run: dict, name: str, path, model, tokenizer, config: EvalConfig, precision):
-    """The `--name` policy's answers to the prompts (texts), every judge's scores of them in `run`."""
+    """The `--name` policy's answers to the prompts (rollouts, texts), every judge's scores of them in
+    `run`."""
     prompts, sources = run["prompts"], run["sources"]
     check_prompts_fit(
         prompts,
@@ -166,7 +180,7 @@ def _answer_and_score(run: dict, name: str, path, model, tokenizer, config: Eval
     for judge_name, judge in judges.items():
         shown = f" ({judge_name})" if len(judges) > 1 else ""  # which judge, when several
         run["scores"][judge_name][name] = _score(name, path, rollouts, texts, judge, judge_name, shown)
-    return texts
+    return rollouts, texts
 
 
 DEFAULT_PAIR_RESPONSE_TOKENS = 512  # for policies that record no response budget
@@ -393,12 +407,20 @@ def _print_eval_summary(
             "win / tie / loss": f"{cmp['win']:.3f} / {cmp['tie']:.3f} / {cmp['loss']:.3f}",
             "win rate (ties half)": f"{cmp['win_rate']:.3f} [{cmp['win_rate_ci95'][0]:.3f}, {cmp['win_rate_ci95'][1]:.3f}]",
             **length_summary(results["length"]),
+            **({"KL to baseline, nats an answer": kl_row(results["kl"])} if "kl" in results else {}),
             **({"prompts truncated": truncation_row(truncation)} if truncation else {}),
             "written": str(out),
         },
     )
     if results["length"]["warning"]:
         print(f"warning: {results['length']['warning']}", file=sys.stderr)
+
+
+def kl_row(kl: dict) -> str:
+    if kl["mean"] is None:
+        return "-"
+    interval = f" [{kl['ci95'][0]:.3f}, {kl['ci95'][1]:.3f}]" if kl["ci95"] else ""
+    return f"{kl['mean']:.3f}{interval}, {kl['per_token']:.4f} a token"
 
 
 # what makes a JSON file an earlier eval.json (judge: None in a result of --pairs only)

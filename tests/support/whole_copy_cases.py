@@ -18,8 +18,8 @@ def lora_exports() -> dict:
     from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
     from rlhf.parallel.fsdp import shard_from_rank0, whole_copy
     from rlhf.parallel.peers import current_peers
-    from rlhf.train.model_call import ModelCall
     from rlhf.train.setup import with_lora
+    from rlhf.train.supervised.model_call import ModelCall
 
     tok = word_tokenizer(["a b c d e f g"])
     out: dict = {}

@@ -763,7 +763,9 @@ def run_ablate_command(args, rest, ctx) -> int:
     # the ablation resumes from its own outputs and clears them: never a folder of anything else
     check_out_dir(args.out, {})  # an existing file, a read-only or impossible path
     refuse_if_in_use(args.out)
-    check_out_holds_nothing_of_yours(args.out, "ablate", args.config, leftovers=ABLATE_OUTPUTS)
+    check_out_holds_nothing_of_yours(
+        args.out, "ablate", args.config, leftovers=ABLATE_OUTPUTS, every_output=True
+    )
     with run_dir_lock(args.out) as ctx.run_dir:
         return run_ablation(
             out=args.out,

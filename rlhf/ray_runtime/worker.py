@@ -137,10 +137,13 @@ class RoleWorker:
         """{name: learner} of the trained roles this group hosts (a shared critic: the policy's)."""
         return {n: r for n, r in trained_learners(self.roles).items() if self.roles.hosts(n)}
 
-    def whole(self, model: torch.nn.Module) -> AbstractContextManager[torch.nn.Module | None]:
+    def whole(
+        self, model: torch.nn.Module, every_rank: bool = False
+    ) -> AbstractContextManager[torch.nn.Module | None]:
         """`model` whole for the body: gathered on every actor of a sharded group (all must call), a
-        plain copy on rank 0 (None on the others); unsharded, `model` itself."""
-        return self.runtime.whole_model(model) if self.sharded else contextlib.nullcontext(model)
+        plain copy on rank 0 (None on the others; with `every_rank`, on each); unsharded, `model`
+        itself."""
+        return self.runtime.whole_model(model, every_rank) if self.sharded else contextlib.nullcontext(model)
 
     def export_into(self, tmp: str) -> None:
         """This group's trained models into an export under way (the driver commits it); sharded,
@@ -175,8 +178,9 @@ class RoleWorker:
         """sha256 of every policy parameter's bytes, in name order (tests: a sync is exact)."""
         digest = hashlib.sha256()
         model = self.roles.policy.model
-        with self.whole(model):  # sharded: every actor gathers, each gets the same digest
-            for name, param in sorted(model.named_parameters()):
+        with self.whole(model, every_rank=True) as whole:  # sharded: each actor gets the same digest
+            assert whole is not None  # every_rank: a copy on each actor
+            for name, param in sorted(whole.named_parameters()):
                 digest.update(name.encode())
                 digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()

@@ -52,11 +52,17 @@ _WRITES = {
 
 
 def check_out_holds_nothing_of_yours(
-    out: str | Path, command: str, config_file: str | None = None, leftovers: frozenset[str] = RUN_LEFTOVERS
+    out: str | Path,
+    command: str,
+    config_file: str | None = None,
+    leftovers: frozenset[str] = RUN_LEFTOVERS,
+    every_output: bool = False,
 ) -> None:
     """Raise ConfigError, before any work, when the fresh run's `--out` holds something of the
     user's: the `--config` file itself, or files no earlier `rlhf` run left there (`leftovers`: the
-    names an earlier run of `command` leaves, beside its lock file)."""
+    names an earlier run of `command` leaves, beside its lock file; `every_output`: they are all it
+    writes, so a folder of those names alone is an earlier run of it, finished or not, which it
+    resumes)."""
     target = Path(out)
     if config_file:
         config_path = Path(config_file).resolve()
@@ -74,8 +80,8 @@ def check_out_holds_nothing_of_yours(
     if not entries:
         return
     foreign = [name for name in entries if name not in leftovers]
-    if LOCK_FILE in entries and not foreign:
-        return  # an earlier run stopped before its work: its metrics file says whether it ran
+    if not foreign and (every_output or LOCK_FILE in entries):
+        return  # an earlier run of `command` (stopped before its work: its metrics file says whether it ran)
     shown = ", ".join(foreign[:5] or entries[:5]) + (" ..." if len(foreign or entries) > 5 else "")
     what = "a model directory" if "config.json" in entries else f"a folder no `rlhf {command}` made"
     writes = _WRITES.get(command, "config.yaml, metrics, report.html and model files")

@@ -1,5 +1,5 @@
 """`rlhf eval` a user can read: eval.json keeps every prompt with both responses, both scores and the
-winner, and long phases (loading, sampling, scoring) print progress."""
+winner, and how far the policy moved (`kl`); long phases (loading, sampling, scoring) print progress."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt
 from rlhf.evaluation.judging import sample_responses
+from rlhf.evaluation.sample_kl import response_logprob_sums
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.sampling import SamplingConfig
 from rlhf.models.scalar_head import ScalarHeadModel
@@ -33,9 +34,14 @@ def test_eval_json_keeps_every_sample_and_progress_is_shown(files, tmp_path, cap
     tok = load_tokenizer(files["policy"])
     prompts = [encode_prompt(tok, ex.prompt, 512) for ex in examples]
     judge = ScalarHeadModel.from_pretrained(files["rm"])
+    policy = load_causal_lm(files["policy"])
     for name, path in (("policy", files["policy"]), ("baseline", files["rm"])):
         rollouts, texts = sample_responses(
-            load_causal_lm(path), tok, prompts, SamplingConfig(max_new_tokens=3), seed=3
+            policy if name == "policy" else load_causal_lm(path),
+            tok,
+            prompts,
+            SamplingConfig(max_new_tokens=3),
+            seed=3,
         )
         assert [s[f"{name}_response"] for s in samples] == texts
         with torch.no_grad():
@@ -48,6 +54,15 @@ def test_eval_json_keeps_every_sample_and_progress_is_shown(files, tmp_path, cap
         assert s["winner"] == ("policy" if diff > 1e-6 else "baseline" if diff < -1e-6 else "tie")
     wins = sum(s["winner"] == "policy" for s in samples)
     assert result["comparison"]["win"] == wins / 5
+
+    # "kl" (algorithms.md §38): the log-ratio of the policy's own answers, recomputed from both models
+    rollouts, _ = sample_responses(policy, tok, prompts, SamplingConfig(max_new_tokens=3), seed=3)
+    ratios = response_logprob_sums(policy, rollouts) - response_logprob_sums(
+        load_causal_lm(files["rm"]), rollouts
+    )
+    assert result["kl"]["n"] == 5 and abs(result["kl"]["mean"] - float(ratios.mean())) < 1e-5
+    assert result["kl"]["exact_in_expectation"] is True
+    assert "KL to baseline, nats an answer" in run.stdout
 
     for line in (
         f"loading the judge {files['rm']} ...",

@@ -8,12 +8,11 @@ unchanged); a few that train or resume are `slow`. The whole corpus: `python too
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests.support.misuse import build_inputs, load_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,19 +55,12 @@ SLOW = [
 
 @pytest.fixture(scope="module")
 def corpus():
-    spec = importlib.util.spec_from_file_location("misuse_corpus", REPO / "tools" / "misuse_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["misuse_corpus"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_corpus()
 
 
 @pytest.fixture(scope="module")
 def inputs(corpus, tmp_path_factory):
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("misuse_inputs")
-    corpus.build_inputs(root)
-    return root
+    return build_inputs(corpus, tmp_path_factory)
 
 
 def test_every_pass_has_its_group_and_the_surfaces_30_cases(corpus):

@@ -4,12 +4,11 @@ of the user's unchanged; and the runner itself reports a case that does not hold
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests.support.misuse import build_inputs, load_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 # cases that stop before any training (the whole corpus: `python tools/misuse_corpus.py`)
@@ -24,19 +23,12 @@ FAST = [
 
 @pytest.fixture(scope="module")
 def corpus():
-    spec = importlib.util.spec_from_file_location("misuse_corpus", REPO / "tools" / "misuse_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["misuse_corpus"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_corpus()
 
 
 @pytest.fixture(scope="module")
 def inputs(corpus, tmp_path_factory):
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("misuse_inputs")
-    corpus.build_inputs(root)
-    return root
+    return build_inputs(corpus, tmp_path_factory)
 
 
 def test_the_corpus_is_well_formed(corpus):

@@ -254,30 +254,9 @@ def assemble_roles(
     tokenizer = prepare_tokenizer(tokenizer)
     torch.manual_seed(c.seed)
     critic_mode = c.model.critic_mode if c.uses_critic else None  # critic-free estimators build none
-    if critic_mode == "separate":
-        critic_model = _critic_start(c, policy, reward_model)
-    if c.model.lora.enabled:
-        policy = precision.prepare(with_lora(policy, c.model.lora), place)
-        reference = ReferenceModel(policy, mode="adapter")  # no second copy of the weights
-    else:
-        reference = ReferenceModel(policy, mode="copy")
-    joint_value = None
-    if critic_mode == "shared":
-        head_on_trunk = ScalarHeadModel.from_causal_lm(policy, head_init_std=0.0)
-        joint_value = JointValue(
-            ValueForward(head_on_trunk, precision), c.model.value_coef, c.critic.value_clip
-        )
-    elif critic_mode == "separate" and c.model.critic_lora.enabled:  # adapters + the value head train
-        # PEFT's wrapper, which passes a ScalarHeadModel's calls on
-        critic_model = cast(
-            ScalarHeadModel, precision.prepare(with_lora(critic_model, c.model.critic_lora), place)
-        )
-    elif critic_mode == "separate":
-        critic_model.requires_grad_(True)
-    if c.model.gradient_checkpointing:  # activations of one decoder layer kept, the rest recomputed
-        gradient_checkpointing(policy)
-        if critic_mode == "separate":
-            gradient_checkpointing(critic_model)
+    policy, reference, critic_model, joint_value = _trained_models(
+        c, critic_mode, policy, reward_model, precision, place
+    )
     policy.eval()  # no dropout: the first PPO ratio is exactly 1
     rows = c.train.micro_batch_size
     rl_steps, pretrain_steps = optimizer_steps(c)
@@ -307,22 +286,9 @@ def assemble_roles(
     )
     # a chat model's response also ends at its template's end-of-turn token (data.chat_template)
     policy_role.stop_ids = stop_token_ids(tokenizer, c.data.chat_template)
-    critic: Critic | SharedCritic | None = None
-    if joint_value is not None:
-        critic = SharedCritic(policy_role)
-    elif critic_mode == "separate":
-        critic = Critic(
-            critic_model.eval(),
-            value_clip=c.critic.value_clip,
-            optim=c.critic_optim,
-            total_steps=rl_steps + pretrain_steps,
-            micro_batch_size=rows,
-            precision=precision,
-            sort_by_length=c.runtime.sort_by_length,
-            micro_batch_tokens=c.train.micro_batch_tokens,
-            packing=c.train.packing,
-            parallel=parallel("critic"),
-        )
+    critic = _critic_role(
+        c, policy_role, critic_model, joint_value, rl_steps + pretrain_steps, precision, parallel
+    )
     frozen: dict[str, Any] = {
         "micro_batch_size": rows,
         "precision": precision,
@@ -337,6 +303,72 @@ def assemble_roles(
         ),
         critic=critic,
         reward_model=None if reward_model is None else RewardModel(reward_model, **frozen),
+    )
+
+
+def _trained_models(
+    c: RLConfig,
+    critic_mode: str | None,
+    policy: torch.nn.Module,
+    reward_model: ScalarHeadModel | None,
+    precision: Precision,
+    place: torch.device,
+) -> tuple[torch.nn.Module, ReferenceModel, ScalarHeadModel | None, JointValue | None]:
+    """The policy (with LoRA adapters when asked), its reference, and what the values come from: a
+    separate critic model (`model.critic_mode separate`, from `_critic_start`, optionally with its own
+    adapters), a value head on the policy's trunk (`shared`: the JointValue), or neither
+    (critic-free estimators); gradient checkpointing on the trained trunks."""
+    critic_model = _critic_start(c, policy, reward_model) if critic_mode == "separate" else None
+    if c.model.lora.enabled:
+        policy = precision.prepare(with_lora(policy, c.model.lora), place)
+        reference = ReferenceModel(policy, mode="adapter")  # no second copy of the weights
+    else:
+        reference = ReferenceModel(policy, mode="copy")
+    joint_value = None
+    if critic_mode == "shared":
+        head_on_trunk = ScalarHeadModel.from_causal_lm(policy, head_init_std=0.0)
+        joint_value = JointValue(
+            ValueForward(head_on_trunk, precision), c.model.value_coef, c.critic.value_clip
+        )
+    elif critic_model is not None and c.model.critic_lora.enabled:  # adapters + the value head train
+        # PEFT's wrapper, which passes a ScalarHeadModel's calls on
+        critic_model = cast(
+            ScalarHeadModel, precision.prepare(with_lora(critic_model, c.model.critic_lora), place)
+        )
+    elif critic_model is not None:
+        critic_model.requires_grad_(True)
+    if c.model.gradient_checkpointing:  # activations of one decoder layer kept, the rest recomputed
+        gradient_checkpointing(policy)
+        if critic_model is not None:
+            gradient_checkpointing(critic_model)
+    return policy, reference, critic_model, joint_value
+
+
+def _critic_role(
+    c: RLConfig,
+    policy_role: Policy,
+    critic_model: ScalarHeadModel | None,
+    joint_value: JointValue | None,
+    total_steps: int,
+    precision: Precision,
+    parallel: Callable[[str], ParallelPlan | None],
+) -> Critic | SharedCritic | None:
+    """The critic role: the policy's value head (shared), a model of its own (separate), or none."""
+    if joint_value is not None:
+        return SharedCritic(policy_role)
+    if critic_model is None:
+        return None
+    return Critic(
+        critic_model.eval(),
+        value_clip=c.critic.value_clip,
+        optim=c.critic_optim,
+        total_steps=total_steps,
+        micro_batch_size=c.train.micro_batch_size,
+        precision=precision,
+        sort_by_length=c.runtime.sort_by_length,
+        micro_batch_tokens=c.train.micro_batch_tokens,
+        packing=c.train.packing,
+        parallel=parallel("critic"),
     )
 
 

@@ -3,6 +3,7 @@ the critic initialized from the reward model, trained on left-padded prompt + ri
 rows by a masked value loss, Adam at the PPO critic's rate, under each precision and SDPA kernel.
 
     python -m bench.critic_nan_gpu --reward-model HH_OUT/rm --pairs HH_OUT/data/rm_heldout.jsonl  # a GPU
+    python -m bench.critic_nan_gpu --shape smollm2          # SmolLM2's shape, random weights, a GPU
     python -m bench.critic_nan_gpu --tiny                                   # a CPU smoke test, tiny Llama
 
 Measured on a CPU (torch 2.13, transformers 5.24; `--tiny`, and by hand): Hugging Face hands SDPA a
@@ -101,13 +102,17 @@ def run_mode(name: str, args, device: str) -> dict:
     from rlhf.models.scalar_head import ScalarHeadModel
 
     torch.manual_seed(0)
-    if args.tiny:
+    if args.tiny or args.shape:
         from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
 
         tok = word_tokenizer([" ".join(f"w{i}" for i in range(60))])
-        critic = ScalarHeadModel.from_causal_lm(
-            tiny_causal_lm(tok, seed=0, hidden_size=64, num_layers=2, num_heads=4), head_init_std=0.5
-        )
+        if args.shape:  # SmolLM2-135M's shape, random weights (a GPU machine without the recipe's judge)
+            from bench.gpu_memory import causal_lm
+
+            lm = causal_lm(args.shape, tok, 0)
+        else:
+            lm = tiny_causal_lm(tok, seed=0, hidden_size=64, num_layers=2, num_heads=4)
+        critic = ScalarHeadModel.from_causal_lm(lm, head_init_std=0.5)
     else:
         from rlhf.models.loading import load_tokenizer
 
@@ -196,14 +201,15 @@ def main() -> None:
     parser.add_argument("--reward-model", help="the recipe's judge 1 (the critic's initialization)")
     parser.add_argument("--pairs", help="HH pairs: prompt + chosen rows (default: random ids)")
     parser.add_argument("--tiny", action="store_true", help="a tiny Llama on the CPU (smoke test)")
+    parser.add_argument("--shape", choices=["smollm2"], help="this model's shape with random weights")
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=192)
     parser.add_argument("--response-tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10, help="Adam steps per mode (the GPU run died at 3)")
     parser.add_argument("--lr", type=float, default=1e-5)
     args = parser.parse_args()
-    if not args.tiny and not args.reward_model:
-        parser.error("--reward-model DIR (or --tiny)")
+    if not (args.tiny or args.shape or args.reward_model):
+        parser.error("--reward-model DIR (or --shape smollm2, or --tiny)")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     modes = ["float32", "bf16 default", "bf16 math", "bf16 efficient", "bf16 cudnn", "bf16 right-padded"]
     if device == "cpu":

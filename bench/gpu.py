@@ -10,6 +10,7 @@ Subprocess cases (the last stdout line is JSON), run by bench/run.py when CUDA i
     .venv/bin/python -m bench.gpu info                                   # CUDA present? its matmul rates
     .venv/bin/python -m bench.gpu ppo --workload small-4x4 --device cuda --dtype bfloat16
     .venv/bin/python -m bench.gpu ppo --workload smollm2-1x1 --model DIR --device cuda --dtype bfloat16
+    .venv/bin/python -m bench.gpu ppo --workload smollm2-1x1 --batch-size 32 --response-length 64  # random weights
     .venv/bin/python -m bench.gpu sampler --model DIR --device cuda --dtype bfloat16
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import statistics
 import tempfile
 from pathlib import Path
@@ -33,6 +35,7 @@ DTYPES = ("float32", "bfloat16")
 SMOLLM2_WORKLOADS = (Workload("smollm2", 1, 1), Workload("smollm2", 4, 4))
 ALL_WORKLOADS = WORKLOADS + SMOLLM2_WORKLOADS
 MATMUL_SIZE = 4096
+SIZES_VOCAB = 4000  # the random-weight SmolLM2 shape's prompt words (its vocabulary stays 49152)
 
 
 def device_info() -> dict:
@@ -76,14 +79,26 @@ def workload_named(name: str) -> Workload:
 
 def build_trainer(workload: Workload, device: str, dtype: str, seed: int, run_dir: str, model_dir=None):
     """bench/ours.py's trainer on `device` in precision `dtype`; SmolLM2 workloads load the policy
-    from `model_dir` (the reward model and critic start from copies of it)."""
+    from `model_dir` (the reward model and critic start from copies of it), or without one build
+    SmolLM2-135M's shape with random weights and the peer workload's word prompts (a GPU machine
+    without the weights: EOS never stops a response, so the work is the trained model's)."""
     from bench import ours
 
     extra = {"train": {"device": device}, "dtype": dtype}
     if workload.size != "smollm2":
         return ours.build_trainer(workload, seed, run_dir, extra)
     if model_dir is None:
-        raise ValueError(f"workload {workload.name} needs the SmolLM2 model directory (--model DIR)")
+        import random
+
+        from bench.gpu_memory import SHAPES, causal_lm
+        from bench.workload import build_prompts, build_tokenizer
+
+        rng = random.Random(seed)
+        tokenizer, words = build_tokenizer(SIZES_VOCAB, rng)
+        prompts = build_prompts(tokenizer, words, rng)
+        assert SHAPES["smollm2"]["vocab"] >= len(tokenizer)
+        policy, reward_lm = causal_lm("smollm2", tokenizer, seed), causal_lm("smollm2", tokenizer, seed + 2)
+        return ours.trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed, run_dir, extra)
     from bench import smollm2
 
     tokenizer, policy = smollm2.load(Path(model_dir))
@@ -132,6 +147,10 @@ def ppo_iteration(
     stats = summarize(rows, warmup)
     return {
         "workload": workload.name,
+        "rollout_BL": [workload.batch_size, workload.response_length],
+        "weights": str(model_dir)
+        if model_dir
+        else ("random" if workload.size == "smollm2" else "random (peer shape)"),
         "device": str(trainer.runtime.device),
         "dtype": dtype,
         "iterations_counted": len(steady),
@@ -247,6 +266,8 @@ def main() -> None:
     parser.add_argument(
         "--iters", type=int, default=6, help="ppo: iterations, the first `--warmup` not counted"
     )
+    parser.add_argument("--batch-size", type=int, default=None, help="ppo: prompts per iteration")
+    parser.add_argument("--response-length", type=int, default=None, help="ppo: tokens per response")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3, help="sampler: alternated repetitions per batch")
     parser.add_argument("--new-tokens", type=int, default=64, help="sampler: tokens per response")
@@ -264,8 +285,12 @@ def main() -> None:
         if args.workload is None:
             parser.error("ppo needs --workload")
         workload = workload_named(args.workload)
-        if workload.size == "smollm2" and args.model is None:
-            parser.error(f"workload {workload.name} needs --model DIR (the SmolLM2 float32 directory)")
+        if args.batch_size or args.response_length:  # another rollout shape, e.g. the issue's 32 x 64
+            workload = dataclasses.replace(
+                workload,
+                batch_size=args.batch_size or workload.batch_size,
+                response_length=args.response_length or workload.response_length,
+            )
         emit(
             ppo_iteration(
                 workload, args.device, args.dtype, iters=args.iters, warmup=args.warmup, model_dir=args.model

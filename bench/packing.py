@@ -3,13 +3,15 @@ real model and the HH data (issue 37 item 4).
 
     .venv/bin/python -m bench.packing --model DIR [--gguf_file F] --data FILE
         [--rows 16] [--micro 8] [--max_tokens 256] [--steps 2] [--rounds 2] [--threads N] [--out JSON]
+        [--device cuda --dtype bfloat16]
 
 The same optimizer steps (`rlhf.stages.sft.sft_step`: the rows of a step sorted by length, micro-
 batches of `--micro` rows; with packing cut by `packed_groups` under micro x the longest row) run
 A/B interleaved: each round runs every step padded, then packed, on copies of the same starting
 model, so a load that changes during the run weighs on both. Reported: real (non-padding) tokens
 per second of each, the computed tokens (rows x width of every forward), their ratio, and the
-NLL sums (equal to float rounding: packing changes no loss). CPU, float32.
+NLL sums (equal to float rounding: packing changes no loss). CPU float32 by default; `--device cuda
+--dtype bfloat16` times the GPU path (the training's autocast, the device idle at both ends).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats, encode_sft
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.packing import enable_packing, first_fit
+from rlhf.models.precision import Precision
 from rlhf.stages.sft import EncodedSFT, sft_positions, sft_step
 from rlhf.train.learner import Learner, split_rows
 from rlhf.train.supervised.model_call import ModelCall
@@ -44,19 +47,28 @@ def computed_tokens(rows: list[EncodedSFT], micro: int, packing: bool) -> int:
     return total
 
 
-def run(model, steps: list[list[EncodedSFT]], pad_id: int, micro: int, packing: bool) -> tuple[float, float]:
-    """(seconds, summed NLL) of `steps` optimizer steps on a copy of `model`."""
+def run(
+    model, steps: list[list[EncodedSFT]], pad_id: int, micro: int, packing: bool, precision: Precision
+) -> tuple[float, float]:
+    """(seconds, summed NLL) of `steps` optimizer steps on a copy of `model` under `precision`."""
     model = copy.deepcopy(model)
     if packing:
         enable_packing(model)
     learner = Learner(ModelCall(model), OptimConfig(lr=1e-6), len(steps), micro_batch_size=micro,
                       by_length=True, packing=packing)  # fmt: skip
     nll = 0.0
+    synchronize(precision.device)
     start = time.perf_counter()
     for rows in steps:
-        loss, _, _ = sft_step(learner, rows, pad_id)
+        loss, _, _ = sft_step(learner, rows, pad_id, precision)
         nll += loss
+    synchronize(precision.device)
     return time.perf_counter() - start, nll
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main() -> None:
@@ -73,12 +85,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="A/B rounds (padded then packed)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast policy")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.getLogger("rlhf.data.loading").setLevel(logging.ERROR)
     tokenizer = load_tokenizer(args.model, gguf_file=args.gguf_file)
-    model = load_causal_lm(args.model, gguf_file=args.gguf_file, dtype=torch.float32).train()
+    precision = Precision.resolve(args.dtype, torch.device(args.device))
+    model = load_causal_lm(args.model, gguf_file=args.gguf_file, dtype=torch.float32).to(args.device).train()
     stats = TruncationStats()
     examples = load_examples(args.data, kind="sft", skip_invalid=True).examples
     need = args.rows * args.steps
@@ -93,7 +108,7 @@ def main() -> None:
     nll: dict[bool, float] = {}
     for _ in range(args.rounds):
         for packing in (False, True):
-            seconds, nll[packing] = run(model, steps, tokenizer.pad_token_id, args.micro, packing)
+            seconds, nll[packing] = run(model, steps, tokenizer.pad_token_id, args.micro, packing, precision)
             times[packing].append(seconds)
             print(
                 f"{'packed' if packing else 'padded'}: {seconds:.1f} s, {real / seconds:.0f} tokens/s",
@@ -108,6 +123,8 @@ def main() -> None:
         "steps": args.steps,
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if precision.device.type == "cuda" else "cpu",
+        "dtype": args.dtype,
         "real_tokens": real,
         "computed_tokens": {"padded": computed[False], "packed": computed[True]},
         "padded_share": {

@@ -255,12 +255,22 @@ def test_with_cuda_every_workload_runs_in_each_dtype_and_lands_in_the_table(caps
         assert any(line.split()[:2] == [w.name, "bfloat16"] for line in printed.splitlines())
 
 
-def test_the_ppo_case_needs_the_model_directory_for_smollm2(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["bench.gpu", "ppo", "--workload", "smollm2-1x1", "--device", "cpu"])
-    with pytest.raises(SystemExit) as exit_info:
-        gpu.main()
-    assert exit_info.value.code == 2
-    assert "needs --model DIR" in capsys.readouterr().err
+def test_the_smollm2_case_without_a_model_runs_its_shape_with_random_weights_at_the_rollout_asked(
+    monkeypatch, capsys
+):
+    """No --model: SmolLM2's shape with random weights (a GPU machine without the weights), here
+    shrunk to keep the test small; --batch-size / --response-length set the rollout (the issue's 32 x 64)."""
+    from bench import gpu_memory
+
+    tiny = dict(hidden_size=32, num_layers=2, num_heads=4, kv_heads=2, intermediate_size=64, vocab=4096)
+    monkeypatch.setitem(gpu_memory.SHAPES, "smollm2", tiny)
+    argv = ["bench.gpu", "ppo", "--workload", "smollm2-1x1", "--device", "cpu", "--iters", "2"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--batch-size", "3", "--response-length", "5"])
+    gpu.main()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["workload"] == "smollm2-1x1" and result["weights"] == "random"
+    assert result["rollout_BL"] == [3, 5]
+    assert all(shape[0] == 3 and shape[2] == 5 for shape in result["shapes_BPT"])  # no EOS stop
 
 
 # -- on a CUDA GPU ---------------------------------------------------------------------------------

@@ -20,21 +20,24 @@ def informative_groups(scores: Tensor, group: Tensor, *, keep: Tensor | None = N
 
     keep: ``[B]`` bool, the rows that count (e.g. those a truncation policy kept); a row not kept
     is False and moves nothing, so a group informative only through a dropped row is not. None:
-    every row counts.
+    every row counts. Computed and returned on `group`'s device.
     """
     if scores.dim() != 1 or group.shape != scores.shape:
         raise ValueError(
             f"informative_groups needs scores [B] and group [B], got {tuple(scores.shape)} and "
             f"{tuple(group.shape)}"
         )
-    kept = torch.ones_like(scores, dtype=torch.bool) if keep is None else keep.bool()
+    device = group.device  # the scores may be on the GPU and the group ids on the host
+    kept = (
+        torch.ones(scores.shape, dtype=torch.bool, device=device) if keep is None else keep.bool().to(device)
+    )
     if kept.shape != scores.shape:
         raise ValueError(f"keep must be [B] = {tuple(scores.shape)}, got {tuple(kept.shape)}")
     if scores.numel() == 0:
         return kept.clone()
     _, index = torch.unique(group, return_inverse=True)
     size = int(index.max()) + 1
-    values = scores.detach().double()
+    values = scores.detach().double().to(device)
     # per group: the largest and smallest kept score (+inf / -inf fill for rows not kept)
     high = torch.full((size,), -torch.inf, dtype=values.dtype, device=values.device)
     low = torch.full((size,), torch.inf, dtype=values.dtype, device=values.device)

@@ -107,12 +107,26 @@ class EagerSteps:
         self.cache.reorder_cache(keep)
 
 
+class OneDtypeStaticCache(StaticCache):
+    """A `StaticCache` whose keys and values are written in one dtype. Under bf16 autocast over
+    float32 weights the values leave their projection in bf16 while RoPE leaves the keys in float32;
+    transformers before 5.2x allocates both buffers in the keys' dtype, so `index_copy_` refused the
+    values (the H200 run of session 17). Both are promoted (exactly) to their common dtype, and
+    attention casts them back under autocast as it does the eager cache's."""
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if key_states.dtype != value_states.dtype:
+            common = torch.promote_types(key_states.dtype, value_states.dtype)
+            key_states, value_states = key_states.to(common), value_states.to(common)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
 class StaticSteps(EagerSteps):
     """Decode steps over a `StaticCache` of `length` columns: the same shapes at every step, the
     attention mask always the whole block (unwritten columns are 0 there)."""
 
     def make_cache(self, decoder: nn.Module, length: int):
-        return StaticCache(config=decoder.config, max_cache_len=length)
+        return OneDtypeStaticCache(config=decoder.config, max_cache_len=length)
 
     def step_mask(self, mask: torch.Tensor, active: torch.Tensor, seen: int) -> torch.Tensor:
         return mask[active] if len(active) < mask.shape[0] else mask

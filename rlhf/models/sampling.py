@@ -188,7 +188,7 @@ TOP_P_CANDIDATES = (256, 4096)
 
 
 def candidate_logits(
-    logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0
+    logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0, search_candidates: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The tokens that survive top-k then top-p, as (logits [B, K] sorted descending with -inf on
     removed entries, token ids [B, K]). K = V (a full sort) only when the nucleus needs it.
@@ -196,8 +196,11 @@ def candidate_logits(
     top-k keeps exactly k tokens (ties at the k-th broken by `torch.topk`). top-p (Holtzman et
     al. 2020) keeps the most likely tokens until their probability reaches `top_p`, the token that
     crosses it included, the most likely one always; the probabilities are those after top-k.
-    Off the CPU the candidate sets are skipped (testing them needs a host-device sync; a sort is fast).
+    Off the CPU the candidate sets are skipped (testing them needs a host-device sync; a sort is fast);
+    `search_candidates` overrides that choice (None: search on the CPU only).
     """
+    if search_candidates is None:
+        search_candidates = logits.device.type == "cpu"
     vocab = logits.shape[-1]
     if 0 < top_k < vocab:
         values, ids = torch.topk(logits, top_k, dim=-1)
@@ -209,7 +212,7 @@ def candidate_logits(
         if values is None:
             values, ids = torch.sort(logits, dim=-1, descending=True)
         return values, ids
-    if values is None and logits.device.type == "cpu":
+    if values is None and search_candidates:
         for size in TOP_P_CANDIDATES:
             if size >= vocab:
                 break
@@ -217,8 +220,8 @@ def candidate_logits(
             if bool((torch.exp(values - log_norm).sum(-1) >= top_p).all()):
                 break  # every row's nucleus lies inside these candidates
             values = ids = None
-        if values is None:
-            values, ids = torch.sort(logits, dim=-1, descending=True)
+    if values is None:  # off the CPU (no candidate sets), or no candidate set held every nucleus
+        values, ids = torch.sort(logits, dim=-1, descending=True)
     probs = torch.exp(values - log_norm)
     mass_before = torch.cumsum(probs, dim=-1) - probs
     remove = mass_before >= top_p

@@ -68,7 +68,7 @@ def records(run_dir) -> list[dict]:
 def test_three_iterations_of_each_preset_on_cuda(preset, dtype, tmp_path):
     trainer = trainer_for(preset, tmp_path / "run", dtype=dtype)
     assert next(trainer.runtime.roles.policy.model.parameters()).device.type == "cuda"
-    assert trainer.sample_generator.device.type == "cuda"
+    assert trainer.runtime.roles.policy.generator.device.type == "cuda"
     trainer.train()
     rows = [r for r in records(tmp_path / "run") if "iteration" in r]
     assert len(rows) == 3

@@ -11,7 +11,13 @@ import pytest
 import torch
 from transformers import StaticCache
 
-from rlhf.models.decoding import AUTO_CPU_ENGINE, CudaGraphSteps, StaticSteps, resolve_engine
+from rlhf.models.decoding import (
+    AUTO_CPU_ENGINE,
+    CudaGraphSteps,
+    OneDtypeStaticCache,
+    StaticSteps,
+    resolve_engine,
+)
 from rlhf.models.sampling import SamplingConfig, generate
 from tests.support.models_testing import left_pad
 
@@ -190,3 +196,19 @@ def test_an_rl_run_samples_with_rollout_engine():
     config = load_config(RLConfig, overrides={"rollout": {"engine": "static"}})
     assert rollout_sampling_config(config).engine == "static"
     assert rollout_sampling_config(load_config(RLConfig)).engine == "auto"
+
+
+def test_the_static_cache_takes_float32_keys_and_bf16_values_in_one_dtype(lm):
+    """Under bf16 autocast over float32 weights RoPE leaves the keys in float32 and the values in bf16;
+    transformers 5.17 allocated both buffers in the keys' dtype and refused the values (the H200 run
+    of session 17). The values are promoted exactly, so attention (which casts under autocast) reads
+    what the eager cache holds."""
+    cache = OneDtypeStaticCache(config=lm.config, max_cache_len=6)
+    heads, dim = lm.config.num_key_value_heads, lm.config.hidden_size // lm.config.num_attention_heads
+    keys = torch.randn(2, heads, 3, dim)
+    values = torch.randn(2, heads, 3, dim).to(torch.bfloat16)
+    stored_keys, stored_values = cache.update(keys, values, 0)
+    assert stored_keys.dtype == stored_values.dtype == torch.float32
+    assert torch.equal(stored_keys[:, :, :3], keys)
+    assert torch.equal(stored_values[:, :, :3], values.float())
+    assert not stored_values[:, :, 3:].any()  # the columns not yet written

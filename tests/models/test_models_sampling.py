@@ -12,6 +12,7 @@ from rlhf.models.logprobs import response_logprobs
 from rlhf.models.sampling import (
     SamplingConfig,
     apply_repetition_penalty,
+    candidate_logits,
     generate,
     next_tokens,
     sample_categorical,
@@ -136,6 +137,18 @@ def test_top_p_on_a_large_vocabulary_candidates_or_full_sort(scale):
     probs = torch.softmax(logits.double(), -1)
     for b in range(3):
         assert set(kept[b].nonzero().flatten().tolist()) == nucleus(probs[b].tolist(), 0.9)
+
+
+@pytest.mark.parametrize("top_k", [0, 40])
+def test_top_p_without_candidate_sets_as_off_the_cpu_keeps_the_same_nucleus(top_k):
+    """Off the CPU the candidate sets are skipped: top-p alone then takes the full sort (it crashed on
+    the H200 of session 17: no candidates and no sort), with the same survivors and logits."""
+    logits = torch.randn(3, 5000, generator=torch.Generator().manual_seed(1)) * 2.0
+    searched = candidate_logits(logits, top_k, 0.9, search_candidates=True)
+    sorted_whole = candidate_logits(logits, top_k, 0.9, search_candidates=False)
+    back = [torch.full_like(logits, float("-inf")).scatter(-1, ids, v) for v, ids in (searched, sorted_whole)]
+    assert torch.equal(back[0], back[1])
+    assert torch.isfinite(back[0]).sum() < logits.numel()  # the filter removed tokens
 
 
 def test_categorical_draws_follow_the_weights_and_never_pick_a_zero():

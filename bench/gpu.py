@@ -77,14 +77,16 @@ def workload_named(name: str) -> Workload:
     return found[0]
 
 
-def build_trainer(workload: Workload, device: str, dtype: str, seed: int, run_dir: str, model_dir=None):
+def build_trainer(
+    workload: Workload, device: str, dtype: str, seed: int, run_dir: str, model_dir=None, engine: str = "auto"
+):
     """bench/ours.py's trainer on `device` in precision `dtype`; SmolLM2 workloads load the policy
     from `model_dir` (the reward model and critic start from copies of it), or without one build
     SmolLM2-135M's shape with random weights and the peer workload's word prompts (a GPU machine
     without the weights: EOS never stops a response, so the work is the trained model's)."""
     from bench import ours
 
-    extra = {"train": {"device": device}, "dtype": dtype}
+    extra = {"train": {"device": device}, "dtype": dtype, "rollout": {"engine": engine}}
     if workload.size != "smollm2":
         return ours.build_trainer(workload, seed, run_dir, extra)
     if model_dir is None:
@@ -125,6 +127,7 @@ def ppo_iteration(
     warmup: int = 1,
     seed: int = 0,
     model_dir: str | Path | None = None,
+    engine: str = "auto",
 ) -> dict:
     """`iters` PPO iterations of `workload` on `device` in `dtype`: medians over the iterations after
     `warmup` of seconds per iteration and of each phase (`other` = the rest of the iteration:
@@ -133,7 +136,7 @@ def ppo_iteration(
     if not 0 <= warmup < iters:
         raise ValueError(f"iters ({iters}) must exceed warmup ({warmup}): the first `warmup` are not counted")
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as run_dir:
-        trainer = build_trainer(workload, device, dtype, seed, run_dir, model_dir)
+        trainer = build_trainer(workload, device, dtype, seed, run_dir, model_dir, engine)
         record_shapes(trainer)
         synchronize_phase_ends(trainer, device)
         reset_peak_memory(device)
@@ -148,6 +151,7 @@ def ppo_iteration(
     return {
         "workload": workload.name,
         "rollout_BL": [workload.batch_size, workload.response_length],
+        "rollout_engine": engine,
         "weights": str(model_dir)
         if model_dir
         else ("random" if workload.size == "smollm2" else "random (peer shape)"),
@@ -268,6 +272,9 @@ def main() -> None:
     )
     parser.add_argument("--batch-size", type=int, default=None, help="ppo: prompts per iteration")
     parser.add_argument("--response-length", type=int, default=None, help="ppo: tokens per response")
+    parser.add_argument(
+        "--engine", default="auto", help="ppo: rollout.engine (auto, eager, static, cuda_graph, compiled)"
+    )
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3, help="sampler: alternated repetitions per batch")
     parser.add_argument("--new-tokens", type=int, default=64, help="sampler: tokens per response")
@@ -293,7 +300,13 @@ def main() -> None:
             )
         emit(
             ppo_iteration(
-                workload, args.device, args.dtype, iters=args.iters, warmup=args.warmup, model_dir=args.model
+                workload,
+                args.device,
+                args.dtype,
+                iters=args.iters,
+                warmup=args.warmup,
+                model_dir=args.model,
+                engine=args.engine,
             )
         )
     else:

@@ -4,17 +4,19 @@
 # to $OUT as it ends, so a run cut off keeps what it measured):
 #   PYTHONPATH=. OUT=DIR bash bench/gpu_speed.sh  [ASSETS=bench/.cache/gpu]
 # 1. tests/gpu: every CUDA test (the sampler's static and CUDA-graph engines, packing, FSDP2, RL);
-# 2. bench/sampler.py in bf16: our engines (eager, static, cuda_graph) against transformers'
+# 2. bench/sampler.py in bf16: our engines (eager, static, cuda_graph, compiled) against transformers'
 #    generate (dynamic and static cache) at batch 64, 16, 1 x 128 new tokens, then 32 x 64;
 # 3. bench/gpu.py ppo: one PPO iteration of 32 prompts x 64 tokens on SmolLM2-135M's shape with random
-#    weights (EOS never stops a response: the trained model's work), bf16 and float32, 1x1 and 4x4;
+#    weights (EOS never stops a response: the trained model's work), bf16 and float32, 1x1 and 4x4, and
+#    bf16 1x1 with rollout.engine compiled;
 # 4. bench/packing.py: SFT tokens/s padded against packed, bf16, SmolLM2's config and tokenizer with
 #    random weights, HH rows (ASSETS: smollm2/ holds config.json and the tokenizer, no weights;
 #    hh_sft.jsonl; both from a recipe run, carried in bench/.cache/gpu, which git ignores);
 # 5. bench/critic_nan_gpu.py --shape smollm2: the bf16 critic per SDPA kernel;
 # 6. generate with a static cache + torch.compile at batch 64 (compiles: last).
 # 7. bench/sampler_profile.py: where a graph-engine call's time goes (prefill, capture, steps; the
-#    device's busy share), batch 64 and 1.
+#    device's busy share), batch 64 and 1, cuda_graph and compiled;
+# 8. bench/update_profile.py: where the PPO update's time goes (smollm2-4x4, 32 x 64, bf16).
 # STEPS="1 3 7" runs only those steps (a rerun). DEVICE=cpu SMALL=1 runs the same steps at toy sizes on a CPU (a check of this script itself).
 set -u
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -24,7 +26,7 @@ DEVICE=${DEVICE:-cuda}
 SMALL=${SMALL:-0}
 PY=${PY:-python3}
 mkdir -p "$OUT"
-STEPS=${STEPS:-1 2 3 4 5 6 7}
+STEPS=${STEPS:-1 2 3 4 5 6 7 8}
 step() { echo; echo "== $* ($(date +%T))"; }
 want() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 if [ "$SMALL" = 1 ]; then
@@ -50,7 +52,7 @@ fi
 if want 2; then
 step "2. bench/sampler.py bf16: batch $BATCHES x $NEW new tokens"
 DTYPE=bfloat16
-timeout 170 $PY -m bench.sampler --shape smollm2 --device "$DEVICE" --dtype $DTYPE --batch-sizes $BATCHES \
+timeout 300 $PY -m bench.sampler --shape smollm2 --device "$DEVICE" --dtype $DTYPE --batch-sizes $BATCHES \
     --new-tokens $NEW --reps $REPS --out "$OUT/sampler_bf16.json" >"$OUT/sampler_bench.log" 2>&1
 echo "sampler exit $?"
 tail -4 "$OUT/sampler_bench.log" | grep -iE "error|Traceback" -A3
@@ -72,11 +74,13 @@ fi
 
 if want 3; then
 step "3. bench/gpu.py ppo: $B prompts x $L tokens, SmolLM2 shape"
-for case in "smollm2-1x1 bfloat16" "smollm2-1x1 float32" "smollm2-4x4 bfloat16"; do
+COMPILED=compiled; [ "$DEVICE" = cuda ] || COMPILED=static
+for case in "smollm2-1x1 bfloat16 auto" "smollm2-1x1 bfloat16 $COMPILED" "smollm2-1x1 float32 auto" \
+    "smollm2-4x4 bfloat16 auto"; do
     set -- $case
-    timeout 100 $PY -m bench.gpu ppo --workload "$1" --dtype "$2" --device "$DEVICE" --iters $ITERS \
+    timeout 150 $PY -m bench.gpu ppo --workload "$1" --dtype "$2" --engine "$3" --device "$DEVICE" --iters $ITERS \
         --batch-size $B --response-length $L >"$OUT/last_ppo.log" 2>&1
-    echo "$1 $2 exit $?"
+    echo "$1 $2 $3 exit $?"
     tail -1 "$OUT/last_ppo.log" | tee -a "$OUT/ppo_iteration.jsonl" | cut -c1-400
     tail -5 "$OUT/last_ppo.log" | grep -iE "error|Traceback" -A3
 done
@@ -121,14 +125,24 @@ tail -1 "$OUT/sampler_compile.log" | cut -c1-800
 fi
 
 if want 7; then
-step "7. bench/sampler_profile.py: one graph-engine call, batch ${BATCHES%% *} and 1"
-for batch in ${BATCHES%% *} 1; do
-    ENGINE=cuda_graph; [ "$DEVICE" = cuda ] || ENGINE=static
-    timeout 90 $PY -m bench.sampler_profile --device "$DEVICE" --dtype bfloat16 --engine $ENGINE --batch $batch \
-        --new-tokens $NEW >"$OUT/sampler_profile_$batch.log" 2>&1
-    echo "profile batch $batch exit $?"
-    tail -1 "$OUT/sampler_profile_$batch.log"
+step "7. bench/sampler_profile.py: one call of the cuda_graph and compiled engines, batch ${BATCHES%% *} and 1"
+for engine in cuda_graph compiled; do
+    for batch in ${BATCHES%% *} 1; do
+        ENGINE=$engine; [ "$DEVICE" = cuda ] || ENGINE=static
+        timeout 150 $PY -m bench.sampler_profile --device "$DEVICE" --dtype bfloat16 --engine $ENGINE --batch $batch \
+            --new-tokens $NEW >"$OUT/sampler_profile_${engine}_$batch.log" 2>&1
+        echo "profile $engine batch $batch exit $?"
+        tail -1 "$OUT/sampler_profile_${engine}_$batch.log"
+    done
 done
+fi
+
+if want 8; then
+step "8. bench/update_profile.py: the PPO update, smollm2-4x4, $B x $L, bf16"
+timeout 150 $PY -m bench.update_profile --workload smollm2-4x4 --batch-size $B --response-length $L \
+    --device "$DEVICE" --dtype bfloat16 >"$OUT/update_profile.log" 2>&1
+echo "update profile exit $?"
+tail -1 "$OUT/update_profile.log" | cut -c1-1500
 fi
 
 step done

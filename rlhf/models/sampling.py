@@ -350,7 +350,8 @@ def _sample_loop(
     all_ranks_done: Callable[[bool], bool] | None = None,
     engine: str = "eager",
 ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None, int]:
-    """(tokens [B, max_new], mask [B, P + max_new], T, log-probs [B, max_new] or None, steps run),
+    """(tokens [B, max_new], mask [B, C], T, log-probs [B, max_new] or None, steps run), C >= P + max_new
+    the engine's columns (its first P + T hold the rollout),
     T the longest response; runs under inference mode. With `share`, the B rows are the share's
     and each step draws the uniforms of the share's whole batch.
 
@@ -361,20 +362,21 @@ def _sample_loop(
     every `config.check_every(device)` steps: the loop's only sync besides the last line.
     `all_ranks_done` (lockstep): given whether this rank's rows have all ended, whether every
     rank's have; called at those checks on every rank (a collective), the loop exits on its answer.
-    `engine` (resolved: eager, static or cuda_graph) runs the forwards (rlhf/models/decoding.py); an
-    engine whose shapes are fixed for the call (cuda_graph) keeps every row in its batch."""
+    `engine` (resolved: eager, static, cuda_graph or compiled) runs the forwards (rlhf/models/decoding.py);
+    an engine whose shapes are fixed for the call (cuda_graph, compiled) keeps every row in its batch."""
     decoder, _ = causal_lm_parts(model)
     head = output_head(model)
     batch, prompt_len = prompt_ids.shape
     device = prompt_ids.device
     max_new = config.max_new_tokens
-    mask = torch.zeros(batch, prompt_len + max_new, dtype=torch.long, device=device)
-    mask[:, :prompt_len] = prompt_mask
-    tokens = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros(batch, max_new, device=device) if return_logprobs else None
     steps_engine = ENGINE_STEPS[engine](
         decoder, head, cache_keyword(type(decoder)), prompt_len + max_new, max_new - 1
     )
+    # the engine's columns: prompt + max_new, or more for one whose cache length is bucketed (compiled)
+    mask = torch.zeros(batch, steps_engine.columns, dtype=torch.long, device=device)
+    mask[:, :prompt_len] = prompt_mask
+    tokens = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros(batch, max_new, device=device) if return_logprobs else None
     active = torch.arange(batch, device=device)  # batch rows in the decoder's batch, in order
 
     next_position = position_ids(prompt_mask)

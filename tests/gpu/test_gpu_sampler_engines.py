@@ -168,3 +168,47 @@ def test_graph_on_bfloat16_weights(lm, tok):
     assert_same_rollout(
         sample(model, tok, config, "cuda_graph"), sample(model, tok, config, "static"), atol=2e-2
     )
+
+
+# -- the compiled engine: torch.compile'd decode step, replayed from a CUDA graph --------------------
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
+def test_compiled_engine_draws_the_static_rollout(lm, tok, config):
+    """Inductor's fused kernels round differently from eager ones: log-probs to 1e-4 (float32)."""
+    assert_same_rollout(sample(lm, tok, config, "compiled"), sample(lm, tok, config, "static"))
+
+
+def test_compiled_engine_replays_a_graph_and_compiles_once_for_two_calls(lm, tok, monkeypatch):
+    from rlhf.models import decoding
+
+    graphs: list = []
+
+    def backend(graph_module, example_inputs):  # inductor, counted
+        from torch._inductor.compile_fx import compile_fx
+
+        graphs.append(1)
+        return compile_fx(graph_module, example_inputs)
+
+    compiled = torch.compile(decoding._decode_step, backend=backend, dynamic=False)
+    monkeypatch.setattr(decoding, "compiled_decode_step", lambda: compiled)
+    replays: list[int] = []
+    original = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: replays.append(1) or original(self))
+    config = SamplingConfig(max_new_tokens=20, stop_at_eos=False)
+    first, second = sample(lm, tok, config, "compiled", seed=1), sample(lm, tok, config, "compiled", seed=2)
+    assert first.response_ids.shape[1] == second.response_ids.shape[1] == 20
+    assert len(graphs) == 1 and len(replays) == 2 * (20 - 2)
+
+
+def test_compiled_engine_under_bf16_autocast_and_with_lora(lm, tok):
+    from peft import LoraConfig, get_peft_model
+
+    from rlhf.models.backbone import peft_wrapping
+
+    config = SamplingConfig(max_new_tokens=16, temperature=1.0)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert_same_rollout(sample(lm, tok, config, "compiled"), sample(lm, tok, config, "static"), atol=2e-2)
+    with peft_wrapping():
+        policy = get_peft_model(lm, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    assert_same_rollout(sample(policy, tok, config, "compiled"), sample(policy, tok, config, "static"))

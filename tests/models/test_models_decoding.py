@@ -212,3 +212,70 @@ def test_the_static_cache_takes_float32_keys_and_bf16_values_in_one_dtype(lm):
     assert torch.equal(stored_keys[:, :, :3], keys)
     assert torch.equal(stored_values[:, :, :3], values.float())
     assert not stored_values[:, :, 3:].any()  # the columns not yet written
+
+
+# -- the compiled engine ----------------------------------------------------------------------------
+
+
+def counting_compile(monkeypatch) -> list:
+    """`compiled_decode_step` compiled by a backend that counts its graphs and runs them eagerly (no
+    inductor: fast), one fresh wrapper for the test. Returns the list of graphs compiled."""
+    from rlhf.models import decoding
+
+    graphs: list = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compiled = torch.compile(decoding._decode_step, backend=backend, dynamic=False)
+    monkeypatch.setattr(decoding, "compiled_decode_step", lambda: compiled)
+    return graphs
+
+
+@pytest.mark.parametrize("config", CONFIGS[:2] + CONFIGS[5:6], ids=["t1", "t0.7", "paper"])
+def test_compiled_engine_draws_the_static_rollout_and_compiles_once_per_bucket(lm, config, monkeypatch):
+    """The compiled engine's step is the static engine's step traced by dynamo: the same rollout.
+    Prompt widths in one column bucket (prompt + max_new rounded up to COLUMN_BUCKET) share one
+    compiled step; a second call compiles nothing."""
+    from rlhf.models.decoding import COLUMN_BUCKET
+
+    graphs = counting_compile(monkeypatch)
+    with torch.no_grad():
+        lm.lm_head.weight[EOS] += 0.6  # rows end at different steps
+    for prompts in (MIXED_PROMPTS, MIXED_PROMPTS[:11] + [[5, 6, 7]], [p + [9] for p in MIXED_PROMPTS]):
+        assert_same_rollout(run(lm, prompts, config, "compiled"), run(lm, prompts, config, "static"))
+    assert len(graphs) == 1, [g.code for g in graphs]
+    widths = {max(map(len, p)) + config.max_new_tokens for p in (MIXED_PROMPTS, [[1] * 6])}
+    assert len({-(-w // COLUMN_BUCKET) for w in widths}) == 1  # the widths above share one bucket
+
+
+def test_compiled_engine_pads_its_mask_to_the_bucket_and_keeps_its_rows(lm, monkeypatch):
+    from rlhf.models.decoding import COLUMN_BUCKET, CompiledSteps
+
+    counting_compile(monkeypatch)
+    seen = []
+    original = CompiledSteps.step_mask
+    monkeypatch.setattr(
+        CompiledSteps, "step_mask", lambda self, *a: seen.append(a[0].shape) or original(self, *a)
+    )
+    rollout = run(lm, MIXED_PROMPTS, SamplingConfig(max_new_tokens=5), "compiled")
+    assert {shape[1] for shape in seen} == {COLUMN_BUCKET}  # 5 prompt columns + 5 new, rounded up
+    assert rollout.attention_mask.shape[1] == 5 + rollout.response_ids.shape[1]  # the rollout's own width
+    assert not CompiledSteps.can_drop_rows
+
+
+def test_compiled_engine_refused_in_lockstep(lm):
+    cpu = torch.device("cpu")
+    assert resolve_engine("compiled", cpu, lm, lockstep=False) == "compiled"
+    with pytest.raises(ValueError, match="compiled cannot run here.*lockstep.*--rollout.engine static"):
+        resolve_engine("compiled", cpu, lm, lockstep=True)
+
+
+@pytest.mark.slow
+def test_compiled_engine_with_inductor_on_the_cpu_draws_the_static_rollout(lm):
+    """The real compile (inductor, C++ on the CPU): its fused kernels round differently from eager
+    ones, so the log-probs agree to 1e-4 and, on this model, the tokens exactly."""
+    config = SamplingConfig(max_new_tokens=12, temperature=0.9)
+    compiled = run(lm, MIXED_PROMPTS[:6], config, "compiled")
+    assert_same_rollout(compiled, run(lm, MIXED_PROMPTS[:6], config, "static"), atol=1e-4)

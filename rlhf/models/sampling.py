@@ -485,8 +485,14 @@ def generate(
         raise ValueError("pad_token_id is None: give the tokenizer's pad id (prepare_tokenizer sets one).")
     eos_ids = _eos_tensor(eos_token_id, prompt_ids.device)
     engine = resolve_engine(config.engine, device, model, lockstep=all_ranks_done is not None)
-    # a batch of one decodes one row per step, which the packed weights do not speed up (packed_linear.py)
-    pack = config.pack_weights and config.max_new_tokens >= MIN_PACKED_NEW_TOKENS and prompt_ids.shape[0] > 1
+    # a batch of one decodes one row per step, which the packed weights do not speed up (packed_linear.py);
+    # a compiled step has inductor's own kernels (the packed product is an op it cannot lower)
+    pack = (
+        config.pack_weights
+        and config.max_new_tokens >= MIN_PACKED_NEW_TOKENS
+        and prompt_ids.shape[0] > 1
+        and engine != "compiled"
+    )
     with torch.inference_mode(), eval_mode(model), packed_linears(model, enabled=pack):
         tokens, mask, steps, logprobs, decode_steps = _sample_loop(
             model,

@@ -13,7 +13,9 @@ from typing import Any
 import torch
 
 from rlhf.data.length_grouping import micro_batch_groups
+from rlhf.models.decoding import is_fsdp_sharded
 from rlhf.models.sequences import Sequences
+from rlhf.train.learner import split_rows
 
 
 @dataclass
@@ -193,12 +195,15 @@ def map_row_chunks(
     rows: int,
     by_length: bool = False,
     pad_to: int | None = None,
+    tokens: int | None = None,
 ) -> torch.Tensor:
     """`fn(input_ids, attention_mask, prompt_length) -> [b, ...]` on chunks of `rows` rows, each
     `trimmed`, joined in the rows' order; per-token outputs are padded back to `pad_to` columns.
     `by_length`: rows of similar length (real tokens) share a chunk, longest first
-    (rlhf.data.length_grouping); each row's result is the same up to float rounding."""
-    groups = micro_batch_groups(attention_mask.sum(1).tolist(), rows, by_length)
+    (rlhf.data.length_grouping); `tokens` (`train.micro_batch_tokens`): chunks cut by that token
+    budget instead, as the training passes are (`split_rows`, the one place that decides how rows
+    share a pass); each row's result is the same up to float rounding."""
+    groups = split_rows(attention_mask.sum(1).tolist(), rows, by_length, tokens)
     outputs = []
     for group in groups:
         index = torch.tensor(group, dtype=torch.long, device=input_ids.device)
@@ -223,23 +228,36 @@ def forward_in_chunks(
     response_width: int,
     rows: int,
     by_length: bool = False,
+    tokens: int | None = None,
 ) -> torch.Tensor:
     """Apply a per-response-token function in row chunks (bounded memory), padding outputs back to [B, T].
 
     `fn(input_ids, attention_mask, prompt_length) -> [b, t]`; each chunk is trimmed of columns that
     are padding in all of its rows, so short prompts and responses cost no compute for long ones;
-    `by_length`: chunks of rows of similar length (`map_row_chunks`).
+    `by_length`: chunks of rows of similar length; `tokens`: chunks by a token budget (`map_row_chunks`).
     """
     return map_row_chunks(
-        fn, input_ids, attention_mask, prompt_length, rows, by_length, pad_to=response_width
+        fn, input_ids, attention_mask, prompt_length, rows, by_length, pad_to=response_width, tokens=tokens
     )
 
 
+def scoring_budget(tokens: int | None, module: torch.nn.Module) -> int | None:
+    """The token budget of a role's no-grad forwards: `train.micro_batch_tokens`, or None (the row
+    count) for a module sharded per layer by FSDP2. There every rank must run as many forwards (each
+    gathers its layers, a collective): the runtime evens the ranks' rows (`Peers.padded_share`), and a
+    budget would cut each rank's rows into a different number of chunks."""
+    return None if tokens is None or is_fsdp_sharded(module) else tokens
+
+
 def in_row_chunks(
-    fn: Callable[[Sequences], torch.Tensor], sequences: Sequences, rows: int, by_length: bool = False
+    fn: Callable[[Sequences], torch.Tensor],
+    sequences: Sequences,
+    rows: int,
+    by_length: bool = False,
+    tokens: int | None = None,
 ) -> torch.Tensor:
     """`forward_in_chunks` over `Sequences`: a per-response-token function [b, t] in chunks of
-    `rows` rows, each trimmed of all-padding columns, padded back to [B, T]."""
+    `rows` rows (or of a `tokens` budget), each trimmed of all-padding columns, padded back to [B, T]."""
     return forward_in_chunks(
         lambda ids, mask, prompt_length: fn(Sequences(ids, mask, prompt_length)),
         sequences.input_ids,
@@ -248,4 +266,5 @@ def in_row_chunks(
         sequences.response_width,
         rows,
         by_length,
+        tokens,
     )

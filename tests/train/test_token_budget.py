@@ -221,3 +221,52 @@ def test_a_negative_budget_is_refused_naming_the_key():
         load_config(SFTConfig, overrides={"train": {"micro_batch_tokens": -1}})
     with pytest.raises(ConfigError, match="train.micro_batch_tokens"):
         rl_config("ppo_max", train={"micro_batch_tokens": -5})
+
+
+def test_the_scoring_forwards_are_cut_by_the_budget_and_give_the_row_path_numbers(
+    make_trainer, tmp_path, monkeypatch
+):
+    """With `train.micro_batch_tokens` the rollout's no-grad forwards (old and reference log-probs,
+    values, reward scores) are cut by the budget too, as the update's passes are: memory bounded by
+    one setting everywhere, and the same numbers as the row-count path (float32, atol 1e-5)."""
+    from rlhf.rl import experience as experience_module
+
+    budget = 30
+    cuts: list[tuple[list[int], list[list[int]]]] = []
+    original = experience_module.split_rows
+
+    def spy(lengths, size, by_length, tokens=None, packing=False):
+        groups = original(lengths, size, by_length, tokens, packing)
+        if tokens:
+            cuts.append((list(lengths), groups))
+        return groups
+
+    monkeypatch.setattr(experience_module, "split_rows", spy)
+    made = []
+    for name, tokens in (("rows", None), ("tokens", budget)):
+        config = rl_config(
+            "ppo_max", train={"micro_batch_tokens": tokens}, rollout={"logprobs_from_sampler": False}
+        )
+        trainer = make_trainer(config, run_dir=tmp_path / name)
+        experience, _ = trainer.make_experience()
+        made.append(experience)
+        trainer.logger.close()
+    assert len(cuts) >= 4  # old log-probs, reference log-probs, values, scores
+    assert any(len(groups) > 1 for _, groups in cuts)
+    for lengths, groups in cuts:
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for g in groups:
+            assert len(g) * max(lengths[i] for i in g) <= budget or len(g) == 1
+    rows, tokens = made
+    for field in ("old_logp", "ref_logp", "old_values", "advantages", "returns"):
+        torch.testing.assert_close(getattr(tokens, field), getattr(rows, field), rtol=0, atol=1e-5)
+
+
+def test_a_shared_critic_scores_by_the_budget_through_the_policy_module(make_trainer, tmp_path):
+    config = rl_config("ppo_max", train={"micro_batch_tokens": 30}, model={"critic_mode": "shared"})
+    trainer = make_trainer(config, run_dir=tmp_path / "shared")
+    critic = trainer.runtime.roles.critic
+    assert critic.runs_through is trainer.runtime.roles.policy.module
+    experience, _ = trainer.make_experience()
+    assert torch.isfinite(experience.old_values).all()
+    trainer.logger.close()

@@ -293,6 +293,7 @@ def assemble_roles(
         "micro_batch_size": rows,
         "precision": precision,
         "sort_by_length": c.runtime.sort_by_length,
+        "micro_batch_tokens": c.train.micro_batch_tokens,  # the scoring forwards' chunks, as the update's
     }
     return Roles(
         hosted=hosted,

@@ -15,31 +15,40 @@ from functools import partial
 from typing import Any
 
 import torch
+from torch import nn
 
 from rlhf.config import OptimConfig
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.parallel.parallel_plan import ParallelPlan
-from rlhf.rl.experience import Experience, in_row_chunks, valid_tokens
+from rlhf.rl.experience import Experience, in_row_chunks, scoring_budget, valid_tokens
 from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.policy import Policy, value_micro_loss
 from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
 
 
 class ValueRole:
-    """What both critics share: values in row chunks (`forward`, `micro_batch_size`, `by_length`) and
-    the optimizer step of the value loss, a token mean."""
+    """What both critics share: values in row chunks (`forward`, `micro_batch_size`, `by_length`,
+    `micro_batch_tokens`) and the optimizer step of the value loss, a token mean."""
 
     prefix = "value"
     forward: Callable[[Sequences], torch.Tensor]
     micro_batch_size: int
     by_length: bool
+    micro_batch_tokens: int | None
+    runs_through: nn.Module  # the module its forwards run through (what FSDP2 shards)
 
     @torch.no_grad()
     def values(self, sequences: Sequences) -> torch.Tensor:
         """V [B, T] of every response token (0 at padding)."""
-        return in_row_chunks(self.forward, sequences, self.micro_batch_size, self.by_length)
+        return in_row_chunks(
+            self.forward,
+            sequences,
+            self.micro_batch_size,
+            self.by_length,
+            scoring_budget(self.micro_batch_tokens, self.runs_through),
+        )
 
     def loss_denominator(self, minibatch: Experience) -> float:
         return minibatch.num_tokens  # the value loss is a token mean
@@ -87,6 +96,7 @@ class Critic(ValueRole, Learner):
         self.model = model
         self.value_clip = value_clip
         self.forward = ValueForward(model, precision)
+        self.runs_through = self.forward
         super().__init__(
             self.forward, optim, total_steps, micro_batch_size=micro_batch_size, by_length=sort_by_length,
             micro_batch_tokens=micro_batch_tokens, packing=packing,
@@ -110,8 +120,10 @@ class SharedCritic(ValueRole):
         self.joint = policy.joint_value
         self.model: ScalarHeadModel = self.joint.forward.model
         self.forward = partial(policy.module, part="value")  # through the policy's module (fsdp2 gathers it)
+        self.runs_through = policy.module
         self.micro_batch_size = policy.micro_batch_size
         self.by_length = policy.by_length
+        self.micro_batch_tokens = policy.micro_batch_tokens
 
     def train_step(self, minibatch: Experience, total_tokens: float | None = None) -> dict[str, float]:
         """Critic pre-training (PPO paper §5.3.3): the value loss alone, in the policy's optimizer step;

@@ -14,7 +14,7 @@ from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
-from rlhf.rl.experience import in_row_chunks, map_row_chunks
+from rlhf.rl.experience import in_row_chunks, map_row_chunks, scoring_budget
 from rlhf.rl.roles.forward import PolicyForward, autocast
 
 
@@ -32,12 +32,14 @@ class Reference:
         micro_batch_size: int,
         precision: Precision | None = None,
         sort_by_length: bool = True,
+        micro_batch_tokens: int | None = None,
     ) -> None:
         self.reference = reference
         self.by_length = sort_by_length  # runtime.sort_by_length
         self.precision = precision
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens  # train.micro_batch_tokens: chunks by a token budget
         if reference.mode == "adapter" and policy_module is None:
             raise ValueError(
                 "a LoRA policy's reference computes through the policy's module: pass policy_module"
@@ -73,6 +75,7 @@ class Reference:
                         sequences,
                         self.micro_batch_size,
                         self.by_length,
+                        scoring_budget(self.micro_batch_tokens, self.forward),
                     )
 
             yield chunked
@@ -88,15 +91,17 @@ class RewardModel:
         micro_batch_size: int,
         precision: Precision | None = None,
         sort_by_length: bool = True,
+        micro_batch_tokens: int | None = None,
     ) -> None:
         self.model = model.eval().requires_grad_(False)
         self.micro_batch_size = micro_batch_size
         self.precision = precision
         self.by_length = sort_by_length  # runtime.sort_by_length
+        self.micro_batch_tokens = micro_batch_tokens  # train.micro_batch_tokens: chunks by a token budget
 
     @torch.no_grad()
     def score(self, sequences: Sequences) -> torch.Tensor:
-        """Scores [B] (float32), `micro_batch_size` rows per forward, each chunk trimmed of its
+        """Scores [B] (float32), `micro_batch_size` rows (or `micro_batch_tokens`) per forward, each chunk trimmed of its
         all-padding columns (the score is read at each row's last real token)."""
         with autocast(self.precision):
             return map_row_chunks(
@@ -106,4 +111,5 @@ class RewardModel:
                 sequences.prompt_length,
                 self.micro_batch_size,
                 self.by_length,
+                tokens=scoring_budget(self.micro_batch_tokens, self.model),
             )

@@ -40,7 +40,7 @@ from rlhf.models.sampling import Rollout, RowShare, SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.parallel.parallel_plan import ParallelPlan
 from rlhf.parallel.peers import Peers
-from rlhf.rl.experience import Experience, in_row_chunks, valid_tokens
+from rlhf.rl.experience import Experience, in_row_chunks, scoring_budget, valid_tokens
 from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
 from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
 
@@ -156,7 +156,11 @@ class Policy(Learner):
         0 at padding)."""
         temperature = self.sampling.temperature if temperature is None else temperature
         return in_row_chunks(
-            lambda s: self.module(s, temperature)[0], sequences, self.micro_batch_size, self.by_length
+            lambda s: self.module(s, temperature)[0],
+            sequences,
+            self.micro_batch_size,
+            self.by_length,
+            scoring_budget(self.micro_batch_tokens, self.module),
         )
 
     # -- training ------------------------------------------------------------------------------

@@ -711,7 +711,8 @@ FINISHED_RUN = ("run/config.yaml", "run/run_inputs.json", "run/metrics.jsonl", "
 
 # issue 16 (the reliability issue): its ~25 cases; the ones that need a second process, a signal or a
 # full disk are the reliability suite's own tests (tests/reliability: test_run_dir_lock,
-# test_sigterm, test_signal_during_write, test_atomic_export; ENOSPC simulated in test_cli_error_path)
+# test_sigterm, test_signal_during_write; ENOSPC simulated in test_cli_error_path) and those of
+# rlhf/rundir (tests/rundir: test_rundir_lock, test_rundir_termination, test_rundir_checkpoint_export)
 ISSUE_16 = [
     *(Case(f"resume_override_{name}", ["train", "--resume", "run", *flag], words=(key, "Fix"),
            setup=built("train2")) for name, flag, key in [

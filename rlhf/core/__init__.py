@@ -16,12 +16,14 @@ from rlhf.core.advantages import (
 )
 from rlhf.core.dapo import informative_groups, overlong_penalty
 from rlhf.core.entropy import entropy_from_logits, entropy_target_gate, entropy_target_loss
-from rlhf.core.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_estimate
+from rlhf.core.kl import AdaptiveKLController, FixedKLController
 from rlhf.core.losses import (
+    KL_KINDS,
     POLICY_LOSS_SOURCES,
     POLICY_LOSSES,
     apa_loss,
     awr_loss,
+    kl_estimate,
     micro_batch_weight,
     policy_loss,
     policy_loss_params,

@@ -1,48 +1,15 @@
-"""Per-token KL estimators and the KL-coefficient controllers (docs/algorithms.md §7 and §9).
+"""The KL-coefficient controllers of the reward's per-token KL penalty (docs/algorithms.md §9).
 
-With ``d = logp - ref_logp`` for tokens sampled from the policy whose log-prob is `logp`
-(Schulman, "Approximating KL divergence", 2020):
-
-    k1 = d                    unbiased for KL(policy || ref); negative on some tokens
-    k2 = d^2 / 2              biased, >= 0
-    k3 = exp(-d) - 1 + d      unbiased, >= 0
+The per-token KL estimators they are fed from (`kl_estimate`, k1/k2/k3) live in rlhf/core/losses.py,
+next to the losses that use them as a term.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Literal
 
 from torch import Tensor
-
-from rlhf.core.stats import as_bool_mask, check_same_shape, fill_masked
-
-KLKind = Literal["k1", "k2", "k3"]
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
-
-
-def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k1", mask: Tensor | None = None) -> Tensor:
-    """Per-token estimate of KL(policy || ref) from the sampled tokens' log-probs, same shape as `logp`.
-
-    With `mask`, masked positions are 0 and never read; without it every position is computed.
-    """
-    check_same_shape(logp, "logp", ref_logp=ref_logp)
-    valid = None
-    if mask is not None:
-        valid = as_bool_mask(mask, logp, name="logp")
-        logp, ref_logp = fill_masked(logp, valid), fill_masked(ref_logp, valid)
-    d = logp - ref_logp
-    if kind == "k1":
-        kl = d
-    elif kind == "k2":
-        kl = 0.5 * d.square()
-    elif kind == "k3":
-        # expm1 keeps precision for small d; the clamp only removes rounding below 0.
-        kl = (d.neg().expm1() + d).clamp_min(0.0)
-    else:
-        raise ValueError(f"unknown KL estimator {kind!r}: choose one of {', '.join(KL_KINDS)}")
-    return kl if valid is None else fill_masked(kl, valid)
 
 
 def _as_float(value: float | Tensor, name: str) -> float:

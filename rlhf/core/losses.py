@@ -1,4 +1,5 @@
-"""Policy losses (a registry: ppo, apa, awr), the value loss, and micro-batch gradient accumulation.
+"""Policy losses (a registry: ppo, apa, awr), the value loss, micro-batch gradient accumulation, and
+the per-token KL estimators (docs/algorithms.md §7) that the losses use as a term.
 
 Every loss is a token mean over the whole batch it is given (docs/algorithms.md §12-15) and
 returns ``(loss, stats)``; stats are detached 0-d tensors (call ``float()`` to log them). Values at
@@ -29,11 +30,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from rlhf.core.kl import kl_estimate
 from rlhf.core.stats import (
     as_bool_mask,
     check_same_shape,
@@ -49,6 +50,42 @@ LossOutput = tuple[Tensor, dict[str, Tensor]]
 # exp() of a log-ratio beyond +-20 (a ratio above 4.9e8) is a blown-up policy; clamping keeps the
 # loss finite (0 * inf would be NaN) and only zeroes gradients in that already-broken regime.
 MAX_LOG_RATIO = 20.0
+
+
+KLKind = Literal["k1", "k2", "k3"]
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+
+
+def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k1", mask: Tensor | None = None) -> Tensor:
+    """Per-token estimate of KL(policy || ref) from the sampled tokens' log-probs, same shape as `logp`.
+
+    With ``d = logp - ref_logp`` for tokens sampled from the policy whose log-prob is `logp`
+    (Schulman, "Approximating KL divergence", 2020):
+
+        k1 = d                    unbiased for KL(policy || ref); negative on some tokens
+        k2 = d^2 / 2              biased, >= 0
+        k3 = exp(-d) - 1 + d      unbiased, >= 0
+
+    With `mask`, masked positions are 0 and never read; without it every position is computed.
+    Read by the losses (the policy's KL loss term, PPO's approx_kl) and, outside them, by the
+    reward's per-token KL penalty and the sampler-trainer mismatch (rlhf/core/mismatch.py).
+    """
+    check_same_shape(logp, "logp", ref_logp=ref_logp)
+    valid = None
+    if mask is not None:
+        valid = as_bool_mask(mask, logp, name="logp")
+        logp, ref_logp = fill_masked(logp, valid), fill_masked(ref_logp, valid)
+    d = logp - ref_logp
+    if kind == "k1":
+        kl = d
+    elif kind == "k2":
+        kl = 0.5 * d.square()
+    elif kind == "k3":
+        # expm1 keeps precision for small d; the clamp only removes rounding below 0.
+        kl = (d.neg().expm1() + d).clamp_min(0.0)
+    else:
+        raise ValueError(f"unknown KL estimator {kind!r}: choose one of {', '.join(KL_KINDS)}")
+    return kl if valid is None else fill_masked(kl, valid)
 
 
 # (logp, old_logp, ref_logp, advantages, mask, **keyword parameters with defaults) -> (loss, stats):

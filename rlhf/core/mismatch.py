@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlhf.core.kl import kl_estimate
+from rlhf.core.losses import kl_estimate
 from rlhf.core.stats import as_bool_mask, check_same_shape, fill_masked, masked_mean
 
 

@@ -136,6 +136,8 @@ class RLTrainer:
         self.environment = load_environment(c.env.name) if c.env.name else None
         self.episodes: Episodes | None = None
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)
+        # an estimator comparing the rows of one prompt (grpo, rloo, ...) keeps each group in one minibatch
+        self.whole_groups = estimator_spec(c.advantage.estimator).needs_group
         if ptx_batches is not None and c.policy.ptx_coef > 0:
             self.runtime.use_ptx(ptx_batches, c.policy.ptx_coef, seed=c.seed + 3)
         self.ptx_note = (
@@ -574,9 +576,8 @@ class RLTrainer:
         c = self.config
         minibatches = []
         for _ in range(c.train.ppo_epochs):
-            whole_groups = estimator_spec(c.advantage.estimator).needs_group  # a group in one minibatch
             for minibatch in experience.minibatches(
-                c.train.minibatches, self.shuffle_generator, whole_groups=whole_groups
+                c.train.minibatches, self.shuffle_generator, whole_groups=self.whole_groups
             ):
                 # advantage normalization and clipping, per minibatch (PPO paper §5.3.1)
                 if c.advantage.whiten:

@@ -1,6 +1,7 @@
 """`rlhf ablate --out` and `rlhf demo --out` own their folder (issue 40): a fresh --out that holds
 anything an earlier run of the same command did not leave (a model, a project folder, the folder of
-the --config file) or that is an existing file is refused before any work, touching nothing."""
+the --config file) or that is an existing file is refused before any work, touching nothing. (An
+ablation's own folder taken over: tests/rundir/test_rundir_outputs.py.)"""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import shutil
 
 import pytest
 
-from rlhf.config import ConfigError
-from rlhf.rundir.outputs import ABLATE_OUTPUTS, check_out_holds_nothing_of_yours
 from tests.support.reliability_testing import InProcess, assert_user_error, file_bytes
 
 
@@ -37,15 +36,3 @@ def test_a_folder_of_the_users_is_refused_untouched(files, tmp_path, project, ca
     for args, says in cases:
         assert_user_error(InProcess(capsys, command, *args), *says)
     assert file_bytes(tmp_path) == before
-
-
-def test_an_ablation_folder_resumes(tmp_path):
-    run = tmp_path / "ablate"
-    for name in ("world", "sft", "rm", "runs"):
-        (run / name).mkdir(parents=True)
-    for name in (".lock", "stage.json", "ablation.json", "report.html", "ablation.md"):
-        (run / name).write_text("{}")
-    check_out_holds_nothing_of_yours(run, "ablate", leftovers=ABLATE_OUTPUTS)  # no refusal
-    (run / "mine.txt").write_text("mine")
-    with pytest.raises(ConfigError, match="mine.txt"):
-        check_out_holds_nothing_of_yours(run, "ablate", leftovers=ABLATE_OUTPUTS)

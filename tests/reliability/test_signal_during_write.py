@@ -1,10 +1,10 @@
 """Ctrl-C (SIGINT) or SIGTERM arriving while a checkpoint or an export is written waits until the
 write is complete (rlhf/rundir/termination.py finish_first): the checkpoint that was due is kept,
-whole, and the resume line names it; a second Ctrl-C stops at once, the write being atomic."""
+whole, and the resume line names it, in `rlhf train`, `dpo` and `sft` run as a user runs them. (The
+signal deferral itself, and a second Ctrl-C stopping at once: tests/rundir/test_rundir_termination.py.)"""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +12,6 @@ import sys
 import pytest
 
 from rlhf.rundir import checkpoint as ckpt
-from rlhf.rundir.termination import Terminated, finish_first, handle_sigterm
 from tests.support.reliability_testing import assert_ok, env, iterations, rlhf, train_args
 
 # a child process whose first write of a checkpoint (or of an export) sends the process SIGNAL half
@@ -60,50 +59,6 @@ def child(how: str, where: str, *args) -> subprocess.CompletedProcess:
         # that: Python then installs no KeyboardInterrupt handler
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-
-
-@pytest.fixture(autouse=True)
-def sigint_raises():
-    """Ctrl-C raises KeyboardInterrupt here too when the test run ignores SIGINT (started with `&`)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
-def test_a_signal_during_a_write_is_delivered_once_the_write_is_complete():
-    for signum, error in ((signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)):
-        written = []
-        with pytest.raises(error), handle_sigterm():
-            with finish_first():
-                os.kill(os.getpid(), signum)
-                with finish_first():  # nested writes: delivered after the outer one
-                    written.append("state")
-                written.append("DONE")
-            written.append("next step")  # never runs
-        assert written == ["state", "DONE"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are back
-
-
-def test_a_second_ctrl_c_during_a_write_stops_at_once_and_a_failed_write_drops_the_signal(tmp_path):
-    target = tmp_path / "checkpoints" / "iter_000002"
-    with pytest.raises(KeyboardInterrupt):
-        with ckpt.atomic_directory(target) as tmp:
-            (tmp / "state.json").write_text("{}")
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)  # the user will not wait
-            (tmp / "more.json").write_text("{}")  # never written
-    assert not target.exists() and list(target.parent.iterdir()) == []  # nothing half-written
-    with pytest.raises(OSError, match="disk"):
-        with finish_first():
-            os.kill(os.getpid(), signal.SIGINT)
-            raise OSError("disk full")  # the failure is what the user must see
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # `nohup`, `cmd &`: SIGINT ignored
-    try:
-        with finish_first():
-            os.kill(os.getpid(), signal.SIGINT)
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # still ignored, nothing raised
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.slow

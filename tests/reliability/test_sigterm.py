@@ -1,15 +1,14 @@
 """SIGTERM (what SLURM and Kubernetes send before preemption) ends `rlhf train` as Ctrl-C does: the
 step under way is abandoned, exit code 143, the command that resumes it printed, no traceback, and
-that command finishes the run. A SIGTERM during a checkpoint write waits for it to be complete."""
+that command finishes the run. (A SIGTERM during a checkpoint write waits for it to be complete:
+tests/rundir/test_rundir_termination.py.)"""
 
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest
 
-from rlhf.rundir.termination import Terminated, finish_first, handle_sigterm
 from tests.support.reliability_testing import (
     InProcess,
     assert_ok,
@@ -19,17 +18,6 @@ from tests.support.reliability_testing import (
     train_args,
     wait_for,
 )
-
-
-def test_a_sigterm_during_a_checkpoint_write_is_raised_once_it_is_complete():
-    written = []
-    with pytest.raises(Terminated), handle_sigterm():
-        with finish_first():
-            os.kill(os.getpid(), signal.SIGTERM)
-            written.append("checkpoint")  # still runs: the signal waits
-        written.append("next step")  # never runs
-    assert written == ["checkpoint"]
-    assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ import pytest
 
 from rlhf.config import ConfigError, RLConfig, load_config
 from rlhf.preflight import check_input_file, check_ray_address, fit_ray_to_machine
-from rlhf.rundir.outputs import check_out_holds_nothing_of_yours
 from rlhf.stages.result_files import refuse_foreign_file, write_result
 from tests.support.reliability_testing import (
     InProcess,
@@ -93,18 +92,6 @@ def test_out_of_another_model_or_a_project_folder_is_refused_untouched(files, tm
     for args, says in cases:
         assert_user_error(InProcess(capsys, *args), says, "Fix: --out a")
     assert {p: file_bytes(p) for p in (model, project)} == before
-
-
-def test_an_earlier_runs_leftovers_are_taken_over(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / ".lock").write_text("123")
-    (run / "config.yaml").write_text("seed: 0\n")
-    check_out_holds_nothing_of_yours(run, "sft")  # a run stopped before its metrics: no refusal
-    check_out_holds_nothing_of_yours(tmp_path / "new", "sft")
-    (run / "notes.txt").write_text("mine")
-    with pytest.raises(ConfigError, match="notes.txt"):
-        check_out_holds_nothing_of_yours(run, "sft")
 
 
 # -- outputs tried before the work; finished work kept -----------------------------------------------

@@ -4,8 +4,9 @@
 # to $OUT as it ends, so a run cut off keeps what it measured):
 #   PYTHONPATH=. OUT=DIR bash bench/gpu_speed.sh  [ASSETS=bench/.cache/gpu]
 # 1. tests/gpu: every CUDA test (the sampler's static and CUDA-graph engines, packing, FSDP2, RL);
-# 2. bench/sampler.py in bf16: our engines (eager, static, cuda_graph, compiled) against transformers'
-#    generate (dynamic and static cache) at batch 64, 16, 1 x 128 new tokens, then 32 x 64;
+# 2. bench/sampler.py in bf16: our engines (static, cuda_graph, compiled; eager measured in session 17)
+#    against transformers' generate (dynamic and static cache) at batch 64, 16, 1 x 128 new tokens,
+#    then 32 x 64 (each compiled shape compiles once, in its warm-up round);
 # 3. bench/gpu.py ppo: one PPO iteration of 32 prompts x 64 tokens on SmolLM2-135M's shape with random
 #    weights (EOS never stops a response: the trained model's work), bf16 and float32, 1x1 and 4x4, and
 #    bf16 1x1 with rollout.engine compiled;
@@ -17,7 +18,8 @@
 # 7. bench/sampler_profile.py: where a graph-engine call's time goes (prefill, capture, steps; the
 #    device's busy share), batch 64 and 1, cuda_graph and compiled;
 # 8. bench/update_profile.py: where the PPO update's time goes (smollm2-4x4, 32 x 64, bf16).
-# STEPS="1 3 7" runs only those steps (a rerun). DEVICE=cpu SMALL=1 runs the same steps at toy sizes on a CPU (a check of this script itself).
+# STEPS="1 3 7" runs only those steps (a rerun); after session 17, STEPS="1 2 3 8 7" first (the
+# compiled engine's figures and the update's profile; steps 4-6 were measured then). DEVICE=cpu SMALL=1 runs the same steps at toy sizes on a CPU (a check of this script itself).
 set -u
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/gpu_speed}
@@ -52,12 +54,13 @@ fi
 if want 2; then
 step "2. bench/sampler.py bf16: batch $BATCHES x $NEW new tokens"
 DTYPE=bfloat16
+ENGINES="static cuda_graph compiled"; [ "$DEVICE" = cuda ] || ENGINES="eager static compiled"
 timeout 300 $PY -m bench.sampler --shape smollm2 --device "$DEVICE" --dtype $DTYPE --batch-sizes $BATCHES \
-    --new-tokens $NEW --reps $REPS --out "$OUT/sampler_bf16.json" >"$OUT/sampler_bench.log" 2>&1
+    --new-tokens $NEW --reps $REPS --engines $ENGINES --out "$OUT/sampler_bf16.json" >"$OUT/sampler_bench.log" 2>&1
 echo "sampler exit $?"
 tail -4 "$OUT/sampler_bench.log" | grep -iE "error|Traceback" -A3
-timeout 60 $PY -m bench.sampler --shape smollm2 --device "$DEVICE" --dtype $DTYPE --batch-sizes $B \
-    --new-tokens $L --reps 3 --out "$OUT/sampler_bf16_32x64.json" >"$OUT/sampler_32x64.log" 2>&1
+timeout 120 $PY -m bench.sampler --shape smollm2 --device "$DEVICE" --dtype $DTYPE --batch-sizes $B \
+    --new-tokens $L --reps 3 --engines $ENGINES --out "$OUT/sampler_bf16_32x64.json" >"$OUT/sampler_32x64.log" 2>&1
 echo "sampler $B x $L exit $?"
 $PY - "$OUT"/sampler_bf16.json "$OUT"/sampler_bf16_32x64.json <<'PY'
 import json, sys

@@ -279,3 +279,11 @@ def test_compiled_engine_with_inductor_on_the_cpu_draws_the_static_rollout(lm):
     config = SamplingConfig(max_new_tokens=12, temperature=0.9)
     compiled = run(lm, MIXED_PROMPTS[:6], config, "compiled")
     assert_same_rollout(compiled, run(lm, MIXED_PROMPTS[:6], config, "static"), atol=1e-4)
+    # the policy trains between rollouts: the compiled step reads the weights as they are now (its
+    # parameters are inputs of the compiled graph, not constants folded in at compile time)
+    with torch.no_grad():
+        for parameter in lm.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.3)
+    after = run(lm, MIXED_PROMPTS[:6], config, "compiled")
+    assert not torch.equal(after.input_ids, compiled.input_ids)
+    assert_same_rollout(after, run(lm, MIXED_PROMPTS[:6], config, "static"), atol=1e-4)

@@ -105,19 +105,26 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
 
 
 def masked_max(x: Tensor, mask: Tensor) -> Tensor:
-    """Largest valid value of `x` (0-d); 0 when no position is valid."""
-    valid = as_bool_mask(mask, x)
-    if not bool(valid.any()):
-        return torch.zeros((), dtype=x.dtype, device=x.device)
-    return x[valid].max()
+    """Largest valid value of `x` (0-d); 0 when no position is valid. No host read: the masked
+    positions are filled with the dtype's lowest value, not indexed out (a sync on a GPU)."""
+    return _masked_extreme(x, mask, largest=True)
 
 
 def masked_min(x: Tensor, mask: Tensor) -> Tensor:
-    """Smallest valid value of `x` (0-d); 0 when no position is valid."""
+    """Smallest valid value of `x` (0-d); 0 when no position is valid (no host read either)."""
+    return _masked_extreme(x, mask, largest=False)
+
+
+def _masked_extreme(x: Tensor, mask: Tensor, largest: bool) -> Tensor:
     valid = as_bool_mask(mask, x)
-    if not bool(valid.any()):
-        return torch.zeros((), dtype=x.dtype, device=x.device)
-    return x[valid].min()
+    if x.is_floating_point():
+        fill: float = -math.inf if largest else math.inf
+    else:
+        info = torch.iinfo(x.dtype)
+        fill = info.min if largest else info.max
+    filled = x.masked_fill(~valid, fill)
+    extreme = filled.amax() if largest else filled.amin()
+    return torch.where(valid.any(), extreme, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:

@@ -106,12 +106,16 @@ class MicroBatch:
 class StepStats:
     """The stats of one optimizer step: token-weighted means of per-micro-batch stats; keys ending
     in `_max`/`_min` combine by max/min; explained variance over the whole minibatch's tokens
-    (a ratio of variances, not a token mean: averaging it over micro-batches would be wrong)."""
+    (a ratio of variances, not a token mean: averaging it over micro-batches would be wrong).
+
+    The sums and extremes stay float64 tensors on the stats' device until `result` reads them all
+    in one transfer: on a GPU each read is a host-device sync that stalls the launches of the next
+    micro-batch (12 a policy step before). float64 keeps the figures those of Python floats."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
+        self.sums: dict[str, Any] = {}  # float64 scalars (tensors, or floats for float inputs)
         self.weights: dict[str, float] = {}
-        self.extremes: dict[str, float] = {}
+        self.extremes: dict[str, Any] = {}
         self.values: list[torch.Tensor] = []  # critic values and returns on valid tokens, for the
         self.returns: list[torch.Tensor] = []  # minibatch's explained variance
 
@@ -120,12 +124,26 @@ class StepStats:
             return
         for key, value in stats.items():
             name = f"{prefix}/{key}"
+            value = value.detach().double() if torch.is_tensor(value) else float(value)
             if key.endswith(("_max", "_min")):
-                pick = max if key.endswith("_max") else min
-                self.extremes[name] = pick(self.extremes.get(name, float(value)), float(value))
+                old = self.extremes.get(name)
+                self.extremes[name] = value if old is None else _pick(key, old, value)
                 continue
-            self.sums[name] = self.sums.get(name, 0.0) + float(value) * weight
+            self.sums[name] = self.sums.get(name, 0.0) + value * weight
             self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def _read(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The sums and extremes as Python floats, read from the device in one transfer."""
+        names = [*self.sums, *self.extremes]
+        held = [*self.sums.values(), *self.extremes.values()]
+        tensors = [v for v in held if torch.is_tensor(v)]
+        if tensors:
+            device = tensors[0].device
+            held = torch.stack(
+                [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in held]
+            ).tolist()
+        floats = dict(zip(names, map(float, held)))
+        return {k: floats[k] for k in self.sums}, {k: floats[k] for k in self.extremes}
 
     def add_values(self, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> None:
         valid = mask.bool()
@@ -135,10 +153,11 @@ class StepStats:
     def result(self, peers: Peers | None = None) -> dict[str, float]:
         """The step's stats; with `peers` (data-parallel ranks, rlhf/parallel/peers.py) over the
         micro-batches of every rank."""
+        sums, extremes = self._read()
         if peers is not None:
-            return merged_step_stats(peers.gather((self.sums, self.weights, self.extremes, self.moments())))
-        out = {k: self.sums[k] / max(self.weights[k], 1e-12) for k in self.sums}
-        out.update(self.extremes)
+            return merged_step_stats(peers.gather((sums, self.weights, extremes, self.moments())))
+        out = {k: sums[k] / max(self.weights[k], 1e-12) for k in sums}
+        out.update(extremes)
         if self.values:
             v, g = torch.cat(self.values), torch.cat(self.returns)
             out["value/explained_variance"] = float(explained_variance(v, g, torch.ones_like(v)))
@@ -158,6 +177,15 @@ class StepStats:
             float(r.sum()),
             float(r.square().sum()),
         ]
+
+
+def _pick(key: str, old: Any, new: Any) -> Any:
+    """The larger (a `_max` key) or smaller (`_min`) of two float64 scalars, tensors or floats."""
+    if torch.is_tensor(old) or torch.is_tensor(new):
+        device = (old if torch.is_tensor(old) else new).device
+        old, new = (torch.as_tensor(v, dtype=torch.float64, device=device) for v in (old, new))
+        return torch.maximum(old, new) if key.endswith("_max") else torch.minimum(old, new)
+    return max(old, new) if key.endswith("_max") else min(old, new)
 
 
 def merged_step_stats(

@@ -263,3 +263,26 @@ def test_running_moments_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="NaN or inf"):
         moments.update(torch.tensor([1.0, float("nan")]))
     assert moments.count == 0
+
+
+def test_masked_extremes_read_nothing_on_the_host_and_take_integers():
+    """No `x[valid]` (a nonzero, a host-device sync on a GPU): the masked positions are filled."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Reads.count += str(func) in ("aten._local_scalar_dense.default", "aten.nonzero.default")
+            return func(*args, **(kwargs or {}))
+
+    x = torch.tensor([[3.0, -1.0, 7.0], [2.0, 9.0, -4.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 1]])
+    with Reads():
+        high, low = masked_max(x, mask), masked_min(x, mask)
+        none = masked_max(x, torch.zeros_like(mask))
+    assert Reads.count == 0
+    assert (high.item(), low.item(), none.item()) == (3.0, -4.0, 0.0)
+    ints = torch.tensor([5, -2, 8])
+    assert masked_max(ints, torch.tensor([1, 1, 0])).item() == 5
+    assert masked_min(ints, torch.tensor([0, 0, 1])).item() == 8

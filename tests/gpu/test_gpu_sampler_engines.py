@@ -121,15 +121,16 @@ def test_graph_batch_of_one_and_a_short_call(lm, tok):
         assert_same_rollout(sample(lm, tok, config, "cuda_graph"), sample(lm, tok, config, "eager"))
 
 
-def test_each_call_captures_the_current_weights(lm, tok):
+@pytest.mark.parametrize("engine", ["cuda_graph", "compiled"])
+def test_each_call_captures_the_current_weights(lm, tok, engine):
     """The policy trains between rollouts: a call after an in-place weight update samples the new
-    weights (no graph outlives its call)."""
+    weights (no graph outlives its call; a compiled step reads its weights as graph inputs)."""
     config = SamplingConfig(max_new_tokens=16, temperature=1.0)
-    before = sample(lm, tok, config, "cuda_graph")
+    before = sample(lm, tok, config, engine)
     with torch.no_grad():
         for parameter in lm.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.2)
-    after = sample(lm, tok, config, "cuda_graph")
+    after = sample(lm, tok, config, engine)
     assert not torch.equal(before.input_ids, after.input_ids)
     assert_same_rollout(after, sample(lm, tok, config, "eager"))
 
@@ -212,16 +213,3 @@ def test_compiled_engine_under_bf16_autocast_and_with_lora(lm, tok):
     with peft_wrapping():
         policy = get_peft_model(lm, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     assert_same_rollout(sample(policy, tok, config, "compiled"), sample(policy, tok, config, "static"))
-
-
-def test_compiled_engine_samples_the_current_weights(lm, tok):
-    """The policy trains between rollouts: the compiled step reads its weights as graph inputs, and
-    each call captures its graph anew, so a call after an in-place update samples the new weights."""
-    config = SamplingConfig(max_new_tokens=16, temperature=1.0)
-    before = sample(lm, tok, config, "compiled")
-    with torch.no_grad():
-        for parameter in lm.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    after = sample(lm, tok, config, "compiled")
-    assert not torch.equal(before.input_ids, after.input_ids)
-    assert_same_rollout(after, sample(lm, tok, config, "static"))

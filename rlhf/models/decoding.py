@@ -217,7 +217,17 @@ class CompiledSteps(CudaGraphSteps):
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if ids.shape[1] != 1:  # the prefill
             return super().forward(ids, mask, positions)
-        return self.head(compiled_decode_step()(self.decoder, ids, mask, positions, self.with_cache))
+        try:
+            hidden = compiled_decode_step()(self.decoder, ids, mask, positions, self.with_cache)
+        except torch._dynamo.exc.TorchDynamoException as error:  # the compile itself failed here
+            cause = getattr(error, "inner_exception", None) or error  # the compiler's own error
+            first = (str(cause).strip().splitlines() or [""])[0][:300]
+            raise ValueError(
+                f"rollout.engine compiled could not compile the decode step on this machine "
+                f"({type(cause).__name__}: {first}). Fix: --rollout.engine static (or auto), or make "
+                "torch.compile work here (inductor needs a C++ compiler on a CPU, triton on a GPU)."
+            ) from None
+        return self.head(hidden)
 
 
 def _decode_step(decoder: nn.Module, ids, mask, positions, with_cache: dict) -> torch.Tensor:

@@ -287,3 +287,16 @@ def test_compiled_engine_with_inductor_on_the_cpu_draws_the_static_rollout(lm):
     after = run(lm, MIXED_PROMPTS[:6], config, "compiled")
     assert not torch.equal(after.input_ids, compiled.input_ids)
     assert_same_rollout(after, run(lm, MIXED_PROMPTS[:6], config, "static"), atol=1e-4)
+
+
+def test_a_compile_that_fails_here_is_one_message_with_the_fix(lm, monkeypatch):
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    from rlhf.models import decoding
+
+    def fails(*args, **kwargs):
+        raise BackendCompilerFailed(None, RuntimeError("no working C++ compiler found"), None)
+
+    monkeypatch.setattr(decoding, "compiled_decode_step", lambda: fails)
+    with pytest.raises(ValueError, match="could not compile.*C\\+\\+ compiler.*Fix: --rollout.engine static"):
+        run(lm, MIXED_PROMPTS, SamplingConfig(max_new_tokens=6), "compiled")

@@ -18,8 +18,8 @@
 # 7. bench/sampler_profile.py: where a graph-engine call's time goes (prefill, capture, steps; the
 #    device's busy share), batch 64 and 1, cuda_graph and compiled;
 # 8. bench/update_profile.py: where the PPO update's time goes (smollm2-4x4, 32 x 64, bf16).
-# STEPS="1 3 7" runs only those steps (a rerun); after session 17, STEPS="1 2 3 8 7" first (the
-# compiled engine's figures and the update's profile; steps 4-6 were measured then). DEVICE=cpu SMALL=1 runs the same steps at toy sizes on a CPU (a check of this script itself).
+# STEPS="1 3 7" runs only those steps (a rerun). After session 17 (steps 4-6 measured then): two
+# calls, STEPS="1 3 8" (about 7 minutes) then STEPS="2" (about 5, a compile per shape), then 7. DEVICE=cpu SMALL=1 runs the same steps at toy sizes on a CPU (a check of this script itself).
 set -u
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/gpu_speed}

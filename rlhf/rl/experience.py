@@ -75,9 +75,13 @@ class Experience:
         picked = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "prompt_length"}
         picked = {k: v if v is None else v[index] for k, v in picked.items()}
         prompt_mask = picked["attention_mask"][:, : self.prompt_length]
-        lead = int((prompt_mask.sum(0) == 0).long().cumprod(0).sum())  # all-padding prompt columns
+        lead_columns = (prompt_mask.sum(0) == 0).long().cumprod(0).sum()  # all-padding prompt columns
         used = picked["response_mask"].sum(0) > 0
-        width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1  # all-padding response columns
+        columns = torch.arange(used.shape[0], device=used.device)
+        last_used = torch.where(used, columns, -1).max()  # -1: no response column is used
+        # both read in one transfer (each read is a host-device sync on a GPU: bench/host_syncs.py)
+        lead, last = torch.stack([lead_columns, last_used]).tolist()
+        width = last + 1 if last >= 0 else 1  # all-padding response columns trimmed (one kept)
         out = {}
         for k, v in picked.items():
             if k in ("input_ids", "attention_mask"):

@@ -35,7 +35,6 @@ DTYPES = ("float32", "bfloat16")
 SMOLLM2_WORKLOADS = (Workload("smollm2", 1, 1), Workload("smollm2", 4, 4))
 ALL_WORKLOADS = WORKLOADS + SMOLLM2_WORKLOADS
 MATMUL_SIZE = 4096
-SIZES_VOCAB = 4000  # the random-weight SmolLM2 shape's prompt words (its vocabulary stays 49152)
 
 
 def device_info() -> dict:
@@ -90,16 +89,9 @@ def build_trainer(
     if workload.size != "smollm2":
         return ours.build_trainer(workload, seed, run_dir, extra)
     if model_dir is None:
-        import random
+        from bench.gpu_memory import shaped_models
 
-        from bench.gpu_memory import SHAPES, causal_lm
-        from bench.workload import build_prompts, build_tokenizer
-
-        rng = random.Random(seed)
-        tokenizer, words = build_tokenizer(SIZES_VOCAB, rng)
-        prompts = build_prompts(tokenizer, words, rng)
-        assert SHAPES["smollm2"]["vocab"] >= len(tokenizer)
-        policy, reward_lm = causal_lm("smollm2", tokenizer, seed), causal_lm("smollm2", tokenizer, seed + 2)
+        tokenizer, prompts, policy, reward_lm = shaped_models("smollm2", seed)
         return ours.trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed, run_dir, extra)
     from bench import smollm2
 

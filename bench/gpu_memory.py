@@ -104,8 +104,18 @@ def phase_peaks(trainer, device: torch.device) -> dict:
     return peaks
 
 
+def shaped_models(name: str, seed: int = 0):
+    """(word tokenizer of the shape's vocabulary, the peer workload's prompts, a policy, a reward
+    model's causal LM): random-weight models of SHAPES[name], nothing downloaded."""
+    from bench.workload import build_prompts, build_tokenizer
+
+    rng = random.Random(seed)
+    tokenizer, words = build_tokenizer(SHAPES[name]["vocab"], rng)
+    prompts = build_prompts(tokenizer, words, rng)
+    return tokenizer, prompts, causal_lm(name, tokenizer, seed), causal_lm(name, tokenizer, seed + 2)
+
+
 def run(name: str, dtype: str, device: str, iters: int, seed: int = 0) -> dict:
-    from bench.ours import build_prompts, build_tokenizer
     from rlhf.config import RLConfig, load_config
     from rlhf.models.scalar_head import ScalarHeadModel
     from rlhf.rl.roles.assemble import assemble_roles
@@ -113,11 +123,8 @@ def run(name: str, dtype: str, device: str, iters: int, seed: int = 0) -> dict:
     from rlhf.runtime import LocalRuntime
 
     dev = torch.device(device)
-    rng = random.Random(seed)
-    tokenizer, words = build_tokenizer(SHAPES[name]["vocab"], rng)
-    prompts = build_prompts(tokenizer, words, rng)
-    policy = causal_lm(name, tokenizer, seed)
-    reward_model = ScalarHeadModel.from_causal_lm(causal_lm(name, tokenizer, seed + 2))
+    tokenizer, prompts, policy, reward_lm = shaped_models(name, seed)
+    reward_model = ScalarHeadModel.from_causal_lm(reward_lm)
     params = sum(p.numel() for p in policy.parameters())
     batch, tokens = ROLLOUT[name]
     with tempfile.TemporaryDirectory(prefix="bench_gpu_memory_") as run_dir:

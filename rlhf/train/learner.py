@@ -113,9 +113,9 @@ class StepStats:
     micro-batch (12 a policy step before). float64 keeps the figures those of Python floats."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, Any] = {}  # float64 scalars (tensors, or floats for float inputs)
+        self.sums: dict[str, torch.Tensor] = {}  # float64 scalars, on the stats' device
         self.weights: dict[str, float] = {}
-        self.extremes: dict[str, Any] = {}
+        self.extremes: dict[str, torch.Tensor] = {}
         self.values: list[torch.Tensor] = []  # critic values and returns on valid tokens, for the
         self.returns: list[torch.Tensor] = []  # minibatch's explained variance
 
@@ -124,10 +124,11 @@ class StepStats:
             return
         for key, value in stats.items():
             name = f"{prefix}/{key}"
-            value = value.detach().double() if torch.is_tensor(value) else float(value)
+            value = torch.as_tensor(value).detach().double().reshape(())  # a scalar, as float() took
             if key.endswith(("_max", "_min")):
                 old = self.extremes.get(name)
-                self.extremes[name] = value if old is None else _pick(key, old, value)
+                pick = torch.maximum if key.endswith("_max") else torch.minimum
+                self.extremes[name] = value if old is None else pick(old, value)
                 continue
             self.sums[name] = self.sums.get(name, 0.0) + value * weight
             self.weights[name] = self.weights.get(name, 0.0) + weight
@@ -136,13 +137,8 @@ class StepStats:
         """The sums and extremes as Python floats, read from the device in one transfer."""
         names = [*self.sums, *self.extremes]
         held = [*self.sums.values(), *self.extremes.values()]
-        tensors = [v for v in held if torch.is_tensor(v)]
-        if tensors:
-            device = tensors[0].device
-            held = torch.stack(
-                [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in held]
-            ).tolist()
-        floats = dict(zip(names, map(float, held)))
+        read = torch.stack([v.to(held[0].device) for v in held]).tolist() if held else []
+        floats = dict(zip(names, read))
         return {k: floats[k] for k in self.sums}, {k: floats[k] for k in self.extremes}
 
     def add_values(self, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> None:
@@ -177,15 +173,6 @@ class StepStats:
             float(r.sum()),
             float(r.square().sum()),
         ]
-
-
-def _pick(key: str, old: Any, new: Any) -> Any:
-    """The larger (a `_max` key) or smaller (`_min`) of two float64 scalars, tensors or floats."""
-    if torch.is_tensor(old) or torch.is_tensor(new):
-        device = (old if torch.is_tensor(old) else new).device
-        old, new = (torch.as_tensor(v, dtype=torch.float64, device=device) for v in (old, new))
-        return torch.maximum(old, new) if key.endswith("_max") else torch.minimum(old, new)
-    return max(old, new) if key.endswith("_max") else min(old, new)
 
 
 def merged_step_stats(

@@ -43,7 +43,7 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', to
 
 if want 1 && [ "$DEVICE" = cuda ]; then
     step "1. tests/gpu"
-    timeout 170 $PY -m pytest tests/gpu -m gpu -q -ra -p no:cacheprovider --durations 8 \
+    timeout ${TESTS_TIMEOUT:-170} $PY -m pytest tests/gpu -m gpu -q -ra -p no:cacheprovider --durations 8 \
         >"$OUT/gpu_tests.log" 2>&1
     echo "pytest exit $?"
     grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -2
@@ -54,13 +54,15 @@ fi
 if want 2; then
 step "2. bench/sampler.py bf16: batch $BATCHES x $NEW new tokens"
 DTYPE=bfloat16
-ENGINES="static cuda_graph compiled"; [ "$DEVICE" = cuda ] || ENGINES="eager static compiled"
+DEFAULT_ENGINES="static cuda_graph compiled"; [ "$DEVICE" = cuda ] || DEFAULT_ENGINES="eager static compiled"
+ENGINES=${ENGINES:-$DEFAULT_ENGINES}
+HF_CACHES=${HF_CACHES:-dynamic static}
 timeout 300 $PY -m bench.sampler --shape smollm2 --device "$DEVICE" --dtype $DTYPE --batch-sizes $BATCHES \
-    --new-tokens $NEW --reps $REPS --engines $ENGINES --out "$OUT/sampler_bf16.json" >"$OUT/sampler_bench.log" 2>&1
+    --new-tokens $NEW --reps $REPS --engines $ENGINES --hf-caches $HF_CACHES --out "$OUT/sampler_bf16.json" >"$OUT/sampler_bench.log" 2>&1
 echo "sampler exit $?"
 tail -4 "$OUT/sampler_bench.log" | grep -iE "error|Traceback" -A3
 timeout 120 $PY -m bench.sampler --shape smollm2 --device "$DEVICE" --dtype $DTYPE --batch-sizes $B \
-    --new-tokens $L --reps 3 --engines $ENGINES --out "$OUT/sampler_bf16_32x64.json" >"$OUT/sampler_32x64.log" 2>&1
+    --new-tokens $L --reps 3 --engines $ENGINES --hf-caches $HF_CACHES --out "$OUT/sampler_bf16_32x64.json" >"$OUT/sampler_32x64.log" 2>&1
 echo "sampler $B x $L exit $?"
 $PY - "$OUT"/sampler_bf16.json "$OUT"/sampler_bf16_32x64.json <<'PY'
 import json, sys
@@ -78,8 +80,9 @@ fi
 if want 3; then
 step "3. bench/gpu.py ppo: $B prompts x $L tokens, SmolLM2 shape"
 COMPILED=compiled; [ "$DEVICE" = cuda ] || COMPILED=static
-for case in "smollm2-1x1 bfloat16 auto" "smollm2-1x1 bfloat16 $COMPILED" "smollm2-1x1 float32 auto" \
-    "smollm2-4x4 bfloat16 auto"; do
+PPO_CASES=${PPO_CASES:-"smollm2-1x1 bfloat16 auto,smollm2-1x1 bfloat16 $COMPILED,smollm2-1x1 float32 auto,smollm2-4x4 bfloat16 auto"}
+IFS=, read -ra CASES <<<"$PPO_CASES"
+for case in "${CASES[@]}"; do
     set -- $case
     timeout 150 $PY -m bench.gpu ppo --workload "$1" --dtype "$2" --engine "$3" --device "$DEVICE" --iters $ITERS \
         --batch-size $B --response-length $L >"$OUT/last_ppo.log" 2>&1
@@ -129,8 +132,8 @@ fi
 
 if want 7; then
 step "7. bench/sampler_profile.py: one call of the cuda_graph and compiled engines, batch ${BATCHES%% *} and 1"
-for engine in cuda_graph compiled; do
-    for batch in ${BATCHES%% *} 1; do
+for engine in ${PROFILE_ENGINES:-cuda_graph compiled}; do
+    for batch in ${PROFILE_BATCHES:-${BATCHES%% *} 1}; do
         ENGINE=$engine; [ "$DEVICE" = cuda ] || ENGINE=static
         timeout 150 $PY -m bench.sampler_profile --device "$DEVICE" --dtype bfloat16 --engine $ENGINE --batch $batch \
             --new-tokens $NEW >"$OUT/sampler_profile_${engine}_$batch.log" 2>&1

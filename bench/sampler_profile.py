@@ -100,6 +100,8 @@ def main() -> None:
         "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
     )
     busy_us = sum(getattr(e, device_time, 0) for e in events)
+    # kernels the device ran (a graph's replayed ones included), per decode step of the call
+    kernels = sum(e.count for e in events if str(getattr(e, "device_type", "")).endswith("CUDA"))
     print(events.table(sort_by=device_time if args.device.startswith("cuda") else "self_cpu_time_total",
                        row_limit=args.top), flush=True)  # fmt: skip
     steps_s = marks["call"] - marks.get("prefill", 0.0) - marks.get("capture", 0.0)
@@ -111,6 +113,7 @@ def main() -> None:
         "tok_per_s": round(args.batch * args.new_tokens / marks["call"], 1),
         "profiled_wall_s": round(wall, 4),
         "device_busy_share": round(busy_us / 1e6 / wall, 3) if args.device.startswith("cuda") else None,
+        "kernels_per_step": round(kernels / max(1, args.new_tokens - 1), 1),
     })  # fmt: skip
 
 

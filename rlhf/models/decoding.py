@@ -12,9 +12,12 @@
                 on CUDA captured and replayed as `cuda_graph` does; the cache's columns are rounded up to
                 `COLUMN_BUCKET`, so prompts of different widths share one compiled step
 
-`auto` picks per device (`resolve_engine`): on CUDA the graph when the model can be captured (not
-sharded by FSDP2, not decoding in lockstep with other ranks: their collectives cannot be replayed),
-else static; on a CPU the engine measured fastest there (`AUTO_CPU_ENGINE`, bench/sampler.py).
+`auto` picks per device (`resolve_engine`): on CUDA, when the model can be captured (not sharded by
+FSDP2, not decoding in lockstep with other ranks: their collectives cannot be replayed), the compiled
+engine (2.2x the graph on an H200, docs/speed.md) for calls of at least `MIN_COMPILE_FORWARDS` decode
+forwards where triton is installed, else the graph; static when it cannot be captured; on a CPU the
+engine measured fastest there (`AUTO_CPU_ENGINE`, bench/sampler.py). A compile that `auto` chose and
+that fails on this machine warns once and decodes with the graph for the rest of the process.
 
 The tokens are the same whatever the engine: every engine computes the same logits to float
 rounding (the static cache's attention reads the unwritten columns too, masked out), and the
@@ -25,6 +28,10 @@ sampler draws from them the same way. A graph keeps every row in its batch until
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
+import time
+import warnings
 from collections.abc import Callable
 from typing import Literal
 
@@ -47,6 +54,21 @@ MIN_GRAPH_STEPS = 4
 # `torch._dynamo.config.recompile_limit` times, 8 by default, then runs the step uncompiled).
 COLUMN_BUCKET = 64
 
+# `auto` compiles on CUDA only calls with at least this many decode forwards: a compile takes about 40 s
+# per (batch, column bucket) on an H200 host and saves about 2.6 ms a step at batch 64 (docs/speed.md),
+# so it pays over a run's many long calls, never over a few short ones (the tests' tiny models).
+MIN_COMPILE_FORWARDS = 32
+
+# Set when a compile `auto` chose failed in this process: `auto` takes the graph from then on.
+_auto_compile_failed = False
+
+
+def auto_can_compile(decode_forwards: int) -> bool:
+    """Whether `auto` compiles a CUDA decode step of `decode_forwards` calls: long enough to pay,
+    inductor's GPU backend (triton) installed, and no compile of this process has failed."""
+    has_triton = importlib.util.find_spec("triton") is not None
+    return decode_forwards >= MIN_COMPILE_FORWARDS and has_triton and not _auto_compile_failed
+
 
 def is_fsdp_sharded(model: nn.Module) -> bool:
     """True when a module of `model` is an FSDP2 unit (its forward hooks gather and free parameters)."""
@@ -57,15 +79,20 @@ def is_fsdp_sharded(model: nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
-def resolve_engine(engine: str, device: torch.device, model: nn.Module, lockstep: bool) -> str:
-    """The engine that runs: `engine`, or for `auto` the fastest that works on `device` for `model`.
-    A `cuda_graph` asked for where it cannot run is an error naming the fix."""
+def resolve_engine(
+    engine: str, device: torch.device, model: nn.Module, lockstep: bool, decode_forwards: int = 0
+) -> str:
+    """The engine that runs: `engine`, or for `auto` the fastest that works on `device` for `model`
+    and a call of `decode_forwards` one-token forwards. An engine asked for where it cannot run is an
+    error naming the fix."""
     if engine not in ENGINES:
         raise ValueError(f"sampling engine {engine!r} is not one of {', '.join(ENGINES)}.")
     graphable = device.type == "cuda" and not lockstep and not is_fsdp_sharded(model)
     if engine == "auto":
         if device.type == "cuda":
-            return "cuda_graph" if graphable else "static"
+            if not graphable:
+                return "static"
+            return "compiled" if auto_can_compile(decode_forwards) else "cuda_graph"
         return AUTO_CPU_ENGINE if device.type == "cpu" else "eager"
     if engine == "compiled" and (lockstep or is_fsdp_sharded(model)):
         raise ValueError(
@@ -206,28 +233,61 @@ class CompiledSteps(CudaGraphSteps):
     step, before the capture). The prefill runs uncompiled (its width changes with every batch).
     The tokens are the static engine's to float rounding: the fused kernels round differently."""
 
-    def __init__(self, decoder, head, keyword, length, decode_forwards):
+    # (decoder, batch, columns, dtype) a step was compiled for in this process: a new one is announced
+    compiled_shapes: set[tuple] = set()
+
+    def __init__(self, decoder, head, keyword, length, decode_forwards, fall_back: bool = False):
+        """`fall_back`: `auto` chose this engine, so a compile that fails here decodes uncompiled
+        (the graph engine's step) with a warning instead of stopping the run."""
         super().__init__(decoder, head, keyword, length, decode_forwards)
         on_cuda = next(decoder.parameters()).device.type == "cuda"
         self.capture = self.capture and on_cuda
+        self.fall_back = fall_back
+        self.compiling = True  # False once a compile failed and `fall_back` took the uncompiled step
 
     def cache_columns(self, length: int) -> int:
         return -(-length // COLUMN_BUCKET) * COLUMN_BUCKET
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if ids.shape[1] != 1:  # the prefill
+        if ids.shape[1] != 1 or not self.compiling:  # the prefill, or a compile that failed
             return super().forward(ids, mask, positions)
+        shape = (id(self.decoder), *mask.shape, next(self.decoder.parameters()).dtype)
+        new_shape = shape not in CompiledSteps.compiled_shapes
+        if new_shape:  # dynamo compiles on this call: tens of seconds the user should not wonder about
+            rows, columns = mask.shape
+            print(f"compiling the decode step for {rows} rows x {columns} columns (torch.compile, once "
+                  "per shape) ...", file=sys.stderr, flush=True)  # fmt: skip
+            start = time.monotonic()
         try:
             hidden = compiled_decode_step()(self.decoder, ids, mask, positions, self.with_cache)
         except torch._dynamo.exc.TorchDynamoException as error:  # the compile itself failed here
             cause = getattr(error, "inner_exception", None) or error  # the compiler's own error
             first = (str(cause).strip().splitlines() or [""])[0][:300]
+            if self.fall_back:
+                return self._uncompiled_after(f"{type(cause).__name__}: {first}", ids, mask, positions)
             raise ValueError(
                 f"rollout.engine compiled could not compile the decode step on this machine "
                 f"({type(cause).__name__}: {first}). Fix: --rollout.engine static (or auto), or make "
                 "torch.compile work here (inductor needs a C++ compiler on a CPU, triton on a GPU)."
             ) from None
+        if new_shape:
+            CompiledSteps.compiled_shapes.add(shape)
+            print(f"compiled the decode step ({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
         return self.head(hidden)
+
+    def _uncompiled_after(self, failure: str, ids, mask, positions) -> torch.Tensor:
+        """The step uncompiled (the graph engine's), from now on in this call and, through `auto`, the
+        process: `auto` chose the compile, so its failure is a warning, not the end of the run."""
+        global _auto_compile_failed
+        _auto_compile_failed = True
+        self.compiling = False
+        warnings.warn(
+            f"rollout.engine auto: torch.compile failed on this machine ({failure}); decoding with the "
+            "cuda_graph engine instead (2.2x slower on an H200). Set --rollout.engine cuda_graph to skip "
+            "the attempt, or make torch.compile work here (triton on a GPU).",
+            stacklevel=2,
+        )
+        return super().forward(ids, mask, positions)
 
 
 def _decode_step(decoder: nn.Module, ids, mask, positions, with_cache: dict) -> torch.Tensor:
@@ -256,3 +316,19 @@ ENGINE_STEPS = {
     "cuda_graph": CudaGraphSteps,
     "compiled": CompiledSteps,
 }
+
+
+def engine_steps(
+    engine: str,
+    decoder: nn.Module,
+    head: Callable,
+    keyword: str,
+    length: int,
+    decode_forwards: int,
+    auto: bool,
+) -> EagerSteps:
+    """The steps of the resolved `engine` for one call; `auto`: the user left the choice to `auto`
+    (a compile it chose falls back on failure rather than stopping the run)."""
+    if engine == "compiled":
+        return CompiledSteps(decoder, head, keyword, length, decode_forwards, fall_back=auto)
+    return ENGINE_STEPS[engine](decoder, head, keyword, length, decode_forwards)

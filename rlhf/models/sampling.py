@@ -15,8 +15,9 @@ within a step: whether every row has ended (the only host decision) is read ever
 tokens drawn are the same as with a check at every step.
 
 Engines (`SamplingConfig.engine`, rlhf/models/decoding.py): the forwards run over a KV cache grown per
-step (eager), a preallocated one with fixed shapes (static), or the static step replayed from a CUDA
-graph (cuda_graph); `auto` picks per device. The loop around them, and the tokens, are the same.
+step (eager), a preallocated one with fixed shapes (static), the static step replayed from a CUDA
+graph (cuda_graph), or compiled by torch.compile and replayed (compiled); `auto` picks per device and
+call length. The loop around them, and the tokens (to float rounding for compiled), are the same.
 
 Lockstep (`all_ranks_done`): when every decoding step's forward runs collectives (FSDP2 gathering
 each layer of a sharded policy in turn, rlhf/runtime/distributed.py), every rank must run the same
@@ -36,7 +37,7 @@ from torch import nn
 
 from rlhf.config import PAPER_SAMPLING
 from rlhf.models.backbone import causal_lm_parts, eval_mode, output_head, position_ids
-from rlhf.models.decoding import ENGINE_STEPS, ENGINES, Engine, resolve_engine
+from rlhf.models.decoding import ENGINES, Engine, engine_steps, resolve_engine
 from rlhf.models.device import model_device, same_device
 from rlhf.models.packed_linear import MIN_PACKED_NEW_TOKENS, packed_linears
 from rlhf.models.sequences import Sequences
@@ -68,7 +69,8 @@ class SamplingConfig:
     finished_check_every: int | None = None
     # how each decode step runs (rlhf/models/decoding.py): "eager" (a KV cache grown per step),
     # "static" (preallocated, fixed shapes), "cuda_graph" (static, the step replayed from a CUDA
-    # graph), "auto" (the fastest measured on the model's device). Same tokens whichever
+    # graph), "compiled" (static, torch.compile's step, replayed on CUDA), "auto" (the fastest measured
+    # on the model's device, rlhf/models/decoding.py). Same tokens whichever
     engine: Engine = "auto"
 
     def __post_init__(self) -> None:
@@ -369,8 +371,14 @@ def _sample_loop(
     batch, prompt_len = prompt_ids.shape
     device = prompt_ids.device
     max_new = config.max_new_tokens
-    steps_engine = ENGINE_STEPS[engine](
-        decoder, head, cache_keyword(type(decoder)), prompt_len + max_new, max_new - 1
+    steps_engine = engine_steps(
+        engine,
+        decoder,
+        head,
+        cache_keyword(type(decoder)),
+        prompt_len + max_new,
+        max_new - 1,
+        auto=config.engine == "auto",
     )
     # the engine's columns: prompt + max_new, or more for one whose cache length is bucketed (compiled)
     mask = torch.zeros(batch, steps_engine.columns, dtype=torch.long, device=device)
@@ -484,7 +492,9 @@ def generate(
     if pad_token_id is None:
         raise ValueError("pad_token_id is None: give the tokenizer's pad id (prepare_tokenizer sets one).")
     eos_ids = _eos_tensor(eos_token_id, prompt_ids.device)
-    engine = resolve_engine(config.engine, device, model, lockstep=all_ranks_done is not None)
+    engine = resolve_engine(
+        config.engine, device, model, all_ranks_done is not None, decode_forwards=config.max_new_tokens - 1
+    )
     # a batch of one decodes one row per step, which the packed weights do not speed up (packed_linear.py);
     # a compiled step has inductor's own kernels (the packed product is an op it cannot lower)
     pack = (

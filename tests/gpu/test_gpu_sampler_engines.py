@@ -70,11 +70,17 @@ def sample(model, tok, config, engine, rows=10, seed=7):
     )
 
 
-def assert_same_rollout(a, b, atol=1e-4):
+def assert_same_rollout(a, b, atol=1e-4, rtol=0.0):
     assert torch.equal(a.input_ids, b.input_ids)
     assert torch.equal(a.attention_mask, b.attention_mask)
     assert torch.equal(a.ended_with_eos, b.ended_with_eos)
-    torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=atol)
+    torch.testing.assert_close(a.logprobs, b.logprobs, rtol=rtol, atol=atol)
+
+
+# bf16 log-probs of two kernel sets: bf16 keeps 8 bits of mantissa (a relative step of 0.4%), and
+# fused kernels round their intermediates elsewhere than eager ones. The H200 run of session 18 saw
+# 0.029 on a log-prob of -5.6 (1.3 steps) between compiled and static steps: atol 2e-2 plus 1%.
+BF16 = dict(atol=2e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
@@ -160,14 +166,14 @@ def test_graph_under_bf16_autocast_replays_the_static_forward(lm, tok):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         graph = sample(lm, tok, config, "cuda_graph")
         static = sample(lm, tok, config, "static")
-    assert_same_rollout(graph, static, atol=2e-2)
+    assert_same_rollout(graph, static, **BF16)
 
 
 def test_graph_on_bfloat16_weights(lm, tok):
     model = lm.to(torch.bfloat16)
     config = SamplingConfig(max_new_tokens=16, temperature=1.0)
     assert_same_rollout(
-        sample(model, tok, config, "cuda_graph"), sample(model, tok, config, "static"), atol=2e-2
+        sample(model, tok, config, "cuda_graph"), sample(model, tok, config, "static"), **BF16
     )
 
 
@@ -202,6 +208,23 @@ def test_compiled_engine_replays_a_graph_and_compiles_once_for_two_calls(lm, tok
     assert len(graphs) == 1 and len(replays) == 2 * (20 - 2)
 
 
+def test_auto_compiles_a_long_call_on_cuda(lm, tok, monkeypatch):
+    """`auto` on CUDA: the compiled engine for calls of MIN_COMPILE_FORWARDS decode forwards or more
+    (triton ships with torch's CUDA wheels), the graph for shorter ones."""
+    from rlhf.models import decoding
+
+    made: list[str] = []
+    original = decoding.engine_steps
+    monkeypatch.setattr(
+        "rlhf.models.sampling.engine_steps",
+        lambda engine, *a, **k: made.append(engine) or original(engine, *a, **k),
+    )
+    long_call = SamplingConfig(max_new_tokens=decoding.MIN_COMPILE_FORWARDS + 1, temperature=1.1)
+    assert_same_rollout(sample(lm, tok, long_call, "auto"), sample(lm, tok, long_call, "static"))
+    sample(lm, tok, SamplingConfig(max_new_tokens=12), "auto")
+    assert made == ["compiled", "static", "cuda_graph"]
+
+
 def test_compiled_engine_under_bf16_autocast_and_with_lora(lm, tok):
     from peft import LoraConfig, get_peft_model
 
@@ -209,7 +232,7 @@ def test_compiled_engine_under_bf16_autocast_and_with_lora(lm, tok):
 
     config = SamplingConfig(max_new_tokens=16, temperature=1.0)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        assert_same_rollout(sample(lm, tok, config, "compiled"), sample(lm, tok, config, "static"), atol=2e-2)
+        assert_same_rollout(sample(lm, tok, config, "compiled"), sample(lm, tok, config, "static"), **BF16)
     with peft_wrapping():
         policy = get_peft_model(lm, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     assert_same_rollout(sample(policy, tok, config, "compiled"), sample(policy, tok, config, "static"))

@@ -157,10 +157,20 @@ def test_static_cache_with_a_lora_policy(lm):
         )
 
 
-def test_auto_engine_per_device_and_cuda_graph_refused_where_it_cannot_run(lm):
+def test_auto_engine_per_device_and_cuda_graph_refused_where_it_cannot_run(lm, monkeypatch):
+    from rlhf.models import decoding
+
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_engine("auto", cpu, lm, lockstep=False) == AUTO_CPU_ENGINE
-    assert resolve_engine("auto", cuda, lm, lockstep=False) == "cuda_graph"
+    long_call = decoding.MIN_COMPILE_FORWARDS
+    assert resolve_engine("auto", cpu, lm, lockstep=False, decode_forwards=long_call) == AUTO_CPU_ENGINE
+    monkeypatch.setattr(decoding.importlib.util, "find_spec", lambda name: object())  # triton is here
+    assert resolve_engine("auto", cuda, lm, lockstep=False, decode_forwards=long_call) == "compiled"
+    assert resolve_engine("auto", cuda, lm, lockstep=False, decode_forwards=long_call - 1) == "cuda_graph"
+    monkeypatch.setattr(decoding, "_auto_compile_failed", True)  # a compile of this process failed
+    assert resolve_engine("auto", cuda, lm, lockstep=False, decode_forwards=long_call) == "cuda_graph"
+    monkeypatch.setattr(decoding, "_auto_compile_failed", False)
+    monkeypatch.setattr(decoding.importlib.util, "find_spec", lambda name: None)  # no triton
+    assert resolve_engine("auto", cuda, lm, lockstep=False, decode_forwards=long_call) == "cuda_graph"
     assert resolve_engine("auto", cuda, lm, lockstep=True) == "static"  # collectives in every step
     assert resolve_engine("static", cpu, lm, lockstep=True) == "static"
     with pytest.raises(ValueError, match="not a CUDA GPU.*--rollout.engine static"):
@@ -300,3 +310,44 @@ def test_a_compile_that_fails_here_is_one_message_with_the_fix(lm, monkeypatch):
     monkeypatch.setattr(decoding, "compiled_decode_step", lambda: fails)
     with pytest.raises(ValueError, match="could not compile.*C\\+\\+ compiler.*Fix: --rollout.engine static"):
         run(lm, MIXED_PROMPTS, SamplingConfig(max_new_tokens=6), "compiled")
+
+
+def test_a_compile_auto_chose_that_fails_warns_and_decodes_with_the_graph_step(lm, monkeypatch):
+    """`auto` picked the compile (on CUDA it does for long calls); its failure must not stop the run:
+    one warning, the uncompiled step's rollout (the static engine's tokens), and `auto` takes the
+    graph for the rest of the process."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    from rlhf.models import decoding, sampling
+
+    def fails(*args, **kwargs):
+        raise BackendCompilerFailed(None, RuntimeError("triton not found"), None)
+
+    monkeypatch.setattr(decoding, "compiled_decode_step", lambda: fails)
+    monkeypatch.setattr(decoding, "_auto_compile_failed", False)
+    resolve = sampling.resolve_engine
+    monkeypatch.setattr(  # auto compiles, as on CUDA for a long call
+        sampling,
+        "resolve_engine",
+        lambda engine, *a, **k: "compiled" if engine == "auto" else resolve(engine, *a, **k),
+    )
+    config = SamplingConfig(max_new_tokens=6, temperature=0.9)
+    with pytest.warns(UserWarning, match="auto: torch.compile failed.*triton not found.*cuda_graph"):
+        fallen_back = run(lm, MIXED_PROMPTS, config, "auto")
+    assert decoding._auto_compile_failed
+    assert_same_rollout(fallen_back, run(lm, MIXED_PROMPTS, config, "static"))
+
+
+def test_a_new_compiled_shape_is_announced_once(lm, monkeypatch, capsys):
+    from rlhf.models import decoding
+    from rlhf.models.decoding import COLUMN_BUCKET
+
+    counting_compile(monkeypatch)
+    monkeypatch.setattr(decoding.CompiledSteps, "compiled_shapes", set())
+    config = SamplingConfig(max_new_tokens=5)
+    run(lm, MIXED_PROMPTS, config, "compiled")
+    first = capsys.readouterr().err
+    assert f"compiling the decode step for {len(MIXED_PROMPTS)} rows x {COLUMN_BUCKET} columns" in first
+    assert "compiled the decode step (" in first
+    run(lm, MIXED_PROMPTS, config, "compiled")  # the same shape: compiled already, nothing said
+    assert "compiling" not in capsys.readouterr().err

@@ -265,7 +265,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="ppo: prompts per iteration")
     parser.add_argument("--response-length", type=int, default=None, help="ppo: tokens per response")
     parser.add_argument(
-        "--engine", default="auto", help="ppo: rollout.engine (auto, eager, static, cuda_graph, compiled)"
+        "--engine",
+        default="auto",
+        help="ppo: rollout.engine (auto, eager, static, cuda_graph, compiled); on CUDA auto compiles a "
+        "rollout of 33+ tokens from its third iteration on (rlhf/models/decoding.py): name the engine, or "
+        "--warmup 3, for steady-state figures",
     )
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3, help="sampler: alternated repetitions per batch")

@@ -8,8 +8,8 @@
 #    against transformers' generate (dynamic and static cache) at batch 64, 16, 1 x 128 new tokens,
 #    then 32 x 64 (each compiled shape compiles once, in its warm-up round);
 # 3. bench/gpu.py ppo: one PPO iteration of 32 prompts x 64 tokens on SmolLM2-135M's shape with random
-#    weights (EOS never stops a response: the trained model's work), bf16 and float32, 1x1 and 4x4, and
-#    bf16 1x1 with rollout.engine compiled;
+#    weights (EOS never stops a response: the trained model's work): bf16 1x1 with the graph engine, then
+#    with the compiled one (auto's choice from a shape's third call) in bf16 and float32, 1x1 and 4x4;
 # 4. bench/packing.py: SFT tokens/s padded against packed, bf16, SmolLM2's config and tokenizer with
 #    random weights, HH rows (ASSETS: smollm2/ holds config.json and the tokenizer, no weights;
 #    hh_sft.jsonl; both from a recipe run, carried in bench/.cache/gpu, which git ignores);
@@ -18,8 +18,10 @@
 # 7. bench/sampler_profile.py: where a graph-engine call's time goes (prefill, capture, steps; the
 #    device's busy share), batch 64 and 1, cuda_graph and compiled;
 # 8. bench/update_profile.py: where the PPO update's time goes (smollm2-4x4, 32 x 64, bf16).
-# STEPS="1 3 7" runs only those steps (a rerun). After session 17 (steps 4-6 measured then): two
-# calls, STEPS="1 3 8" (about 7 minutes) then STEPS="2" (about 5, a compile per shape), then 7. DEVICE=cpu SMALL=1 runs the same steps at toy sizes on a CPU (a check of this script itself).
+# STEPS="1 3 7" runs only those steps (a rerun); ENGINES, HF_CACHES (step 2), PPO_CASES ("workload
+# dtype engine" triples, comma-separated: step 3), PROFILE_ENGINES, PROFILE_BATCHES (step 7) and
+# TESTS_TIMEOUT (step 1) narrow a step to what is new (session 18's calls: docs/speed.md "On a GPU").
+# DEVICE=cpu SMALL=1 runs the same steps at toy sizes on a CPU (a check of this script itself).
 set -u
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/gpu_speed}
@@ -80,7 +82,9 @@ fi
 if want 3; then
 step "3. bench/gpu.py ppo: $B prompts x $L tokens, SmolLM2 shape"
 COMPILED=compiled; [ "$DEVICE" = cuda ] || COMPILED=static
-PPO_CASES=${PPO_CASES:-"smollm2-1x1 bfloat16 auto,smollm2-1x1 bfloat16 $COMPILED,smollm2-1x1 float32 auto,smollm2-4x4 bfloat16 auto"}
+# auto would compile in a counted iteration (from a shape's third call on): the engines are named
+GRAPH=cuda_graph; [ "$DEVICE" = cuda ] || GRAPH=static
+PPO_CASES=${PPO_CASES:-"smollm2-1x1 bfloat16 $GRAPH,smollm2-1x1 bfloat16 $COMPILED,smollm2-1x1 float32 $COMPILED,smollm2-4x4 bfloat16 $COMPILED"}
 IFS=, read -ra CASES <<<"$PPO_CASES"
 for case in "${CASES[@]}"; do
     set -- $case

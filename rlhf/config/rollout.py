@@ -33,7 +33,8 @@ class RolloutConfig:
     # cache grown per step), "static" (preallocated, fixed shapes), "cuda_graph" (static, each step
     # replayed from a CUDA graph), "compiled" (static, the decode step compiled by torch.compile and on
     # CUDA replayed from a CUDA graph; tokens equal to float rounding), "auto" (per device, the fastest
-    # measured, docs/speed.md: compiled on CUDA for responses of 33+ tokens, else cuda_graph; eager on a CPU)
+    # measured, docs/speed.md: on CUDA compiled from a rollout's third iteration for responses of 33+
+    # tokens, else cuda_graph; eager on a CPU)
     engine: Literal["auto", "eager", "static", "cuda_graph", "compiled"] = "auto"
     # old log-probs from the sampler's own logits (as TRL does) instead of one more policy forward:
     # saves a forward per iteration; the first PPO ratio is then 1 only to float rounding (~1e-6 fp32)

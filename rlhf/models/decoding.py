@@ -14,10 +14,12 @@
 
 `auto` picks per device (`resolve_engine`): on CUDA, when the model can be captured (not sharded by
 FSDP2, not decoding in lockstep with other ranks: their collectives cannot be replayed), the compiled
-engine (2.2x the graph on an H200, docs/speed.md) for calls of at least `MIN_COMPILE_FORWARDS` decode
-forwards where triton is installed, else the graph; static when it cannot be captured; on a CPU the
-engine measured fastest there (`AUTO_CPU_ENGINE`, bench/sampler.py). A compile that `auto` chose and
-that fails on this machine warns once and decodes with the graph for the rest of the process.
+engine (2.2x the graph on an H200, docs/speed.md) for a call that repeats (its model and shape sampled
+`COMPILE_AFTER_CALLS` times before in the process: an RL rollout's every iteration, not `rlhf eval`'s
+few calls) of at least `MIN_COMPILE_FORWARDS` decode forwards where triton is installed, else the
+graph; static when it cannot be captured; on a CPU the engine measured fastest there
+(`AUTO_CPU_ENGINE`, bench/sampler.py). A compile that `auto` chose and that fails on this machine
+warns once and decodes with the graph for the rest of the process.
 
 The tokens are the same whatever the engine: every engine computes the same logits to float
 rounding (the static cache's attention reads the unwritten columns too, masked out), and the
@@ -27,6 +29,7 @@ sampler draws from them the same way. A graph keeps every row in its batch until
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.util
 import sys
@@ -54,20 +57,33 @@ MIN_GRAPH_STEPS = 4
 # `torch._dynamo.config.recompile_limit` times, 8 by default, then runs the step uncompiled).
 COLUMN_BUCKET = 64
 
-# `auto` compiles on CUDA only calls with at least this many decode forwards: a compile takes about 40 s
-# per (batch, column bucket) on an H200 host and saves about 2.6 ms a step at batch 64 (docs/speed.md),
-# so it pays over a run's many long calls, never over a few short ones (the tests' tiny models).
+# A compile takes about 40 s per (batch, column bucket) on an H200's host and saves about 2.6 ms a decode
+# step at batch 64 (docs/speed.md): it pays over many long calls of one shape only. So `auto` compiles
+# on CUDA a call of at least MIN_COMPILE_FORWARDS decode forwards whose model and shape it has sampled
+# COMPILE_AFTER_CALLS times before in this process (an RL rollout from its third iteration on); the
+# calls before, and short or one-off ones (`rlhf eval`, a run's sample log), take the graph.
 MIN_COMPILE_FORWARDS = 32
+COMPILE_AFTER_CALLS = 2
 
+# `auto`'s long CUDA calls so far, per (model, rows, column bucket)
+_auto_calls: collections.Counter[tuple[int, int, int]] = collections.Counter()
 # Set when a compile `auto` chose failed in this process: `auto` takes the graph from then on.
 _auto_compile_failed = False
 
 
-def auto_can_compile(decode_forwards: int) -> bool:
-    """Whether `auto` compiles a CUDA decode step of `decode_forwards` calls: long enough to pay,
-    inductor's GPU backend (triton) installed, and no compile of this process has failed."""
-    has_triton = importlib.util.find_spec("triton") is not None
-    return decode_forwards >= MIN_COMPILE_FORWARDS and has_triton and not _auto_compile_failed
+def auto_compiles(model: nn.Module, rows: int, columns: int, decode_forwards: int) -> bool:
+    """Whether `auto` compiles this CUDA call's decode step (`rows` x `columns` of prompt + new
+    tokens, `decode_forwards` one-token forwards), counting the call: a long call of a shape sampled
+    COMPILE_AFTER_CALLS times before, inductor's GPU backend (triton) installed, no compile failed."""
+    if (
+        decode_forwards < MIN_COMPILE_FORWARDS
+        or _auto_compile_failed
+        or importlib.util.find_spec("triton") is None
+    ):
+        return False
+    shape = (id(model), rows, -(-columns // COLUMN_BUCKET))
+    _auto_calls[shape] += 1
+    return _auto_calls[shape] > COMPILE_AFTER_CALLS
 
 
 def is_fsdp_sharded(model: nn.Module) -> bool:
@@ -80,11 +96,15 @@ def is_fsdp_sharded(model: nn.Module) -> bool:
 
 
 def resolve_engine(
-    engine: str, device: torch.device, model: nn.Module, lockstep: bool, decode_forwards: int = 0
+    engine: str,
+    device: torch.device,
+    model: nn.Module,
+    lockstep: bool,
+    shape: tuple[int, int, int] = (0, 0, 0),
 ) -> str:
     """The engine that runs: `engine`, or for `auto` the fastest that works on `device` for `model`
-    and a call of `decode_forwards` one-token forwards. An engine asked for where it cannot run is an
-    error naming the fix."""
+    and a call of `shape` (rows, columns, decode forwards: `auto_compiles`). An engine asked for where
+    it cannot run is an error naming the fix."""
     if engine not in ENGINES:
         raise ValueError(f"sampling engine {engine!r} is not one of {', '.join(ENGINES)}.")
     graphable = device.type == "cuda" and not lockstep and not is_fsdp_sharded(model)
@@ -92,7 +112,7 @@ def resolve_engine(
         if device.type == "cuda":
             if not graphable:
                 return "static"
-            return "compiled" if auto_can_compile(decode_forwards) else "cuda_graph"
+            return "compiled" if auto_compiles(model, *shape) else "cuda_graph"
         return AUTO_CPU_ENGINE if device.type == "cpu" else "eager"
     if engine == "compiled" and (lockstep or is_fsdp_sharded(model)):
         raise ValueError(

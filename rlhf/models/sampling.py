@@ -16,8 +16,8 @@ tokens drawn are the same as with a check at every step.
 
 Engines (`SamplingConfig.engine`, rlhf/models/decoding.py): the forwards run over a KV cache grown per
 step (eager), a preallocated one with fixed shapes (static), the static step replayed from a CUDA
-graph (cuda_graph), or compiled by torch.compile and replayed (compiled); `auto` picks per device and
-call length. The loop around them, and the tokens (to float rounding for compiled), are the same.
+graph (cuda_graph), or compiled by torch.compile and replayed (compiled); `auto` picks per device,
+call length and how often the call's shape repeats. The loop around them, and the tokens (to float rounding for compiled), are the same.
 
 Lockstep (`all_ranks_done`): when every decoding step's forward runs collectives (FSDP2 gathering
 each layer of a sharded policy in turn, rlhf/runtime/distributed.py), every rank must run the same
@@ -492,9 +492,9 @@ def generate(
     if pad_token_id is None:
         raise ValueError("pad_token_id is None: give the tokenizer's pad id (prepare_tokenizer sets one).")
     eos_ids = _eos_tensor(eos_token_id, prompt_ids.device)
-    engine = resolve_engine(
-        config.engine, device, model, all_ranks_done is not None, decode_forwards=config.max_new_tokens - 1
-    )
+    rows, width = prompt_ids.shape
+    call_shape = (rows, width + config.max_new_tokens, config.max_new_tokens - 1)
+    engine = resolve_engine(config.engine, device, model, all_ranks_done is not None, call_shape)
     # a batch of one decodes one row per step, which the packed weights do not speed up (packed_linear.py);
     # a compiled step has inductor's own kernels (the packed product is an op it cannot lower)
     pack = (

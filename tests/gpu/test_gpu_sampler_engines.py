@@ -208,11 +208,15 @@ def test_compiled_engine_replays_a_graph_and_compiles_once_for_two_calls(lm, tok
     assert len(graphs) == 1 and len(replays) == 2 * (20 - 2)
 
 
-def test_auto_compiles_a_long_call_on_cuda(lm, tok, monkeypatch):
-    """`auto` on CUDA: the compiled engine for calls of MIN_COMPILE_FORWARDS decode forwards or more
-    (triton ships with torch's CUDA wheels), the graph for shorter ones."""
+def test_auto_compiles_a_long_call_once_it_repeats_on_cuda(lm, tok, monkeypatch):
+    """`auto` on CUDA: the graph for the first COMPILE_AFTER_CALLS calls of a shape, the compiled
+    engine from then on for calls of MIN_COMPILE_FORWARDS decode forwards or more (triton ships with
+    torch's CUDA wheels), the graph for shorter ones."""
+    import collections
+
     from rlhf.models import decoding
 
+    monkeypatch.setattr(decoding, "_auto_calls", collections.Counter())
     made: list[str] = []
     original = decoding.engine_steps
     monkeypatch.setattr(
@@ -220,9 +224,14 @@ def test_auto_compiles_a_long_call_on_cuda(lm, tok, monkeypatch):
         lambda engine, *a, **k: made.append(engine) or original(engine, *a, **k),
     )
     long_call = SamplingConfig(max_new_tokens=decoding.MIN_COMPILE_FORWARDS + 1, temperature=1.1)
-    assert_same_rollout(sample(lm, tok, long_call, "auto"), sample(lm, tok, long_call, "static"))
+    rollouts = [sample(lm, tok, long_call, "auto") for _ in range(decoding.COMPILE_AFTER_CALLS + 1)]
+    assert made == ["cuda_graph"] * decoding.COMPILE_AFTER_CALLS + ["compiled"]
+    static = sample(lm, tok, long_call, "static")
+    for rollout in rollouts:
+        assert_same_rollout(rollout, static)
+    made.clear()
     sample(lm, tok, SamplingConfig(max_new_tokens=12), "auto")
-    assert made == ["compiled", "static", "cuda_graph"]
+    assert made == ["cuda_graph"]
 
 
 def test_compiled_engine_under_bf16_autocast_and_with_lora(lm, tok):

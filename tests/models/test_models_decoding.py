@@ -158,19 +158,34 @@ def test_static_cache_with_a_lora_policy(lm):
 
 
 def test_auto_engine_per_device_and_cuda_graph_refused_where_it_cannot_run(lm, monkeypatch):
+    import collections
+
     from rlhf.models import decoding
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    long_call = decoding.MIN_COMPILE_FORWARDS
-    assert resolve_engine("auto", cpu, lm, lockstep=False, decode_forwards=long_call) == AUTO_CPU_ENGINE
+    monkeypatch.setattr(decoding, "_auto_calls", collections.Counter())
+    monkeypatch.setattr(decoding, "_auto_compile_failed", False)
+    long_call = (8, 40, decoding.MIN_COMPILE_FORWARDS)  # rows, columns, decode forwards
+    assert resolve_engine("auto", cpu, lm, False, long_call) == AUTO_CPU_ENGINE
     monkeypatch.setattr(decoding.importlib.util, "find_spec", lambda name: object())  # triton is here
-    assert resolve_engine("auto", cuda, lm, lockstep=False, decode_forwards=long_call) == "compiled"
-    assert resolve_engine("auto", cuda, lm, lockstep=False, decode_forwards=long_call - 1) == "cuda_graph"
+
+    def on_cuda(shape):
+        return resolve_engine("auto", cuda, lm, False, shape)
+
+    # a long call compiles once its shape repeats: the graph for the first COMPILE_AFTER_CALLS calls
+    assert [on_cuda(long_call) for _ in range(decoding.COMPILE_AFTER_CALLS + 2)] == ["cuda_graph"] * (
+        decoding.COMPILE_AFTER_CALLS
+    ) + ["compiled"] * 2
+    assert on_cuda((8, 63, decoding.MIN_COMPILE_FORWARDS)) == "compiled"  # the same column bucket
+    assert on_cuda((8, 70, decoding.MIN_COMPILE_FORWARDS)) == "cuda_graph"  # another bucket: counted anew
+    assert on_cuda((4, 40, decoding.MIN_COMPILE_FORWARDS)) == "cuda_graph"  # other rows too
+    short_call = (8, 40, decoding.MIN_COMPILE_FORWARDS - 1)
+    assert {on_cuda(short_call) for _ in range(4)} == {"cuda_graph"}  # never compiled
     monkeypatch.setattr(decoding, "_auto_compile_failed", True)  # a compile of this process failed
-    assert resolve_engine("auto", cuda, lm, lockstep=False, decode_forwards=long_call) == "cuda_graph"
+    assert on_cuda(long_call) == "cuda_graph"
     monkeypatch.setattr(decoding, "_auto_compile_failed", False)
     monkeypatch.setattr(decoding.importlib.util, "find_spec", lambda name: None)  # no triton
-    assert resolve_engine("auto", cuda, lm, lockstep=False, decode_forwards=long_call) == "cuda_graph"
+    assert on_cuda(long_call) == "cuda_graph"
     assert resolve_engine("auto", cuda, lm, lockstep=True) == "static"  # collectives in every step
     assert resolve_engine("static", cpu, lm, lockstep=True) == "static"
     with pytest.raises(ValueError, match="not a CUDA GPU.*--rollout.engine static"):

@@ -18,6 +18,8 @@
 # 7. bench/sampler_profile.py: where a graph-engine call's time goes (prefill, capture, steps; the
 #    device's busy share), batch 64 and 1, cuda_graph and compiled;
 # 8. bench/update_profile.py: where the PPO update's time goes (smollm2-4x4, 32 x 64, bf16).
+# 9. bench/update_compile.py: the update with the policy's and critic's decoders compiled, against as
+#    is (the lever left for a PPO iteration under 0.7 s; smollm2-1x1, 32 x 64, bf16).
 # STEPS="1 3 7" runs only those steps (a rerun); ENGINES, HF_CACHES (step 2), PPO_CASES ("workload
 # dtype engine" triples, comma-separated: step 3), PROFILE_ENGINES, PROFILE_BATCHES (step 7) and
 # TESTS_TIMEOUT (step 1) narrow a step to what is new (session 18's calls: docs/speed.md "On a GPU").
@@ -30,7 +32,7 @@ DEVICE=${DEVICE:-cuda}
 SMALL=${SMALL:-0}
 PY=${PY:-python3}
 mkdir -p "$OUT"
-STEPS=${STEPS:-1 2 3 4 5 6 7 8}
+STEPS=${STEPS:-1 2 3 4 5 6 7 8 9}
 step() { echo; echo "== $* ($(date +%T))"; }
 want() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 if [ "$SMALL" = 1 ]; then
@@ -153,6 +155,14 @@ timeout 150 $PY -m bench.update_profile --workload smollm2-4x4 --batch-size $B -
     --device "$DEVICE" --dtype bfloat16 >"$OUT/update_profile.log" 2>&1
 echo "update profile exit $?"
 tail -1 "$OUT/update_profile.log" | cut -c1-1500
+fi
+
+if want 9; then
+step "9. bench/update_compile.py: the PPO update with compiled decoders, smollm2-1x1, $B x $L, bf16"
+timeout 300 $PY -m bench.update_compile --workload smollm2-1x1 --batch-size $B --response-length $L \
+    --device "$DEVICE" --dtype bfloat16 --iters $((ITERS + 1)) >"$OUT/update_compile.log" 2>&1
+echo "update compile exit $?"
+tail -1 "$OUT/update_compile.log" | cut -c1-1500
 fi
 
 step done

@@ -219,9 +219,10 @@ def sampler_vs_generate(
 ) -> dict:
     """Our sampler against `generate` on `device` with `dtype` weights (the model is moved there):
     per batch size, `new_tokens` at temperature 0.7 with EOS never stopping a row, after a warm-up
-    of both, `reps` alternated runs (bench/smollm2.py's rows: seconds, tokens, speedup); then the
+    of both (on CUDA also the calls after which `auto` compiles), `reps` alternated runs (bench/smollm2.py's rows: seconds, tokens, speedup); then the
     greedy check on the largest batch; peak memory (CUDA: since the model was placed)."""
     from bench.smollm2 import comparison, time_hf, time_ours
+    from rlhf.models.decoding import COMPILE_AFTER_CALLS
     from rlhf.models.sampling import SamplingConfig
 
     place(model, device, dtype)
@@ -233,6 +234,9 @@ def sampler_vs_generate(
         ids, mask = batch_of(prompts, size, tokenizer.pad_token_id)
         time_ours(model, ids, mask, warm, tokenizer, 0)
         time_hf(model, ids, mask, warm, tokenizer, 0)
+        if device.startswith("cuda"):  # `auto` compiles a shape once it repeats: here, not in a timed rep
+            for _ in range(COMPILE_AFTER_CALLS + 1):
+                time_ours(model, ids, mask, fixed, tokenizer, 0)
         ours, hf = [], []
         for rep in range(reps):  # alternated: both see the same state of the device and host
             ours.append(time_ours(model, ids, mask, fixed, tokenizer, rep))

@@ -21,6 +21,13 @@ graph; static when it cannot be captured; on a CPU the engine measured fastest t
 (`AUTO_CPU_ENGINE`, bench/sampler.py). A compile that `auto` chose and that fails on this machine
 warns once and decodes with the graph for the rest of the process.
 
+Sliding-window attention (Gemma 2 and 3, Mistral with `sliding_window`): transformers' static cache
+keeps a Python count of the positions written in its sliding layers and branches on it (whether the
+window is full, where the mask starts). A compiled step guards on that count, so dynamo recompiles at
+every step; a captured graph replays the branch of its capture, wrong once the window fills within the
+call (`sliding_windows`). So `compiled` is refused for such a model, `cuda_graph` where a window is
+shorter than the call's prompt + new tokens, and `auto` takes the graph or the static engine there.
+
 The tokens are the same whatever the engine: every engine computes the same logits to float
 rounding (the static cache's attention reads the unwritten columns too, masked out), and the
 sampler draws from them the same way. A graph keeps every row in its batch until the call ends
@@ -95,6 +102,23 @@ def is_fsdp_sharded(model: nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
+def sliding_windows(model: nn.Module, columns: int) -> tuple[bool, int | None]:
+    """(whether `model`'s static cache has sliding-window layers, the shortest window when it is
+    shorter than `columns`, so that it fills within a call of that many columns; else None). Read
+    from the cache transformers builds for the model's config (built lazily: nothing allocated)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False, None
+    try:
+        cache = StaticCache(config=config, max_cache_len=max(1, columns))
+    except (TypeError, ValueError, AttributeError):  # not a transformers config: no static cache to read
+        return False, None
+    sliding = [layer for layer in getattr(cache, "layers", ()) if getattr(layer, "is_sliding", False)]
+    windows = [getattr(layer, "max_cache_len", columns) for layer in sliding]
+    shortest = min(windows, default=columns)
+    return bool(sliding), (shortest if shortest < columns else None)
+
+
 def resolve_engine(
     engine: str,
     device: torch.device,
@@ -108,12 +132,27 @@ def resolve_engine(
     if engine not in ENGINES:
         raise ValueError(f"sampling engine {engine!r} is not one of {', '.join(ENGINES)}.")
     graphable = device.type == "cuda" and not lockstep and not is_fsdp_sharded(model)
+    sliding, fills = (False, None)
+    if engine in ("cuda_graph", "compiled") or (engine == "auto" and graphable):
+        sliding, fills = sliding_windows(model, shape[1])
     if engine == "auto":
         if device.type == "cuda":
-            if not graphable:
+            if not graphable or fills is not None:
                 return "static"
-            return "compiled" if auto_compiles(model, *shape) else "cuda_graph"
+            return "compiled" if not sliding and auto_compiles(model, *shape) else "cuda_graph"
         return AUTO_CPU_ENGINE if device.type == "cpu" else "eager"
+    if engine == "compiled" and sliding:
+        raise ValueError(
+            "rollout.engine compiled cannot run here: the model has sliding-window attention, whose static "
+            "cache counts its positions in Python, so torch.compile would recompile the step at every token. "
+            "Fix: --rollout.engine cuda_graph on a GPU, static elsewhere (or auto)."
+        )
+    if engine == "cuda_graph" and fills is not None:
+        raise ValueError(
+            f"rollout.engine cuda_graph cannot run here: the model's sliding window ({fills} positions) is "
+            f"shorter than a call's prompt + new tokens ({shape[1]}); once it fills, its cache moves by Python "
+            "decisions that a replayed graph would not make. Fix: --rollout.engine static (or auto)."
+        )
     if engine == "compiled" and (lockstep or is_fsdp_sharded(model)):
         raise ValueError(
             "rollout.engine compiled cannot run here: the policy is sharded by FSDP2 or decodes in lockstep "

@@ -371,15 +371,8 @@ def _sample_loop(
     batch, prompt_len = prompt_ids.shape
     device = prompt_ids.device
     max_new = config.max_new_tokens
-    steps_engine = engine_steps(
-        engine,
-        decoder,
-        head,
-        cache_keyword(type(decoder)),
-        prompt_len + max_new,
-        max_new - 1,
-        auto=config.engine == "auto",
-    )
+    keyword, by_auto = cache_keyword(type(decoder)), config.engine == "auto"
+    steps_engine = engine_steps(engine, decoder, head, keyword, prompt_len + max_new, max_new - 1, by_auto)
     # the engine's columns: prompt + max_new, or more for one whose cache length is bucketed (compiled)
     mask = torch.zeros(batch, steps_engine.columns, dtype=torch.long, device=device)
     mask[:, :prompt_len] = prompt_mask

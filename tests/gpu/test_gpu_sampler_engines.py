@@ -245,3 +245,44 @@ def test_compiled_engine_under_bf16_autocast_and_with_lora(lm, tok):
     with peft_wrapping():
         policy = get_peft_model(lm, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     assert_same_rollout(sample(policy, tok, config, "compiled"), sample(policy, tok, config, "static"))
+
+
+def test_a_sliding_window_model_samples_with_the_engine_that_replays_it(monkeypatch):
+    """Mistral with a sliding window (its static cache steps through Python state): `auto` takes the
+    static engine where the window fills within the call, the graph where it does not; either draws
+    the eager rollout (rlhf/models/decoding.py `sliding_windows`)."""
+    import transformers
+
+    from rlhf.models import decoding
+
+    made: list[str] = []
+    original = decoding.engine_steps
+    monkeypatch.setattr(
+        "rlhf.models.sampling.engine_steps",
+        lambda engine, *a, **k: made.append(engine) or original(engine, *a, **k),
+    )
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        sliding_window=8, vocab_size=24, pad_token_id=0, eos_token_id=3, bos_token_id=2,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config).eval().to(CUDA)
+    ids, mask = left_pad([[4 + i % 9, 5 + i % 7][: 1 + i % 2] for i in range(6)], 0)
+    for new_tokens, engine in ((40, "static"), (6, "cuda_graph")):  # 2 + 40 > 8 columns; 2 + 6 <= 8
+        made.clear()
+        config_ = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, stop_at_eos=False)
+        rollouts = [
+            generate(
+                model,
+                ids,
+                mask,
+                replace(config_, engine=e),
+                3,
+                0,
+                torch.Generator(CUDA).manual_seed(4),
+                return_logprobs=True,
+            )  # fmt: skip
+            for e in ("auto", "eager")
+        ]
+        assert made == [engine, "eager"]
+        assert_same_rollout(*rollouts)

@@ -21,6 +21,10 @@ graph; static when it cannot be captured; on a CPU the engine measured fastest t
 (`AUTO_CPU_ENGINE`, bench/sampler.py). A compile that `auto` chose and that fails on this machine
 warns once and decodes with the graph for the rest of the process.
 
+A model transformers marks as unable to compile with a static cache (`_can_compile_fullgraph` False:
+Mamba's state-space layers, some mixture-of-experts and multimodal models) runs `eager` under `auto`
+on every device, and `cuda_graph` or `compiled` asked for it is refused with the fix.
+
 Sliding-window attention (Gemma 2 and 3, Mistral with `sliding_window`): transformers' static cache
 keeps a Python count of the positions written in its sliding layers and branches on it (whether the
 window is full, where the mask starts). A compiled step guards on that count, so dynamo recompiles at
@@ -48,6 +52,8 @@ from typing import Literal
 import torch
 from torch import nn
 from transformers import DynamicCache, StaticCache
+
+from rlhf.models.backbone import unwrap_causal_lm
 
 Engine = Literal["auto", "eager", "static", "cuda_graph", "compiled"]
 ENGINES: tuple[str, ...] = ("auto", "eager", "static", "cuda_graph", "compiled")
@@ -102,6 +108,12 @@ def is_fsdp_sharded(model: nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
+def static_cache_capable(model: nn.Module) -> bool:
+    """Whether transformers says `model` works with a static cache under torch.compile (its class's
+    `_can_compile_fullgraph`; a decoder from outside transformers is assumed to)."""
+    return bool(getattr(type(unwrap_causal_lm(model)), "_can_compile_fullgraph", True))
+
+
 def sliding_windows(model: nn.Module, columns: int) -> tuple[bool, int | None]:
     """(whether `model`'s static cache has sliding-window layers, the shortest window when it is
     shorter than `columns`, so that it fills within a call of that many columns; else None). Read
@@ -131,45 +143,58 @@ def resolve_engine(
     it cannot run is an error naming the fix."""
     if engine not in ENGINES:
         raise ValueError(f"sampling engine {engine!r} is not one of {', '.join(ENGINES)}.")
-    graphable = device.type == "cuda" and not lockstep and not is_fsdp_sharded(model)
-    sliding, fills = (False, None)
-    if engine in ("cuda_graph", "compiled") or (engine == "auto" and graphable):
-        sliding, fills = sliding_windows(model, shape[1])
+    capable = static_cache_capable(model)
+    collectives = lockstep or is_fsdp_sharded(model)  # per-layer collectives in every step
+    graphable = device.type == "cuda" and not collectives and capable
+    needs_static_cache = engine in ("cuda_graph", "compiled") or (engine == "auto" and graphable)
+    sliding, fills = sliding_windows(model, shape[1]) if capable and needs_static_cache else (False, None)
     if engine == "auto":
-        if device.type == "cuda":
-            if not graphable or fills is not None:
-                return "static"
-            return "compiled" if not sliding and auto_compiles(model, *shape) else "cuda_graph"
-        return AUTO_CPU_ENGINE if device.type == "cpu" else "eager"
-    if engine == "compiled" and sliding:
+        if not capable:
+            return "eager"
+        if device.type != "cuda":
+            return AUTO_CPU_ENGINE if device.type == "cpu" else "eager"
+        if not graphable or fills is not None:
+            return "static"
+        return "compiled" if not sliding and auto_compiles(model, *shape) else "cuda_graph"
+    why = _why_not(engine, device, model, capable, collectives, sliding, fills, shape[1])
+    if why is not None:
+        reason, fix = why
         raise ValueError(
-            "rollout.engine compiled cannot run here: the model has sliding-window attention, whose static "
-            "cache counts its positions in Python, so torch.compile would recompile the step at every token. "
-            "Fix: --rollout.engine cuda_graph on a GPU, static elsewhere (or auto)."
-        )
-    if engine == "cuda_graph" and fills is not None:
-        raise ValueError(
-            f"rollout.engine cuda_graph cannot run here: the model's sliding window ({fills} positions) is "
-            f"shorter than a call's prompt + new tokens ({shape[1]}); once it fills, its cache moves by Python "
-            "decisions that a replayed graph would not make. Fix: --rollout.engine static (or auto)."
-        )
-    if engine == "compiled" and (lockstep or is_fsdp_sharded(model)):
-        raise ValueError(
-            "rollout.engine compiled cannot run here: the policy is sharded by FSDP2 or decodes in lockstep "
-            "with other ranks (their per-layer collectives are not compiled into the step). Fix: "
-            "--rollout.engine static (or auto)."
-        )
-    if engine == "cuda_graph" and not graphable:
-        why = (
-            f"the model is on {device}, not a CUDA GPU"
-            if device.type != "cuda"
-            else "the policy is sharded by FSDP2 or decodes in lockstep with other ranks (collectives "
-            "cannot be replayed from a graph)"
-        )
-        raise ValueError(
-            f"rollout.engine cuda_graph cannot run here: {why}. Fix: --rollout.engine static (or auto)."
+            f"rollout.engine {engine} cannot run here: {reason}. Fix: --rollout.engine {fix} (or auto)."
         )
     return engine
+
+
+def _why_not(
+    engine: str,
+    device: torch.device,
+    model: nn.Module,
+    capable: bool,
+    collectives: bool,
+    sliding: bool,
+    fills: int | None,
+    columns: int,
+) -> tuple[str, str] | None:
+    """(why `engine` cannot run, the engine to take instead), or None when it can."""
+    if engine not in ("cuda_graph", "compiled"):
+        return None
+    if not capable:
+        name = type(unwrap_causal_lm(model)).__name__
+        return (f"transformers marks {name} as unable to run a static KV cache under torch.compile "
+                "(_can_compile_fullgraph is False), which the step replays", "eager")  # fmt: skip
+    if collectives:
+        return ("the policy is sharded by FSDP2 or decodes in lockstep with other ranks (their per-layer "
+                "collectives cannot be replayed from a graph or compiled into the step)", "static")  # fmt: skip
+    if engine == "compiled" and sliding:
+        return ("the model has sliding-window attention, whose static cache counts its positions in Python, "
+                "so torch.compile would recompile the step at every token", "cuda_graph on a GPU, static elsewhere")  # fmt: skip
+    if engine == "cuda_graph" and device.type != "cuda":
+        return f"the model is on {device}, not a CUDA GPU", "static"
+    if engine == "cuda_graph" and fills is not None:
+        return (f"the model's sliding window ({fills} positions) is shorter than a call's prompt + new tokens "
+                f"({columns}); once it fills, its cache moves by Python decisions that a replayed graph would "
+                "not make", "static")  # fmt: skip
+    return None
 
 
 class EagerSteps:

@@ -3,7 +3,7 @@ GPT-NeoX (absolute or rotary positions, other attention modules), and the slidin
 (Mistral with `sliding_window`, Gemma 3) whose static cache steps through Python state. The static
 engine draws the eager rollout on each; the compiled step (traced by dynamo, run by a counting
 backend) draws it with one graph per call shape; a sliding-window model is kept off the engines that
-cannot replay it (`sliding_windows`)."""
+cannot replay it (`sliding_windows`), and a model without static-cache support (Mamba) samples eagerly."""
 
 from __future__ import annotations
 
@@ -109,3 +109,22 @@ def test_a_sliding_window_model_is_kept_off_the_engines_that_cannot_replay_it(na
         resolve_engine("compiled", torch.device("cpu"), model, False, long_within)
     with pytest.raises(ValueError, match="compiled cannot run here"):  # through the sampler, before a step
         run(model, "compiled")
+
+
+def test_a_model_without_static_cache_support_samples_eagerly_and_the_graphs_are_refused():
+    """Mamba (state-space layers): transformers marks it `_can_compile_fullgraph = False`; the static
+    engine fails on it, so `auto` takes the eager engine on every device and the graph engines are
+    refused with the fix."""
+    torch.manual_seed(0)
+    config = transformers.MambaConfig(hidden_size=32, num_hidden_layers=2, state_size=4, **IDS)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    call = (8, 23, 15)
+    for device in (torch.device("cpu"), torch.device("cuda")):
+        assert resolve_engine("auto", device, model, False, call) == "eager"
+    for engine in ("cuda_graph", "compiled"):
+        with pytest.raises(
+            ValueError, match=f"{engine} cannot run here: transformers marks MambaForCausalLM.*eager"
+        ):
+            resolve_engine(engine, torch.device("cuda"), model, False, call)
+    rollout = run(model, "auto")  # the eager engine, as before
+    assert rollout.response_ids.shape[1] == CONFIG.max_new_tokens or bool(rollout.ended_with_eos.all())

@@ -253,6 +253,7 @@ def counting_compile(monkeypatch) -> list:
         graphs.append(graph_module)
         return graph_module.forward
 
+    torch._dynamo.reset()  # the recompile limit counts every earlier compile of `_decode_step` here
     compiled = torch.compile(decoding._decode_step, backend=backend, dynamic=False)
     monkeypatch.setattr(decoding, "compiled_decode_step", lambda: compiled)
     return graphs

@@ -81,6 +81,8 @@ def test_the_compiled_step_draws_the_static_rollout_with_one_graph(name, monkeyp
         graphs.append(graph_module)
         return graph_module.forward
 
+    # dynamo's recompile limit counts every earlier compile of `_decode_step` in this process: start anew
+    torch._dynamo.reset()
     compiled = torch.compile(decoding._decode_step, backend=backend, dynamic=False)
     monkeypatch.setattr(decoding, "compiled_decode_step", lambda: compiled)
     model = model_of(name)

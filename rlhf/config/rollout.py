@@ -34,7 +34,8 @@ class RolloutConfig:
     # replayed from a CUDA graph), "compiled" (static, the decode step compiled by torch.compile and on
     # CUDA replayed from a CUDA graph; tokens equal to float rounding), "auto" (per device, the fastest
     # measured, docs/speed.md: on CUDA compiled from a rollout's third iteration for responses of 33+
-    # tokens, else cuda_graph; eager on a CPU)
+    # tokens, else cuda_graph, static for a sliding window shorter than the call; eager on a CPU and
+    # for a model without static-cache support, such as Mamba)
     engine: Literal["auto", "eager", "static", "cuda_graph", "compiled"] = "auto"
     # old log-probs from the sampler's own logits (as TRL does) instead of one more policy forward:
     # saves a forward per iteration; the first PPO ratio is then 1 only to float rounding (~1e-6 fp32)

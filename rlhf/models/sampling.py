@@ -17,7 +17,8 @@ tokens drawn are the same as with a check at every step.
 Engines (`SamplingConfig.engine`, rlhf/models/decoding.py): the forwards run over a KV cache grown per
 step (eager), a preallocated one with fixed shapes (static), the static step replayed from a CUDA
 graph (cuda_graph), or compiled by torch.compile and replayed (compiled); `auto` picks per device,
-call length and how often the call's shape repeats. The loop around them, and the tokens (to float rounding for compiled), are the same.
+model, call length and how often the call's shape repeats. The loop around them, and the tokens (to
+float rounding for compiled), are the same.
 
 Lockstep (`all_ranks_done`): when every decoding step's forward runs collectives (FSDP2 gathering
 each layer of a sharded policy in turn, rlhf/runtime/distributed.py), every rank must run the same

@@ -41,6 +41,7 @@ sampler draws from them the same way. A graph keeps every row in its batch until
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import importlib.util
 import sys
@@ -343,7 +344,17 @@ class CompiledSteps(CudaGraphSteps):
                   "per shape) ...", file=sys.stderr, flush=True)  # fmt: skip
             start = time.monotonic()
         try:
-            hidden = compiled_decode_step()(self.decoder, ids, mask, positions, self.with_cache)
+            with _recompile_limit_raises():
+                hidden = compiled_decode_step()(self.decoder, ids, mask, positions, self.with_cache)
+        except RECOMPILE_LIMIT_HIT:  # this process compiled the step for as many shapes as dynamo allows
+            self.compiling = False
+            warnings.warn(
+                "torch.compile reached its recompile limit for the decode step (torch._dynamo.config."
+                "recompile_limit shapes in this process): this shape decodes uncompiled, as the cuda_graph "
+                "engine does. Fix: fewer distinct shapes (a fixed rollout.batch_size), or a higher limit.",
+                stacklevel=2,
+            )
+            return super().forward(ids, mask, positions)
         except torch._dynamo.exc.TorchDynamoException as error:  # the compile itself failed here
             cause = getattr(error, "inner_exception", None) or error  # the compiler's own error
             first = (str(cause).strip().splitlines() or [""])[0][:300]
@@ -372,6 +383,22 @@ class CompiledSteps(CudaGraphSteps):
             stacklevel=2,
         )
         return super().forward(ids, mask, positions)
+
+
+# Raised by dynamo at its recompile limit when `fail_on_recompile_limit_hit` is set (else it would run the
+# step uncompiled without a word, while the engine announced a compile); absent from older torch.
+RECOMPILE_LIMIT_HIT: tuple[type[BaseException], ...] = tuple(
+    getattr(torch._dynamo.exc, name)
+    for name in ("FailOnRecompileLimitHit",)
+    if hasattr(torch._dynamo.exc, name)
+)
+
+
+def _recompile_limit_raises() -> contextlib.AbstractContextManager:
+    """Dynamo raises RECOMPILE_LIMIT_HIT at its recompile limit inside this block (where it can)."""
+    if RECOMPILE_LIMIT_HIT and hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        return torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
+    return contextlib.nullcontext()
 
 
 def _decode_step(decoder: nn.Module, ids, mask, positions, with_cache: dict) -> torch.Tensor:

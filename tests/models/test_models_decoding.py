@@ -367,3 +367,20 @@ def test_a_new_compiled_shape_is_announced_once(lm, monkeypatch, capsys):
     assert "compiled the decode step (" in first
     run(lm, MIXED_PROMPTS, config, "compiled")  # the same shape: compiled already, nothing said
     assert "compiling" not in capsys.readouterr().err
+
+
+def test_a_shape_past_dynamos_recompile_limit_decodes_uncompiled_and_says_so(lm, monkeypatch):
+    """Past `torch._dynamo.config.recompile_limit` compiled shapes dynamo would run the step uncompiled
+    without a word; the engine says so and draws the static rollout."""
+    from rlhf.models import decoding
+
+    if not decoding.RECOMPILE_LIMIT_HIT:
+        pytest.skip("this torch has no FailOnRecompileLimitHit (dynamo falls back silently)")
+    graphs = counting_compile(monkeypatch)
+    config = SamplingConfig(max_new_tokens=5, temperature=0.9)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        run(lm, MIXED_PROMPTS, config, "compiled")  # one shape: compiled
+        with pytest.warns(UserWarning, match="recompile limit.*decodes uncompiled"):
+            past_the_limit = run(lm, MIXED_PROMPTS[:3], config, "compiled")  # another batch size
+    assert len(graphs) == 1
+    assert_same_rollout(past_the_limit, run(lm, MIXED_PROMPTS[:3], config, "static"))

@@ -24,6 +24,7 @@ import dataclasses
 import math
 import statistics
 import tempfile
+from collections.abc import Callable
 
 import torch
 
@@ -47,7 +48,7 @@ def trained_decoders(trainer) -> list[torch.nn.Module]:
     return decoders
 
 
-def compile_for_the_update(trainer, backend: str) -> None:
+def compile_for_the_update(trainer, backend: str | Callable) -> None:
     """Compile the trained decoders in place; run every phase but the update with compiled code off."""
     for decoder in trained_decoders(trainer):
         decoder.compile(backend=backend)

@@ -68,7 +68,7 @@ MIN_GRAPH_STEPS = 4
 
 # The compiled engine's cache columns are rounded up to a multiple of this: one compile per (batch,
 # bucket) rather than per prompt width (torch.compile specializes on shapes; dynamo recompiles at most
-# `torch._dynamo.config.recompile_limit` times, 8 by default, then runs the step uncompiled).
+# `torch._dynamo.config.recompile_limit` times, 8 by default, after which a shape decodes uncompiled).
 COLUMN_BUCKET = 64
 
 # A compile takes about 40 s per (batch, column bucket) on an H200's host and saves about 2.6 ms a decode
@@ -328,13 +328,14 @@ class CompiledSteps(CudaGraphSteps):
         on_cuda = next(decoder.parameters()).device.type == "cuda"
         self.capture = self.capture and on_cuda
         self.fall_back = fall_back
-        self.compiling = True  # False once a compile failed and `fall_back` took the uncompiled step
+        self.compiling = True  # False once the step decodes uncompiled (a failed compile, dynamo's limit)
 
     def cache_columns(self, length: int) -> int:
         return -(-length // COLUMN_BUCKET) * COLUMN_BUCKET
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if ids.shape[1] != 1 or not self.compiling:  # the prefill, or a compile that failed
+        global _auto_compile_failed
+        if ids.shape[1] != 1 or not self.compiling:  # the prefill, or a step decoding uncompiled
             return super().forward(ids, mask, positions)
         shape = (id(self.decoder), *mask.shape, next(self.decoder.parameters()).dtype)
         new_shape = shape not in CompiledSteps.compiled_shapes
@@ -347,19 +348,24 @@ class CompiledSteps(CudaGraphSteps):
             with _recompile_limit_raises():
                 hidden = compiled_decode_step()(self.decoder, ids, mask, positions, self.with_cache)
         except RECOMPILE_LIMIT_HIT:  # this process compiled the step for as many shapes as dynamo allows
-            self.compiling = False
-            warnings.warn(
+            return self._uncompiled_after(
                 "torch.compile reached its recompile limit for the decode step (torch._dynamo.config."
                 "recompile_limit shapes in this process): this shape decodes uncompiled, as the cuda_graph "
                 "engine does. Fix: fewer distinct shapes (a fixed rollout.batch_size), or a higher limit.",
-                stacklevel=2,
-            )
-            return super().forward(ids, mask, positions)
+                ids, mask, positions,
+            )  # fmt: skip
         except torch._dynamo.exc.TorchDynamoException as error:  # the compile itself failed here
             cause = getattr(error, "inner_exception", None) or error  # the compiler's own error
             first = (str(cause).strip().splitlines() or [""])[0][:300]
-            if self.fall_back:
-                return self._uncompiled_after(f"{type(cause).__name__}: {first}", ids, mask, positions)
+            if self.fall_back:  # `auto` chose the compile: a warning, and `auto` stops choosing it
+                _auto_compile_failed = True
+                return self._uncompiled_after(
+                    f"rollout.engine auto: torch.compile failed on this machine ({type(cause).__name__}: "
+                    f"{first}); decoding with the cuda_graph engine instead (2.2x slower on an H200). Set "
+                    "--rollout.engine cuda_graph to skip the attempt, or make torch.compile work here "
+                    "(triton on a GPU).",
+                    ids, mask, positions,
+                )  # fmt: skip
             raise ValueError(
                 f"rollout.engine compiled could not compile the decode step on this machine "
                 f"({type(cause).__name__}: {first}). Fix: --rollout.engine static (or auto), or make "
@@ -370,28 +376,17 @@ class CompiledSteps(CudaGraphSteps):
             print(f"compiled the decode step ({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
         return self.head(hidden)
 
-    def _uncompiled_after(self, failure: str, ids, mask, positions) -> torch.Tensor:
-        """The step uncompiled (the graph engine's), from now on in this call and, through `auto`, the
-        process: `auto` chose the compile, so its failure is a warning, not the end of the run."""
-        global _auto_compile_failed
-        _auto_compile_failed = True
+    def _uncompiled_after(self, warning: str, ids, mask, positions) -> torch.Tensor:
+        """`warning`, then this step and the call's later ones uncompiled (the graph engine's step)."""
         self.compiling = False
-        warnings.warn(
-            f"rollout.engine auto: torch.compile failed on this machine ({failure}); decoding with the "
-            "cuda_graph engine instead (2.2x slower on an H200). Set --rollout.engine cuda_graph to skip "
-            "the attempt, or make torch.compile work here (triton on a GPU).",
-            stacklevel=2,
-        )
+        warnings.warn(warning, stacklevel=3)
         return super().forward(ids, mask, positions)
 
 
 # Raised by dynamo at its recompile limit when `fail_on_recompile_limit_hit` is set (else it would run the
 # step uncompiled without a word, while the engine announced a compile); absent from older torch.
-RECOMPILE_LIMIT_HIT: tuple[type[BaseException], ...] = tuple(
-    getattr(torch._dynamo.exc, name)
-    for name in ("FailOnRecompileLimitHit",)
-    if hasattr(torch._dynamo.exc, name)
-)
+_LIMIT_HIT = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None)
+RECOMPILE_LIMIT_HIT: tuple[type[BaseException], ...] = (_LIMIT_HIT,) if _LIMIT_HIT is not None else ()
 
 
 def _recompile_limit_raises() -> contextlib.AbstractContextManager:

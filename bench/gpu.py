@@ -77,15 +77,23 @@ def workload_named(name: str) -> Workload:
 
 
 def build_trainer(
-    workload: Workload, device: str, dtype: str, seed: int, run_dir: str, model_dir=None, engine: str = "auto"
+    workload: Workload,
+    device: str,
+    dtype: str,
+    seed: int,
+    run_dir: str,
+    model_dir=None,
+    engine: str = "auto",
+    train: dict | None = None,
 ):
     """bench/ours.py's trainer on `device` in precision `dtype`; SmolLM2 workloads load the policy
     from `model_dir` (the reward model and critic start from copies of it), or without one build
     SmolLM2-135M's shape with random weights and the peer workload's word prompts (a GPU machine
-    without the weights: EOS never stops a response, so the work is the trained model's)."""
+    without the weights: EOS never stops a response, so the work is the trained model's). `train`:
+    more settings of the train group (`{"compile": True}`)."""
     from bench import ours
 
-    extra = {"train": {"device": device}, "dtype": dtype, "rollout": {"engine": engine}}
+    extra = {"train": {"device": device, **(train or {})}, "dtype": dtype, "rollout": {"engine": engine}}
     if workload.size != "smollm2":
         return ours.build_trainer(workload, seed, run_dir, extra)
     if model_dir is None:
@@ -120,15 +128,18 @@ def ppo_iteration(
     seed: int = 0,
     model_dir: str | Path | None = None,
     engine: str = "auto",
+    compile: bool = False,
 ) -> dict:
     """`iters` PPO iterations of `workload` on `device` in `dtype`: medians over the iterations after
     `warmup` of seconds per iteration and of each phase (`other` = the rest of the iteration:
     advantages, metrics), FLOPs per phase, and peak memory over the iterations (CUDA: allocated
-    tensors, weights included; CPU: the process's peak RSS)."""
+    tensors, weights included; CPU: the process's peak RSS). `compile`: `train.compile` (the update's
+    forwards compiled by inductor; its first iterations pay the compile: raise `warmup`)."""
     if not 0 <= warmup < iters:
         raise ValueError(f"iters ({iters}) must exceed warmup ({warmup}): the first `warmup` are not counted")
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as run_dir:
-        trainer = build_trainer(workload, device, dtype, seed, run_dir, model_dir, engine)
+        train = {"compile": True} if compile else None
+        trainer = build_trainer(workload, device, dtype, seed, run_dir, model_dir, engine, train)
         record_shapes(trainer)
         synchronize_phase_ends(trainer, device)
         reset_peak_memory(device)
@@ -144,6 +155,7 @@ def ppo_iteration(
         "workload": workload.name,
         "rollout_BL": [workload.batch_size, workload.response_length],
         "rollout_engine": engine,
+        "train_compile": compile,
         "weights": str(model_dir)
         if model_dir
         else ("random" if workload.size == "smollm2" else "random (peer shape)"),
@@ -275,6 +287,12 @@ def main() -> None:
         "rollout of 33+ tokens from its third iteration on (rlhf/models/decoding.py): name the engine, or "
         "--warmup 3, for steady-state figures",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="ppo: train.compile (the update's forwards compiled by inductor); its first 2 iterations "
+        "compile (static, then dynamic shapes): --warmup 2 or more",
+    )
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3, help="sampler: alternated repetitions per batch")
     parser.add_argument("--new-tokens", type=int, default=64, help="sampler: tokens per response")
@@ -307,6 +325,7 @@ def main() -> None:
                 warmup=args.warmup,
                 model_dir=args.model,
                 engine=args.engine,
+                compile=args.compile,
             )
         )
     else:

@@ -18,10 +18,10 @@
 # 7. bench/sampler_profile.py: where a graph-engine call's time goes (prefill, capture, steps; the
 #    device's busy share), batch 64 and 1, cuda_graph and compiled;
 # 8. bench/update_profile.py: where the PPO update's time goes (smollm2-4x4, 32 x 64, bf16).
-# 9. bench/update_compile.py: the update with the policy's and critic's decoders compiled, against as
-#    is (the lever left for a PPO iteration under 0.7 s; smollm2-1x1, 32 x 64, bf16).
+# 9. bench/update_compile.py: the update with train.compile (the policy's and critic's decoders
+#    compiled), against as is (the lever left for a PPO iteration under 0.7 s; smollm2-1x1, 32 x 64, bf16).
 # STEPS="1 3 7" runs only those steps (a rerun); ENGINES, HF_CACHES (step 2), PPO_CASES ("workload
-# dtype engine" triples, comma-separated: step 3), PROFILE_ENGINES, PROFILE_BATCHES (step 7) and
+# dtype engine [compile]", comma-separated: step 3; "compile" adds train.compile), PROFILE_ENGINES, PROFILE_BATCHES (step 7) and
 # TESTS_TIMEOUT (step 1) narrow a step to what is new (session 18's calls: docs/speed.md "On a GPU").
 # DEVICE=cpu SMALL=1 runs the same steps at toy sizes on a CPU (a check of this script itself).
 set -u
@@ -90,9 +90,11 @@ PPO_CASES=${PPO_CASES:-"smollm2-1x1 bfloat16 $GRAPH,smollm2-1x1 bfloat16 $COMPIL
 IFS=, read -ra CASES <<<"$PPO_CASES"
 for case in "${CASES[@]}"; do
     set -- $case
-    timeout 150 $PY -m bench.gpu ppo --workload "$1" --dtype "$2" --engine "$3" --device "$DEVICE" --iters $ITERS \
-        --batch-size $B --response-length $L >"$OUT/last_ppo.log" 2>&1
-    echo "$1 $2 $3 exit $?"
+    # a fourth word "compile": train.compile, whose first 2 iterations compile (not counted)
+    if [ "${4:-}" = compile ]; then EXTRA="--compile --warmup 2" N=$((ITERS + 1)); else EXTRA="" N=$ITERS; fi
+    timeout 200 $PY -m bench.gpu ppo --workload "$1" --dtype "$2" --engine "$3" --device "$DEVICE" --iters $N \
+        --batch-size $B --response-length $L $EXTRA >"$OUT/last_ppo.log" 2>&1
+    echo "$1 $2 $3 ${4:-} exit $?"
     tail -1 "$OUT/last_ppo.log" | tee -a "$OUT/ppo_iteration.jsonl" | cut -c1-400
     tail -5 "$OUT/last_ppo.log" | grep -iE "error|Traceback" -A3
 done

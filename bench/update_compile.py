@@ -2,12 +2,12 @@
 step of SmolLM2's shape takes 0.26-0.38 s with the device busy 12% of it, bound by the host
 launching the forward and backward op by op: docs/speed.md "On a GPU".)
 
-Two trainers from one seed run the same iterations: one as it is, one whose policy and critic
-decoders are compiled by `torch.compile` (the whole decoder, as Hugging Face's `torch_compile` does
-the whole model) for the update only. The sampler and the scoring forwards run them uncompiled
-(`torch.compiler.set_stance("force_eager")`), so both trainers draw the same rollouts and the
-update's figures can be compared. The first compiled iterations pay the compile (a second one
-when a new prompt width makes dynamo recompile with dynamic shapes).
+Two trainers from one seed run the same iterations: one as it is, one with `train.compile` (the
+policy's and critic's decoders compiled whole by `torch.compile` for their forwards with gradients
+on, rlhf/models/compiled.py). The sampler and the scoring forwards run uncompiled in both, so both
+trainers draw the same rollouts and the update's figures can be compared. The first compiled
+iterations pay the compile (a second one when a new width makes dynamo recompile with dynamic
+shapes).
 
     python -m bench.update_compile --workload smollm2-1x1 --batch-size 32 --response-length 64 --device cuda --dtype bfloat16
     python -m bench.update_compile --workload tiny-1x1 --device cpu --dtype float32 --backend aot_eager  # a quick check
@@ -24,7 +24,6 @@ import dataclasses
 import math
 import statistics
 import tempfile
-from collections.abc import Callable
 
 import torch
 
@@ -34,35 +33,6 @@ from bench.timing import timed
 
 # figures that differ between two runs by design (time, throughput), not by their update
 UNTIMED = ("time/", "throughput/", "memory/")
-
-
-def trained_decoders(trainer) -> list[torch.nn.Module]:
-    """The decoders the update trains: the policy's and, when there is one, the critic's."""
-    from rlhf.models.backbone import causal_lm_parts
-
-    roles = trainer.runtime.roles
-    decoders = [causal_lm_parts(roles.policy.model)[0]]
-    critic = roles.separate_critic  # a value head on the policy's trunk trains through its decoder
-    if critic is not None:
-        decoders.append(causal_lm_parts(critic.model.causal_lm)[0])
-    return decoders
-
-
-def compile_for_the_update(trainer, backend: str | Callable) -> None:
-    """Compile the trained decoders in place; run every phase but the update with compiled code off."""
-    for decoder in trained_decoders(trainer):
-        decoder.compile(backend=backend)
-    step, update = trainer.step, trainer.update
-
-    def eager_step(*args, **kwargs):
-        with torch.compiler.set_stance("force_eager"):
-            return step(*args, **kwargs)
-
-    def compiled_update(*args, **kwargs):
-        with torch.compiler.set_stance("default"):
-            return update(*args, **kwargs)
-
-    trainer.step, trainer.update = eager_step, compiled_update
 
 
 def run(trainer, iters: int, device: str) -> tuple[list[dict], dict]:
@@ -136,10 +106,11 @@ def main() -> None:
     firsts = []
     for name in ("as_is", "compiled"):
         with tempfile.TemporaryDirectory(prefix=f"update_compile_{name}_") as run_dir:
-            trainer = build_trainer(workload, args.device, args.dtype, 0, run_dir, engine=engine)
+            compile = {"compile": True, "compile_backend": args.backend} if name == "compiled" else {}
+            trainer = build_trainer(
+                workload, args.device, args.dtype, 0, run_dir, engine=engine, train=compile
+            )
             graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-            if name == "compiled":
-                compile_for_the_update(trainer, args.backend)
             rows, first = run(trainer, args.iters, args.device)
             trainer.logger.close()
         steady = rows[args.warmup :] or rows

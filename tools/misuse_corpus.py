@@ -1091,6 +1091,12 @@ SURFACES = [
     Case("micro_batch_tokens_1_sft_runs", sft("--train.micro_batch_tokens", "1"), code=0),
     Case("micro_batch_tokens_3_train_runs", train("--train.micro_batch_tokens", "3"), code=0),
     Case("micro_batch_tokens_4_rm_runs", rm("--train.micro_batch_tokens", "4"), code=0),
+    # --- train.compile
+    Case("compile_under_fsdp2", sft("--train.compile", "true", "--dist.strategy", "fsdp2"),
+         words=("train.compile", "fsdp2", "Fix")),
+    Case("compile_backend_unknown", train("--train.compile", "true", "--train.compile_backend", "fast"),
+         words=("train.compile_backend", "fast", "inductor")),
+    Case("compile_text", dpo("--train.compile", "often"), words=("train.compile", "often")),
     # --- rollout.engine
     Case("engine_cuda_graph_on_cpu", train("--rollout.engine", "cuda_graph"), words=("cuda_graph", "Fix")),
     Case("engine_unknown", train("--rollout.engine", "turbo"), words=("rollout.engine", "turbo")),

@@ -1,6 +1,6 @@
-"""bench/update_compile.py: the compiled trainer's update runs compiled decoders (graphs made), the
-rest of its iteration runs them uncompiled, and both trainers log the same first iteration (the
-aot_eager backend runs the very ops eager mode runs: no rounding of its own)."""
+"""bench/update_compile.py: the trainer with train.compile runs compiled decoders in its update
+(graphs made), the rest of its iteration runs them uncompiled, and both trainers log the same first
+iteration (the aot_eager backend runs the very ops eager mode runs: no rounding of its own)."""
 
 import json
 import sys
@@ -21,29 +21,31 @@ def test_the_compiled_update_logs_the_uncompiled_ones_figures(monkeypatch, capsy
     assert difference["figures_compared"] > 30 and difference["absolute"] <= 1e-6, difference
 
 
-def test_the_compiled_decoders_are_the_update_ones_only(monkeypatch):
-    """The sampler and the scoring forwards run under force_eager: no graph for their shapes."""
+def test_the_compiled_graphs_are_the_update_ones_only():
+    """train.compile compiles the forwards with gradients on: the sampler's and the scoring ones
+    make no graph (a recording backend, registered by name as the config takes one)."""
     import tempfile
 
     from bench.gpu import build_trainer, workload_named
 
-    calls: list[str] = []
+    made: list[bool] = []
+
+    def recording(graph_module, example_inputs):
+        made.append(torch.is_grad_enabled())
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    if "rlhf_test_recording" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(recording, name="rlhf_test_recording")
+    else:  # registered by an earlier run of this test in the process: point it at this list
+        from torch._dynamo.backends.registry import _COMPILER_FNS
+
+        _COMPILER_FNS["rlhf_test_recording"] = recording
+    train = {"compile": True, "compile_backend": "rlhf_test_recording"}
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = build_trainer(workload_named("tiny-1x1"), "cpu", "float32", 0, run_dir, engine="static")
-        update = trainer.update
-
-        def watched(*a, **k):
-            calls.append("update")
-            return update(*a, **k)
-
-        trainer.update = watched
-        made: list[bool] = []
-
-        def backend(graph_module, example_inputs):
-            made.append(torch.is_grad_enabled())
-            return graph_module.forward
-
-        update_compile.compile_for_the_update(trainer, backend)
+        trainer = build_trainer(
+            workload_named("tiny-1x1"), "cpu", "float32", 0, run_dir, engine="static", train=train
+        )
         trainer.step()
         trainer.logger.close()
-    assert calls == ["update"] and made and all(made)  # every graph traced for a training forward
+    assert made and all(made)  # every graph traced for a training forward

@@ -55,6 +55,33 @@ class OptimConfig:
         positive_or_off(self.max_grad_norm, f"{prefix}max_grad_norm", 1.0, "to turn clipping off")
 
 
+def compile_backend_known(backend: str, key: str) -> None:
+    """`train.compile_backend` names a backend torch.compile has (its debug ones included)."""
+    import torch._dynamo  # here only: the config layer otherwise runs without torch
+
+    shown = [*torch._dynamo.list_backends(), "aot_eager (a check)"]  # the debug ones run too, unlisted
+    require(
+        backend in torch._dynamo.list_backends(exclude_tags=()),
+        key,
+        backend,
+        f"must be a torch.compile backend ({', '.join(shown)})",
+        f"--{key} inductor",
+    )
+
+
+def compile_needs_no_fsdp2(compile: bool, strategy: str, prefix: str) -> None:
+    """`train.compile` compiles a whole decoder (rlhf/models/compiled.py); fsdp2's hooks gather and
+    free each layer's parameters inside it, which that compile is not built for."""
+    require(
+        not compile or strategy != "fsdp2",
+        f"{prefix}train.compile",
+        compile,
+        f"does not run under {prefix}dist.strategy fsdp2 (its per-layer hooks gather and free the "
+        "parameters inside the compiled decoder)",
+        f"--{prefix}train.compile false, or --{prefix}dist.strategy ddp",
+    )
+
+
 @dataclass
 class DistConfig:
     """Data parallelism over the processes torchrun starts (docs/distributed.md). Batch sizes stay

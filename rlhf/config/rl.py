@@ -22,7 +22,7 @@ from rlhf.config.checks import (
     validate_groups,
     warn,
 )
-from rlhf.config.common import LoraConfig, OptimConfig
+from rlhf.config.common import LoraConfig, OptimConfig, compile_backend_known, compile_needs_no_fsdp2
 from rlhf.config.env import EnvConfig
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
 from rlhf.config.ray import RayConfig, RLDistConfig
@@ -88,6 +88,12 @@ class RLTrainConfig:
     # forward's rows laid end to end, positions restarting, attention kept within each sequence);
     # the update's micro-batches cut by packed tokens. The same results (docs/speed.md)
     packing: bool = False
+    # torch.compile the policy's and critic's forwards with gradients on, in the update (docs/speed.md
+    # "Compiled training forwards"): fewer, fused kernels where launching ops bounds a step (small
+    # models on a GPU); the first updates pay the compile; sampling and scoring run uncompiled. Not
+    # with dist.strategy fsdp2
+    compile: bool = False
+    compile_backend: str = "inductor"  # torch.compile's backend ("aot_eager": a quick check, no speed-up)
     buffer_size: int = 1  # rollout batches kept and reused (experience buffer, PPO paper §5.3.2)
     device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N"
 
@@ -223,6 +229,9 @@ class RLConfig:
         surely mistakes (the `rlhf.config` logger)."""
         validate_groups(self, prefix)
         train, critic, rollout = self.train, self.critic, self.rollout
+        compile_needs_no_fsdp2(train.compile, self.dist.strategy, prefix)
+        if train.compile:
+            compile_backend_known(train.compile_backend, f"{prefix}train.compile_backend")
         if not (train.iterations >= 1 or (train.iterations == 0 and critic.pretrain_iterations > 0)):
             refuse(
                 f"{prefix}train.iterations must be >= 1, got {train.iterations!r} (0 only with "

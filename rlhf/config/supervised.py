@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlhf.config.checks import at_least, fraction, positive, require, token_budget, validate_groups
-from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
+from rlhf.config.common import (
+    DistConfig,
+    LoraConfig,
+    OptimConfig,
+    compile_backend_known,
+    compile_needs_no_fsdp2,
+)
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
 
 
@@ -42,6 +48,11 @@ class SupervisedTrainConfig:
     # attention kept within each sequence; micro-batches cut by packed tokens (micro_batch_tokens,
     # else micro_batch_size x the longest row). The same losses and metrics (docs/speed.md)
     packing: bool = False
+    # torch.compile the trained model's forwards with gradients on (docs/speed.md "Compiled training
+    # forwards"): fewer, fused kernels where launching ops bounds a step (small models on a GPU); the
+    # first steps pay the compile; evaluation runs uncompiled. Not with dist.strategy fsdp2
+    compile: bool = False
+    compile_backend: str = "inductor"  # torch.compile's backend ("aot_eager": a quick check, no speed-up)
     # less padding (docs/padding.md): "within_step" sorts each step's rows by length before cutting
     # micro-batches (the same step gradient, to float rounding) | "across_steps" also makes steps of
     # similar-length rows (HF group_by_length: another random order) | "none"
@@ -86,3 +97,6 @@ class SupervisedConfig:
 
     def validate(self, prefix: str = "") -> None:
         validate_groups(self, prefix)
+        compile_needs_no_fsdp2(self.train.compile, self.dist.strategy, prefix)
+        if self.train.compile:
+            compile_backend_known(self.train.compile_backend, f"{prefix}train.compile_backend")

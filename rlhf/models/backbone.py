@@ -9,8 +9,11 @@ surrounds it.
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -65,18 +68,52 @@ def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return decoder, head
 
 
+COMPILE_ATTRIBUTE = "rlhf_compile"  # set on a decoder whose training forwards run compiled: the backend
+_announced: set[str] = set()  # backends whose first compile was announced in this process
+
+
+def _run(decoder: nn.Module, kwargs: dict[str, Any]) -> Any:
+    return decoder(**kwargs)
+
+
+@functools.cache
+def _compiled(backend: str) -> Callable[[nn.Module, dict[str, Any]], Any]:
+    """`_run` compiled with `backend` (one per backend for the process)."""
+    return torch.compile(_run, backend=backend)
+
+
+def run_decoder(decoder: nn.Module, **kwargs: Any) -> Any:
+    """`decoder(**kwargs)`: compiled when the decoder is marked (`train.compile`,
+    rlhf/models/compiled.py) and gradients are on, else as it is. One compiled function serves every
+    marked decoder (the module its argument), so no compiled object holds a model alive."""
+    backend = getattr(decoder, COMPILE_ATTRIBUTE, None)
+    if backend is None or not torch.is_grad_enabled():
+        return decoder(**kwargs)
+    if backend not in _announced:  # a sign of life: the first steps stall while dynamo compiles
+        _announced.add(backend)
+        print(
+            f"train.compile: compiling the training forward and backward ({backend}); the first steps "
+            "take longer",
+            file=sys.stderr,
+            flush=True,
+        )
+    return _compiled(backend)(decoder, kwargs)
+
+
 def decoder_hidden_states(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """Last hidden states [B, L, H] of the decoder, position ids from the mask, no KV cache. A model
     marked for sequence packing (`train.packing`, rlhf/models/packing.py) runs its rows packed and
-    gets them back in this padded layout (0 at padding)."""
+    gets them back in this padded layout (0 at padding). A decoder marked by `train.compile` runs
+    compiled when gradients are on (rlhf/models/compiled.py)."""
     decoder, _ = causal_lm_parts(model)
     if getattr(unwrap_causal_lm(model), PACKING_ATTRIBUTE, False):
-        packed = packed_hidden_states(decoder, input_ids, attention_mask)
+        packed = packed_hidden_states(decoder, input_ids, attention_mask, run_decoder)
         if packed is not None:
             return packed
-    out = decoder(
+    out = run_decoder(
+        decoder,
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids(attention_mask),

@@ -116,16 +116,20 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, one_row: bool = 
 
 
 def packed_hidden_states(
-    decoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    decoder: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    run: Callable[..., Any] = lambda decoder, **kwargs: decoder(**kwargs),
 ) -> torch.Tensor | None:
     """The decoder's last hidden states [B, L, H] of a padded batch, computed packed (see above);
     None when no row has a real token (the caller runs the padded call, whose outputs are all masked)
     or when packing would leave as many rows as there are (no two sequences share a row: the padded
-    call is then the same work, without a materialized document mask)."""
+    call is then the same work, without a materialized document mask). `run(decoder, **kwargs)` calls
+    the decoder (backbone.run_decoder: compiled under `train.compile`)."""
     packing = pack(input_ids, attention_mask, one_row=_flash(decoder))
     if packing is None or packing.input_ids.shape[0] >= input_ids.shape[0]:
         return None
-    out = decoder(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False)
+    out = run(decoder, input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False)
     return packing.unpack(out[0])
 
 

@@ -1,5 +1,5 @@
 """What every trainer does first: claim a fresh run directory, seed, load the tokenizer, add LoRA,
-mark its models for sequence packing."""
+mark its models for sequence packing and compiled training forwards."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from rlhf.config import ConfigError, LoraConfig, save_config
+from rlhf.models.compiled import compile_for_training, compile_refusal
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.lora import apply_lora
 from rlhf.models.packing import enable_packing
@@ -40,6 +41,24 @@ def with_packing(packing: bool, *models: torch.nn.Module | None) -> None:
                 "save most of the padding too).",
                 "train.packing",
             ) from None
+
+
+def with_compile(compile: bool, backend: str, device: torch.device, *models: torch.nn.Module | None) -> None:
+    """`train.compile`: the forwards with gradients on of `models`' decoders run compiled by `backend`
+    (rlhf/models/compiled.py); a backend that cannot compile on `device` is refused (exit 2) before
+    any step."""
+    if not compile:
+        return
+    why = compile_refusal(backend, device)
+    if why is not None:
+        raise ConfigError(
+            f"train.compile is true, but {why}. Fix: --train.compile false, or install what the "
+            "backend needs (torch's CUDA wheels bring triton).",
+            "train.compile_backend",
+        )
+    for model in models:
+        if model is not None:
+            compile_for_training(model, backend)
 
 
 def start_run(config, tokenizer=None, *, writer: bool = True, resume: bool = False, resumable: bool = False):

@@ -86,3 +86,29 @@ def test_resume_on_cuda_gives_the_uninterrupted_metrics(tmp_path):
     first.train()
     trainer_for("ppo_max", tmp_path / "split", resume=True, **layers).train()
     assert records(tmp_path / "split") == records(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_train_compile_on_cuda_logs_the_eager_metrics(dtype, tmp_path):
+    """`train.compile` with inductor's GPU backend (triton), ppo_max: the critic's pre-training and the
+    first iteration (drawn by the same policy weights) log the eager run's figures (float32: to float
+    rounding; bf16: fused kernels round bf16 intermediates elsewhere, so to bf16's resolution); later
+    iterations sample from weights a rounding apart, so they are only finite; the update compiled."""
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    runs = []
+    for name, compile in (("eager", False), ("compiled", True)):
+        trainer_for(
+            "ppo_max", tmp_path / name, dtype=dtype, train={**TINY["train"], "compile": compile}
+        ).train()
+        runs.append(records(tmp_path / name))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+    tolerance = {"rel": 1e-3, "abs": 1e-4} if dtype == "float32" else {"rel": 5e-2, "abs": 2e-2}
+    assert len(runs[0]) == len(runs[1]) >= 3
+    for eager, compiled in zip(runs[0][:2], runs[1][:2]):
+        assert eager.keys() == compiled.keys()
+        for key, value in eager.items():
+            if isinstance(value, float) and not key.startswith("perf/"):
+                assert compiled[key] == pytest.approx(value, **tolerance), key
+    for row in runs[1]:
+        assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row

@@ -36,7 +36,8 @@ FAST = [
     "reward_url_ftp", "reward_url_with_query", "reward_url_and_reward_model", "reward_url_port_out_of_range",
     "pairs_n_zero", "pairs_without_baseline", "micro_batch_tokens_negative", "micro_batch_tokens_float",
     "engine_cuda_graph_on_cpu", "engine_unknown", "plan_unknown_model", "plan_gpu_memory_zero",
-    "plan_unknown_strategy", "serve_rm_batch_size_zero",
+    "plan_unknown_strategy", "serve_rm_batch_size_zero", "compile_under_fsdp2", "compile_backend_unknown",
+    "compile_text",
 ]  # fmt: skip
 FIRST = {
     "log_every_zero", "stop_at_eos_false_truncated_drop", "model_pickle_weights_refused", "model_auto_map_refused",
@@ -44,6 +45,7 @@ FIRST = {
     "eval_n_zero", "dpo_out_holds_its_config", "dpo_data_is_a_fifo", "ablate_out_project_folder",
     "env_max_turns_zero", "dapo_one_sample_per_prompt", "reward_url_ftp", "pairs_n_zero",
     "micro_batch_tokens_float", "engine_cuda_graph_on_cpu", "plan_unknown_model", "serve_rm_batch_size_zero",
+    "compile_backend_unknown",
 }  # fmt: skip
 # a few that load models, train or resume an earlier run (tens of seconds each)
 SLOW = [

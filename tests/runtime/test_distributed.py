@@ -241,6 +241,7 @@ SUPERVISED = [
     ("sft-checkpointed", "fsdp2", 5),  # each layer gathered again for its recomputation
     ("sft-offload", "fsdp2", 5),  # dist.offload: CPUOffloadPolicy on every unit
     ("dpo-offload", "fsdp2", 5),  # and on the reference copy's
+    ("sft-compiled", "ddp", 5),  # train.compile: DDP's hooks around the compiled decoder's gradients
 ]
 
 
@@ -254,6 +255,7 @@ def test_two_ranks_train_sft_reward_and_dpo_models_as_one_process(
     data, two = supervised_on_two_ranks
     one = one_thread(supervised_run, stage, str(tmp_path / "one"), data[stage.split("-")[0]], "ddp", batch)
     ranks = two[(stage, strategy, batch)]
+    assert [r["compiled"] for r in ranks] == [stage.endswith("-compiled")] * 2  # train.compile
     # the exported model (rank 0 writes it; under fsdp2 from the gathered shards) is the one-process one
     assert_close_dicts(ranks[0]["exported"], one["exported"], "exported model.safetensors")
     # under fsdp2: the root and each decoder layer an FSDP unit (DPO's reference copy too), each

@@ -278,7 +278,7 @@ def supervised_stage(
     None). Stage "dpo-live": the reference copy's log-probs in every step (not cached); "dpo-lora": a
     LoRA policy, its reference the adapter switched off, in every step; "sft-checkpointed": with
     gradient checkpointing; "-offload" (sft, dpo): under fsdp2 with dist.offload; "-budget": micro-
-    batches by a token budget (`train.micro_batch_tokens`). `checkpoint`: the
+    batches by a token budget (`train.micro_batch_tokens`); "-compiled": `train.compile`. `checkpoint`: the
     DPO run's `checkpoint` settings."""
     from rlhf.config import DPOConfig, RewardConfig, SFTConfig, load_config
     from rlhf.stages.dpo import DPOStage
@@ -310,6 +310,8 @@ def supervised_stage(
         overrides["checkpoint"] = checkpoint
     if stage.endswith("-budget"):  # micro-batches by a token budget under the longest row: each row
         overrides["train"]["micro_batch_tokens"] = 1  # alone, so ranks of 3 and 2 rows run 3 and 2
+    if stage.endswith("-compiled"):  # train.compile: the training forwards compiled (aot_eager: quick)
+        overrides["train"].update(compile=True, compile_backend="aot_eager")
     if stage == "sft-checkpointed":  # gradient checkpointing: each layer's forward run again in the backward
         overrides["gradient_checkpointing"] = True
     if stage.startswith("sft"):
@@ -332,6 +334,7 @@ def supervised_run(
     DPO's reference copy) on the meta device."""
     from safetensors.torch import load_file
 
+    from rlhf.models.compiled import is_compiled_for_training
     from rlhf.parallel.fsdp import whole_copy
     from rlhf.parallel.peers import current_peers
     from rlhf.train.supervised import run_supervised
@@ -365,6 +368,7 @@ def supervised_run(
         "exported": load_file(str(Path(run_dir) / "model.safetensors")) if writer else None,
         "written": metric_rows(run_dir, kinds=("step",)) if peers is None or peers.rank == 0 else None,
         "built_on_meta": built[1],
+        "compiled": is_compiled_for_training(model),
         "offload_policies": [policy for root in roots for policy in offload_policies(root)],
     }
 

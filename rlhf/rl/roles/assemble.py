@@ -40,7 +40,7 @@ from rlhf.rundir.sharded_checkpoint import (
     write_shards_and_state,
 )
 from rlhf.rundir.weights import load_trained, save_trained
-from rlhf.train.setup import with_lora, with_packing
+from rlhf.train.setup import with_compile, with_lora, with_packing
 
 
 @dataclass
@@ -251,6 +251,8 @@ def assemble_roles(
     device, precision, place = _place_models(c, policy, reward_model)
     # train.packing: every forward packed; the reference and a critic are copies that keep the mark
     with_packing(c.train.packing, policy, reward_model)
+    # train.compile: the forwards with gradients on (the update's) compiled; copies keep the mark
+    with_compile(c.train.compile, c.train.compile_backend, device, policy, reward_model)
     tokenizer = prepare_tokenizer(tokenizer)
     torch.manual_seed(c.seed)
     critic_mode = c.model.critic_mode if c.uses_critic else None  # critic-free estimators build none

@@ -71,7 +71,7 @@ from rlhf.rundir.final_report import write_final_report
 from rlhf.rundir.footprint import footprint_line
 from rlhf.train.context_check import check_rows_fit
 from rlhf.train.learner import Learner
-from rlhf.train.setup import start_run, with_packing
+from rlhf.train.setup import start_run, with_compile, with_packing
 from rlhf.train.supervised.checkpoint import (
     latest_checkpoint,
     load_supervised_checkpoint,
@@ -218,6 +218,7 @@ def run_supervised(
         model = stage.build_model(model, precision, on_meta)
     reference = getattr(getattr(stage, "reference", None), "model", None)  # DPO's frozen copy
     with_packing(config.train.packing, model, reference)  # every forward packed (train.packing)
+    with_compile(config.train.compile, config.train.compile_backend, device, model)  # training forwards
     if config.gradient_checkpointing:
         gradient_checkpointing(model)
     stats = TruncationStats()

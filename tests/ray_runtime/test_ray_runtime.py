@@ -320,3 +320,21 @@ def test_an_evaluator_reaches_the_roles_through_ray_as_through_the_local_runtime
     assert torch.equal(got, want)
     for role in ("policy", "reference"):
         torch.testing.assert_close(got_forwards[role], want_forwards[role])
+
+
+def test_train_compile_in_the_role_actors_gives_the_local_runs_numbers(models, local_run, cluster, tmp_path):
+    """`train.compile` marks the trained models where the roles are built, in their actors: they
+    compile (their stderr, in the cluster's log folder, says so) and, with the aot_eager backend
+    (compiled graphs, torch's own kernels), log the local uncompiled run's numbers."""
+    logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())
+    said = "train.compile: compiling the training forward and backward (aot_eager)"
+
+    def compiled_in_actors() -> int:
+        return sum(said in f.read_text(errors="replace") for f in logs.glob("worker-*.err"))
+
+    before = compiled_in_actors()
+    out = tmp_path / "ray"
+    compile = ["--train.compile", "true", "--train.compile_backend", "aot_eager"]
+    assert main(train_args(models, out, "--dist.runtime", "ray", *HALF_A_CPU, *compile)) == 0
+    assert compiled_in_actors() > before
+    assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=1e-6)

@@ -61,34 +61,34 @@ def test_sft_metrics_are_unchanged_by_compiling(compiled_calls, tok, tmp_path):
     assert_same_metrics(*logs)
 
 
+def pair_stage_records(stage: str, run_dir, tok, compile: bool) -> list[dict]:
+    """4 steps of the reward model ("rm") or DPO ("dpo") on pairs of very different lengths: the
+    records of its metrics.jsonl."""
+    if stage == "rm":
+        from rlhf.stages.rm import run_reward_training as run
+        from tests.stages.test_train_reward_model import reward_model as model
+        from tests.stages.test_train_reward_model import rm_config
+
+        c, rows = rm_config(run_dir, max_steps=4, lm_coef=0.5), pair_data()
+    else:
+        from rlhf.stages.dpo import run_dpo as run
+        from tests.stages.test_train_dpo import config, model
+
+        c, rows = config(run_dir), pair_data(40)
+        c.train.max_steps = 4
+    c.train.compile, c.train.compile_backend = compile, BACKEND
+    rewrite(run_dir / "pairs.jsonl", rows)
+    run(c, model=model(tok), tokenizer=tok, quiet=True)
+    return records(run_dir / stage / "metrics.jsonl")
+
+
 @pytest.mark.slow
-def test_rm_metrics_are_unchanged_by_compiling(compiled_calls, tok, tmp_path):
-    from rlhf.stages.rm import run_reward_training
-    from tests.stages.test_train_reward_model import reward_model, rm_config
-
-    logs = []
-    for name, compile in (("eager", False), ("compiled", True)):
-        c = rm_config(tmp_path / name, max_steps=4, lm_coef=0.5)
-        c.train.compile, c.train.compile_backend = compile, BACKEND
-        rewrite(tmp_path / name / "pairs.jsonl", pair_data())
-        run_reward_training(c, model=reward_model(tok), tokenizer=tok, quiet=True)
-        logs.append(records(tmp_path / name / "rm" / "metrics.jsonl"))
-    assert compiled_calls
-    assert_same_metrics(*logs)
-
-
-@pytest.mark.slow
-def test_dpo_metrics_are_unchanged_by_compiling(compiled_calls, tok, tmp_path):
-    from rlhf.stages.dpo import run_dpo
-    from tests.stages.test_train_dpo import config, model
-
-    logs = []
-    for name, compile in (("eager", False), ("compiled", True)):
-        c = config(tmp_path / name)
-        c.train.max_steps, c.train.compile, c.train.compile_backend = 4, compile, BACKEND
-        rewrite(tmp_path / name / "pairs.jsonl", pair_data(40))
-        run_dpo(c, model=model(tok), tokenizer=tok, quiet=True)
-        logs.append(records(tmp_path / name / "dpo" / "metrics.jsonl"))
+@pytest.mark.parametrize("stage", ["rm", "dpo"])
+def test_rm_and_dpo_metrics_are_unchanged_by_compiling(stage, compiled_calls, tok, tmp_path):
+    logs = [
+        pair_stage_records(stage, tmp_path / name, tok, compile)
+        for name, compile in (("eager", False), ("compiled", True))
+    ]
     assert compiled_calls
     assert_same_metrics(*logs)
 

@@ -249,9 +249,9 @@ def assemble_roles(
     data-parallel strategy they train under (rlhf/parallel/parallel_plan.py)."""
     c = config
     device, precision, place = _place_models(c, policy, reward_model)
-    # train.packing: every forward packed; the reference and a critic are copies that keep the mark
+    # train.packing: every forward packed; train.compile: the update's forwards compiled (the
+    # reference and a critic are copies that keep both marks)
     with_packing(c.train.packing, policy, reward_model)
-    # train.compile: the forwards with gradients on (the update's) compiled; copies keep the mark
     with_compile(c.train.compile, c.train.compile_backend, device, policy, reward_model)
     tokenizer = prepare_tokenizer(tokenizer)
     torch.manual_seed(c.seed)

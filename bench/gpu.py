@@ -290,8 +290,8 @@ def main() -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="ppo: train.compile (the update's forwards compiled by inductor); its first 2 iterations "
-        "compile (static, then dynamic shapes): --warmup 2 or more",
+        help="ppo: train.compile (the update's forwards compiled by inductor); its first iteration "
+        "compiles (and the compiled sampler's, on CUDA): --warmup 2 or more",
     )
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3, help="sampler: alternated repetitions per batch")

@@ -90,7 +90,7 @@ PPO_CASES=${PPO_CASES:-"smollm2-1x1 bfloat16 $GRAPH,smollm2-1x1 bfloat16 $COMPIL
 IFS=, read -ra CASES <<<"$PPO_CASES"
 for case in "${CASES[@]}"; do
     set -- $case
-    # a fourth word "compile": train.compile, whose first 2 iterations compile (not counted)
+    # a fourth word "compile": train.compile, whose first iteration compiles (2 not counted)
     if [ "${4:-}" = compile ]; then EXTRA="--compile --warmup 2" N=$((ITERS + 1)); else EXTRA="" N=$ITERS; fi
     timeout 200 $PY -m bench.gpu ppo --workload "$1" --dtype "$2" --engine "$3" --device "$DEVICE" --iters $N \
         --batch-size $B --response-length $L $EXTRA >"$OUT/last_ppo.log" 2>&1

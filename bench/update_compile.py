@@ -6,8 +6,7 @@ Two trainers from one seed run the same iterations: one as it is, one with `trai
 policy's and critic's decoders compiled whole by `torch.compile` for their forwards with gradients
 on, rlhf/models/compiled.py). The sampler and the scoring forwards run uncompiled in both, so both
 trainers draw the same rollouts and the update's figures can be compared. The first compiled
-iterations pay the compile (a second one when a new width makes dynamo recompile with dynamic
-shapes).
+iteration pays the compile.
 
     python -m bench.update_compile --workload smollm2-1x1 --batch-size 32 --response-length 64 --device cuda --dtype bfloat16
     python -m bench.update_compile --workload tiny-1x1 --device cpu --dtype float32 --backend aot_eager  # a quick check
@@ -85,8 +84,7 @@ def main() -> None:
         "--warmup",
         type=int,
         default=2,
-        help="iterations not counted (the compile, and its recompile "
-        "once a second prompt width makes the shapes dynamic)",
+        help="iterations not counted (the compile, and on CUDA the compiled sampler's)",
     )
     parser.add_argument("--backend", default="inductor", help="torch.compile's backend (aot_eager: a check)")
     args = parser.parse_args()

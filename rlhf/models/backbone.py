@@ -97,6 +97,10 @@ def run_decoder(decoder: nn.Module, **kwargs: Any) -> Any:
             file=sys.stderr,
             flush=True,
         )
+    for value in kwargs.values():  # rows and lengths vary from pass to pass: one dynamic graph
+        if isinstance(value, torch.Tensor):
+            for dim in range(min(value.dim(), 2)):
+                torch._dynamo.maybe_mark_dynamic(value, dim)
     return _compiled(backend)(decoder, kwargs)
 
 

@@ -11,9 +11,9 @@ passes of SFT, the reward model, DPO, the policy, the critic and the PPO-ptx ter
 without gradients (the rollout's scoring, evaluation, a DPO reference) and the sampler (its own
 engines, rlhf/models/decoding.py) run it as it is: their shapes change from call to call, and a
 compile pays only over many calls of one kind. The mark is an attribute holding the backend's name,
-so a copy made later keeps it (as packing's does) and no state dict changes. Dynamo compiles per
-architecture and training mode, and once more with dynamic shapes when a second sequence length
-comes (its automatic dynamic shapes).
+so a copy made later keeps it (as packing's does) and no state dict changes. A pass's rows and
+length are marked dynamic from the first call, so dynamo makes one graph per trained model (per
+architecture and mode; one more for a pass of a single row), not one per shape.
 """
 
 from __future__ import annotations

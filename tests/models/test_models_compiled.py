@@ -158,3 +158,14 @@ def test_compile_is_a_switch_of_every_train_group_and_refused_under_fsdp2():
     assert "'fast'" in str(error.value) and "inductor" in str(error.value)
     # off, the backend is not looked at
     assert load_config(RLConfig, overrides={"train": {"compile_backend": "fast"}}).train.compile is False
+
+
+def test_rows_and_lengths_that_change_make_one_graph(lm):
+    """A pass's rows and length are marked dynamic from the first call: one graph for every shape
+    (dynamo's own rule would compile the first shape static, then again dynamic)."""
+    compile_for_training(lm, "aot_eager")
+    before = graphs()
+    for rows in (ROWS, ROWS[:3], ROWS[:1] * 2, [r + [22, 23, 24] for r in ROWS]):
+        ids, mask = left_pad(rows, pad_id=0)
+        logprobs_and_grads(lm, ids, mask, 2)
+    assert graphs() == before + 1

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from rlhf.data.length_grouping import micro_batch_groups
 from rlhf.models.decoding import is_fsdp_sharded
+from rlhf.models.precision import Precision
 from rlhf.models.sequences import Sequences
 from rlhf.train.learner import split_rows
 
@@ -251,6 +252,42 @@ def scoring_budget(tokens: int | None, module: torch.nn.Module) -> int | None:
     gathers its layers, a collective): the runtime evens the ranks' rows (`Peers.padded_share`), and a
     budget would cut each rank's rows into a different number of chunks."""
     return None if tokens is None or is_fsdp_sharded(module) else tokens
+
+
+class RowCutting(Protocol):
+    """How a role cuts a batch's rows into forwards (a Learner's attributes, or a frozen role's
+    `Scoring`)."""
+
+    @property
+    def micro_batch_size(self) -> int: ...
+    @property
+    def by_length(self) -> bool: ...
+    @property
+    def micro_batch_tokens(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """A frozen role's no-grad forwards: `micro_batch_size` rows each (train.micro_batch_size),
+    longest first with `by_length` (runtime.sort_by_length), or cut by a `micro_batch_tokens` budget
+    (train.micro_batch_tokens), under `precision`'s autocast."""
+
+    micro_batch_size: int
+    precision: Precision | None = None
+    by_length: bool = True
+    micro_batch_tokens: int | None = None
+
+
+def scored_in_chunks(
+    fn: Callable[[Sequences], torch.Tensor],
+    sequences: Sequences,
+    cutting: RowCutting,
+    module: torch.nn.Module,
+) -> torch.Tensor:
+    """`in_row_chunks` of a role's no-grad forward `fn` through `module`, its rows cut as `cutting`
+    says (no token budget for a module sharded per layer: `scoring_budget`)."""
+    tokens = scoring_budget(cutting.micro_batch_tokens, module)
+    return in_row_chunks(fn, sequences, cutting.micro_batch_size, cutting.by_length, tokens)
 
 
 def in_row_chunks(

@@ -33,6 +33,7 @@ from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
+from rlhf.rl.experience import Scoring
 from rlhf.rl.remote_reward import WIRE_VERSION, tokenizer_fingerprint
 from rlhf.rl.roles.frozen import RewardModel
 
@@ -320,7 +321,7 @@ def load_scorer(
     tokenizer = prepare_tokenizer(load_tokenizer(directory), source=directory)
     model = ScalarHeadModel.from_pretrained(directory, dtype=precision.param_dtype)
     precision.prepare(model)
-    role = RewardModel(model, micro_batch_size=micro_batch_size, precision=precision)
+    role = RewardModel(model, scoring=Scoring(micro_batch_size, precision))
     return Scorer(role, tokenizer, name=str(directory))
 
 

@@ -26,6 +26,7 @@ from rlhf.models.sequences import Sequences
 from rlhf.parallel.parallel_plan import ParallelPlan, parallel_plan
 from rlhf.parallel.peers import Peers
 from rlhf.parallel.process_group import in_sharded_group
+from rlhf.rl.experience import Scoring
 from rlhf.rl.roles.critic import Critic, SharedCritic
 from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.frozen import Reference, RewardModel
@@ -291,21 +292,17 @@ def assemble_roles(
     critic = _critic_role(
         c, policy_role, critic_model, joint_value, rl_steps + pretrain_steps, precision, parallel
     )
-    frozen: dict[str, Any] = {
-        "micro_batch_size": rows,
-        "precision": precision,
-        "sort_by_length": c.runtime.sort_by_length,
-        "micro_batch_tokens": c.train.micro_batch_tokens,  # the scoring forwards' chunks, as the update's
-    }
+    # the frozen roles' forwards cut as the update's micro-batches are
+    scoring = Scoring(rows, precision, c.runtime.sort_by_length, c.train.micro_batch_tokens)
     return Roles(
         hosted=hosted,
         tokenizer=tokenizer,
         policy=policy_role,
         reference=Reference(
-            reference, policy_module=policy_role.module, temperature=sampling.temperature, **frozen
+            reference, policy_module=policy_role.module, temperature=sampling.temperature, scoring=scoring
         ),
         critic=critic,
-        reward_model=None if reward_model is None else RewardModel(reward_model, **frozen),
+        reward_model=None if reward_model is None else RewardModel(reward_model, scoring=scoring),
     )
 
 

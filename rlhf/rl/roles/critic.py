@@ -22,7 +22,7 @@ from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
 from rlhf.parallel.parallel_plan import ParallelPlan
-from rlhf.rl.experience import Experience, in_row_chunks, scoring_budget, valid_tokens
+from rlhf.rl.experience import Experience, scored_in_chunks, valid_tokens
 from rlhf.rl.roles.forward import ValueForward
 from rlhf.rl.roles.policy import Policy, value_micro_loss
 from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
@@ -42,13 +42,7 @@ class ValueRole:
     @torch.no_grad()
     def values(self, sequences: Sequences) -> torch.Tensor:
         """V [B, T] of every response token (0 at padding)."""
-        return in_row_chunks(
-            self.forward,
-            sequences,
-            self.micro_batch_size,
-            self.by_length,
-            scoring_budget(self.micro_batch_tokens, self.runs_through),
-        )
+        return scored_in_chunks(self.forward, sequences, self, self.runs_through)
 
     def loss_denominator(self, minibatch: Experience) -> float:
         return minibatch.num_tokens  # the value loss is a token mean

@@ -10,11 +10,10 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.scalar_head import ScalarHeadModel
 from rlhf.models.sequences import Sequences
-from rlhf.rl.experience import in_row_chunks, map_row_chunks, scoring_budget
+from rlhf.rl.experience import Scoring, map_row_chunks, scored_in_chunks, scoring_budget
 from rlhf.rl.roles.forward import PolicyForward, autocast
 
 
@@ -29,24 +28,18 @@ class Reference:
         *,
         policy_module: nn.Module | None = None,
         temperature: float,
-        micro_batch_size: int,
-        precision: Precision | None = None,
-        sort_by_length: bool = True,
-        micro_batch_tokens: int | None = None,
+        scoring: Scoring,
     ) -> None:
         self.reference = reference
-        self.by_length = sort_by_length  # runtime.sort_by_length
-        self.precision = precision
+        self.scoring = scoring  # how its forwards cut the rows, and their precision
         self.temperature = temperature
-        self.micro_batch_size = micro_batch_size
-        self.micro_batch_tokens = micro_batch_tokens  # train.micro_batch_tokens: chunks by a token budget
         if reference.mode == "adapter" and policy_module is None:
             raise ValueError(
                 "a LoRA policy's reference computes through the policy's module: pass policy_module"
             )
         self.forward: nn.Module
         if reference.mode == "copy":
-            self.forward = PolicyForward(reference.model, precision)
+            self.forward = PolicyForward(reference.model, scoring.precision)
         else:
             assert policy_module is not None  # "adapter", checked above
             self.forward = policy_module
@@ -70,12 +63,8 @@ class Reference:
 
             def chunked(sequences: Sequences) -> torch.Tensor:
                 with torch.no_grad():  # per call: grad mode (and the forward's autocast) is per thread
-                    return in_row_chunks(
-                        lambda s: self.forward(s, temperature)[0],
-                        sequences,
-                        self.micro_batch_size,
-                        self.by_length,
-                        scoring_budget(self.micro_batch_tokens, self.forward),
+                    return scored_in_chunks(
+                        lambda s: self.forward(s, temperature)[0], sequences, self.scoring, self.forward
                     )
 
             yield chunked
@@ -84,32 +73,22 @@ class Reference:
 class RewardModel:
     """A scalar-head model read at the last real token of each row."""
 
-    def __init__(
-        self,
-        model: ScalarHeadModel,
-        *,
-        micro_batch_size: int,
-        precision: Precision | None = None,
-        sort_by_length: bool = True,
-        micro_batch_tokens: int | None = None,
-    ) -> None:
+    def __init__(self, model: ScalarHeadModel, *, scoring: Scoring) -> None:
         self.model = model.eval().requires_grad_(False)
-        self.micro_batch_size = micro_batch_size
-        self.precision = precision
-        self.by_length = sort_by_length  # runtime.sort_by_length
-        self.micro_batch_tokens = micro_batch_tokens  # train.micro_batch_tokens: chunks by a token budget
+        self.scoring = scoring  # how its forwards cut the rows, and their precision
 
     @torch.no_grad()
     def score(self, sequences: Sequences) -> torch.Tensor:
-        """Scores [B] (float32), `micro_batch_size` rows (or `micro_batch_tokens`) per forward, each chunk trimmed of its
+        """Scores [B] (float32), rows cut into forwards as `scoring` says, each chunk trimmed of its
         all-padding columns (the score is read at each row's last real token)."""
-        with autocast(self.precision):
+        scoring = self.scoring
+        with autocast(scoring.precision):
             return map_row_chunks(
                 lambda ids, mask, _: self.model.score(ids, mask).float(),
                 sequences.input_ids,
                 sequences.attention_mask,
                 sequences.prompt_length,
-                self.micro_batch_size,
-                self.by_length,
-                tokens=scoring_budget(self.micro_batch_tokens, self.model),
+                scoring.micro_batch_size,
+                scoring.by_length,
+                tokens=scoring_budget(scoring.micro_batch_tokens, self.model),
             )

@@ -40,7 +40,7 @@ from rlhf.models.sampling import Rollout, RowShare, SamplingConfig
 from rlhf.models.sequences import Sequences
 from rlhf.parallel.parallel_plan import ParallelPlan
 from rlhf.parallel.peers import Peers
-from rlhf.rl.experience import Experience, in_row_chunks, scoring_budget, valid_tokens
+from rlhf.rl.experience import Experience, scored_in_chunks, valid_tokens
 from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
 from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
 
@@ -155,13 +155,7 @@ class Policy(Learner):
         """Log-probs [B, T] of the response tokens at `temperature` (None: the sampling temperature;
         0 at padding)."""
         temperature = self.sampling.temperature if temperature is None else temperature
-        return in_row_chunks(
-            lambda s: self.module(s, temperature)[0],
-            sequences,
-            self.micro_batch_size,
-            self.by_length,
-            scoring_budget(self.micro_batch_tokens, self.module),
-        )
+        return scored_in_chunks(lambda s: self.module(s, temperature)[0], sequences, self, self.module)
 
     # -- training ------------------------------------------------------------------------------
     def train_step(self, minibatch: Experience, total_tokens: float | None = None) -> dict[str, float]:

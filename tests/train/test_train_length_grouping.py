@@ -268,7 +268,8 @@ def test_sort_by_length_switch_reaches_every_role(make_trainer):
     for value in (True, False):
         trainer = make_trainer(rl_config("ppo_max", runtime={"sort_by_length": value}))
         r = trainer.runtime.roles
-        holders = (r.policy, r.critic, r.reference, r.reward_model)
+        # the learners' own cutting, the frozen roles' Scoring
+        holders = (r.policy, r.critic, r.reference.scoring, r.reward_model.scoring)
         assert all(h.by_length is value for h in holders)
 
 

@@ -231,8 +231,9 @@ def sampler_vs_generate(
 ) -> dict:
     """Our sampler against `generate` on `device` with `dtype` weights (the model is moved there):
     per batch size, `new_tokens` at temperature 0.7 with EOS never stopping a row, after a warm-up
-    of both (on CUDA also the calls after which `auto` compiles), `reps` alternated runs (bench/smollm2.py's rows: seconds, tokens, speedup); then the
-    greedy check on the largest batch; peak memory (CUDA: since the model was placed)."""
+    of both (on CUDA also the calls after which `auto` compiles), `reps` alternated runs
+    (bench/smollm2.py's rows: seconds, tokens, speedup); then the greedy check on the largest batch;
+    peak memory (CUDA: since the model was placed)."""
     from bench.smollm2 import comparison, time_hf, time_ours
     from rlhf.models.decoding import COMPILE_AFTER_CALLS
     from rlhf.models.sampling import SamplingConfig

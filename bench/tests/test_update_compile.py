@@ -21,26 +21,29 @@ def test_the_compiled_update_logs_the_uncompiled_ones_figures(monkeypatch, capsy
     assert difference["figures_compared"] > 30 and difference["absolute"] <= 1e-6, difference
 
 
+# grad mode of every graph the recording backend receives (registered once per process, by name:
+# the config takes a backend's name)
+TRACED_WITH_GRAD: list[bool] = []
+
+
+def _recording(graph_module, example_inputs):
+    TRACED_WITH_GRAD.append(torch.is_grad_enabled())
+    return graph_module.forward
+
+
+if "rlhf_test_recording" not in torch._dynamo.list_backends(exclude_tags=()):
+    torch._dynamo.register_backend(_recording, name="rlhf_test_recording")
+
+
 def test_the_compiled_graphs_are_the_update_ones_only():
     """train.compile compiles the forwards with gradients on: the sampler's and the scoring ones
-    make no graph (a recording backend, registered by name as the config takes one)."""
+    make no graph."""
     import tempfile
 
     from bench.gpu import build_trainer, workload_named
 
-    made: list[bool] = []
-
-    def recording(graph_module, example_inputs):
-        made.append(torch.is_grad_enabled())
-        return graph_module.forward
-
     torch._dynamo.reset()
-    if "rlhf_test_recording" not in torch._dynamo.list_backends(exclude_tags=()):
-        torch._dynamo.register_backend(recording, name="rlhf_test_recording")
-    else:  # registered by an earlier run of this test in the process: point it at this list
-        from torch._dynamo.backends.registry import _COMPILER_FNS
-
-        _COMPILER_FNS["rlhf_test_recording"] = recording
+    TRACED_WITH_GRAD.clear()
     train = {"compile": True, "compile_backend": "rlhf_test_recording"}
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = build_trainer(
@@ -48,4 +51,4 @@ def test_the_compiled_graphs_are_the_update_ones_only():
         )
         trainer.step()
         trainer.logger.close()
-    assert made and all(made)  # every graph traced for a training forward
+    assert TRACED_WITH_GRAD and all(TRACED_WITH_GRAD)  # every graph traced for a training forward

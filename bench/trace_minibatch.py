@@ -7,6 +7,13 @@ one epoch): one rollout is made into experience untraced, then `RLTrainer.update
 code ran is listed, with how many of its functions ran. `--roles policy` (the default) traces the
 policy's step alone, as the trainer runs it; `--roles policy,critic` the critic's too.
 
+Each traced file is listed under what a reader does with it (`KINDS`): the **step** files hold the
+minibatch step's own logic, the five a reader follows for the policy (the trainer, the role, the
+engine, core/losses, core/stats; the critic's role a sixth when `--roles` names it); the **seam**
+(runtime/local.py) routes each learner's `train_step` by name and computes nothing of the step (with
+the critic, it schedules the two learners' steps side by side); the **model** files are the
+forwards (log-probs, entropy, values); the **containers** hold the minibatch and the roles' lookup.
+
     python bench/trace_minibatch.py [--preset vanilla_ppo] [--roles policy] [--functions]
 
 bench/tests/test_trace_minibatch.py keeps the count from growing.
@@ -24,6 +31,27 @@ from types import FrameType
 from typing import Any
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rlhf"
+# what a reader does with each file one minibatch step runs through (the module docstring)
+KINDS = {
+    "step": (
+        "rl/trainer.py",
+        "rl/roles/policy.py",
+        "train/learner.py",
+        "core/losses.py",
+        "core/stats.py",
+        "rl/roles/critic.py",
+    ),
+    "seam": ("runtime/local.py", "parallel/threads.py", "runtime/flops.py"),
+    "model": (
+        "models/scalar_head.py",
+        "rl/roles/forward.py",
+        "models/backbone.py",
+        "models/logprobs.py",
+        "models/precision.py",
+        "models/grad_checkpointing.py",
+    ),
+    "containers": ("rl/experience.py", "rl/roles/assemble.py", "data/length_grouping.py"),
+}
 WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
 
 
@@ -84,6 +112,11 @@ def traced_files(preset: str = "vanilla_ppo", roles: tuple[str, ...] = ("policy"
     return dict(ran)
 
 
+def kind_of(name: str) -> str:
+    """The kind of a traced file (`KINDS`), "unsorted" for one no kind names."""
+    return next((kind for kind, names in KINDS.items() if name in names), "unsorted")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="vanilla_ppo")
@@ -92,11 +125,15 @@ def main() -> None:
     args = parser.parse_args()
     files = traced_files(args.preset, tuple(args.roles.split(",")))
     print(f"{len(files)} files of rlhf/ run by one {args.preset} minibatch update of {args.roles}:")
-    for name in sorted(files):
-        print(f"  rlhf/{name} ({len(files[name])} functions)")
-        if args.functions:
-            for function in sorted(files[name]):
-                print(f"      {function}")
+    for kind in (*KINDS, "unsorted"):
+        names = sorted(name for name in files if kind_of(name) == kind)
+        if names:
+            print(f"{kind} ({len(names)}):")
+        for name in names:
+            print(f"  rlhf/{name} ({len(files[name])} functions)")
+            if args.functions:
+                for function in sorted(files[name]):
+                    print(f"      {function}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from rlhf.core.advantages import (
     estimator_spec,
     gae,
     register_estimator,
-    whiten_advantages,
 )
 from rlhf.core.dapo import informative_groups, overlong_penalty
 from rlhf.core.entropy import entropy_from_logits, entropy_target_gate, entropy_target_loss
@@ -86,5 +85,4 @@ __all__ = [
     "token_rewards",
     "token_weighted_accumulate",
     "value_loss",
-    "whiten_advantages",
 ]

@@ -15,9 +15,6 @@ broadcast to its valid tokens. `group` holds one integer id per row, equal for t
 from one prompt. A row with no valid token (a dropped response) is no member of its group: it
 moves no group statistic and gets 0. A group with fewer than two members has no baseline and its
 rows get advantage 0, as do the rows of a group whose rewards are all equal.
-
-`whiten_advantages`: the per-minibatch advantage normalization and clipping (PPO paper §5.3.1) the
-trainer applies before each update (docs/algorithms.md §11).
 """
 
 from __future__ import annotations
@@ -122,19 +119,6 @@ def estimate_advantages(
                 f"group must have shape [B] = [{token_rewards.shape[0]}], got {tuple(group.shape)}"
             )
     return spec.fn(token_rewards, mask, values, group, **params)
-
-
-def whiten_advantages(advantages: Tensor, mask: Tensor, clip: float | None = None) -> Tensor:
-    """Advantage normalization, then optional advantage clipping (PPO paper §5.3.1).
-
-    Masked whitening (mean 0, unbiased variance 1 over valid tokens, eps 1e-8), then clip to
-    [-clip, clip] (the paper tries 0.12, 0.5, 0.8). Whiten over the whole minibatch, before any
-    split into micro-batches. 0 at masked positions; a fully masked input gives zeros.
-    """
-    if clip is not None and not clip > 0:
-        raise ValueError(f"advantage clip must be > 0 or None (off), got {clip}")
-    whitened = masked_whiten(advantages, mask)
-    return whitened if clip is None else whitened.clamp(-clip, clip)
 
 
 def _keyword_params(fn: EstimatorFn) -> list[str]:

@@ -21,7 +21,7 @@ average of micro-batch means would over-weight short micro-batches). Data-parall
 same with ``total`` summed over ranks and the gradients summed (not averaged) across ranks.
 ``token_weighted_accumulate`` combines per-micro-batch token means (losses or stats such as the clip
 fraction) into the minibatch token mean for logging. Quantities that are not token means must be
-computed on the whole minibatch before splitting: advantage whitening (``whiten_advantages``),
+computed on the whole minibatch before splitting: advantage whitening (``minibatch_advantages`` in rl/trainer.py),
 explained variance; maxima combine with ``max``. Why the weight is the micro-batch's token share:
 docs/algorithms.md#18-token-mean-accumulation-over-micro-batches.
 """

@@ -1,5 +1,5 @@
 """From reward-model scores to token rewards (docs/algorithms.md §6, §8; advantage whitening, §11, is
-rlhf/core/advantages.py's `whiten_advantages`).
+the trainer's `minibatch_advantages`, rlhf/rl/trainer.py).
 
 Score reparameterization (PPO paper §5.3.1), each switch independent of the others:
 

@@ -35,8 +35,8 @@ from rlhf.core import (
     estimator_params,
     estimator_spec,
     kl_estimate,
+    masked_whiten,
     token_rewards,
-    whiten_advantages,
 )
 from rlhf.data.collate import PtxBatches
 from rlhf.envs import Episodes, load_environment, place_turn_rewards, run_episodes
@@ -580,12 +580,9 @@ class RLTrainer:
                 c.train.minibatches, self.shuffle_generator, whole_groups=self.whole_groups
             ):
                 # advantage normalization and clipping, per minibatch (PPO paper §5.3.1)
-                if c.advantage.whiten:
-                    minibatch.advantages = whiten_advantages(
-                        minibatch.advantages, minibatch.response_mask, clip=c.advantage.clip
-                    )
-                elif c.advantage.clip is not None:
-                    minibatch.advantages = minibatch.advantages.clamp(-c.advantage.clip, c.advantage.clip)
+                minibatch.advantages = minibatch_advantages(
+                    minibatch.advantages, minibatch.response_mask, c.advantage.whiten, c.advantage.clip
+                )
                 if self.asynchronous and minibatch.is_weights is not None:  # decoupled PPO: each token's
                     # surrogate weighted (§34; None never: Experience sets 1s when not given)
                     minibatch.advantages = minibatch.advantages * minibatch.is_weights
@@ -709,6 +706,18 @@ def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[key] = sum(values) / len(values)
     return out
+
+
+def minibatch_advantages(
+    advantages: torch.Tensor, mask: torch.Tensor, whiten: bool, clip: float | None
+) -> torch.Tensor:
+    """A minibatch's advantages normalized (`advantage.whiten`: masked whitening, mean 0 and unbiased
+    variance 1 over its valid tokens) and then clipped to [-clip, clip] (`advantage.clip`), PPO paper
+    §5.3.1 (docs/algorithms.md §11): over the whole minibatch, before any split into micro-batches.
+    0 at masked positions; a fully masked minibatch gives zeros."""
+    if whiten:
+        advantages = masked_whiten(advantages, mask)
+    return advantages if clip is None else advantages.clamp(-clip, clip)
 
 
 class SkippedStepStreak:

@@ -235,7 +235,7 @@ class LocalRuntime:
 
     def steps(self, roles: Sequence[str], minibatches: Sequence[Minibatch]) -> list[dict[str, float]]:
         learners = [self.roles.learner(name) for name in roles]
-        steps = [[partial(self._step, learner, m) for m in minibatches] for learner in learners]
+        steps = [[partial(learner.train_step, m) for m in minibatches] for learner in learners]
         results: list[dict[str, float]] = []
         threads = self.overlap_threads(learners)
         if threads is None:
@@ -259,11 +259,6 @@ class LocalRuntime:
             handover,
         )
         return collected[0] + collected[1]
-
-    @staticmethod
-    def _step(learner: Any, minibatch: Minibatch) -> dict[str, float]:
-        stats: dict[str, float] = learner.train_step(minibatch, learner.loss_denominator(minibatch))
-        return stats
 
     def overlap_threads(self, learners: Sequence[Any]) -> int | None:
         """Intra-op threads per side when two learners' steps run side by side, else None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlhf.core import ScoreProcessor, masked_whiten, token_rewards, whiten_advantages
+from rlhf.core import ScoreProcessor, token_rewards
 
 
 def np_std(values: list[float]) -> float:
@@ -152,23 +152,3 @@ def test_score_processor_config_errors() -> None:
         ScoreProcessor(clip=0.0)
     with pytest.raises(ValueError, match=r"shape \[B\]"):
         ScoreProcessor()(torch.zeros(2, 3))
-
-
-# --- whiten_advantages ------------------------------------------------------------------------
-
-
-def test_whiten_advantages_whitens_then_clips() -> None:
-    gen = torch.Generator().manual_seed(0)
-    adv = torch.randn(4, 6, generator=gen) * 5
-    mask = (torch.arange(6)[None, :] < torch.tensor([6, 3, 1, 0])[:, None]).float()
-    whitened = masked_whiten(adv, mask)
-    assert torch.equal(whiten_advantages(adv, mask), whitened)
-    clipped = whiten_advantages(adv, mask, clip=0.5)
-    assert torch.equal(clipped, whitened.clamp(-0.5, 0.5))
-    assert (whitened.abs() > 0.5).any()  # the clip did something
-    poisoned = torch.where(mask.bool(), adv, float("nan"))
-    assert torch.equal(whiten_advantages(poisoned, mask, clip=0.5), clipped)
-    assert torch.all(clipped[mask == 0] == 0)
-    assert torch.equal(whiten_advantages(adv, torch.zeros_like(mask), clip=0.5), torch.zeros_like(adv))
-    with pytest.raises(ValueError, match="advantage clip"):
-        whiten_advantages(adv, mask, clip=-1.0)

@@ -31,7 +31,7 @@ STAGES = {
     "ablate": "a preset with each PPO trick switched alone, over seeds, on the built-in world",
     "sft": "supervised fine-tuning of a causal LM on prompt/response data",
     "rm": "train a reward model on preference pairs (ranking + LM loss)",
-    "dpo": "train the SFT model directly on preference pairs: DPO, IPO or robust DPO (no reward model)",
+    "dpo": "train the SFT model directly on preference pairs: DPO, IPO, robust DPO or SimPO (no reward model)",
     "train": "policy optimization against a reward model and/or reward functions: PPO, PPO-max, APA, AWR, "
     "GRPO, RLOO, REINFORCE++",
     "eval": "mean reward and win rate of one policy against another on held-out prompts",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,17 +24,28 @@ class DPOTrainConfig(SupervisedTrainConfig):
 @dataclass
 class DPOLossConfig:
     # sigmoid: DPO (Rafailov et al. 2023) | ipo: IPO (Azar et al. 2023) | robust: robust DPO
-    # (Chowdhury et al. 2024); docs/algorithms.md §32
-    loss: Literal["sigmoid", "ipo", "robust"] = "sigmoid"
-    beta: float = 0.1  # strength of the reference anchor (DPO paper's dialogue value, TRL's default)
-    # eps: the rate of flipped labels assumed (sigmoid: cDPO's smoothing; robust: its noise rate)
+    # (Chowdhury et al. 2024) | simpo: SimPO (Meng et al. 2024), reference-free; docs/algorithms.md §32
+    loss: Literal["sigmoid", "ipo", "robust", "simpo"] = "sigmoid"
+    # strength of the reference anchor (DPO paper's dialogue value, TRL's default); simpo: the reward
+    # scale of a mean token log-prob, larger (the SimPO paper's 2.0-2.5)
+    beta: float = 0.1
+    # eps: the rate of flipped labels assumed (sigmoid, simpo: cDPO's smoothing; robust: its noise rate)
     label_smoothing: float = 0.0
+    # simpo: the target reward margin gamma (TRL's default 0.5; the SimPO paper's 0.5-1.6 with beta 2.0-2.5)
+    simpo_gamma: float = 0.5
     # the reference's log-probs of every pair computed once before training (one forward of the
-    # data) instead of in every step (one more forward per step, no cache)
+    # data) instead of in every step (one more forward per step, no cache); simpo has no reference
     precompute_reference: bool = True
 
     def validate(self, prefix: str) -> None:
         positive(self.beta, f"{prefix}beta", 0.1)
+        require(
+            math.isfinite(self.simpo_gamma) and self.simpo_gamma >= 0,
+            f"{prefix}simpo_gamma",
+            self.simpo_gamma,
+            "must be >= 0 (SimPO's target reward margin)",
+            f"--{prefix}simpo_gamma 0.5",
+        )
         if self.loss == "robust":
             require(
                 0 <= self.label_smoothing < 0.5,

@@ -31,7 +31,7 @@ from rlhf.core.losses import (
     token_weighted_accumulate,
     value_loss,
 )
-from rlhf.core.preference import PREFERENCE_LOSSES, preference_loss
+from rlhf.core.preference import PREFERENCE_LOSSES, REFERENCE_FREE, preference_loss
 from rlhf.core.rewards import ScoreProcessor, token_rewards
 from rlhf.core.staleness import decoupled_is_weights
 from rlhf.core.stats import (
@@ -51,6 +51,7 @@ __all__ = [
     "POLICY_LOSSES",
     "POLICY_LOSS_SOURCES",
     "PREFERENCE_LOSSES",
+    "REFERENCE_FREE",
     "decoupled_is_weights",
     "AdaptiveKLController",
     "FixedKLController",

@@ -1,4 +1,4 @@
-"""Preference losses over summed response log-probs (DPO and its relatives; docs/algorithms.md §32).
+"""Preference losses over response log-probs (DPO and its relatives; docs/algorithms.md §32).
 
 Each takes [B] sequence log-probs of the chosen and rejected responses under the policy and the
 reference, and returns ``(loss, stats)``: the loss is the batch mean, stats are detached 0-d
@@ -10,19 +10,24 @@ tensors. With the implicit reward ``r = beta * (logp - ref_logp)`` and the margi
     ipo      (h - 1 / (2 beta))^2                                            IPO (Azar et al. 2023, eq. 17)
     robust   ((1 - eps)(-log sigmoid(beta h)) + eps log sigmoid(-beta h)) / (1 - 2 eps)
              robust DPO (Chowdhury et al. 2024, eq. 8): unbiased under labels flipped with rate eps
+    simpo    -(1 - eps) log sigmoid(beta h - gamma) - eps log sigmoid(-(beta h - gamma))
+             SimPO (Meng et al. 2024, eq. 6): reference-free (no ref log-probs: r = beta * logp), on
+             each response's *mean* token log-prob, with a target reward margin gamma
 
 An empty batch gives a zero loss and zero stats (never NaN).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-PREFERENCE_LOSSES = ("sigmoid", "ipo", "robust")
+PREFERENCE_LOSSES = ("sigmoid", "ipo", "robust", "simpo")
+REFERENCE_FREE = ("simpo",)  # losses without a reference model: their inputs are mean token log-probs
 
 
 def _sigmoid(h: Tensor, beta: float, eps: float) -> Tensor:
@@ -41,6 +46,7 @@ _LOSSES: dict[str, Callable[[Tensor, float, float], Tensor]] = {
     "sigmoid": _sigmoid,
     "ipo": _ipo,
     "robust": _robust,
+    "simpo": _sigmoid,  # on the margin shifted by gamma / beta (preference_loss)
 }
 
 
@@ -48,25 +54,37 @@ def preference_loss(
     name: str,
     chosen_logp: Tensor,
     rejected_logp: Tensor,
-    ref_chosen_logp: Tensor,
-    ref_rejected_logp: Tensor,
+    ref_chosen_logp: Tensor | None,
+    ref_rejected_logp: Tensor | None,
     beta: float = 0.1,
     label_smoothing: float = 0.0,
+    gamma: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The batch-mean preference loss `name` and its stats: implicit rewards of the chosen and
     rejected responses (`chosen_reward`, `rejected_reward`), their `margin`, the `accuracy`
     (chosen reward above the rejected one) and the mean policy log-probs (`chosen_logp`,
-    `rejected_logp`)."""
+    `rejected_logp`). A reference-free loss (`REFERENCE_FREE`: simpo) takes None for both reference
+    log-probs and each response's mean token log-prob; `gamma` is SimPO's target reward margin."""
     if name not in _LOSSES:
         raise ValueError(f"unknown preference loss {name!r}; one of {', '.join(PREFERENCE_LOSSES)}")
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta}")
+    free = name in REFERENCE_FREE
+    if free != (ref_chosen_logp is None and ref_rejected_logp is None):
+        needs = "no reference log-probs (None)" if free else "the reference's log-probs"
+        raise ValueError(f"preference loss {name!r} takes {needs}")
+    if not (math.isfinite(gamma) and gamma >= 0) or (gamma != 0 and not free):
+        raise ValueError(
+            f"gamma is SimPO's target margin: >= 0 for simpo, 0 otherwise; got {gamma} for {name!r}"
+        )
     if name == "robust" and not 0 <= label_smoothing < 0.5:
         raise ValueError(
             f"robust needs 0 <= label_smoothing < 0.5 (it divides by 1 - 2 eps), got {label_smoothing}"
         )
     if not 0 <= label_smoothing <= 1:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if ref_chosen_logp is None or ref_rejected_logp is None:  # reference-free: r = beta * logp
+        ref_chosen_logp = ref_rejected_logp = torch.zeros_like(chosen_logp)
     shapes = {t.shape for t in (chosen_logp, rejected_logp, ref_chosen_logp, ref_rejected_logp)}
     if len(shapes) != 1 or chosen_logp.dim() != 1:
         raise ValueError(
@@ -80,7 +98,8 @@ def preference_loss(
         zero = h.new_zeros(())
         keys = ("chosen_reward", "rejected_reward", "margin", "accuracy", "chosen_logp", "rejected_logp")
         return zero + 0 * chosen_logp.sum(), {k: zero.clone() for k in keys}
-    loss = _LOSSES[name](h, beta, label_smoothing).mean()
+    # SimPO's target margin: sigmoid(beta h - gamma), the DPO loss of the margin h - gamma / beta
+    loss = _LOSSES[name](h - gamma / beta, beta, label_smoothing).mean()
     with torch.no_grad():
         chosen_reward = beta * chosen_logratio
         rejected_reward = beta * rejected_logratio

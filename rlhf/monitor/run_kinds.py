@@ -48,7 +48,8 @@ SPECS: dict[str, KindSpec] = {
             ("eval/chosen_logp", None), ("eval/rejected_logp", None),
         ),
         config_keys=(
-            "model", "data.path", "dpo.loss", "dpo.beta", "dpo.label_smoothing", "dpo.precompute_reference",
+            "model", "data.path", "dpo.loss", "dpo.beta", "dpo.label_smoothing", "dpo.simpo_gamma",
+            "dpo.precompute_reference",
             "train.epochs", "train.max_steps", "train.batch_size", "optim.lr", "lora.enabled", "seed",
         ),
         length_keys=("train.max_steps",),

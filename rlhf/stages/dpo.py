@@ -1,5 +1,7 @@
 """Direct preference optimization (`rlhf dpo`): the SFT model trained on preference pairs against
-itself, frozen, as the reference (docs/algorithms.md §32; `dpo.loss` sigmoid | ipo | robust).
+itself, frozen, as the reference (docs/algorithms.md §32; `dpo.loss` sigmoid | ipo | robust), or
+against no reference at all (`dpo.loss simpo`, on each response's mean token log-prob: no reference
+is built, scored or cached).
 
 Pairs are read and encoded as `rlhf rm` reads them (every pair format: prompt/chosen/rejected, HH
 dialogues, chat messages). The reference is a frozen copy of the starting model, or, for a LoRA
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf.config import ConfigError, DPOConfig
-from rlhf.core import preference_loss
+from rlhf.core import REFERENCE_FREE, preference_loss
 from rlhf.data.collate import collate_pairs
 from rlhf.data.tokenize import TruncationStats
 from rlhf.models.device import model_device, to_device
@@ -54,9 +56,12 @@ class DPOPair(EncodedPair):
     ref_rejected: float | None = None
 
 
-def pair_logprobs(model, rows: list[EncodedPair], pad_id: int, precision: Precision | None):
+def pair_logprobs(
+    model, rows: list[EncodedPair], pad_id: int, precision: Precision | None, per_token: bool = False
+):
     """Summed response log-probs ([b] float32 each) of the chosen and the rejected responses
-    (`model`: a causal LM, or its ModelCall)."""
+    (`model`: a causal LM, or its ModelCall); `per_token`: each divided by its response's tokens
+    (EOS included), SimPO's length normalization."""
     batch = collate_pairs(
         [r.prompt_ids for r in rows], [r.chosen_ids for r in rows], [r.rejected_ids for r in rows], pad_id
     )
@@ -65,11 +70,14 @@ def pair_logprobs(model, rows: list[EncodedPair], pad_id: int, precision: Precis
         logp = call_model(
             model, sequence_logprobs, batch["input_ids"], batch["attention_mask"], batch["response_mask"]
         )
+    if per_token:
+        logp = logp / batch["response_mask"].sum(-1).clamp(min=1).to(logp.dtype)
     return logp[: len(rows)], logp[len(rows) :]
 
 
 class DPOStage(SupervisedStage):
-    """A preference loss on the policy's and the reference's summed log-probs of each pair."""
+    """A preference loss on the policy's and the reference's summed log-probs of each pair (SimPO:
+    the policy's mean token log-probs, no reference)."""
 
     title = "DPO"
     command = "dpo"
@@ -83,8 +91,12 @@ class DPOStage(SupervisedStage):
         if model is None:
             model = load_causal_lm(c.model, gguf_file=c.gguf_file, on_meta=on_meta)
         model = placed(precision, with_lora(model, c.lora))
-        # the SFT model, frozen: a LoRA policy's reference is its adapter switched off
-        self.reference = ReferenceModel(model, mode="adapter" if c.lora.enabled else "copy")
+        # the SFT model, frozen: a LoRA policy's reference is its adapter switched off; none for SimPO
+        self.reference = (
+            None
+            if c.dpo.loss in REFERENCE_FREE
+            else ReferenceModel(model, mode="adapter" if c.lora.enabled else "copy")
+        )
         self.reference_call: ModelCall | None = None  # its one call (before_training)
         return model
 
@@ -100,6 +112,8 @@ class DPOStage(SupervisedStage):
     def before_training(
         self, run: SupervisedRun, train_rows: list[DPOPair], test_rows: list[DPOPair], status
     ) -> None:
+        if self.reference is None:
+            return  # reference-free (SimPO)
         self.reference_call = self._reference_call(run)
         if self.config.dpo.precompute_reference:
             status("scoring every pair with the reference")
@@ -111,6 +125,7 @@ class DPOStage(SupervisedStage):
         """The reference's one call: the policy's (adapter mode: its weights, the adapter switched off
         by `in_force`), or its copy's, sharded per layer without optimizer under fsdp2 (every rank's
         shards from rank 0's copy; offloaded as the policy under dist.offload)."""
+        assert self.reference is not None  # built unless the loss is reference-free
         if self.reference.mode == "adapter":
             return run.call
         call = ModelCall(self.reference.model)
@@ -170,17 +185,24 @@ class DPOStage(SupervisedStage):
                 torch.tensor([r.ref_chosen for r in rows], dtype=torch.float32, device=device),
                 torch.tensor([r.ref_rejected for r in rows], dtype=torch.float32, device=device),
             )
+        assert self.reference is not None  # built unless the loss is reference-free
         with self.reference.in_force():
             return pair_logprobs(self.reference_call, rows, run.pad_id, run.precision)
 
     def _figures(self, run: SupervisedRun, micro: MicroBatch) -> tuple[torch.Tensor, dict]:
         """The preference loss of a micro-batch's pairs (their mean) and its figures times its pairs."""
         d = self.config.dpo
-        ref_chosen, ref_rejected = self.reference_logprobs(run, micro.rows)
-        chosen, rejected = pair_logprobs(run.call, micro.rows, run.pad_id, run.precision)
-        loss, stats = preference_loss(
-            d.loss, chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing
-        )
+        if self.reference is None:  # SimPO (Meng et al. 2024, eq. 6): mean token log-probs, no reference
+            chosen, rejected = pair_logprobs(run.call, micro.rows, run.pad_id, run.precision, per_token=True)
+            loss, stats = preference_loss(
+                d.loss, chosen, rejected, None, None, d.beta, d.label_smoothing, gamma=d.simpo_gamma
+            )
+        else:
+            ref_chosen, ref_rejected = self.reference_logprobs(run, micro.rows)
+            chosen, rejected = pair_logprobs(run.call, micro.rows, run.pad_id, run.precision)
+            loss, stats = preference_loss(
+                d.loss, chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing
+            )
         n = len(micro.rows)
         return loss, {key: float(value.detach()) * n for key, value in (("loss", loss), *stats.items())}
 

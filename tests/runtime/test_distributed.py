@@ -241,6 +241,7 @@ SUPERVISED = [
     ("sft-checkpointed", "fsdp2", 5),  # each layer gathered again for its recomputation
     ("sft-offload", "fsdp2", 5),  # dist.offload: CPUOffloadPolicy on every unit
     ("dpo-offload", "fsdp2", 5),  # and on the reference copy's
+    ("dpo-simpo", "fsdp2", 5),  # reference-free: the policy's units alone
     ("sft-compiled", "ddp", 5),  # train.compile: DDP's hooks around the compiled decoder's gradients
 ]
 
@@ -260,7 +261,8 @@ def test_two_ranks_train_sft_reward_and_dpo_models_as_one_process(
     assert_close_dicts(ranks[0]["exported"], one["exported"], "exported model.safetensors")
     # under fsdp2: the root and each decoder layer an FSDP unit (DPO's reference copy too), each
     # with the offload policy asked for (on the CPU it moves nothing: the policy is what to check)
-    with_copy = stage.startswith("dpo") and stage != "dpo-lora"  # a LoRA reference: the policy's own
+    # a LoRA reference: the policy's own; SimPO: none
+    with_copy = stage.startswith("dpo") and stage not in ("dpo-lora", "dpo-simpo")
     units = (1 + 1) * (2 if with_copy else 1) if strategy == "fsdp2" else 0
     policy = "CPUOffloadPolicy" if stage.endswith("-offload") else "OffloadPolicy"
     for rank, got in enumerate(ranks):

@@ -1,6 +1,7 @@
 """`rlhf dpo` (rlhf/stages/dpo.py) on tiny models: the loss starts at log 2 (the policy is its
 reference), training separates the pairs, micro-batching and the reference cache change no number,
-a LoRA policy's reference is its adapter switched off, every loss runs, and the command writes a
+a LoRA policy's reference is its adapter switched off, every loss runs, SimPO builds no reference and
+scores each response by its mean token log-prob (against a plain loop), and the command writes a
 model and a DPO report (bad settings exit 2)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from rlhf.cli import main
 from rlhf.config import ConfigError, DPOConfig, load_config
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.tiny import tiny_causal_lm, word_tokenizer
-from rlhf.stages.dpo import DPOStage, run_dpo
+from rlhf.stages.dpo import DPOPair, DPOStage, pair_logprobs, run_dpo
 from rlhf.train.supervised import run_supervised
 
 WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
@@ -83,10 +84,14 @@ def test_the_loss_starts_at_log_2_and_training_separates_the_pairs(tok, tmp_path
     assert "DPO" in (tmp_path / "dpo" / "report.html").read_text()
 
 
-@pytest.mark.parametrize("change", [{"micro_batch_size": 8}, {"precompute_reference": False}])
+@pytest.mark.parametrize(
+    "change",
+    [{"micro_batch_size": 8}, {"precompute_reference": False}, {"micro_batch_size": 8, "loss": "simpo"}],
+)
 def test_micro_batches_and_the_reference_cache_change_no_number(change, tok, tmp_path):
-    base = run_dpo(config(tmp_path / "a"), model=model(tok), tokenizer=tok, quiet=True)
-    other = config(tmp_path / "b", precompute_reference=change.get("precompute_reference", True))
+    loss = {"loss": change["loss"], "beta": 2.0} if "loss" in change else {}
+    base = run_dpo(config(tmp_path / "a", **loss), model=model(tok), tokenizer=tok, quiet=True)
+    other = config(tmp_path / "b", precompute_reference=change.get("precompute_reference", True), **loss)
     other.train.micro_batch_size = change.get("micro_batch_size", 3)
     again = run_dpo(other, model=model(tok), tokenizer=tok, quiet=True)
     for key, value in base.items():
@@ -115,18 +120,52 @@ def test_a_lora_policys_reference_is_its_adapter_switched_off(tok, tmp_path):
         torch.testing.assert_close(frozen[name], value, msg=name)
 
 
-@pytest.mark.parametrize("loss,smoothing", [("ipo", 0.0), ("robust", 0.2), ("sigmoid", 0.1)])
+@pytest.mark.parametrize("loss,smoothing", [("ipo", 0.0), ("robust", 0.2), ("sigmoid", 0.1), ("simpo", 0.1)])
 def test_every_loss_trains(loss, smoothing, tok, tmp_path):
     final = run_dpo(
-        config(tmp_path, loss=loss, label_smoothing=smoothing), model=model(tok), tokenizer=tok, quiet=True
+        config(tmp_path, loss=loss, label_smoothing=smoothing, **({"beta": 2.0} if loss == "simpo" else {})),
+        model=model(tok),
+        tokenizer=tok,
+        quiet=True,
     )
     assert all(math.isfinite(v) for v in final.values() if isinstance(v, float))
     assert final["eval/margin"] > 0
 
 
+def test_simpo_builds_no_reference_and_separates_the_pairs(tok, tmp_path):
+    stage = DPOStage(config(tmp_path, loss="simpo", beta=2.0, simpo_gamma=0.5))
+    final = run_supervised(stage, model=model(tok), tokenizer=tok, quiet=True)
+    assert stage.reference is None  # no copy of the model, nothing scored before training
+    rows = [r for r in records(tmp_path / "dpo") if "train/loss" in r]
+    assert rows[0]["train/loss"] != pytest.approx(math.log(2), abs=1e-3)  # no reference: not DPO's log 2
+    assert final["eval/accuracy"] >= 0.8 and final["eval/margin"] > 0.5
+    assert final["eval/chosen_reward"] > final["eval/rejected_reward"]
+
+
+def test_simpos_mean_token_logprobs_equal_a_plain_loop(tok):
+    policy = model(tok, seed=4).eval()
+    encoded = [
+        DPOPair(tok(r["prompt"])["input_ids"], tok(r["chosen"])["input_ids"], tok(r["rejected"])["input_ids"])
+        for r in pairs(n=3, seed=2)
+    ]
+    encoded[1].rejected_ids = encoded[1].rejected_ids[:1]  # a one-token response
+    with torch.no_grad():
+        chosen, rejected = pair_logprobs(policy, encoded, tok.pad_token_id, None, per_token=True)
+        summed, _ = pair_logprobs(policy, encoded, tok.pad_token_id, None)
+        for i, pair in enumerate(encoded):
+            for response, got in ((pair.chosen_ids, chosen[i]), (pair.rejected_ids, rejected[i])):
+                ids = torch.tensor([pair.prompt_ids + response])
+                logp = torch.log_softmax(policy(ids).logits[0].double(), -1)
+                start = len(pair.prompt_ids)
+                total = sum(logp[start + k - 1, token].item() for k, token in enumerate(response))
+                assert got.item() == pytest.approx(total / len(response), rel=1e-5, abs=1e-6)
+            assert summed[i].item() == pytest.approx(chosen[i].item() * len(pair.chosen_ids), rel=1e-5)
+
+
 @pytest.mark.parametrize(
     "dpo,key",
     [
+        ({"loss": "simpo", "simpo_gamma": -0.5}, "dpo.simpo_gamma"),
         ({"loss": "robust", "label_smoothing": 0.5}, "dpo.label_smoothing"),
         ({"loss": "ipo", "label_smoothing": 0.1}, "dpo.label_smoothing"),
         ({"beta": 0.0}, "dpo.beta"),

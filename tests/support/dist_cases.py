@@ -321,6 +321,8 @@ def supervised_stage(
     if stage == "dpo-lora":
         overrides.update(dpo={"precompute_reference": False}, lora={"enabled": True, "r": 4})
         overrides["optim"]["lr"] = 1e-2  # the adapters move the log-probs
+    if stage == "dpo-simpo":  # reference-free: no copy built, sharded or scored
+        overrides["dpo"] = {"loss": "simpo", "beta": 2.0, "simpo_gamma": 0.5}
     if stage.startswith("dpo"):  # "dpo": the reference a frozen copy; its log-probs cached, shares joined
         return DPOStage(load_config(DPOConfig, overrides=overrides)), policy, tok
     return RewardModelStage(load_config(RewardConfig, overrides=overrides)), reward_model, tok
@@ -355,7 +357,8 @@ def supervised_run(
     final = run_supervised(stage_, model=model, tokenizer=tok, quiet=True)
     model = built[0]
     roots = [runs[0].learner.module]  # the sharded root (the model's ModelCall), and DPO's reference copy
-    roots += [stage_.reference_call] if stage.startswith("dpo") and stage_.reference.mode == "copy" else []
+    reference = getattr(stage_, "reference", None)  # DPO's (None: SimPO has none)
+    roots += [stage_.reference_call] if reference is not None and reference.mode == "copy" else []
     peers = current_peers()
     sharded = all(isinstance(p, DTensor) for p in model.parameters())  # per layer: the model's every one
     with whole_copy(model, every_rank=True) as plain:  # fsdp2: the whole parameters, gathered on every rank

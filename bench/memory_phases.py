@@ -36,7 +36,10 @@ PHASES = [
     ("rlhf.stages.sft", "sft_step", "forward+backward"),
     ("rlhf.stages.sft", "evaluate_nll", "evaluate"),
     ("rlhf.train.learner", "clip_and_step", "optimizer step"),
-    ("rlhf.stages.sft", "export_models", "export"),
+    ("rlhf.train.supervised", "export_causal_lm", "export"),
+    ("rlhf.stages.dpo.DPOStage", "build_model", "build model (+ reference copy)"),
+    ("rlhf.stages.dpo.DPOStage", "cache_reference", "reference log-probs"),
+    ("rlhf.stages.dpo", "pair_logprobs", "forward+backward"),
     ("rlhf.stages.rm", "pair_forward", "forward+backward"),
     ("rlhf.stages.rm", "ranking_loss", "forward+backward"),
     ("rlhf.stages.rm", "evaluate_pairs", "evaluate"),
@@ -196,13 +199,18 @@ class PhaseRecorder:
         return wrapped
 
 
+def phase_target(path: str):
+    """The module or class named by a PHASES path ("rlhf.stages.dpo", "rlhf.stages.dpo.DPOStage")."""
+    module_path, _, owner = path.rpartition(".")
+    try:
+        return importlib.import_module(path)
+    except ImportError:
+        return getattr(importlib.import_module(module_path), owner)
+
+
 def install(recorder: PhaseRecorder) -> None:
     for path, attr, name in PHASES:
-        module_path, _, owner = path.rpartition(".")
-        try:
-            target = importlib.import_module(path)
-        except ImportError:
-            target = getattr(importlib.import_module(module_path), owner)
+        target = phase_target(path)
         function = getattr(target, attr)
         if name is None:
             setattr(target, attr, recorder.wrap_context(function, "reference log-probs"))
@@ -254,8 +262,8 @@ class SavedTensors:
     def install(self) -> None:
         from rlhf.rl.roles import critic, policy
 
-        self_policy = policy.Policy.micro_loss
-        policy.Policy.micro_loss = self.count("policy", lambda args: args[0].model, self_policy)
+        self_policy = policy.Policy.policy_terms
+        policy.Policy.policy_terms = self.count("policy", lambda args: args[0].model, self_policy)
         critic.value_micro_loss = self.count("critic", lambda args: args[0].model, critic.value_micro_loss)
 
     def report(self) -> None:

@@ -405,7 +405,8 @@ def _plan_parser(sub) -> None:
     plan.add_argument(
         "--preset",
         default="ppo_max",
-        help="an rlhf train preset (its roles: a critic, separate or shared, or none), or sft | rm | dpo",
+        help="an rlhf train preset (its roles: a critic, separate or shared, or none), or sft | rm | dpo | simpo "
+        "(rlhf dpo --dpo.loss simpo: no reference)",
     )
     plan.add_argument("--lora", action="store_true", help="train LoRA adapters (the reference: adapter off)")
     plan.add_argument("--lora-rank", type=_positive_int, default=16)
@@ -794,7 +795,7 @@ def run_plan_command(args, rest, ctx) -> int:
 
     if rest:
         raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf plan --help`.")
-    stage = args.preset if args.preset in STAGES[1:] else "rl"  # sft | rm | dpo: a supervised stage
+    stage = args.preset if args.preset in STAGES[1:] else "rl"  # sft | rm | dpo | simpo: a supervised stage
     preset = load_config(RLConfig, preset="ppo_max" if stage != "rl" else args.preset)
     critic = preset.model.critic_mode if preset.uses_critic and stage == "rl" else "none"
     try:

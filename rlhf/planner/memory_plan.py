@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 STRATEGIES = ("none", "ddp", "fsdp2")
-STAGES = ("rl", "sft", "rm", "dpo")  # an RL run (its preset's roles) or a supervised stage
+STAGES = ("rl", "sft", "rm", "dpo", "simpo")  # an RL run (its preset's roles) or a supervised stage
+PAIR_STAGES = ("rm", "dpo", "simpo")  # a micro-batch of pairs: two rows in one forward
 PRECISIONS = ("float32", "bfloat16", "bfloat16-pure")
 GIB = 2**30
 # saved activations per token and decoder layer, in elements: ~10 h (norm inputs and outputs, q k v,
@@ -134,7 +135,9 @@ class Job:
     """What runs: the roles of the preset, how they train, and the shapes of the batches."""
 
     shape: Shape
-    stage: str = "rl"  # one of STAGES: sft, rm, dpo have no rollout (and no critic or reward model)
+    # one of STAGES: sft, rm, dpo have no rollout (and no critic or reward model); simpo is `rlhf dpo
+    # --dpo.loss simpo`, reference-free
+    stage: str = "rl"
     critic: str = "separate"  # "separate" | "shared" | "none" (critic-free presets)
     reward_model: bool = True
     lora: bool = False
@@ -265,6 +268,8 @@ def role_memory(job: Job) -> list[RoleMemory]:
     roles = [role("policy", p + adapters, adapters) if job.lora else role("policy", p, p)]
     if job.stage == "sft":
         return roles
+    if job.stage == "simpo":  # no reference at all
+        return roles
     if not job.lora:  # a LoRA policy's reference is its adapter switched off: no copy
         roles.append(role("reference", p, 0))
     if job.stage == "dpo":
@@ -305,7 +310,7 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
     else:
         gathered_policy = gathered_trained = 0
     gathered_policy = gathered_policy if rl else 0
-    rows_per_micro = job.micro_batch * (2 if job.stage in ("rm", "dpo") else 1)  # a pair: 2 rows
+    rows_per_micro = job.micro_batch * (2 if job.stage in PAIR_STAGES else 1)  # a pair: 2 rows
     micro_tokens = rows_per_micro * tokens
     saved_per_layer = micro_tokens * (ACTIVATION_H * s.hidden + ACTIVATION_M * s.intermediate) * compute_bytes
     if job.gradient_checkpointing:  # the layers' inputs, and one layer recomputed at a time
@@ -423,9 +428,10 @@ def gib(n: int) -> str:
 def render(result: Plan) -> str:
     """The one-screen table: bytes per rank per role, each phase's peak, the verdict."""
     j = result.job
+    command = "rlhf dpo --dpo.loss simpo" if j["stage"] == "simpo" else "rlhf " + j["stage"]
     lines = [
         f"rlhf plan: {j['shape']['name']} ({j['parameters'] / 1e9:.2f}B parameters), "
-        f"{'critic ' + j['critic'] if j['stage'] == 'rl' else 'rlhf ' + j['stage']}, "
+        f"{'critic ' + j['critic'] if j['stage'] == 'rl' else command}, "
         f"{'LoRA r=' + str(j['lora_rank']) if j['lora'] else 'full'}, {j['dtype']}, {j['strategy']} on "
         f"{j['ranks']} ranks{' (rollout gathered per layer)' if j['rollout_gather'] == 'per_layer' else ''}"
         f"{' (offloaded)' if j['offload'] else ''}, micro-batch {j['micro_batch']}, "

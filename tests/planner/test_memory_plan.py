@@ -82,8 +82,9 @@ def test_per_layer_sharding_divides_every_role_and_ddp_none():
 
 
 def test_the_supervised_stages_roles_and_phases_are_the_closed_forms():
-    """`--preset sft|rm|dpo`: the trained model (DPO: and the reference copy, none for LoRA), no
-    rollout phase; a pair is two rows of activations; fsdp2 divides every role by the ranks."""
+    """`--preset sft|rm|dpo|simpo`: the trained model (DPO: and the reference copy, none for LoRA;
+    SimPO: none ever), no rollout phase; a pair is two rows of activations; fsdp2 divides every role
+    by the ranks."""
     p, scalar, layer = TINY.parameters, TINY.parameters + TINY.hidden + 1, TINY.layer_parameters
     tokens = 512 + 512
     per_token = 10 * TINY.hidden + 4 * TINY.intermediate  # ACTIVATION_H h + ACTIVATION_M m
@@ -91,6 +92,7 @@ def test_the_supervised_stages_roles_and_phases_are_the_closed_forms():
         ("sft", {"policy": (p, p)}, 2),
         ("rm", {"reward_model": (scalar, scalar)}, 4),
         ("dpo", {"policy": (p, p), "reference": (p, 0)}, 4),
+        ("simpo", {"policy": (p, p)}, 4),
     ):
         result = plan(Job(TINY, stage=stage, dtype="float32", strategy="fsdp2", ranks=2, micro_batch=2))
         assert {r.role: (r.parameters, r.trained) for r in result.roles} == roles, stage
@@ -114,6 +116,8 @@ def test_the_supervised_stages_roles_and_phases_are_the_closed_forms():
             )
         )
     assert "reference" not in [r.role for r in plan(Job(TINY, stage="dpo", lora=True, ranks=1)).roles]
+    lora_simpo = plan(Job(TINY, stage="simpo", lora=True, ranks=1))
+    assert [r.role for r in lora_simpo.roles] == ["policy"]
 
 
 def test_the_verdict_and_its_advice():

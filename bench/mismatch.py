@@ -47,6 +47,7 @@ def measure(policy: str | None, rows: int, max_new_tokens: int, seed: int, preci
     from rlhf.config import RLConfig, load_config
     from rlhf.rl.roles.assemble import assemble_roles
     from rlhf.rl.trainer import RLTrainer
+    from rlhf.runtime import LocalRuntime
 
     tokenizer, model, prompts = policy_and_prompts(policy, rows)
     with tempfile.TemporaryDirectory() as run_dir:
@@ -62,7 +63,7 @@ def measure(policy: str | None, rows: int, max_new_tokens: int, seed: int, preci
             },
         )  # fmt: skip
         roles = assemble_roles(config, tokenizer=tokenizer, policy=copy.deepcopy(model), reward_model=None)
-        trainer = RLTrainer(config, roles, prompts, run_dir=run_dir, quiet=True)
+        trainer = RLTrainer(config, LocalRuntime(roles, config.runtime), prompts, run_dir=run_dir, quiet=True)
         started = time.perf_counter()
         experience, metrics = trainer.make_experience()
         trainer.logger.close()

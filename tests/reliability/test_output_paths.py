@@ -8,9 +8,10 @@ import hashlib
 
 import pytest
 
-from tests.support.reliability_testing import assert_user_error, rlhf, train_args
+from tests.support.reliability_testing import assert_user_error, rlhf, rlhf_in_process, train_args
 
-pytestmark = pytest.mark.slow  # each case starts `rlhf` in a subprocess (~4 s)
+# each refusal runs in this process (rlhf_in_process): it ends before any work; one case starts a
+# subprocess, as a user's shell would
 
 
 def digest(directory) -> dict[str, str]:
@@ -21,22 +22,23 @@ def digest(directory) -> dict[str, str]:
 
 @pytest.mark.parametrize("stage,data", [("sft", "sft"), ("rm", "pairs"), ("dpo", "pairs")])
 @pytest.mark.parametrize("inside", [False, True])
-def test_out_equal_to_or_inside_the_model_directory_is_refused(stage, data, inside, files):
+def test_out_equal_to_or_inside_the_model_directory_is_refused(stage, data, inside, files, capsys):
     before = digest(files["policy"])
     out = files["policy"] / "run" if inside else files["policy"]
-    result = rlhf(stage, "--model", files["policy"], "--data", files[data], "--out", out)
+    result = rlhf_in_process(capsys, stage, "--model", files["policy"], "--data", files[data], "--out", out)
     assert_user_error(result, "--out", "--model directory", "Fix:")
     assert digest(files["policy"]) == before and not (files["policy"] / "run").exists()
 
 
 @pytest.mark.parametrize("flag", ["policy", "rm"])
-def test_train_out_equal_to_an_input_model_is_refused(flag, files):
+def test_train_out_equal_to_an_input_model_is_refused(flag, files, capsys):
     before = digest(files[flag])
-    result = rlhf(*train_args(files, files[flag]))
+    result = rlhf_in_process(capsys, *train_args(files, files[flag]))
     assert_user_error(result, "--out", "Fix:")
     assert digest(files[flag]) == before
 
 
+@pytest.mark.slow
 def test_out_naming_an_existing_file_is_refused_and_the_file_kept(files, tmp_path):
     target = tmp_path / "notes.txt"
     target.write_text("mine")

@@ -36,6 +36,18 @@ def rlhf(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(command(*args), env=env(), capture_output=True, text=True, timeout=timeout)
 
 
+def rlhf_in_process(capsys, *args) -> subprocess.CompletedProcess:
+    """`rlhf ARGS` through `rlhf.cli.main` in this process (for a refusal that ends before any work:
+    no interpreter and torch import to pay); the same fields as `rlhf`'s result. An error main()
+    does not turn into a message fails the test as a traceback would."""
+    from rlhf.cli import main
+
+    capsys.readouterr()  # what came before is not this run's
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(command(*args), code, captured.out, captured.err)
+
+
 def _default_sigint() -> None:
     # a suite started in the background (`make test &`, nohup, some CI runners) inherits SIGINT
     # ignored, and so would the child: the Ctrl-C tests then time out; give it the default back

@@ -16,3 +16,24 @@ pytest_plugins = ["tests.support.train_fixtures"]
 # Tests use tiny models: one intra-op thread is fastest, and with other processes sharing the
 # cores, OpenMP spin-waiting makes two threads up to 100x slower.
 torch.set_num_threads(1)
+
+# `make test` runs two pytest-xdist workers (worksteal): each starts on one half of the collected
+# order, and a worker that runs out takes the tail of the other's queue. The longest files run first,
+# so that short tests fill in behind them instead of one worker ending the suite alone on a Ray or
+# torchrun job (bench/README.md's durations: these files hold the slowest tests).
+LONGEST_FIRST = (
+    "tests/ray_runtime/",
+    "tests/runtime/test_distributed.py",
+    "tests/runtime/test_distributed_cli.py",
+    "tests/stages/test_reward_server_example.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    def rank(item) -> int:
+        return next(
+            (i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)),
+            len(LONGEST_FIRST),
+        )
+
+    items.sort(key=rank)  # stable: every other test keeps its collected order

@@ -20,7 +20,7 @@ torch.set_num_threads(1)
 # `make test` runs two pytest-xdist workers (worksteal): each starts on one half of the collected
 # order, and a worker that runs out takes the tail of the other's queue. The longest files run first,
 # so that short tests fill in behind them instead of one worker ending the suite alone on a Ray or
-# torchrun job (bench/README.md's durations: these files hold the slowest tests).
+# torchrun job (`pytest --durations 20`: these files hold the slowest tests).
 LONGEST_FIRST = (
     "tests/ray_runtime/",
     "tests/runtime/test_distributed.py",

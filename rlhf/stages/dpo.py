@@ -192,17 +192,11 @@ class DPOStage(SupervisedStage):
     def _figures(self, run: SupervisedRun, micro: MicroBatch) -> tuple[torch.Tensor, dict]:
         """The preference loss of a micro-batch's pairs (their mean) and its figures times its pairs."""
         d = self.config.dpo
-        if self.reference is None:  # SimPO (Meng et al. 2024, eq. 6): mean token log-probs, no reference
-            chosen, rejected = pair_logprobs(run.call, micro.rows, run.pad_id, run.precision, per_token=True)
-            loss, stats = preference_loss(
-                d.loss, chosen, rejected, None, None, d.beta, d.label_smoothing, gamma=d.simpo_gamma
-            )
-        else:
-            ref_chosen, ref_rejected = self.reference_logprobs(run, micro.rows)
-            chosen, rejected = pair_logprobs(run.call, micro.rows, run.pad_id, run.precision)
-            loss, stats = preference_loss(
-                d.loss, chosen, rejected, ref_chosen, ref_rejected, d.beta, d.label_smoothing
-            )
+        free = self.reference is None  # SimPO (Meng et al. 2024, eq. 6): mean token log-probs, no reference
+        refs = (None, None) if free else self.reference_logprobs(run, micro.rows)
+        chosen, rejected = pair_logprobs(run.call, micro.rows, run.pad_id, run.precision, per_token=free)
+        gamma = d.simpo_gamma if free else 0.0
+        loss, stats = preference_loss(d.loss, chosen, rejected, *refs, d.beta, d.label_smoothing, gamma=gamma)
         n = len(micro.rows)
         return loss, {key: float(value.detach()) * n for key, value in (("loss", loss), *stats.items())}
 

@@ -391,14 +391,18 @@ def weighted_reward(
     rows: list[dict[str, Any]],
     *,
     where: str = "",
+    raw: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(total [B], {part name: its weighted values [B]}): ``model_weight * RM + sum weight_k * fn_k``."""
+    """(total [B], {part name: its weighted values [B]}): ``model_weight * RM + sum weight_k * fn_k``;
+    `raw`, when given, receives each function's own values (unweighted, by name)."""
     parts: dict[str, torch.Tensor] = {}
     if model_scores is not None:
         parts["reward_model"] = model_weight * model_scores.detach().float().cpu()
     for reward in functions:
         values = call_reward_function(reward, prompts, responses, response_token_ids, rows, where=where)
         parts[reward.name] = parts.get(reward.name, 0) + reward.weight * values
+        if raw is not None:
+            raw[reward.name] = values
     total = torch.stack(list(parts.values())).sum(0)
     if functions and not bool(torch.isfinite(total).all()):  # each part finite, their sum not
         i = int((~torch.isfinite(total)).nonzero()[0])
@@ -440,9 +444,11 @@ def judge_with_functions(
     functions: Sequence[RewardFunction],
     tokenizer: Any,
     rows: list[dict[str, Any]],
+    values: dict[str, list[torch.Tensor]] | None = None,
 ) -> JudgeFactory:
     """`rlhf eval`'s judge factory with the reward functions added (weight each; the judge's own score,
-    if any, with weight 1): `factory(start, end) -> judge(rollout, responses) -> [B]`."""
+    if any, with weight 1): `factory(start, end) -> judge(rollout, responses) -> [B]`. `values`, when
+    given, collects each function's own values of every call, in call order (`values[name]`)."""
 
     def factory(start: int, end: int) -> Judge:
         base = judge_factory(start, end) if judge_factory is not None else None
@@ -450,9 +456,14 @@ def judge_with_functions(
         def judge(rollout: Rollout, responses: list[str]) -> torch.Tensor:
             scores = base(rollout, responses) if base is not None else None
             prompts, _, token_ids = rollout_texts(tokenizer, rollout)
+            raw: dict[str, torch.Tensor] = {}
             total, _ = weighted_reward(
-                functions, scores, 1.0, prompts, responses, token_ids, rows[start:end], where="rlhf eval, "
-            )
+                functions, scores, 1.0, prompts, responses, token_ids, rows[start:end], where="rlhf eval, ",
+                raw=raw,
+            )  # fmt: skip
+            if values is not None:
+                for name, each in raw.items():
+                    values.setdefault(name, []).append(each)
             return total.cpu()
 
         return judge

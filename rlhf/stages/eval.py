@@ -45,7 +45,8 @@ from rlhf.train.context_check import check_prompts_fit
 
 def run_eval(config: EvalConfig) -> dict:
     """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison.
-    With `data.pairs`, also the verdict of held-out human labels (eval.json's "pairs",
+    With `reward_functions`, also each function's figures (docs/algorithms.md §40); with them alone and
+    no `baseline`, only the policy answers and those figures are the result. With `data.pairs`, also the verdict of held-out human labels (eval.json's "pairs",
     docs/algorithms.md §38): both policies score the same preference pairs. Every model runs on
     `device` under the `dtype` policy. `config` is validated (load_config)."""
     data = config.data
@@ -89,10 +90,7 @@ def run_eval(config: EvalConfig) -> dict:
         results["prompts"] = str(data.prompts)
         results["truncation"] = prompts_run["truncation"].as_dict()
         results["system_prompt"] = prompts_run["system_prompt"]
-        sampling = prompts_run["sampling"]
-        results["sampling"] = {
-            k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")
-        }
+        results["sampling"] = sampling_record(prompts_run["sampling"])
         results["max_prompt_tokens"] = prompts_run["budget"]
         lengths = torch.cat([r.response_mask.sum(-1).cpu() for r in policy_rollouts])
         results["kl"] = sample_kl(kl_logps["policy"], kl_logps["baseline"], lengths, results["sampling"])
@@ -139,7 +137,6 @@ def _accuracy_result(config: EvalConfig, run: dict, texts: list[str], tokenizer)
     """eval.json without a baseline: each reward function's figures on the policy's answers
     (`function_figures`), the settings, and every prompt's answer with each function's value."""
     values = run["function_values"]["policy"]
-    sampling = run["sampling"]
     examples = run["examples"]
     return {
         "policy": {"path": str(config.policy)},
@@ -150,9 +147,7 @@ def _accuracy_result(config: EvalConfig, run: dict, texts: list[str], tokenizer)
         "prompts": str(config.data.prompts),
         "truncation": run["truncation"].as_dict(),
         "system_prompt": run["system_prompt"],
-        "sampling": {
-            k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")
-        },
+        "sampling": sampling_record(run["sampling"]),
         "max_prompt_tokens": run["budget"],
         "samples": [
             {
@@ -165,6 +160,11 @@ def _accuracy_result(config: EvalConfig, run: dict, texts: list[str], tokenizer)
             for i, (ex, ids, text) in enumerate(zip(examples, run["prompts"], texts))
         ],
     }
+
+
+def sampling_record(sampling: SamplingConfig) -> dict:
+    """eval.json's "sampling": how the answers were drawn (do_sample false: greedy)."""
+    return {k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")}
 
 
 def _prepare_prompts(config: EvalConfig, tokenizer, precision: Precision) -> dict:

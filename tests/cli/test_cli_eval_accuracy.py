@@ -171,14 +171,20 @@ def test_a_result_without_baseline_is_not_replaced_by_one_against_a_baseline(set
     assert json.loads(written.read_text())["reward_functions"][VERIFIER]["n"] == 3
 
 
-def test_eval_reads_a_gguf_policy(tmp_path):
+def test_eval_reads_gguf_models(tmp_path):
     from tests.support.gguf_testing import write_tiny_llama_gguf
 
     write_tiny_llama_gguf(tmp_path / "tiny.gguf")
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "wo wo", "answer": "w"}] * 2)
     out = tmp_path / "eval.json"
     args = ["eval", "--policy", str(tmp_path), "--gguf_file", "tiny.gguf", "--prompts", prompts,
+            "--baseline", str(tmp_path), "--baseline_gguf_file", "tiny.gguf",
             "--max-new-tokens", "2", "--temperature", "0", "--reward-fn", VERIFIER, "--out", str(out)]  # fmt: skip
     assert main(args) == 0
-    figures = json.loads(out.read_text())["reward_functions"][VERIFIER]
+    result = json.loads(out.read_text())
+    figures = result["reward_functions"][VERIFIER]
     assert figures["n"] == 2 and figures["interval"] == "wilson"
+    assert figures["difference"]["ties"] == 2  # the same model, greedy: the same answers
+    assert [s["policy_response"] for s in result["samples"]] == [
+        s["baseline_response"] for s in result["samples"]
+    ]

@@ -2,7 +2,7 @@
 
 A micro-batch is padded to its longest row, so drawing rows at random puts short rows beside long
 ones: on HH-RLHF with SmolLM2's tokenizer about half the tokens of an SFT or RM micro-batch are
-padding (bench/padding.py). Two remedies, each a plain reordering of row indices:
+padding (bench/speed/padding.py). Two remedies, each a plain reordering of row indices:
 
 - within a step (`micro_batch_groups`): the rows of one optimizer step are sorted by length,
   longest first, before they are cut into micro-batches. Every loss of this library is a sum over

@@ -18,7 +18,7 @@ engine (2.2x the graph on an H200, docs/speed.md) for a call that repeats (its m
 `COMPILE_AFTER_CALLS` times before in the process: an RL rollout's every iteration, not `rlhf eval`'s
 few calls) of at least `MIN_COMPILE_FORWARDS` decode forwards where triton is installed, else the
 graph; static when it cannot be captured; on a CPU the engine measured fastest there
-(`AUTO_CPU_ENGINE`, bench/sampler.py). A compile that `auto` chose and that fails on this machine
+(`AUTO_CPU_ENGINE`, bench/speed/sampler.py). A compile that `auto` chose and that fails on this machine
 warns once and decodes with the graph for the rest of the process.
 
 A model transformers marks as unable to compile with a static cache (`_can_compile_fullgraph` False:
@@ -59,7 +59,7 @@ from rlhf.models.backbone import unwrap_causal_lm
 Engine = Literal["auto", "eager", "static", "cuda_graph", "compiled"]
 ENGINES: tuple[str, ...] = ("auto", "eager", "static", "cuda_graph", "compiled")
 
-# The engine `auto` picks on a CPU: measured fastest there (bench/sampler.py, docs/speed.md).
+# The engine `auto` picks on a CPU: measured fastest there (bench/speed/sampler.py, docs/speed.md).
 AUTO_CPU_ENGINE = "eager"
 
 # A graph pays for its capture (one warm-up step and the capture, about two eager steps) from a few

@@ -81,7 +81,7 @@ NAMED_SHAPES = {
     "13b": Shape("13b (Llama-2-13B)", 5120, 40, 40, 40, 13824, 32000),
     "70b": Shape("70b (Llama-2-70B)", 8192, 80, 64, 8, 28672, 32000),
     "smollm2-135m": Shape("smollm2-135m", 576, 30, 9, 3, 1536, 49152, tied_embeddings=True),
-    "m84": Shape("m84 (bench/gpu_memory.py)", 1024, 8, 16, 16, 2048, 4000),
+    "m84": Shape("m84 (bench/memory/gpu_memory.py)", 1024, 8, 16, 16, 2048, 4000),
 }
 
 

@@ -3,7 +3,7 @@ eager engine's rollout (same tokens, masks and behaviour log-probs at the same s
 captured once per call and replayed, and it follows the weights and the LoRA adapter of each call.
 
 Skipped (with the reason shown by `pytest -ra`) on a machine without CUDA. Run them on a GPU machine
-with `pytest tests/gpu -m gpu` (bench/gpu_speed.sh runs them with the sampler's timings).
+with `pytest tests/gpu -m gpu` (bench/speed/gpu_speed.sh runs them with the sampler's timings).
 """
 
 from __future__ import annotations

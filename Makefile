@@ -49,7 +49,7 @@ bench: setup
 	$(PY) bench/run.py
 
 # Peak resident memory of sft, rm and train (LoRA policy) on SmolLM2-135M and HH pairs against each
-# stage's floor (about 30 minutes on 2 cores; bench/results/memory_latest.json, docs/memory.md).
+# stage's floor (about 30 minutes on 2 cores; bench/results/memory_stages.json, docs/memory.md).
 # The model and the pairs: RLHF_BENCH_MODEL=DIR RLHF_BENCH_PAIRS=FILE.jsonl.gz (skipped without them).
 bench-memory: setup
 	$(PY) bench/memory/memory.py

@@ -1,6 +1,6 @@
 """`make bench`: our PPO iteration against TRL's PPOTrainer, against the machine's FLOP rate, and on
 a real 135M model, in one run; then, when CUDA is present, the same on the GPU (bench/speed/gpu.py).
-Prints a table and writes bench/results/latest.json.
+Prints a table and writes bench/results/make_bench.json.
 
     .venv/bin/python bench/run.py                  # everything (about 10 minutes on 2 cores)
     .venv/bin/python bench/run.py --quick          # one repetition, fewer iterations
@@ -33,7 +33,7 @@ from bench.speed.workload import WORKLOADS  # noqa: E402
 
 SECTIONS = ("vs_trl", "smollm2", "data_parallel", "gpu")
 CACHE = REPO / "bench" / ".cache"
-RESULTS = REPO / "bench" / "results" / "latest.json"
+RESULTS = REPO / "bench" / "results" / "make_bench.json"
 CASE_TIMEOUT = 1800.0
 
 

@@ -1,7 +1,7 @@
 """Peak memory of each stage on a real model and real data, against the floor it could reach.
 
     .venv/bin/python bench/memory/memory.py                       # sft, rm, train: 20-40 min on 2 cores
-    .venv/bin/python bench/memory/memory.py --stages sft,sft+gc --before bench/results/memory_before.json
+    .venv/bin/python bench/memory/memory.py --stages sft,sft+gc --before OLD.json
 
 Each stage runs the `rlhf` command in its own subprocess (a clean heap; its peak resident set is
 read with wait4) on SmolLM2-135M-Instruct in float32 (--model DIR or $RLHF_BENCH_MODEL) and HH-RLHF
@@ -327,7 +327,7 @@ def main() -> int:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per stage")
     parser.add_argument("--timeout", type=float, default=3600.0)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/memory_latest.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/memory_stages.json")
     parser.add_argument("--before", type=Path, help="an earlier result to print beside this one")
     args = parser.parse_args()
     if not args.model or not args.pairs or not args.model.is_dir() or not args.pairs.is_file():

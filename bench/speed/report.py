@@ -1,4 +1,4 @@
-"""Turn the raw case results into bench/results/latest.json and the printed table.
+"""Turn the raw case results into bench/results/make_bench.json and the printed table.
 
 Targets (issue 6), each printed next to its figure:
 - at least 1.5x TRL's iterations per second on each of the four workloads;

@@ -183,7 +183,7 @@ def _args(**extra) -> Namespace:
 def test_without_cuda_the_section_is_one_line_and_a_skipped_key(tmp_path, monkeypatch, capsys):
     machine = {"gflops": [1.0], "gflops_max": 1.0, "gflops_median": 1.0, "maxrss_mb": 1.0}
     monkeypatch.setattr(run, "machine_section", lambda runner, threads, reps: machine)
-    out = tmp_path / "latest.json"
+    out = tmp_path / "make_bench.json"
     assert run.main(["--only", "gpu", "--out", str(out)]) == 0  # the real CUDA check, in a subprocess
     printed = capsys.readouterr().out
     assert printed.count("GPU section skipped: no CUDA device") == 1

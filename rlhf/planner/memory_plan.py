@@ -23,7 +23,7 @@ role 1/N, one gathered decoder layer at a time (and the next, prefetched) beside
 the compute dtype only while sampling (`rollout_gather per_layer`, `dist.rollout_gather`: one
 decoder layer and the root unit instead); on 1 rank every strategy is the one process's (`as_run`).
 One process on a CPU steps the policy and critic side by side (`overlap_critic`). The per-token
-activation count is calibrated on measured peaks (bench/results/gpu_h200_session10.json; the CPU
+activation count is calibrated on measured peaks (bench/results/gpu_check_h200.json; the CPU
 peaks of bench/results/dist_memory_*.json; docs/scale.md).
 """
 

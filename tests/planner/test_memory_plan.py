@@ -15,7 +15,7 @@ from rlhf.models.lora import apply_lora
 from rlhf.planner.memory_plan import GIB, NAMED_SHAPES, Job, Shape, parse_bytes, plan, shape_of
 
 TINY = Shape("tiny", hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=50)
-MEASURED = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_h200_session10.json"
+MEASURED = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_check_h200.json"
 
 
 def hf_model(shape: Shape):

@@ -1,5 +1,5 @@
 """Memory per rank of `rlhf train` under torchrun: the largest rank's peak above the interpreter, at
-1 and 2 ranks, for each `dist.strategy` (issue 26's measure), the seconds of the run and of each
+1 and 2 ranks, for each `dist.strategy`, the seconds of the run and of each
 iteration (`time/iteration` of metrics.jsonl; the first iteration also shards or wraps the models).
 
     .venv/bin/python -m bench.memory.dist_memory compare --workload m84 --ranks 1 2 --strategies ddp fsdp2

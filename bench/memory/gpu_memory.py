@@ -1,5 +1,5 @@
 """Peak GPU memory per phase of one PPO-max iteration on CUDA, for checking a memory model
-(`rlhf plan`, issue 26) against the device's allocator.
+(`rlhf plan`) against the device's allocator.
 
 Workloads (random-init Llama shapes, nothing downloaded):
     m84      hidden 1024, 8 layers, 16 heads, MLP 2048, vocab 4000: the 84M-parameter workload of

@@ -6,7 +6,7 @@
 Each stage runs the `rlhf` command in its own subprocess (a clean heap; its peak resident set is
 read with wait4) on SmolLM2-135M-Instruct in float32 (--model DIR or $RLHF_BENCH_MODEL) and HH-RLHF
 harmless-base pairs (--pairs FILE or $RLHF_BENCH_PAIRS: the first 1,500 of harmless-base test; the
-longest ones are used), with the shapes of issue 17: prompts and responses
+longest ones are used), with these shapes: prompts and responses
 <= 256 tokens each, 8 sequences per SFT and RM micro-batch, PPO-max with a LoRA policy on
 8 prompts <= 256 tokens, 64 new tokens, micro-batches of up to 4 rows (the constants below; the
 preset's 4 minibatches of 8 rollouts make each update micro-batch 2 rows).
@@ -43,7 +43,7 @@ MODEL_ENV, PAIRS_ENV = "RLHF_BENCH_MODEL", "RLHF_BENCH_PAIRS"
 MIB = 1 << 20
 F32 = 4
 
-# The issue's shapes (issue 17, item 3): prompts <= 256 tokens, responses <= 256 (PPO: 64 new
+# The shapes: prompts <= 256 tokens, responses <= 256 (PPO: 64 new
 # tokens), 8 rollouts per PPO iteration, SFT micro-batches of 8 sequences (the default). The reward
 # model's micro-batches hold 2 pairs (4 sequences; default 8 pairs) and the PPO update's 4 rows
 # (default 16): on the longest HH rows the defaults peak near 15 GB (RM) on a 23 GB machine that

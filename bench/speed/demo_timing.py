@@ -3,8 +3,8 @@
     .venv/bin/python bench/speed/demo_timing.py [--skip-compare] [--seeds 3] [--keep DIR]
 
 Writes bench/results/demo.json: wall seconds of each command, the phases' seconds from
-summary.json, and the findings (each claim of issue 5 with whether it held and the evidence).
-Targets (issue 5): `rlhf demo` within 5 minutes, `--compare --seeds 3` within 20, on 2 cores.
+summary.json, and the findings (each claim with whether it held and the evidence).
+Targets: `rlhf demo` within 5 minutes, `--compare --seeds 3` within 20, on 2 cores.
 """
 
 from __future__ import annotations

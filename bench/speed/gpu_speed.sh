@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU figures of issue 37 (and the bf16 critic probe), in one device call, most valuable first
+# The GPU speed figures (and the bf16 critic probe), in one device call, most valuable first
 # (about 6-7 minutes on an H100/H200; each step has its own time limit, and each writes its figures
 # to $OUT as it ends, so a run cut off keeps what it measured):
 #   PYTHONPATH=. OUT=DIR bash bench/speed/gpu_speed.sh  [ASSETS=bench/.cache/gpu]
 # 1. tests/gpu: every CUDA test (the sampler's static and CUDA-graph engines, packing, FSDP2, RL);
-# 2. bench/speed/sampler.py in bf16: our engines (static, cuda_graph, compiled; eager measured in session 17)
+# 2. bench/speed/sampler.py in bf16: our engines (static, cuda_graph, compiled)
 #    against transformers' generate (dynamic and static cache) at batch 64, 16, 1 x 128 new tokens,
 #    then 32 x 64 (each compiled shape compiles once, in its warm-up round);
 # 3. bench/speed/gpu.py ppo: one PPO iteration of 32 prompts x 64 tokens on SmolLM2-135M's shape with random
@@ -22,7 +22,7 @@
 #    compiled), against as is (the lever left for a PPO iteration under 0.7 s; smollm2-1x1, 32 x 64, bf16).
 # STEPS="1 3 7" runs only those steps (a rerun); ENGINES, HF_CACHES (step 2), PPO_CASES ("workload
 # dtype engine [compile]", comma-separated: step 3; "compile" adds train.compile), PROFILE_ENGINES, PROFILE_BATCHES (step 7) and
-# TESTS_TIMEOUT (step 1) narrow a step to what is new (session 18's calls: docs/speed.md "On a GPU").
+# TESTS_TIMEOUT (step 1) narrow a step to what is new (docs/speed.md "On a GPU").
 # DEVICE=cpu SMALL=1 runs the same steps at toy sizes on a CPU (a check of this script itself).
 set -u
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

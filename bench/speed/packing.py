@@ -1,5 +1,5 @@
 """SFT tokens/s with and without sequence packing (`train.packing`, rlhf/models/packing.py) on a
-real model and the HH data (issue 37 item 4).
+real model and the HH data.
 
     .venv/bin/python -m bench.speed.packing --model DIR [--gguf_file F] --data FILE
         [--rows 16] [--micro 8] [--max_tokens 256] [--steps 2] [--rounds 2] [--threads N] [--out JSON]

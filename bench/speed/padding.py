@@ -1,4 +1,4 @@
-"""Padded-token fraction of SFT, RM and PPO micro-batches on real HH-RLHF pairs (issue 17.4).
+"""Padded-token fraction of SFT, RM and PPO micro-batches on real HH-RLHF pairs.
 
     .venv/bin/python -m bench.speed.padding [--data FILE] [--tokenizer DIR [--gguf_file F]] [--budgets 1024,2048,4096] [--json]
 

@@ -1,6 +1,6 @@
 """Turn the raw case results into bench/results/make_bench.json and the printed table.
 
-Targets (issue 6), each printed next to its figure:
+Targets, each printed next to its figure:
 - at least 1.5x TRL's iterations per second on each of the four workloads;
 - update phase at >= 40% of the measured matmul rate on the small and 135M models;
 - our sampler at least as fast as transformers' `generate` on the same batch;

@@ -1,4 +1,4 @@
-"""New tokens per second of our sampler against transformers' `generate` on the same shapes (issue 37).
+"""New tokens per second of our sampler against transformers' `generate` on the same shapes.
 
     python -m bench.speed.sampler --model DIR | --shape smollm2 [--device cpu|cuda] [--dtype float32|bfloat16]
         [--batch-sizes 1 16 64] [--new-tokens 128] [--reps 3] [--out bench/results/FILE.json]

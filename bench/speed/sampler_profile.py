@@ -1,4 +1,4 @@
-"""Where one call of our sampler spends its time (issue 37): the prefill, the CUDA graph's capture,
+"""Where one call of our sampler spends its time: the prefill, the CUDA graph's capture,
 and the decode steps, then torch.profiler's busiest ops over a whole call. The question it answers:
 is a step bound by the GPU's work, or by the host launching it (the GPU idle between kernels)?
 

@@ -1,4 +1,4 @@
-"""Would compiling the trained models speed up the PPO update? (issue 37: on an H200 one optimizer
+"""Would compiling the trained models speed up the PPO update? (On an H200 one optimizer
 step of SmolLM2's shape takes 0.26-0.38 s with the device busy 12% of it, bound by the host
 launching the forward and backward op by op: docs/speed.md "On a GPU".)
 

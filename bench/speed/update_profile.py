@@ -1,4 +1,4 @@
-"""Where the PPO update's time goes (issue 37): torch.profiler over one iteration's `update` of
+"""Where the PPO update's time goes: torch.profiler over one iteration's `update` of
 bench/speed/gpu.py's trainer, its busiest ops by device time and by host time, and the share of the
 update the device was busy. On an H200 an optimizer step of policy and critic (SmolLM2's shape, 8
 rows) took 0.25 s whatever the rows and the dtype: this says whether that is kernels or the host.

@@ -7,7 +7,7 @@ Each file is one `rlhf ablate` run (a world seed, or a world option such as rewa
 trick, the table gives its paired effect on the metric (variant minus the full preset, mean and
 95% t interval over the run's seeds) in every file, the effect pooled over every (world, seed) pair,
 and whether the per-world verdicts agree: "lower"/"higher" on every world, "no effect on any" when
-every interval holds 0, else "differs" (issue 19: a finding must hold on world seeds other than the
+every interval holds 0, else "differs" (a finding must hold on world seeds other than the
 default).
 """
 

@@ -1,4 +1,4 @@
-"""Asynchronous rollouts on the built-in world (issue 27): PPO-max sampled one update ahead by a
+"""Asynchronous rollouts on the built-in world: PPO-max sampled one update ahead by a
 Ray rollout actor (`rollout.max_staleness 1`, decoupled PPO) against the synchronous loop.
 
     nice -n 10 env PYTHONPATH=. .venv/bin/python -m bench.studies.async_rollouts

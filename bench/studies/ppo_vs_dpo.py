@@ -1,4 +1,4 @@
-"""PPO-max against DPO on the built-in world, over seeds and two world seeds (issue 29).
+"""PPO-max against DPO on the built-in world, over seeds and two world seeds.
 
     nice -n 10 env PYTHONPATH=. .venv/bin/python -m bench.studies.ppo_vs_dpo
         [--worlds 0,1] [--seeds 3] [--root runs/ppo_vs_dpo] [--json bench/results/ppo_vs_dpo.json]

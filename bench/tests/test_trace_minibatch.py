@@ -1,5 +1,5 @@
-"""One PPO minibatch update stays readable in a few files (issue 36: "a reader follows one minibatch
-step through at most 5 files (trainer, role, engine, core/losses, core/advantages or stats)"): the
+"""One PPO minibatch update stays readable in a few files (a reader follows one minibatch
+step through at most 5: trainer, role, engine, core/losses, core/advantages or stats): the
 files of `rlhf/` whose code runs in the policy's step, as `bench/tools/trace_minibatch.py` traces them.
 
 - The step's own logic is in exactly five: the trainer (minibatches, their advantages' whitening and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The eight-run metric comparison (issue 15's note): eight short `rlhf train` runs on the demo's
+# The eight-run metric comparison: eight short `rlhf train` runs on the demo's
 # SFT and reward models, to compare record by record across a refactor with bench/tools/compare_metrics.py.
 #
 #   bash bench/tools/eight_runs.sh REPO DEMO_DIR OUT_DIR     # REPO: the checkout whose code runs

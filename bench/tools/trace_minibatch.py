@@ -1,5 +1,5 @@
-"""The files of the package one PPO minibatch update runs through (issue 36: "a reader follows one
-minibatch step through at most 5 files").
+"""The files of the package one PPO minibatch update runs through (a reader should
+follow one minibatch step through at most 5 files).
 
 A tiny Llama policy, critic and reward model on the local runtime (`vanilla_ppo`, one minibatch,
 one epoch): one rollout is made into experience untraced, then `RLTrainer.update` runs under

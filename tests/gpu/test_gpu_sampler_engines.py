@@ -78,7 +78,7 @@ def assert_same_rollout(a, b, atol=1e-4, rtol=0.0):
 
 
 # bf16 log-probs of two kernel sets: bf16 keeps 8 bits of mantissa (a relative step of 0.4%), and
-# fused kernels round their intermediates elsewhere than eager ones. The H200 run of session 18 saw
+# fused kernels round their intermediates elsewhere than eager ones. An H200 showed
 # 0.029 on a log-prob of -5.6 (1.3 steps) between compiled and static steps: atol 2e-2 plus 1%.
 BF16 = dict(atol=2e-2, rtol=1e-2)
 

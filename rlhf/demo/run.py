@@ -123,7 +123,7 @@ DEMO_RL = {
 # The demo keeps the values it was measured with (bench/results/demo.json) where the presets since
 # moved to the papers' values (docs/algorithms.md §23): reward clip 5, PPO-max whitening, vanilla
 # PPO's critic from the SFT trunk. APA and AWR take the APA paper's whitening and uncapped weights but
-# keep a KL penalty: without it both collapse at the demo's learning rates (bench/ablation.md).
+# keep a KL penalty: without it both collapse at the demo's learning rates (bench/studies/ablation.md).
 PRESET_DEMO = {
     "vanilla_ppo": {"model": {"critic_init": "policy"}},
     "ppo_max": {

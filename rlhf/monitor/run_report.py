@@ -2,15 +2,9 @@
 
     write_run_report("runs/ppo")   # -> runs/ppo/report.html; NotARunDirectory for anything else
 
-Sections (h2, in this order; `SECTIONS`):
-- Summary: what ran and how far (records, planned length, warnings, exported model), the headline
-  metrics (first, final, best and where), then the configuration highlights, folded (<details>);
-- Monitors: one figure per monitor group (run_kinds.py), collapse warnings as dashed lines, plus
-  the reward distribution over training (RL) or the held-out margins (reward model);
-- Warnings: every warning the run logged, with its step; collapse warnings first named as such;
-- Samples: `samples.jsonl` rows (the first and the last evaluation) and `eval.json` of `rlhf eval`.
-
-The page is self-contained like the demo's (html_parts.py): figures are embedded PNGs.
+Sections (`SECTIONS`): Summary (what ran, headline metrics, configuration highlights folded);
+Monitors (a figure per group of run_kinds.py, collapse warnings dashed, the reward distribution or
+held-out margins); Warnings; Samples (`samples.jsonl`, `eval.json`). Self-contained: embedded PNGs.
 """
 
 from __future__ import annotations

@@ -4,24 +4,27 @@ check, the sampler/trainer mismatch and the samples log; each warns once, throug
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlhf.config import RLConfig
-from rlhf.models.sampling import Rollout
 from rlhf.monitor import CollapseDetector, MetricsLogger
 from rlhf.monitor.stillness import CODE as STILL_POLICY
 from rlhf.monitor.stillness import StillPolicyCheck
+from rlhf.rl.dapo import Scored
 from rlhf.rl.mismatch import CODE as MISMATCH
 from rlhf.rl.mismatch import MismatchMonitor
 from rlhf.rl.roles.assemble import optimizer_steps
 from rlhf.rl.sample_log import SampleLog
-from rlhf.rundir.directory import SilentLogger
+from rlhf.rundir.directory import SilentLogger, open_metrics_logger
+from rlhf.runtime.protocol import Runtime
 
 Metrics = dict[str, Any]  # an iteration's metrics: numbers, and lists or flags (`reward/raw_scores`, `stop`)
 Logger = MetricsLogger | SilentLogger
+# on the console line; the KL is k3's, never negative (kl/ref, the configured estimator, may be: k1)
+KEY_METRICS = ("reward/raw_mean", "kl/k3", "policy_ppl", "response/length_mean", "policy/clip_fraction")
 
 
 class RunMonitors:
@@ -49,21 +52,40 @@ class RunMonitors:
     def mismatch_metrics(
         self,
         iteration: int,
-        rollout: Rollout,
+        scored: Scored,
         mask: torch.Tensor,
         old_logp: torch.Tensor,
-        behind: int,
-        policy_forward: Callable[[Any], torch.Tensor],
+        runtime: Runtime,
         logger: Logger,
     ) -> dict[str, float]:
         """mismatch/*: the sampler's log-probs against the trainer's for the same tokens, warned about
         once past log.mismatch.kl_threshold (rlhf/rl/mismatch.py; docs/monitors.md)."""
+        rollout = scored.rollout
         metrics, warning = self.mismatch.measure(
-            iteration, rollout.logprobs, old_logp, mask, policy_forward, rollout.sequences, behind
-        )
+            iteration, rollout.logprobs, old_logp, mask,
+            lambda sequences: runtime.forward("policy", sequences), rollout.sequences, scored.behind,
+        )  # fmt: skip
         if warning is not None:
             logger.warn(warning, step=iteration, code=MISMATCH)
         return metrics
+
+
+def open_run_logger(
+    config: RLConfig, run_dir: Path, writer: bool, iteration: int, resume: bool, quiet: bool
+) -> Logger:
+    """The run's metrics.jsonl (and console, unless `quiet`), appended to when resuming at `iteration`."""
+    return open_metrics_logger(
+        run_dir,
+        resumable=True,
+        sinks=tuple(config.log.sinks) if not quiet else ("jsonl",),
+        # each phase in its own units: `pretrain i/P`, then `iteration i/N`
+        total={"pretrain": config.critic.pretrain_iterations, "iteration": config.train.iterations},
+        indexed=True,  # `iteration` and `pretrain` are 0-based: record i is the (i+1)-th done
+        key_metrics=KEY_METRICS,
+        resume=resume,
+        resume_step=iteration - 1 if resume else None,
+        writer=writer,  # under torchrun, rank 0 alone writes
+    )
 
 
 def warmup_iterations(config: RLConfig) -> int:

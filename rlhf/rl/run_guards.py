@@ -67,7 +67,9 @@ class RunGuards:
                 fix=self.nonfinite_fix(),
             )
 
-    def check_skipped_steps(self, stats: dict[str, float], iteration: int, warn: Callable[..., None]) -> None:
+    def check_skipped_steps(
+        self, stats: dict[str, float], iteration: int, warn: Callable[..., object]
+    ) -> None:
         """Warn (`warn(message, step=, code=)`) when optimizer steps were skipped for NaN/inf gradients
         (rlhf/train/learner.py); stop when a learner skipped all of them in 3 updates in a row."""
         for prefix, role in (("policy", "policy"), ("value", "critic")):

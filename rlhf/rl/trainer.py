@@ -16,10 +16,9 @@ field: those of the experience below, those of the update in the policy's step (
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,39 +40,19 @@ from rlhf.core import (
 from rlhf.data.collate import PtxBatches
 from rlhf.envs import place_turn_rewards
 from rlhf.models.sampling import Rollout
+from rlhf.rl.critic_pretrain import PretrainState
 from rlhf.rl.experience import Experience, concat_experiences
 from rlhf.rl.metrics import experience_metrics, mean_over_steps
-from rlhf.rl.monitors import Metrics, RunMonitors
+from rlhf.rl.monitors import Metrics, RunMonitors, open_run_logger
 from rlhf.rl.run_guards import RunGuards
 from rlhf.rl.scorer import RawScoresHook, Scorer
 from rlhf.rl.sources import rollout_source
 from rlhf.rundir import checkpoint as ckpt
-from rlhf.rundir.directory import open_metrics_logger
 from rlhf.rundir.run_inputs import write_config
 from rlhf.rundir.termination import finish_first
 from rlhf.runtime.protocol import Runtime
 
-# on the console line; the KL is k3's, never negative (kl/ref, the configured estimator, may be: k1)
-KEY_METRICS = ("reward/raw_mean", "kl/k3", "policy_ppl", "response/length_mean", "policy/clip_fraction")
 Evaluator = Callable[["RLTrainer", int], dict[str, float]]
-
-
-@dataclass
-class PretrainState:
-    """Critic pre-training's progress: iterations done, the best value loss, iterations since it improved."""
-
-    iterations: int = 0
-    best: float = math.inf
-    stale: int = 0
-
-    def state_dict(self) -> dict[str, float | None]:
-        return {"iterations": self.iterations, "best": self.best if math.isfinite(self.best) else None,
-                "stale": self.stale}  # fmt: skip
-
-    @classmethod
-    def of(cls, state: dict[str, Any]) -> PretrainState:
-        best = state["best"]
-        return cls(int(state["iterations"]), math.inf if best is None else float(best), int(state["stale"]))
 
 
 class RLTrainer:
@@ -101,14 +80,12 @@ class RLTrainer:
                                               discounted=r.discounted, gamma=r.discount_gamma)  # fmt: skip
         # token-level KL penalty with a fixed or adaptive coefficient (PPO paper §5.3.2; Ziegler et al. 2019)
         k = c.kl
-        self.kl_controller = (
-            AdaptiveKLController(k.beta, k.target, k.horizon) if k.adaptive else FixedKLController(k.beta)
-        )
+        self.kl_controller = AdaptiveKLController(k.beta, k.target, k.horizon) if k.adaptive else FixedKLController(k.beta)  # fmt: skip
         self.buffer: list[Experience] = []
         self.iteration, self.pretrain_done = 0, c.critic.pretrain_iterations == 0
         self.pretrain_state = PretrainState()
         notes = self.resume() if resume else []  # said once the logger is open
-        self.logger = self.open_logger(resume, quiet)
+        self.logger = open_run_logger(c, self.run_dir, runtime.writer, self.iteration, resume, quiet)
         for note in notes:
             self.logger.warn(note, step=self.iteration)
 
@@ -151,9 +128,7 @@ class RLTrainer:
         experience, metrics = self.make_experience()
         # experience buffer (PPO paper §5.3.2)
         self.buffer = (self.buffer + [experience])[-c.train.buffer_size :]
-        self.rollouts.sample_ahead(
-            self.iteration
-        )  # asynchronous: sampled by the rollout actors during the update
+        self.rollouts.sample_ahead(self.iteration)  # asynchronous: sampled during the update (§34)
         self.status("updating")
         t0 = time.perf_counter()
         metrics.update(self.update(concat_experiences(self.buffer)))
@@ -185,27 +160,16 @@ class RLTrainer:
 
     def pretrain_step(self) -> None:
         """One critic pre-training iteration; stops early when the value loss plateaus."""
-        c, state = self.config, self.pretrain_state
         experience, _ = self.make_experience()
         self.status("updating the critic")
         stats = self.update(experience, train_policy=False)
         loss = float(stats["value/loss"])
-        state.iterations += 1
-        improved = state.iterations == 1 or loss < state.best * (1 - c.critic.pretrain_min_delta)
-        if improved:  # the first iteration sets the baseline (inf * 0 would be NaN for min_delta 1)
-            state.best, state.stale = loss, 0
-        else:
-            state.stale += 1
-        self.logger.log(
-            state.iterations - 1,
-            {
-                "critic_pretrain/value_loss": loss,
-                "critic_pretrain/explained_var": stats["value/explained_variance"],
-            },
-            kind="pretrain",
-        )
-        if state.iterations >= c.critic.pretrain_iterations or state.stale >= c.critic.pretrain_patience:
-            self.pretrain_done = True
+        self.pretrain_done = self.pretrain_state.record(loss, self.config)
+        pretrain = {
+            "critic_pretrain/value_loss": loss,
+            "critic_pretrain/explained_var": stats["value/explained_variance"],
+        }
+        self.logger.log(self.pretrain_state.iterations - 1, pretrain, kind="pretrain")
 
     @torch.inference_mode()
     def make_experience(self) -> tuple[Experience, Metrics]:
@@ -251,8 +215,11 @@ class RLTrainer:
                                      self.kl_controller.value, self.runtime.has_role("critic"))  # fmt: skip
         metrics.update(async_metrics)
         if self.pretrain_done:  # mismatch/*: the sampler's log-probs against the trainer's (docs/monitors.md)
-            metrics.update(self.monitors.mismatch_metrics(self.iteration, rollout, mask, old_logp, scored.behind,
-                                                          self.policy_forward, self.logger))  # fmt: skip
+            metrics.update(
+                self.monitors.mismatch_metrics(
+                    self.iteration, scored, mask, old_logp, self.runtime, self.logger
+                )
+            )
         metrics["time/forward"] = t1 - t0
         return experience, metrics
 
@@ -297,9 +264,6 @@ class RLTrainer:
     def asynchronous(self) -> bool:
         """rollout.max_staleness > 0: rollouts sampled ahead by the rollout actors (AsyncRollouts, §34)."""
         return self.config.rollout.max_staleness > 0
-
-    def policy_forward(self, sequences: Any) -> torch.Tensor:
-        return self.runtime.forward("policy", sequences)
 
     def when(self) -> str:
         """The iteration under way, in words (for the guards' messages)."""
@@ -358,33 +322,15 @@ class RLTrainer:
         self.load_checkpoint(found)
         return notes
 
-    def open_logger(self, resume: bool, quiet: bool) -> Any:
-        c = self.config
-        return open_metrics_logger(
-            self.run_dir,
-            resumable=True,
-            sinks=tuple(c.log.sinks) if not quiet else ("jsonl",),
-            # each phase in its own units: `pretrain i/P`, then `iteration i/N`
-            total={"pretrain": c.critic.pretrain_iterations, "iteration": c.train.iterations},
-            indexed=True,  # `iteration` and `pretrain` are 0-based: record i is the (i+1)-th done
-            key_metrics=KEY_METRICS,
-            resume=resume,
-            resume_step=self.iteration - 1 if resume else None,
-            writer=self.runtime.writer,  # under torchrun, rank 0 alone writes
-        )
-
 
 def use_ptx(runtime: Runtime, ptx_batches: PtxBatches | None, config: RLConfig) -> str | None:
     """PPO-ptx (InstructGPT §3.5): the pretraining batches handed to the policy's learner when
     policy.ptx_coef > 0; the note to log when there are none to hand."""
     coef = config.policy.ptx_coef
-    if ptx_batches is not None and coef > 0:
-        runtime.use_ptx(ptx_batches, coef, seed=config.seed + 3)
-    return (
-        "PPO-ptx is off: policy.ptx_coef > 0 but no data.ptx was given."
-        if ptx_batches is None and coef > 0
-        else None
-    )
+    if ptx_batches is None or coef <= 0:
+        return "PPO-ptx is off: policy.ptx_coef > 0 but no data.ptx was given." if coef > 0 else None
+    runtime.use_ptx(ptx_batches, coef, seed=config.seed + 3)
+    return None
 
 
 def minibatch_advantages(

@@ -39,12 +39,14 @@ class Scorer:
         runtime: Runtime,
         prompt_rows: list[dict[str, Any]] | None = None,
         raw_scores_hook: RawScoresHook | None = None,
+        status: Callable[[str], None] | None = None,
     ) -> None:
         self.config, self.runtime = config, runtime
         self.prompt_rows = prompt_rows  # the prompt file's records, for reward functions
         self.reward_functions = load_reward_functions(config.reward.functions)  # only those named
         self.remote = remote_reward(config.reward.remote, runtime.tokenizer)  # None: no --reward-url
         self.raw_scores_hook = raw_scores_hook
+        self.status = status  # shows "scoring" on the console line while it scores
         self.parts: dict[str, float] = {}
 
     def score(
@@ -54,6 +56,8 @@ class Scorer:
         penalty [B], rows kept [B]); `rows`: the prompt file's rows of the batch's prompts;
         `env_rewards`: each episode's summed turn rewards."""
         c, rollout = self.config, record.rollout
+        if self.status is not None:
+            self.status("scoring")
         raw_scores = self.raw_scores(record, rows, iteration, env_rewards)
         if self.raw_scores_hook is not None:
             raw_scores = self.raw_scores_hook(raw_scores, iteration)

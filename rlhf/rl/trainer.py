@@ -70,7 +70,7 @@ class RLTrainer:
         self.runtime, self.evaluator, self.run_dir = runtime, evaluator, Path(run_dir or c.out)
         torch.manual_seed(c.seed)
         self.monitors = RunMonitors(c, runtime.tokenizer)
-        self.scorer = Scorer(c, runtime, prompt_rows, raw_scores_hook)
+        self.scorer = Scorer(c, runtime, prompt_rows, raw_scores_hook, status=self.status)
         self.rollouts = rollout_source(c, runtime, prompts, self.scorer, self.monitors.mismatch, prompt_rows)
         self.guards = RunGuards(c, runtime.tokenizer)
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)

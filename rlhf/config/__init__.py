@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
 from rlhf.config.dpo import DPOConfig, DPODataConfig, DPOLossConfig, DPOTrainConfig
+from rlhf.config.agent import AgentConfig
 from rlhf.config.env import EnvConfig
 from rlhf.config.errors import ConfigError
 from rlhf.config.eval import EvalConfig, EvalDataConfig, EvalRolloutConfig
@@ -76,6 +77,7 @@ __all__ = [
     "DistConfig",
     "EvalConfig",
     "EvalDataConfig",
+    "AgentConfig",
     "EnvConfig",
     "EvalRolloutConfig",
     "KLConfig",

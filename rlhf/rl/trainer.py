@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 
+from rlhf.agents import AgentEpisodes, load_agent, run_agent_episodes, runtime_backend
 from rlhf.config import ConfigError, RLConfig
+from rlhf.config.agent import agent_budget
 from rlhf.config.env import response_budget
 from rlhf.core import (
     AdaptiveKLController,
@@ -135,6 +137,7 @@ class RLTrainer:
         # multi-turn episodes against `env.name` (docs/environments.md); `episodes`: the last batch's
         self.environment = load_environment(c.env.name) if c.env.name else None
         self.episodes: Episodes | None = None
+        self.agent = load_agent(c.agent.name) if c.agent.name else None  # `--agent module:function`
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)
         # an estimator comparing the rows of one prompt (grpo, rloo, ...) keeps each group in one minibatch
         self.whole_groups = estimator_spec(c.advantage.estimator).needs_group
@@ -336,7 +339,8 @@ class RLTrainer:
         kl = kl_estimate(old_logp, ref_logp, kind=c.kl.estimator, mask=mask)
         final_scores = torch.zeros_like(scores).index_put_((keep,), processed)  # dropped rows: 0
         rewards = token_rewards(final_scores, kl, mask, self.kl_controller.value)
-        if self.episodes is not None and c.env.reward_placement == "turn":  # each turn's at its end
+        placement = c.agent.reward_placement if self.agent is not None else c.env.reward_placement
+        if self.episodes is not None and placement == "turn":  # each turn's at its end
             rewards = place_turn_rewards(rewards, self.episodes.turn_rewards, mask)
         # GAE over the critic's values (PPO paper §3.2.2), or critic-free (docs/algorithms.md §27-30)
         a, group = c.advantage, group.to(mask.device)
@@ -392,6 +396,8 @@ class RLTrainer:
         prompts, group, self.batch_indices = self.draw_prompts()
         if self.environment is not None:  # multi-turn episodes: one batched generate per turn
             return group, self.run_episodes(prompts), 0
+        if self.agent is not None:  # the user's agent against a server over the sampler
+            return group, self.run_agent(), 0
         from_sampler = self.config.rollout.logprobs_from_sampler or self.mismatch.due(self.iteration)
         return group, self.runtime.generate(prompts, from_sampler), 0
 
@@ -414,6 +420,27 @@ class RLTrainer:
             return_logprobs=c.rollout.logprobs_from_sampler,
         )
         return self.episodes.rollout
+
+    def run_agent(self) -> Rollout:
+        """One episode of the user's agent per prompt row, against an OpenAI-compatible server over
+        the sampler (rlhf/agents/runner.py): the `--env` layout; failed episodes warned about."""
+        c = self.config
+        indices = [i for i in self.batch_indices for _ in range(c.rollout.samples_per_prompt)]
+        assert self.agent is not None
+        self.episodes = episodes = run_agent_episodes(
+            self.agent,
+            runtime_backend(self.runtime),
+            self.runtime.tokenizer,
+            [self.prompt_rows[i] if self.prompt_rows else {} for i in indices],
+            c.agent,
+            max_new_tokens=c.rollout.max_new_tokens,
+            max_tokens=agent_budget(c.agent, c.rollout.max_new_tokens),
+            model=c.model.policy or "policy",
+            return_logprobs=c.rollout.logprobs_from_sampler,
+        )
+        for failure in (episodes.failures or [])[:3]:
+            self.logger.warn(f"agent {self.agent.name}: episode of {failure}", step=self.iteration)
+        return episodes.rollout
 
     def forwards(
         self, rollout: Rollout, mask: torch.Tensor
@@ -545,6 +572,8 @@ class RLTrainer:
             policy=c.rollout.truncated,
             penalty=c.rollout.truncation_penalty,
         )
+        if isinstance(self.episodes, AgentEpisodes) and self.episodes.kept is not None:  # failed, dropped
+            keep = keep & self.episodes.kept.to(keep.device)
         if c.reward.overlong_buffer > 0:  # soft overlong punishment (DAPO §3.4; docs/algorithms.md §37)
             buffer = overlong_buffer_tokens(c.reward.overlong_buffer, c.rollout.max_new_tokens)
             scores, penalty = shaped_scores(scores, rollout.response_lengths, c.rollout.max_new_tokens,

@@ -17,9 +17,9 @@ Every field has a default and a one-line comment; a group checks itself in `vali
 
 from __future__ import annotations
 
+from rlhf.config.agent import AgentConfig
 from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
 from rlhf.config.dpo import DPOConfig, DPODataConfig, DPOLossConfig, DPOTrainConfig
-from rlhf.config.agent import AgentConfig
 from rlhf.config.env import EnvConfig
 from rlhf.config.errors import ConfigError
 from rlhf.config.eval import EvalConfig, EvalDataConfig, EvalRolloutConfig

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlhf.config import presets
+from rlhf.config.agent import AgentConfig
 from rlhf.config.checks import (
     at_least,
     fraction,
@@ -23,7 +24,6 @@ from rlhf.config.checks import (
     warn,
 )
 from rlhf.config.common import LoraConfig, OptimConfig, compile_backend_known, compile_needs_no_fsdp2
-from rlhf.config.agent import AgentConfig
 from rlhf.config.env import EnvConfig
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
 from rlhf.config.ray import RayConfig, RLDistConfig

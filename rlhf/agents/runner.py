@@ -142,15 +142,17 @@ def run_agent_episodes(
     max_new_tokens: int,
     max_tokens: int,
     model: str = "policy",
+    max_context: int | None = None,
     honours_sampling: bool = False,
     return_logprobs: bool = False,
 ) -> AgentEpisodes:
     """One episode of `agent` per row (`rows[i]`: the prompt file's record), to its end; the batch
     in the trainer's rollout layout. `backend` samples each batch of requests (`honours_sampling`:
     with the requests' temperature and top_p; else with its own); `max_new_tokens` per turn,
-    `max_tokens` per episode's response block."""
+    `max_tokens` per episode's response block; a request whose context passes `max_context` tokens
+    is answered empty (the episode's limit)."""
     batcher = Batcher(backend, window_s=config.batch_window_ms / 1000, honours_sampling=honours_sampling)
-    server = ChatServer(tokenizer, batcher, Settings(model, max_new_tokens))
+    server = ChatServer(tokenizer, batcher, Settings(model, max_new_tokens, max_context))
     loop = _event_loop() if agent.is_async else None
     runs: list[_Run] = []
     try:

@@ -46,6 +46,7 @@ class Settings:
 
     model: str
     max_new_tokens: int
+    max_context: int | None = None  # tokens a request's context may take (the policy's positions less a turn)
     request_timeout_s: float = 600.0
     episodes: dict[str, Episode] = field(default_factory=dict)
 
@@ -179,12 +180,18 @@ class ChatServer:
             if max_tokens is None
             else min(max_tokens, self.settings.max_new_tokens)
         )
+        too_long = self.settings.max_context is not None and len(prepared.context) > self.settings.max_context
         if episode is not None:
             used = len(prepared.context) - len(prepared.base.prompt) if prepared.base else 0
             budget = min(budget, episode.max_tokens - used)
-            if trajectory.turns >= episode.max_turns or budget < 1:
-                episode.limited += 1
+            if trajectory.turns >= episode.max_turns or budget < 1 or too_long:
+                episode.limited += 1  # the episode's limits: an empty answer, nothing recorded
                 return self.response(body, [("", (), "length", None)])
+        elif too_long:
+            raise RequestError(
+                f"the messages take {len(prepared.context)} tokens; the policy reads {self.settings.max_context} "
+                "before its answer"
+            )
         futures = [self.batcher.submit(prepared.context, sampling, budget) for _ in range(n)]
         choices = []
         for i, future in enumerate(futures):

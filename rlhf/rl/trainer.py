@@ -427,6 +427,7 @@ class RLTrainer:
         c = self.config
         indices = [i for i in self.batch_indices for _ in range(c.rollout.samples_per_prompt)]
         assert self.agent is not None
+        context = self.runtime.policy_context
         self.episodes = episodes = run_agent_episodes(
             self.agent,
             runtime_backend(self.runtime),
@@ -436,6 +437,7 @@ class RLTrainer:
             max_new_tokens=c.rollout.max_new_tokens,
             max_tokens=agent_budget(c.agent, c.rollout.max_new_tokens),
             model=c.model.policy or "policy",
+            max_context=None if context is None else context - c.rollout.max_new_tokens,
             return_logprobs=c.rollout.logprobs_from_sampler,
         )
         for failure in (episodes.failures or [])[:3]:

@@ -122,3 +122,20 @@ def test_a_grpo_step_trains_on_agent_episodes(make_trainer, placement):
     )
     after = trainer.runtime.roles.policy.model.parameters()
     assert any(not torch.equal(b, p) for b, p in zip(before, after))
+
+
+def test_requests_past_the_episodes_limits_are_answered_empty(chat):
+    """A second turn past agent.max_turns (or a context past the policy's) gets an empty answer and
+    is not recorded: the per-turn rewards then outnumber the turns, a failed episode."""
+    for limit in ({"max_turns": 1}, {"max_context": 12}):
+        tok, backend = chat
+        config = AgentConfig(
+            max_failure_fraction=1.0, **{k: v for k, v in limit.items() if k != "max_context"}
+        )
+        episodes = run_agent_episodes(load_agent(AGENTS + "chat_agent"), backend, tok, [{"prompt": "a b c"}],
+                                      config, max_new_tokens=4, max_tokens=32,
+                                      max_context=limit.get("max_context"))  # fmt: skip
+        assert episodes.metrics()["agent/limited"] == 1 and episodes.turns.tolist() == [1]
+        assert episodes.failures == [
+            "prompt row 0: returned 2 per-turn rewards for 1 turns of its trajectory"
+        ]

@@ -15,6 +15,7 @@ message kept; more than `agent.max_failure_fraction` of a batch failing stops th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import math
@@ -24,7 +25,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,9 +211,12 @@ def _start(agent: AgentFunction, row: dict, url: str, model: str, loop) -> Futur
             result = agent.function(dict(row), url, model)
             if inspect.isawaitable(result):
                 result = asyncio.run(_awaited(result))
-            future.set_result(result)
         except BaseException as err:  # the user's code: whatever it raises fails the episode
-            future.set_exception(err)
+            with contextlib.suppress(InvalidStateError):  # cancelled: it ran past the timeout
+                future.set_exception(err)
+            return
+        with contextlib.suppress(InvalidStateError):
+            future.set_result(result)
 
     threading.Thread(target=episode, name="rlhf-agent-episode", daemon=True).start()
     return future

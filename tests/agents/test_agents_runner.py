@@ -108,9 +108,9 @@ def test_user_turns_are_context_the_policy_is_never_trained_on(make_trainer):
     )
 
 
-@pytest.mark.parametrize("placement", ["end", "turn"])
-def test_a_grpo_step_trains_on_agent_episodes(make_trainer, placement):
-    trainer = make_trainer(rl_config("grpo", GROUPS, agent={**CHAT, "reward_placement": placement},
+def test_a_grpo_step_trains_on_agent_episodes(make_trainer):
+    """Per-turn rewards, each at its own turn's last token (`agent.reward_placement: turn`)."""
+    trainer = make_trainer(rl_config("grpo", GROUPS, agent={**CHAT, "reward_placement": "turn"},
                                      train={"iterations": 1}))  # fmt: skip
     before = [p.detach().clone() for p in trainer.runtime.roles.policy.model.parameters()]
     metrics = trainer.step()
@@ -120,6 +120,10 @@ def test_a_grpo_step_trains_on_agent_episodes(make_trainer, placement):
     assert torch.allclose(
         torch.tensor(metrics["reward/raw_scores"]) - model_scores, episodes.rewards, atol=1e-3
     )
+    mask = episodes.rollout.response_mask
+    ends = (mask > 0) & (torch.nn.functional.pad(mask[:, 1:], (0, 1)) == 0)  # each turn's last token
+    assert torch.equal(ends.sum(-1), episodes.turns) and not episodes.turn_rewards[~ends].any()
+    assert torch.equal(episodes.turn_rewards.sum(-1), episodes.rewards)
     after = trainer.runtime.roles.policy.model.parameters()
     assert any(not torch.equal(b, p) for b, p in zip(before, after))
 

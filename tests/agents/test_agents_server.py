@@ -10,12 +10,12 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError
 
 from rlhf.agents import Batcher, ChatServer, Settings, load_agent, model_backend, run_agent_episodes
 from rlhf.config import AgentConfig
 from rlhf.models.tiny import tiny_causal_lm
-from tests.support.agents_testing import call_chain, chat_tokenizer, scripted_llama, stop_ids
+from tests.support.agents_testing import call_chain, chat_tokenizer, openai_client, scripted_llama, stop_ids
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def served(tok, backend, target: int, **batcher):
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     try:
-        yield OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        yield openai_client(server.url + "/v1")
     finally:
         stop.set()
         thread.join()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,7 +42,7 @@ def model_backend(
     return sample
 
 
-def runtime_backend(runtime) -> Backend:
+def runtime_backend(runtime: Any) -> Backend:
     """A trainer runtime's `generate` (`rlhf.runtime.protocol.Runtime`): the rollout's sampling
     (`rollout.temperature`, ..., `rollout.max_new_tokens`) for every request, the behaviour policy
     the trainer's log-probs assume; a request's own max_tokens cuts its turn after sampling."""

@@ -42,7 +42,7 @@ class Pending:
     sampling: Sampling
     max_new_tokens: int
     arrived: float = field(default_factory=time.monotonic)
-    future: Future = field(default_factory=Future)
+    future: Future[Sampled] = field(default_factory=Future)
 
 
 # the sampler: (contexts, sampling, max_new_tokens) -> a Rollout with log-probs, one row per context
@@ -67,7 +67,7 @@ class Batcher:
         self.ready = threading.Condition()
         self.batches: list[int] = []  # the rows of each sampler call (agent/batch_size_mean)
 
-    def submit(self, context: list[int], sampling: Sampling, max_new_tokens: int) -> Future:
+    def submit(self, context: list[int], sampling: Sampling, max_new_tokens: int) -> Future[Sampled]:
         request = Pending(context, sampling if self.honours_sampling else Sampling(), max_new_tokens)
         with self.ready:
             self.pending.append(request)

@@ -137,7 +137,7 @@ def normalize_messages(messages: Any) -> tuple[Message, ...]:
     return tuple(out)
 
 
-def template_reads_tools(tokenizer) -> bool:
+def template_reads_tools(tokenizer: Any) -> bool:
     return "tools" in (getattr(tokenizer, "chat_template", None) or "")
 
 
@@ -151,14 +151,14 @@ def tools_system_text(tools: list[dict[str, Any]]) -> str:
 
 
 def render(
-    tokenizer, messages: tuple[Message, ...], tools: list[dict[str, Any]] | None, generation: bool
+    tokenizer: Any, messages: tuple[Message, ...], tools: list[dict[str, Any]] | None, generation: bool
 ) -> str:
     """The conversation as the chat template writes it (`generation`: with the assistant's opening)."""
     rendered = [m.template() for m in messages]
     kwargs: dict[str, Any] = {}
     if not getattr(tokenizer, "chat_template", None):  # no template: "role: content" blocks
-        listed = [{"role": "system", "content": tools_system_text(tools)}] if tools else []
-        return plain_chat_text(listed + [_plain(m) for m in messages], add_generation_prompt=generation)
+        system = [{"role": "system", "content": tools_system_text(tools)}] if tools else []
+        return plain_chat_text(system + [_plain(m) for m in messages], add_generation_prompt=generation)
     if tools and template_reads_tools(tokenizer):
         kwargs["tools"] = tools
     elif tools:
@@ -168,8 +168,10 @@ def render(
         else:
             rendered.insert(0, {"role": "system", "content": listed})
     try:
-        return tokenizer.apply_chat_template(
-            rendered, tokenize=False, add_generation_prompt=generation, **kwargs
+        return str(
+            tokenizer.apply_chat_template(
+                rendered, tokenize=False, add_generation_prompt=generation, **kwargs
+            )
         )
     except Exception as err:  # jinja's TemplateError, or a template's raise_exception
         raise RequestError(f"the policy's chat template rejected the messages ({err})") from None
@@ -203,10 +205,10 @@ def parse_tool_calls(text: str) -> tuple[str, tuple[ToolCall, ...]]:
                 return None
         return found
 
-    def take(match: re.Match) -> str:
+    def take(match: re.Match[str]) -> str:
         found = as_calls(match.group(1).strip())
         if found is None:
-            return match.group(0)
+            return str(match.group(0))
         calls.extend(found)
         return ""
 

@@ -123,10 +123,10 @@ class AgentEpisodes(Episodes):
 @dataclass
 class _Run:
     index: int
-    row: dict
+    row: dict[str, Any]
     url: str
     episode: Episode
-    future: Future
+    future: Future[Any]
     started: float
     outcome: Any = None
     error: str | None = None
@@ -136,8 +136,8 @@ class _Run:
 def run_agent_episodes(
     agent: AgentFunction,
     backend: Backend,
-    tokenizer,
-    rows: Sequence[dict],
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
     config: AgentConfig,
     *,
     max_new_tokens: int,
@@ -199,12 +199,14 @@ def _event_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-def _start(agent: AgentFunction, row: dict, url: str, model: str, loop) -> Future:
+def _start(
+    agent: AgentFunction, row: dict[str, Any], url: str, model: str, loop: asyncio.AbstractEventLoop | None
+) -> Future[Any]:
     """The episode started: on the event loop (async) or a daemon thread of its own (sync: a hung
     function is left behind, never joined)."""
     if loop is not None:
         return asyncio.run_coroutine_threadsafe(agent.function(dict(row), url, model), loop)
-    future: Future = Future()
+    future: Future[Any] = Future()
 
     def episode() -> None:
         try:
@@ -271,7 +273,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
 
 
-def _assemble(runs: list[_Run], tokenizer, config: AgentConfig, return_logprobs: bool) -> AgentEpisodes:
+def _assemble(runs: list[_Run], tokenizer: Any, config: AgentConfig, return_logprobs: bool) -> AgentEpisodes:
     """The episodes in the trainer's rollout layout (rlhf/envs/rollout.py's module docstring)."""
     states = [r.episode.trajectory.last for r in runs]
     rewards = [_rewards(r, s) for r, s in zip(runs, states)]

@@ -23,8 +23,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from rlhf.agents.batcher import Batcher, Sampled, Sampling
-from rlhf.agents.chat import Message, RequestError, normalize_messages, parse_tool_calls
+from rlhf.agents.chat import Message, RequestError, ToolCall, normalize_messages, parse_tool_calls
 from rlhf.agents.trajectory import Prepared, Trajectory
+
+# one answer: (content, tool calls, finish_reason, the tokens' log-probs for `logprobs: true`)
+Choice = tuple[str, tuple[ToolCall, ...], str, list[dict[str, Any]] | None]
 
 
 @dataclass
@@ -54,7 +57,7 @@ class Settings:
 class ChatServer:
     """The server, started on construction (a daemon thread); `close()` stops it."""
 
-    def __init__(self, tokenizer, batcher: Batcher, settings: Settings) -> None:
+    def __init__(self, tokenizer: Any, batcher: Batcher, settings: Settings) -> None:
         self.tokenizer = tokenizer
         self.batcher = batcher
         self.settings = settings
@@ -90,6 +93,7 @@ class ChatServer:
     @property
     def url(self) -> str:
         host, port = self.http.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address
         return f"http://{host}:{port}"
 
     def open_episode(self, max_turns: int, max_tokens: int) -> tuple[str, Episode]:
@@ -161,7 +165,7 @@ class ChatServer:
         tools = body.get("tools") or None
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise RequestError("tools must be a list of {type: function, function: {...}} objects")
-        n = _integer(body, "n", 1, low=1)
+        n = _integer(body, "n", 1, low=1) or 1
         max_tokens = _integer(body, "max_tokens", None, low=1) or _integer(
             body, "max_completion_tokens", None, low=1
         )
@@ -200,7 +204,7 @@ class ChatServer:
         return self.response(body, choices)
 
     def answer(self, sampled: Sampled, prepared: Prepared, trajectory: Trajectory, stop: list[str],
-               tools: bool, *, first: bool) -> tuple[str, tuple, str, list[dict[str, Any]] | None]:  # fmt: skip
+               tools: bool, *, first: bool) -> Choice:  # fmt: skip
         """One choice: (content, tool calls, finish_reason, logprobs), its turn recorded."""
         tokens, logprobs, ended = sampled.tokens, sampled.logprobs, sampled.ended_with_eos
         body_tokens = tokens[:-1] if ended else tokens
@@ -223,7 +227,7 @@ class ChatServer:
         ]
         return content, calls, finish, token_logprobs
 
-    def response(self, body: dict[str, Any], choices: list) -> dict[str, Any]:
+    def response(self, body: dict[str, Any], choices: list[Choice]) -> dict[str, Any]:
         out = []
         for i, (content, calls, finish, token_logprobs) in enumerate(choices):
             message: dict[str, Any] = {
@@ -275,7 +279,7 @@ def _integer(body: dict[str, Any], key: str, default: int | None, *, low: int) -
     return value
 
 
-def _stop_at(tokenizer, tokens: list[int], stop: list[str]) -> tuple[int, str] | None:
+def _stop_at(tokenizer: Any, tokens: list[int], stop: list[str]) -> tuple[int, str] | None:
     """(the tokens up to the one that completes the first stop string, the text before that string),
     or None when no stop string is written."""
     for k in range(1, len(tokens) + 1):

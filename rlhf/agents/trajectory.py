@@ -85,7 +85,11 @@ class Trajectory:
         with self.lock:
             if base is None:
                 self.segments += 1
-                prompt, prefix, policy, logp, ends = tuple(prepared.new_tokens), (), (), (), ()
+                prompt = tuple(prepared.new_tokens)
+                prefix: tuple[int, ...] = ()
+                policy: tuple[bool, ...] = ()
+                logp: tuple[float, ...] = ()
+                ends: tuple[int, ...] = ()
                 segment = self.segments
             else:
                 prompt, segment, ends = base.prompt, base.segment, base.turn_ends

@@ -64,10 +64,10 @@ def run(workload_name: str, iters: int, warmup: int, threads: int) -> dict:
     ):
         import torch
 
-        trainer = build_trainer(workload, 0, out)
+        distributed = (lambda roles, config: DistributedRuntime(roles, config.runtime)) if parallel else None
+        trainer = build_trainer(workload, 0, out, runtime=distributed)
         gather = Stopwatch()
         if parallel:
-            trainer.runtime = DistributedRuntime(trainer.runtime.roles, trainer.config.runtime)
             peers = trainer.runtime.peers
             peers.gather_rows = gather.wrap(peers.gather_rows)
         record_shapes(trainer)

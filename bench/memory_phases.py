@@ -46,7 +46,7 @@ PHASES = [
     ("rlhf.stages.rm", "save_reward_model", "export"),
     ("rlhf.rl.roles.assemble", "assemble_roles", "build roles"),
     ("rlhf.rl.roles.policy.Policy", "generate", "rollout"),
-    ("rlhf.rl.trainer.RLTrainer", "score", "score"),
+    ("rlhf.rl.scorer.Scorer", "score", "score"),
     ("rlhf.rl.roles.policy.Policy", "logprobs", "old log-probs"),
     ("rlhf.models.reference.ReferenceModel", "session", None),  # a context manager: see below
     ("rlhf.rl.roles.critic.Critic", "values", "values"),

@@ -21,9 +21,10 @@ from bench.workload import WORKLOADS, build_causal_lm, build_prompts, build_toke
 PHASES = ("generate", "score", "forward", "update")
 
 
-def build_trainer(workload, seed: int, run_dir: str, extra: dict | None = None):
+def build_trainer(workload, seed: int, run_dir: str, extra: dict | None = None, runtime=None):
     """RLTrainer on the workload: vanilla_ppo, the peer's shapes, EOS never stops a response.
-    `extra`: config overrides on top (for A/B runs, e.g. {"runtime": {"overlap_critic": False}})."""
+    `extra`: config overrides on top (for A/B runs, e.g. {"runtime": {"overlap_critic": False}});
+    `runtime(roles, config)`: the runtime that serves the roles (LocalRuntime when None)."""
     from bench.workload import SIZES
 
     rng = random.Random(seed)
@@ -31,10 +32,12 @@ def build_trainer(workload, seed: int, run_dir: str, extra: dict | None = None):
     prompts = build_prompts(tokenizer, words, rng)
     policy = build_causal_lm(workload.size, tokenizer, seed)
     reward_lm = build_causal_lm(workload.size, tokenizer, seed + 2)
-    return trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed, run_dir, extra)
+    return trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed, run_dir, extra, runtime)
 
 
-def trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed: int, run_dir: str, extra: dict | None):
+def trainer_on(
+    workload, tokenizer, prompts, policy, reward_lm, seed: int, run_dir: str, extra: dict | None, runtime=None
+):
     """RLTrainer with preset vanilla_ppo running `workload`'s rollout shape and update schedule on
     the given models (the reward model is `reward_lm` with a scalar head)."""
     from rlhf.config import RLConfig, deep_merge, load_config
@@ -65,7 +68,8 @@ def trainer_on(workload, tokenizer, prompts, policy, reward_lm, seed: int, run_d
     }
     config = load_config(RLConfig, preset="vanilla_ppo", overrides=deep_merge(overrides, extra or {}))
     roles = assemble_roles(config, tokenizer=tokenizer, policy=policy, reward_model=reward_model)
-    trainer = RLTrainer(config, LocalRuntime(roles, config.runtime), prompts, run_dir=run_dir, quiet=True)
+    served = runtime(roles, config) if runtime is not None else LocalRuntime(roles, config.runtime)
+    trainer = RLTrainer(config, served, prompts, run_dir=run_dir, quiet=True)
     return trainer
 
 

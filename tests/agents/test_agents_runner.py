@@ -96,7 +96,7 @@ def test_user_turns_are_context_the_policy_is_never_trained_on(make_trainer):
     for name in ("response_mask", "advantages", "returns"):
         assert not getattr(experience, name)[context].any(), name
     # the old log-probs are the sampler's, as recorded (logprobs_from_sampler)
-    episodes = trainer.episodes
+    episodes = trainer.rollouts.episodes
     assert torch.equal(experience.old_logp, episodes.rollout.logprobs * episodes.rollout.response_mask)
     policy = trainer.runtime.roles.policy
     logits = Logits(policy.model.lm_head)
@@ -115,7 +115,7 @@ def test_a_grpo_step_trains_on_agent_episodes(make_trainer):
     before = [p.detach().clone() for p in trainer.runtime.roles.policy.model.parameters()]
     metrics = trainer.step()
     assert metrics["agent/turns_mean"] == 2 and metrics["agent/failed_fraction"] == 0
-    episodes = trainer.episodes  # the reward model's score plus the agent's reward
+    episodes = trainer.rollouts.episodes  # the reward model's score plus the agent's reward
     model_scores = trainer.runtime.forward("reward_model", episodes.rollout.sequences)
     assert torch.allclose(
         torch.tensor(metrics["reward/raw_scores"]) - model_scores, episodes.rewards, atol=1e-3

@@ -62,7 +62,7 @@ def test_the_prompt_files_rows_reach_the_function_in_group_order(tok, prompts, _
         config, LocalRuntime(roles, config.runtime), prompts, run_dir=tmp_path, quiet=True, prompt_rows=rows
     )
     _, metrics = trainer.make_experience()
-    picked = trainer.prompts.last_indices
+    picked = trainer.rollouts.prompts.last_indices
     assert metrics["reward/raw_scores"] == [float(i) for i in picked for _ in range(2)]
 
 

@@ -62,6 +62,9 @@ class ChatServer:
         self.batcher = batcher
         self.settings = settings
         self.lock = threading.Lock()
+        # the handler threads take turns with the tokenizer: a fast tokenizer shared between threads
+        # may refuse a call while another one holds it ("Already borrowed")
+        self.tokenizing = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -178,7 +181,8 @@ class ChatServer:
             raise RequestError("stop must be a string or a list of non-empty strings")
         tools_key = json.dumps(tools, sort_keys=True) if tools else ""
         trajectory = episode.trajectory if episode is not None else Trajectory(self.tokenizer)
-        prepared = trajectory.prepare(messages, tools, tools_key)
+        with self.tokenizing:
+            prepared = trajectory.prepare(messages, tools, tools_key)
         budget = (
             self.settings.max_new_tokens
             if max_tokens is None
@@ -200,7 +204,8 @@ class ChatServer:
         choices = []
         for i, future in enumerate(futures):
             sampled: Sampled = future.result(timeout=self.settings.request_timeout_s)
-            choices.append(self.answer(sampled, prepared, trajectory, stop, bool(tools), first=i == 0))
+            with self.tokenizing:
+                choices.append(self.answer(sampled, prepared, trajectory, stop, bool(tools), first=i == 0))
         return self.response(body, choices)
 
     def answer(self, sampled: Sampled, prepared: Prepared, trajectory: Trajectory, stop: list[str],

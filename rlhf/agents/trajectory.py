@@ -133,9 +133,9 @@ class Trajectory:
         if not full.startswith(done):
             return None
         closing = self.closing(state.messages, tools)
-        if state.ended_with_eos:
-            sampled_end = self.tokenizer.decode(list(state.tokens[-1:]))
-            closing = closing.removeprefix(sampled_end.strip()) if sampled_end.strip() else closing
+        sampled_end = self.tokenizer.decode(list(state.tokens[-1:])).strip() if state.ended_with_eos else ""
+        if sampled_end and closing.lstrip().startswith(sampled_end):  # the policy wrote it: not context
+            closing = closing.lstrip()[len(sampled_end) :]
         return self.encode(closing) + self.encode(full[len(done) :])
 
     def closing(self, messages: tuple[Message, ...], tools: list[dict[str, Any]] | None) -> str:

@@ -63,3 +63,37 @@ def test_tools_are_rendered_by_the_template_or_listed_in_a_system_turn():
     tok.chat_template = None  # none at all: "role: content" blocks
     plain = render(tok, (*messages, Message("assistant", "", (ADD,))), None, generation=False)
     assert plain.endswith('assistant: <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')
+
+
+def test_the_context_after_a_turn_is_the_templates_text_less_the_sampled_end():
+    """After a turn that ended with the template's end-of-turn token, the context is what the
+    template writes after it, then the new turns and the generation prompt; a turn cut short gets
+    the whole closing (the end-of-turn marker included) as context."""
+    from rlhf.agents.trajectory import Trajectory
+
+    tok = chat_tokenizer()
+    tok.chat_template = (  # a closing with a space before its end token, as some templates write
+        "{% for m in messages %}{{ m.role }} {{ m.content }} <|im_end|> {% endfor %}"
+        "{% if add_generation_prompt %}assistant{% endif %}"
+    )
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = {w: tok.convert_tokens_to_ids(w) for w in ("user", "assistant", "a", "b", "tool", "5")}
+    first = (Message("user", "a"),)
+    for ended, closing in ((True, []), (False, [end])):
+        trajectory = Trajectory(tok)
+        prepared = trajectory.prepare(first, None, "")
+        assert prepared.context == [ids["user"], ids["a"], end, ids["assistant"]]
+        turn = [ids["b"], end] if ended else [ids["b"]]
+        state = trajectory.record(prepared, turn, [-0.5] * len(turn), ended, Message("assistant", "b"))
+        trajectory.answered(state, 0)
+        follow = trajectory.prepare((*first, Message("assistant", "b"), Message("tool", "5")), None, "")
+        assert follow.base is state and follow.new_tokens == [
+            *closing,
+            ids["tool"],
+            ids["5"],
+            end,
+            ids["assistant"],
+        ]
+        assert follow.context == [*prepared.context, *turn, *follow.new_tokens]
+        edited = trajectory.prepare((*first, Message("assistant", "a"), Message("tool", "5")), None, "")
+        assert edited.base is None  # an answer the record does not hold: a new segment

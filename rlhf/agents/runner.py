@@ -194,8 +194,20 @@ def run_agent_episodes(
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
+    """An event loop on a daemon thread of its own; once stopped, its tasks left (episodes past the
+    timeout) are cancelled and it is closed."""
     loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, name="rlhf-agent-loop", daemon=True).start()
+
+    def run() -> None:
+        loop.run_forever()
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.close()
+
+    threading.Thread(target=run, name="rlhf-agent-loop", daemon=True).start()
     return loop
 
 

@@ -34,6 +34,9 @@ from rlhf.runtime.protocol import Runtime
 
 
 class RolloutSource(Protocol):
+    """What the loop asks of its batches' source: one scored batch per call, a chance to sample
+    during the update, and its state for checkpoints (the keys `prompts` and `pending` today)."""
+
     def next_batch(self, iteration: int) -> Scored:
         """The next batch, sampled and scored, for `iteration` (its metrics in `Scored.metrics`)."""
         ...

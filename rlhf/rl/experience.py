@@ -34,6 +34,9 @@ class Experience:
     # [B, T] decoupled PPO's weight of each token, pi_prox / pi_behav truncated (docs/algorithms.md
     # §34), for rollouts sampled by an older policy (rollout.max_staleness); None: 1 everywhere
     is_weights: torch.Tensor | None = None
+    # [B, T] 0/1: the tokens Clip-Cov / KL-Cov selected in this minibatch (docs/algorithms.md §42), set by
+    # the policy's step; None: off
+    cov_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.is_weights is None:

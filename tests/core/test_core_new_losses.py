@@ -1,5 +1,5 @@
 """GSPO, CISPO, the Clip-Cov/KL-Cov switch of the PPO loss and the loss units, against plain float64
-loops (docs/algorithms.md §38-40): masks, garbage at padding, a batch of one, fully masked rows."""
+loops (docs/algorithms.md §40-42): masks, garbage at padding, a batch of one, fully masked rows."""
 
 from __future__ import annotations
 

@@ -194,7 +194,11 @@ class PolicyLossConfig:
                 f"{prefix}cov_control",
             )
         require(
-            0 < self.cov_ratio <= 1, f"{prefix}cov_ratio", self.cov_ratio, "must be in (0, 1]", f"--{prefix}cov_ratio 2e-4"
+            0 < self.cov_ratio <= 1,
+            f"{prefix}cov_ratio",
+            self.cov_ratio,
+            "must be in (0, 1]",
+            f"--{prefix}cov_ratio 2e-4",
         )
         require(
             self.clip_cov_low < self.clip_cov_high,

@@ -55,6 +55,7 @@ from rlhf.rl.prompts import PromptStream
 from rlhf.rl.remote_reward import remote_reward
 from rlhf.rl.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
 from rlhf.rl.roles.assemble import optimizer_steps
+from rlhf.rl.rollout_correction import corrected_weights
 from rlhf.rl.sample_log import SampleLog
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import open_metrics_logger
@@ -329,6 +330,8 @@ class RLTrainer:
                 old_logp, rollout.logprobs, mask, self.config.policy.is_truncation
             )
             async_metrics["async/staleness"] = behind
+        is_weights, correction_metrics = corrected_weights(  # sampler -> trainer (§43)
+            c.rollout.correction, is_weights, old_logp, rollout.logprobs, mask, self.asynchronous)  # fmt: skip
         t3 = time.perf_counter()
         # score reparameterization (PPO paper §5.3.1): running moments updated with this batch first
         processed = self.score_processor(scores[keep]) if bool(keep.any()) else scores[keep]
@@ -348,7 +351,7 @@ class RLTrainer:
                                    old_values=old_values, advantages=advantages, returns=returns, group=group,
                                    is_weights=is_weights)  # fmt: skip
         metrics = self.experience_metrics(scored, experience, processed, kl, final_scores)
-        metrics.update(async_metrics)
+        metrics.update(async_metrics | correction_metrics)
         metrics.update(self.mismatch_metrics(rollout, mask, old_logp, behind))
         metrics.update(sampling_metrics)
         metrics.update({"time/generate": t1 - t0, "time/score": t2 - t1, "time/forward": t3 - t2})
@@ -392,7 +395,8 @@ class RLTrainer:
         prompts, group, self.batch_indices = self.draw_prompts()
         if self.environment is not None:  # multi-turn episodes: one batched generate per turn
             return group, self.run_episodes(prompts), 0
-        from_sampler = self.config.rollout.logprobs_from_sampler or self.mismatch.due(self.iteration)
+        r = self.config.rollout
+        from_sampler = r.logprobs_from_sampler or r.correction.enabled or self.mismatch.due(self.iteration)
         return group, self.runtime.generate(prompts, from_sampler), 0
 
     def run_episodes(self, prompts: list[list[int]]) -> Rollout:
@@ -583,8 +587,9 @@ class RLTrainer:
                 minibatch.advantages = minibatch_advantages(
                     minibatch.advantages, minibatch.response_mask, c.advantage.whiten, c.advantage.clip
                 )
-                if self.asynchronous and minibatch.is_weights is not None:  # decoupled PPO: each token's
-                    # surrogate weighted (§34; None never: Experience sets 1s when not given)
+                if (self.asynchronous or c.rollout.correction.enabled) and minibatch.is_weights is not None:
+                    # decoupled PPO and rollout correction: each token's surrogate weighted (§34, §43;
+                    # None never: Experience sets 1s when not given)
                     minibatch.advantages = minibatch.advantages * minibatch.is_weights
                 minibatches.append(minibatch)
         steps = self.runtime.train(self.runtime.learner_names(train_policy), minibatches)

@@ -10,7 +10,6 @@ import torch
 from rlhf.core import loss_unit_count, policy_loss
 from tests.support.train_testing import rl_config
 
-
 SMALL = {"rollout": {"batch_size": 4, "samples_per_prompt": 2}, "train": {"minibatches": 1}}  # 8 rows
 
 
@@ -33,7 +32,9 @@ def _experience(trainer):
 
 @pytest.mark.parametrize("preset", ["gspo", "cispo"])
 def test_the_step_is_the_same_for_any_micro_batch_split_and_between_workers(make_trainer, preset):
-    base = rl_config(preset, SMALL, train={"micro_batch_size": 8}, policy={"clip_eps_high": 0.04, "clip_eps": 0.03})
+    base = rl_config(
+        preset, SMALL, train={"micro_batch_size": 8}, policy={"clip_eps_high": 0.04, "clip_eps": 0.03}
+    )
     trainer = make_trainer(base)
     experience = _experience(trainer)
     whole, whole_stats = _step(trainer.runtime.roles.policy, [experience])
@@ -56,7 +57,10 @@ def test_the_step_is_the_same_for_any_micro_batch_split_and_between_workers(make
             torch.testing.assert_close(got[name], whole[name], rtol=1e-4, atol=1e-6)
     # two workers, each with some rows, weighted by the whole minibatch's counts; gradients summed
     first, second = experience.select(torch.arange(0, 3)), experience.select(torch.arange(3, 8))
-    totals = {"total_tokens": experience.num_tokens, "total_rows": loss_unit_count(experience.response_mask, "rows")}
+    totals = {
+        "total_tokens": experience.num_tokens,
+        "total_rows": loss_unit_count(experience.response_mask, "rows"),
+    }
     workers = make_trainer(base, run_dir=trainer.run_dir.parent / "workers").runtime.roles.policy
     got, _ = _step(workers, [first, second], **totals)
     for name in whole:
@@ -74,4 +78,6 @@ def test_cov_control_selects_once_per_minibatch_and_runs(make_trainer):
         assert chosen is not None and int(chosen.sum()) == int(0.2 * experience.num_tokens)
         assert float((chosen * (1 - experience.response_mask)).abs().sum()) == 0
         _, stats = _step(policy, [experience])
-        assert stats[0]["policy/cov_fraction"] == pytest.approx(int(0.2 * experience.num_tokens) / experience.num_tokens)
+        assert stats[0]["policy/cov_fraction"] == pytest.approx(
+            int(0.2 * experience.num_tokens) / experience.num_tokens
+        )

@@ -177,7 +177,9 @@ class Policy(Learner):
         # the same value and gradient for any split into micro-batches and ranks (algorithms.md §18)
         rows_total = None
         if policy_loss_unit(self.loss.loss) == "rows":
-            rows_total = loss_unit_count(minibatch.response_mask, "rows") if total_rows is None else total_rows
+            rows_total = (
+                loss_unit_count(minibatch.response_mask, "rows") if total_rows is None else total_rows
+            )
         losses = [partial(self.policy_terms, stats=stats, entropy_gate=gate, rows_total=rows_total)]
         if self.joint_value is not None:  # a pass of its own: the policy's graph freed before it
             losses.append(partial(self.value_term, stats=stats))
@@ -200,7 +202,9 @@ class Policy(Learner):
         p, rows, weight = self.loss, micro.rows, micro.weight
         pg_weight = weight
         if rows_total is not None:  # the micro-batch's rows with a valid token over the minibatch's
-            pg_weight = 0.0 if micro.filler else loss_unit_count(rows.response_mask, "rows") / max(rows_total, 1.0)
+            pg_weight = (
+                0.0 if micro.filler else loss_unit_count(rows.response_mask, "rows") / max(rows_total, 1.0)
+            )
         entropy_weight = -p.entropy_coef if entropy_gate is None else p.entropy_coef * entropy_gate
         logp, entropy = self.train_forward(  # a training pass (under ddp: through DDP)
             rows.sequences,

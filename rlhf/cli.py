@@ -253,7 +253,8 @@ def _supervised_parsers(sub) -> list:
 def _train_parser(sub) -> argparse.ArgumentParser:
     train = sub.add_parser("train", help=STAGES["train"], description=STAGES["train"])
     train.add_argument(
-        "--preset", help="vanilla_ppo | ppo_max | apa | awr | grpo | rloo | reinforce_pp | dapo"
+        "--preset",
+        help="vanilla_ppo | ppo_max | apa | awr | grpo | rloo | reinforce_pp | dapo | gspo | cispo",
     )
     train.add_argument("--policy", help="SFT model directory (also the frozen reference)")
     train.add_argument("--reward-model", help="reward-model directory")

@@ -219,6 +219,8 @@ def _demo_parsers(sub) -> None:
     ablate.add_argument("--out", default="runs/ablate", help="output directory (ablation.json, report.html)")
     ablate.add_argument("--jobs", type=int, default=1, help="runs at a time, one process each")
     ablate.add_argument("--kl-budget", type=float, default=2.0, help="KL at which the gold gain is read")
+    ablate.add_argument("--add-trick", action="append", default=[], metavar="NAME",
+                        help="ablate a later paper's switch too: clip_cov | kl_cov | rollout_correction")  # fmt: skip
     ablate.add_argument("--config", help="YAML file of demo settings (world, model, steps, iterations)")
 
 
@@ -777,6 +779,7 @@ def run_ablate_command(args, rest, ctx) -> int:
             kl_budget=args.kl_budget,
             config_file=args.config,
             overrides=rest,
+            extra_tricks=tuple(args.add_trick),
         )
 
 

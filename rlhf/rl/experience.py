@@ -160,13 +160,14 @@ def concat_experiences(batches: list[Experience]) -> Experience:
         tok = {
             f.name: torch.nn.functional.pad(getattr(b, f.name), (0, right), value=0)
             for f in fields(b)
-            if f.name not in ("input_ids", "attention_mask", "prompt_length", "group")
+            if f.name not in ("input_ids", "attention_mask", "prompt_length", "group", "cov_mask")
         }
         padded.append(replace(b, prompt_length=p_max, **seq, **tok))
     joined = {
         f.name: torch.cat([getattr(b, f.name) for b in padded])
         for f in fields(Experience)
-        if f.name not in ("prompt_length", "group")
+        if f.name
+        not in ("prompt_length", "group", "cov_mask")  # cov_mask: a policy step's, never a rollout's
     }
     return Experience(prompt_length=p_max, **joined, group=distinct_groups(batches))
 

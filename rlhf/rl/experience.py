@@ -35,12 +35,14 @@ class Experience:
     # §34), for rollouts sampled by an older policy (rollout.max_staleness); None: 1 everywhere
     is_weights: torch.Tensor | None = None
     # [B, T] 0/1: the tokens Clip-Cov / KL-Cov selected in this minibatch (docs/algorithms.md §42), set by
-    # the policy's step; None: off
+    # the policy's step (policy.cov_control); None: 0 everywhere
     cov_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.is_weights is None:
             self.is_weights = torch.ones_like(self.response_mask)
+        if self.cov_mask is None:
+            self.cov_mask = torch.zeros_like(self.response_mask)
 
     @classmethod
     def of(cls, sequences: Sequences, response_mask: torch.Tensor, **per_token: torch.Tensor) -> Experience:
@@ -160,14 +162,13 @@ def concat_experiences(batches: list[Experience]) -> Experience:
         tok = {
             f.name: torch.nn.functional.pad(getattr(b, f.name), (0, right), value=0)
             for f in fields(b)
-            if f.name not in ("input_ids", "attention_mask", "prompt_length", "group", "cov_mask")
+            if f.name not in ("input_ids", "attention_mask", "prompt_length", "group")
         }
         padded.append(replace(b, prompt_length=p_max, **seq, **tok))
     joined = {
         f.name: torch.cat([getattr(b, f.name) for b in padded])
         for f in fields(Experience)
-        if f.name
-        not in ("prompt_length", "group", "cov_mask")  # cov_mask: a policy step's, never a rollout's
+        if f.name not in ("prompt_length", "group")
     }
     return Experience(prompt_length=p_max, **joined, group=distinct_groups(batches))
 

@@ -322,7 +322,7 @@ class Policy(Learner):
 
 def cov_params(p: PolicyLossConfig, rows: Experience) -> dict[str, Any]:
     """The ppo loss's Clip-Cov / KL-Cov parameters for these rows (docs/algorithms.md §42); {} when off."""
-    if p.cov_control == "none" or rows.cov_mask is None:
+    if p.cov_control == "none":
         return {}
     if p.cov_control == "clip_cov":
         return {"cov_detach": rows.cov_mask}

@@ -221,6 +221,8 @@ def _demo_parsers(sub) -> None:
     ablate.add_argument("--out", default="runs/ablate", help="output directory (ablation.json, report.html)")
     ablate.add_argument("--jobs", type=int, default=1, help="runs at a time, one process each")
     ablate.add_argument("--kl-budget", type=float, default=2.0, help="KL at which the gold gain is read")
+    ablate.add_argument("--add-trick", action="append", default=[], metavar="NAME",
+                        help="ablate a later paper's switch too: clip_cov | kl_cov | rollout_correction")  # fmt: skip
     ablate.add_argument("--config", help="YAML file of demo settings (world, model, steps, iterations)")
 
 
@@ -255,7 +257,8 @@ def _supervised_parsers(sub) -> list:
 def _train_parser(sub) -> argparse.ArgumentParser:
     train = sub.add_parser("train", help=STAGES["train"], description=STAGES["train"])
     train.add_argument(
-        "--preset", help="vanilla_ppo | ppo_max | apa | awr | grpo | rloo | reinforce_pp | dapo"
+        "--preset",
+        help="vanilla_ppo | ppo_max | apa | awr | grpo | rloo | reinforce_pp | dapo | gspo | cispo",
     )
     train.add_argument("--policy", help="SFT model directory (also the frozen reference)")
     train.add_argument("--reward-model", help="reward-model directory")
@@ -794,6 +797,7 @@ def run_ablate_command(args, rest, ctx) -> int:
             kl_budget=args.kl_budget,
             config_file=args.config,
             overrides=rest,
+            extra_tricks=tuple(args.add_trick),
         )
 
 

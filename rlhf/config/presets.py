@@ -10,7 +10,7 @@ import yaml
 from rlhf.config.errors import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
-PRESETS = ("vanilla_ppo", "ppo_max", "apa", "awr", "grpo", "rloo", "reinforce_pp", "dapo")
+PRESETS = ("vanilla_ppo", "ppo_max", "apa", "awr", "grpo", "rloo", "reinforce_pp", "dapo", "gspo", "cispo")
 
 
 class _DuplicateKey(Exception):

@@ -272,6 +272,27 @@ class RLConfig:
                 f"{prefix}reward.remote.url",
             )
         self._validate_dapo(prefix)
+        self._validate_correction(prefix)
+
+    def _validate_correction(self, prefix: str) -> None:
+        """Rollout correction weighs the trainer's old log-probs against the sampler's (§43)."""
+        rollout, key = self.rollout, f"{prefix}rollout.correction.enabled"
+        if not rollout.correction.enabled:
+            return
+        if rollout.logprobs_from_sampler and rollout.max_staleness == 0:
+            refuse(
+                f"{key} weighs the trainer's old log-probs against the sampler's, but "
+                f"{prefix}rollout.logprobs_from_sampler uses the sampler's as the old ones (the weight would "
+                f"be 1). Fix: --{prefix}rollout.logprobs_from_sampler false, or --{key} false.",
+                key,
+            )
+        for flag, name in (("env", self.env.name), ("agent", self.agent.name)):
+            if name:
+                refuse(
+                    f"{key} needs the sampler's log-probs of single-turn rollouts; {prefix}{flag}.name "
+                    f"{name!r} runs multi-turn episodes. Fix: --{key} false with --{flag}.",
+                    key,
+                )
 
     def _validate_dapo(self, prefix: str) -> None:
         """Dynamic sampling compares the responses to one prompt, in the synchronous loop."""

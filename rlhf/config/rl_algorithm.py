@@ -98,11 +98,22 @@ class AdvantageConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss: PolicyLossName = "ppo"  # "ppo" | "apa" | "awr" | any loss registered in rlhf.core.losses
+    # "ppo" | "apa" | "awr" | "gspo" | "cispo" | any loss registered in rlhf.core.losses
+    loss: PolicyLossName = "ppo"
     clip_eps: float = 0.2  # PPO ratio clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]
     # the upper bound's epsilon; None: clip_eps. DAPO's clip-higher 0.28 (DAPO paper §3.1; docs/algorithms.md §35)
     clip_eps_high: float | None = None
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None: off
+    # cispo: its weight's lower bound 1 - this; None: none (MiniMax-M1 §3.1; docs/algorithms.md §41)
+    cispo_clip_eps_low: float | None = None
+    # Clip-Cov / KL-Cov on the ppo loss (Cui et al. 2025 §4.3; docs/algorithms.md §42): "none" | "clip_cov"
+    # (detach the gradient of a random cov_ratio of the tokens whose covariance lies in
+    # (clip_cov_low, clip_cov_high)) | "kl_cov" (penalise |logp - old_logp| on the top cov_ratio)
+    cov_control: Literal["none", "clip_cov", "kl_cov"] = "none"
+    cov_ratio: float = 2e-4  # the share of a minibatch's tokens selected (the paper's code: 2e-4)
+    clip_cov_low: float = 1.0  # Clip-Cov's band of covariance (the paper's code: 1 and 5)
+    clip_cov_high: float = 5.0
+    kl_cov_coef: float = 1.0  # KL-Cov's penalty coefficient (the paper's code: 1)
     # importance-sampling denominator: "old" (behaviour policy) | "ref" (PPO paper §5.3.2)
     ratio_against: Literal["old", "ref"] = "old"
     apa_lam: float = 0.1  # APA lambda (= 1/c_sq of the APA code, which uses c_sq = 10)
@@ -129,6 +140,7 @@ class PolicyLossConfig:
             self.clip_eps_high, f"{prefix}clip_eps_high", 0.28, "for the symmetric clip (= clip_eps)"
         )
         positive(self.is_truncation, f"{prefix}is_truncation", 2.0)
+        self._validate_new_losses(prefix)
         positive_or_off(self.dual_clip, f"{prefix}dual_clip", 3.0, low=1)
         positive(self.apa_lam, f"{prefix}apa_lam", 0.1)
         positive(self.awr_lam, f"{prefix}awr_lam", 2.0)
@@ -152,6 +164,50 @@ class PolicyLossConfig:
             )
         at_least(self.ptx_coef, 0, f"{prefix}ptx_coef")
         at_least(self.kl_loss_coef, 0, f"{prefix}kl_loss_coef", " (0: no KL term in the loss)")
+
+    def _validate_new_losses(self, prefix: str) -> None:
+        """GSPO's row mean, CISPO's bounds, Clip-Cov/KL-Cov's settings (docs/algorithms.md §40-42)."""
+        if self.loss == "cispo" and self.clip_eps_high is None:
+            refuse(
+                f"{prefix}loss cispo caps its importance weight at 1 + {prefix}clip_eps_high, which is null. "
+                f"Fix: --{prefix}clip_eps_high 4.0 (the ScaleRL recipe's cap of 5), or --preset cispo.",
+                f"{prefix}clip_eps_high",
+            )
+        require(
+            self.cispo_clip_eps_low is None or 0 < self.cispo_clip_eps_low <= 1,
+            f"{prefix}cispo_clip_eps_low",
+            self.cispo_clip_eps_low,
+            "must be in (0, 1], or null for no lower bound",
+            f"--{prefix}cispo_clip_eps_low 0.2",
+        )
+        if self.loss == "gspo" and self.loss_aggregation != "token_mean":
+            refuse(
+                f"{prefix}loss gspo is a mean over responses, which {prefix}loss_aggregation "
+                f"{self.loss_aggregation} (a per-token denominator) does not apply to. "
+                f"Fix: --{prefix}loss_aggregation token_mean.",
+                f"{prefix}loss_aggregation",
+            )
+        if self.cov_control != "none" and self.loss != "ppo":
+            refuse(
+                f"{prefix}cov_control {self.cov_control} acts on the ppo loss's tokens, but {prefix}loss is "
+                f"{self.loss!r}. Fix: --{prefix}loss ppo, or --{prefix}cov_control none.",
+                f"{prefix}cov_control",
+            )
+        require(
+            0 < self.cov_ratio <= 1,
+            f"{prefix}cov_ratio",
+            self.cov_ratio,
+            "must be in (0, 1]",
+            f"--{prefix}cov_ratio 2e-4",
+        )
+        require(
+            self.clip_cov_low < self.clip_cov_high,
+            f"{prefix}clip_cov_high",
+            self.clip_cov_high,
+            f"must exceed {prefix}clip_cov_low ({self.clip_cov_low})",
+            f"--{prefix}clip_cov_low 1.0 --{prefix}clip_cov_high 5.0",
+        )
+        at_least(self.kl_cov_coef, 0, f"{prefix}kl_cov_coef")
 
 
 @dataclass

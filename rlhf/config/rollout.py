@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhf.config.checks import at_least, positive, refuse, require, warn
+from rlhf.config.checks import at_least, positive, refuse, require, validate_groups, warn
 from rlhf.config.fields import Sampling
 
 # The PPO paper's evaluation sampling (PPO paper §6.1), which `rollout.sampling: paper` selects.
 PAPER_SAMPLING = {"temperature": 0.8, "top_p": 0.9, "repetition_penalty": 1.1}
 MIN_USEFUL_TEMPERATURE = 0.05  # below it the sampled tokens' probabilities are ~1: ~0 policy gradient
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Importance weights from the sampler's log-probs to the trainer's, on the advantages
+    (rlhf/core/rollout_correction.py; docs/algorithms.md §43)."""
+
+    enabled: bool = False  # weight each token by pi_trainer / pi_sampler (the sampler returns its log-probs)
+    level: Literal["token", "sequence"] = "token"  # per token, or the row's product on each of its tokens
+    mode: Literal["truncate", "mask"] = "truncate"  # min(w, cap) | w inside [1/cap, cap], else 0
+    cap: float = 2.0  # the truncation / the mask's band (truncated IS of Yao et al. 2025: 2)
+
+    def validate(self, prefix: str) -> None:
+        require(self.cap > 1, f"{prefix}cap", self.cap, "must be > 1", f"--{prefix}cap 2.0")
 
 
 @dataclass
@@ -53,8 +67,10 @@ class RolloutConfig:
     # the cap on rollouts per iteration under dynamic_sampling, the first included (extra rounds: this - 1);
     # when it is reached the batch trains with the informative groups found (dynamic_sampling/fill < 1)
     max_sampling_rounds: int = 4
+    correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)  # sampler -> trainer
 
     def validate(self, prefix: str) -> None:
+        validate_groups(self, prefix)
         at_least(self.max_sampling_rounds, 1, f"{prefix}max_sampling_rounds", " (rollouts per iteration)")
         at_least(self.max_staleness, 0, f"{prefix}max_staleness", " (0: synchronous)")
         at_least(self.batch_size, 1, f"{prefix}batch_size", " (prompts sampled per iteration)")

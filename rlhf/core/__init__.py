@@ -13,19 +13,25 @@ from rlhf.core.advantages import (
     gae,
     register_estimator,
 )
+from rlhf.core.cispo import cispo_loss
+from rlhf.core.covariance import covariance_selection, token_covariance
 from rlhf.core.dapo import informative_groups, overlong_penalty
 from rlhf.core.entropy import entropy_from_logits, entropy_target_gate, entropy_target_loss
+from rlhf.core.gspo import gspo_loss
 from rlhf.core.kl import AdaptiveKLController, FixedKLController
 from rlhf.core.losses import (
     KL_KINDS,
     POLICY_LOSS_SOURCES,
+    POLICY_LOSS_UNITS,
     POLICY_LOSSES,
     apa_loss,
     awr_loss,
     kl_estimate,
+    loss_unit_count,
     micro_batch_weight,
     policy_loss,
     policy_loss_params,
+    policy_loss_unit,
     ppo_loss,
     register_policy_loss,
     token_weighted_accumulate,
@@ -33,6 +39,7 @@ from rlhf.core.losses import (
 )
 from rlhf.core.preference import PREFERENCE_LOSSES, REFERENCE_FREE, preference_loss
 from rlhf.core.rewards import ScoreProcessor, token_rewards
+from rlhf.core.rollout_correction import rollout_correction
 from rlhf.core.staleness import decoupled_is_weights
 from rlhf.core.stats import (
     RunningMoments,
@@ -50,6 +57,7 @@ __all__ = [
     "KL_KINDS",
     "POLICY_LOSSES",
     "POLICY_LOSS_SOURCES",
+    "POLICY_LOSS_UNITS",
     "PREFERENCE_LOSSES",
     "REFERENCE_FREE",
     "decoupled_is_weights",
@@ -59,6 +67,8 @@ __all__ = [
     "ScoreProcessor",
     "apa_loss",
     "awr_loss",
+    "cispo_loss",
+    "covariance_selection",
     "entropy_from_logits",
     "entropy_target_gate",
     "entropy_target_loss",
@@ -67,8 +77,10 @@ __all__ = [
     "estimator_spec",
     "explained_variance",
     "gae",
+    "gspo_loss",
     "informative_groups",
     "kl_estimate",
+    "loss_unit_count",
     "masked_max",
     "masked_mean",
     "masked_min",
@@ -79,10 +91,13 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "policy_loss_params",
+    "policy_loss_unit",
     "ppo_loss",
     "preference_loss",
     "register_estimator",
     "register_policy_loss",
+    "rollout_correction",
+    "token_covariance",
     "token_rewards",
     "token_weighted_accumulate",
     "value_loss",

@@ -97,19 +97,27 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 # Per registered loss: {keyword parameter: attribute of a config object that feeds it}, e.g. apa's
 # lam <- apa_lam. The one place that says which settings a loss reads (see policy_loss_params).
 POLICY_LOSS_SOURCES: dict[str, dict[str, str]] = {}
+# Per registered loss: the unit its mean is over, "tokens" (a token mean: ppo, apa, awr, cispo) or
+# "rows" (a mean over the rows with a valid token: gspo). The trainer divides a minibatch's summed
+# loss by the global count of that unit, so any micro-batch split gives the same value and gradient
+# (docs/algorithms.md §18).
+LossUnit = Literal["tokens", "rows"]
+POLICY_LOSS_UNITS: dict[str, LossUnit] = {}
 
 
 def register_policy_loss(
-    name: str, *, sources: Mapping[str, str] | None = None, replace: bool = False
+    name: str, *, sources: Mapping[str, str] | None = None, replace: bool = False, unit: LossUnit = "tokens"
 ) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator adding a policy loss to the registry under `name` (``policy_loss(name, ...)``).
 
     The function takes ``(logp, old_logp, ref_logp, advantages, mask, **params)`` with keyword
     parameters that have defaults, and returns ``(loss, stats)``. `sources` maps some of those
     parameters to the attribute of a config object that sets them (``policy_loss_params``); the
-    others keep their defaults.
+    others keep their defaults. `unit`: what its mean is over, "tokens" or "rows" (`loss_unit_count`).
     """
     sources = dict(sources or {})
+    if unit not in ("tokens", "rows"):
+        raise ValueError(f"policy loss {name!r}: unit must be 'tokens' or 'rows', got {unit!r}")
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         if name in POLICY_LOSSES and not replace:
@@ -123,6 +131,7 @@ def register_policy_loss(
             )
         POLICY_LOSSES[name] = fn
         POLICY_LOSS_SOURCES[name] = sources
+        POLICY_LOSS_UNITS[name] = unit
         return fn
 
     return decorator
@@ -163,6 +172,22 @@ def policy_loss(
             f"policy loss {name!r} got unknown parameter(s) {unknown}; it accepts {accepted or 'none'}"
         )
     return fn(logp, old_logp, ref_logp, advantages, mask, **params)
+
+
+def policy_loss_unit(name: str) -> LossUnit:
+    """The unit policy loss `name` is a mean over: "tokens" or "rows" (its registration's `unit`)."""
+    _check_registered(name)
+    return POLICY_LOSS_UNITS.get(name, "tokens")
+
+
+def loss_unit_count(mask: Tensor, unit: LossUnit) -> float:
+    """How many `unit`s a `[B, T]` mask holds: its valid tokens, or its rows with a valid token."""
+    valid = mask != 0
+    if unit == "tokens":
+        return float(valid.sum())
+    if unit == "rows":
+        return float(valid.any(dim=-1).sum())
+    raise ValueError(f"unknown loss unit {unit!r}: 'tokens' or 'rows'")
 
 
 def _check_registered(name: str) -> None:
@@ -211,6 +236,9 @@ def ppo_loss(
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
     ratio_against: str = "old",
+    cov_detach: Tensor | None = None,
+    cov_kl: Tensor | None = None,
+    cov_kl_coef: float = 1.0,
 ) -> LossOutput:
     """PPO clipped surrogate ``mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps_high)))``.
 
@@ -221,6 +249,10 @@ def ppo_loss(
     dual_clip: c > 1 caps the loss of tokens with A < 0 at ``-c * A`` (Ye et al. 2020, dual-clip PPO).
     ratio_against: the importance-sampling denominator, "old" (behaviour policy, the default) or
         "ref" (the reference policy: PPO paper §5.3.2, "infinite experience buffer").
+    cov_detach, cov_kl: Clip-Cov and KL-Cov (Cui et al. 2025, arXiv 2505.22617 §4.3; docs/algorithms.md
+        §42), `[B, T]` 0/1 selections (rlhf/core/covariance.py `covariance_selection`): Clip-Cov keeps the
+        selected tokens' loss but detaches its gradient; KL-Cov adds ``cov_kl_coef * |logp - old_logp|``
+        to the selected tokens' loss. Stats cov_fraction (selected tokens) when either is given.
     Stats: clip_fraction (tokens where either bound binds: the clipped term is the larger),
     clip_fraction_low (A < 0, ratio below 1 - clip_eps) and clip_fraction_high (A > 0, ratio above
     1 + clip_eps_high), which sum to clip_fraction; dual_clip_fraction, approx_kl (k3, old vs new),
@@ -253,9 +285,20 @@ def ppo_loss(
         cap = -dual_clip * adv
         dual_clipped = (adv < 0) & (per_token > cap)
         per_token = torch.where(dual_clipped, cap, per_token)
+    cov_stats = {}
+    if cov_detach is not None:  # Clip-Cov: the selected tokens' gradient detached
+        chosen = as_bool_mask(cov_detach, logp, name="cov_detach") & valid
+        per_token = torch.where(chosen, per_token.detach(), per_token)
+        cov_stats["cov_fraction"] = masked_mean(chosen.float(), valid)
+    if cov_kl is not None:  # KL-Cov: |logp - old_logp| penalised on the selected tokens
+        chosen = as_bool_mask(cov_kl, logp, name="cov_kl") & valid
+        old = fill_masked(_require(old_logp, "old_logp", "ppo", "KL-Cov's penalty"), valid)
+        per_token = per_token + cov_kl_coef * torch.where(chosen, (logp - old).abs(), 0.0)
+        cov_stats["cov_fraction"] = masked_mean(chosen.float(), valid)
     loss = masked_mean(per_token, valid)
     with torch.no_grad():
         stats = {
+            **cov_stats,
             "clip_fraction": masked_mean((clipped > unclipped).float(), valid),
             # the clipped term exceeds the unclipped one only where the bound on A's side binds
             "clip_fraction_low": masked_mean(((clipped > unclipped) & (adv < 0)).float(), valid),

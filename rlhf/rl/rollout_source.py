@@ -76,8 +76,10 @@ class SampledRollouts:
     def next_batch(self, iteration: int) -> Scored:
         started = time.perf_counter()
         prompts, group, rows = self.draw_prompts()
-        # the sampler's log-probs: trained on (rollout.logprobs_from_sampler), or measured (mismatch/*)
-        from_sampler = self.config.rollout.logprobs_from_sampler or self.mismatch.due(iteration)
+        # the sampler's log-probs: trained on (rollout.logprobs_from_sampler), corrected against
+        # (rollout.correction, §43) or measured (mismatch/*)
+        r = self.config.rollout
+        from_sampler = r.logprobs_from_sampler or r.correction.enabled or self.mismatch.due(iteration)
         rollout = self.runtime.generate(prompts, from_sampler)
         return self.score(group, rows, rollout, iteration, started)
 

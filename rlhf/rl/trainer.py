@@ -44,6 +44,7 @@ from rlhf.rl.critic_pretrain import PretrainState
 from rlhf.rl.experience import Experience, concat_experiences
 from rlhf.rl.metrics import experience_metrics, mean_over_steps
 from rlhf.rl.monitors import Metrics, RunMonitors, open_run_logger
+from rlhf.rl.rollout_correction import corrected_weights
 from rlhf.rl.run_guards import RunGuards
 from rlhf.rl.scorer import RawScoresHook, Scorer
 from rlhf.rl.sources import rollout_source
@@ -193,6 +194,8 @@ class RLTrainer:
                 old_logp, rollout.logprobs, mask, c.policy.is_truncation
             )
             async_metrics["async/staleness"] = scored.behind
+        is_weights, correction_metrics = corrected_weights(  # sampler -> trainer (§43)
+            c.rollout.correction, is_weights, old_logp, rollout.logprobs, mask, self.asynchronous)  # fmt: skip
         t1 = time.perf_counter()
         # score reparameterization (PPO paper §5.3.1): running moments updated with this batch first
         processed = self.score_processor(scores[keep]) if bool(keep.any()) else scores[keep]
@@ -214,7 +217,7 @@ class RLTrainer:
                                    is_weights=is_weights)  # fmt: skip
         metrics = experience_metrics(c, scored, experience, processed, kl, final_scores,
                                      self.kl_controller.value, self.runtime.has_role("critic"))  # fmt: skip
-        metrics.update(async_metrics)
+        metrics.update(async_metrics | correction_metrics)
         if self.pretrain_done:  # mismatch/*: the sampler's log-probs against the trainer's (docs/monitors.md)
             metrics.update(
                 self.monitors.mismatch_metrics(
@@ -253,8 +256,9 @@ class RLTrainer:
                 minibatch.advantages = minibatch_advantages(
                     minibatch.advantages, minibatch.response_mask, c.advantage.whiten, c.advantage.clip
                 )
-                if self.asynchronous and minibatch.is_weights is not None:  # decoupled PPO: each token's
-                    # surrogate weighted (§34; None never: Experience sets 1s when not given)
+                if (self.asynchronous or c.rollout.correction.enabled) and minibatch.is_weights is not None:
+                    # decoupled PPO and rollout correction: each token's surrogate weighted (§34, §43;
+                    # None never: Experience sets 1s when not given)
                     minibatch.advantages = minibatch.advantages * minibatch.is_weights
                 minibatches.append(minibatch)
         stats = mean_over_steps(self.runtime.train(self.runtime.learner_names(train_policy), minibatches))

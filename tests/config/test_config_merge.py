@@ -59,6 +59,8 @@ COMPANIONS = {
     # the first other choice is a group estimator with no critic (and so no critic pre-training)
     "advantage.estimator": {"rollout.samples_per_prompt": 2, "critic.pretrain_iterations": 0},
     "rollout.dynamic_sampling": {"rollout.samples_per_prompt": 2},  # keeps groups of 2 or more responses
+    "policy.cov_control": {"policy.loss": "ppo"},  # Clip-Cov / KL-Cov act on the ppo loss's tokens
+    "policy.loss_aggregation": {"policy.loss": "ppo"},  # a token denominator (gspo's is rows)
 }
 
 
@@ -81,7 +83,9 @@ OTHER = {
     "reward.remote.url": "http://127.0.0.1:8000",
     "device": "cpu",
     "train.device": "cpu",
-}  # even; a URL; a device name
+    "rollout.correction.cap": 3.0,
+    "policy.cispo_clip_eps_low": 0.5,
+}  # even; a URL; a device name; a cap > 1; a bound in (0, 1]
 
 
 def other_value(key: str, tp, value):
@@ -255,6 +259,8 @@ PAPER_RATES = {
     "rloo": (1e-6, None, 0.0),
     "reinforce_pp": (1e-6, None, 0.0),
     "dapo": (1e-6, None, 0.0),  # DAPO paper §4.1 (its 20-step warm-up: not set, as grpo's)
+    "gspo": (1e-6, None, 0.0),  # GRPO's (the GSPO paper states no rate)
+    "cispo": (1e-6, None, 0.0),  # GRPO's
 }
 
 

@@ -11,6 +11,7 @@ import torch
 
 from rlhf.core import (
     POLICY_LOSS_SOURCES,
+    POLICY_LOSS_UNITS,
     POLICY_LOSSES,
     policy_loss,
     policy_loss_params,
@@ -79,7 +80,10 @@ def test_a_registered_loss_declares_its_sources_and_errors_name_the_fix():
     finally:
         POLICY_LOSSES.pop("test_scaled")
         POLICY_LOSS_SOURCES.pop("test_scaled")
-    with pytest.raises(ValueError, match="unknown policy loss 'grpo': choose one of apa, awr, ppo"):
+        POLICY_LOSS_UNITS.pop("test_scaled")
+    with pytest.raises(
+        ValueError, match="unknown policy loss 'grpo': choose one of apa, awr, cispo, gspo, ppo"
+    ):
         policy_loss_params("grpo", SOURCE)
 
 
@@ -93,3 +97,4 @@ def test_a_loss_without_sources_gets_no_parameters():
     finally:
         POLICY_LOSSES.pop("test_plain")
         POLICY_LOSS_SOURCES.pop("test_plain")
+        POLICY_LOSS_UNITS.pop("test_plain")

@@ -384,7 +384,9 @@ def test_registry_extension_and_errors() -> None:
     finally:
         POLICY_LOSSES.pop("test_reinforce")
     data = random_tokens(0)
-    with pytest.raises(ValueError, match="unknown policy loss 'grpo': choose one of apa, awr, ppo"):
+    with pytest.raises(
+        ValueError, match="unknown policy loss 'grpo': choose one of apa, awr, cispo, gspo, ppo"
+    ):
         policy_loss("grpo", **data)
     with pytest.raises(
         ValueError, match=r"'apa' got unknown parameter\(s\) \['clip_eps'\]; it accepts \['lam'\]"

@@ -16,7 +16,7 @@ from rlhf.demo.ablate import TRICKS, run_ablation, variants
 from rlhf.demo.ablate import runner as ablate_runner
 from rlhf.demo.ablate.runner import ABLATABLE_PRESETS, ABLATE_RL
 from rlhf.demo.ablate.stats import gold_at_kl, mean_ci, verdict
-from rlhf.demo.ablate.tricks import resolved
+from rlhf.demo.ablate.tricks import OPTIONAL_TRICKS, resolved
 
 TINY = [
     "--sft_steps", "4", "--rm_steps", "4", "--iterations", "2", "--eval_every", "1", "--eval_prompts", "4",
@@ -37,7 +37,7 @@ def leaves(tree: dict, prefix: str = "") -> dict:
 
 @pytest.mark.parametrize("preset", ABLATABLE_PRESETS)
 def test_each_variant_differs_from_the_full_preset_in_exactly_its_switch(preset):
-    found, skipped = variants(preset, ABLATE_RL)
+    found, skipped = variants(preset, ABLATE_RL, extra=OPTIONAL_TRICKS)
     assert found[0].name == "full" and found[0].overrides == {}
     full = leaves(to_dict(resolved(preset, ABLATE_RL, found[0])))
     by_name = {t.name: t for t in TRICKS}
@@ -50,6 +50,17 @@ def test_each_variant_differs_from_the_full_preset_in_exactly_its_switch(preset)
         assert variant.name == prefix + variant.trick
     named = {v.trick for v in found[1:]} | {s["trick"] for s in skipped}
     assert named == set(by_name)  # every trick is a variant or skipped with its reason
+    if preset in ("apa", "awr"):  # Clip-Cov / KL-Cov act on the ppo loss's tokens
+        assert {s["trick"] for s in skipped} >= {"clip_cov", "kl_cov"}
+    else:
+        assert {"with_clip_cov", "with_kl_cov", "with_rollout_correction"} <= {v.name for v in found}
+
+
+def test_the_optional_tricks_are_ablated_only_when_named():
+    plain = {v.trick for v in variants("ppo_max", ABLATE_RL)[0][1:]}
+    assert not plain & set(OPTIONAL_TRICKS)
+    named = [v.name for v in variants("ppo_max", ABLATE_RL, extra=("kl_cov",))[0]]
+    assert named[-1] == "with_kl_cov" and "with_clip_cov" not in named
 
 
 def test_ppo_max_switches_its_tricks_off_and_adds_whitening():

@@ -298,3 +298,11 @@ def test_the_verdict_names_the_per_layer_rollout_first_when_the_whole_policy_is_
     out = capsys.readouterr().out
     assert "(rollout gathered per layer)" in out and out.rstrip().splitlines()[-1].startswith("fits")
     assert main([*args, "--rollout-gather", "per_layer", "--strategy", "ddp"]) == 2
+
+
+@pytest.mark.parametrize("preset", ["gspo", "cispo"])
+def test_the_critic_free_new_presets_plan_no_critic(preset, capsys):
+    assert main(["plan", "--model", "7b", "--preset", preset, "--gpus", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["job"]["critic"] == "none"
+    assert [r["role"] for r in out["roles"]] == ["policy", "reference", "reward_model"]

@@ -42,6 +42,8 @@ PER_LOSS = {
     "ppo": ("policy/clip_fraction", "policy/ratio_mean", "policy/ratio_min", "policy/ratio_max"),
     "apa": ("policy/log_ratio_ref_mean", "policy/residual_abs_mean"),
     "awr": ("policy/weight_mean", "policy/weight_max", "policy/weight_clip_fraction"),
+    "gspo": ("policy/clip_fraction", "policy/ratio_mean", "policy/ratio_min", "policy/ratio_max"),
+    "cispo": ("policy/weight_clip_fraction", "policy/clip_fraction_high", "policy/ratio_mean"),
 }
 
 
@@ -95,7 +97,7 @@ def test_preset_runs_with_sane_metrics(preset, make_trainer, tmp_path):
             assert row["policy/kl_loss"] >= 0.0  # k3 is non-negative per token
         if "group/zero_std_fraction" in row:
             assert 0.0 <= row["group/zero_std_fraction"] <= 1.0 and row["group/reward_std"] >= 0.0
-        if config.policy.loss == "ppo":
+        if config.policy.loss in ("ppo", "gspo"):  # gspo's per response
             assert 0.0 <= row["policy/clip_fraction"] <= 1.0
             assert 0.0 < row["policy/ratio_min"] <= row["policy/ratio_mean"] <= row["policy/ratio_max"]
         if config.policy.loss == "awr":

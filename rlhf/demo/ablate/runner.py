@@ -27,7 +27,7 @@ import torch
 
 from rlhf.config import PRESETS, ConfigError, RLConfig, deep_merge, from_dict, load_config, to_dict
 from rlhf.demo.ablate.report import aggregate, markdown_table, print_ablation, write_ablation_report
-from rlhf.demo.ablate.tricks import Variant, variants
+from rlhf.demo.ablate.tricks import OPTIONAL_TRICKS, Variant, variants
 from rlhf.demo.run import DEMO_RL, DemoConfig, demo_config, load_stage, prepare_stage, run_one
 
 # The scale of the demo's runs (tiny models want large rates, rlhf/demo/run.py DEMO_RL); everything
@@ -51,8 +51,9 @@ def run_ablation(
     config_file: str | None = None,
     overrides: list[str] | None = None,
     quiet: bool = False,
+    extra_tricks: tuple[str, ...] = (),
 ) -> int:
-    _check_args(preset, seeds, jobs, kl_budget)
+    _check_args(preset, seeds, jobs, kl_budget, extra_tricks)
     cfg = demo_config(config_file, overrides or [])
     settings = deep_merge(ABLATE_RL, cfg.rl)  # every run's RL settings under its trick switch
     run_cfg = dataclasses.replace(cfg, rl={})  # cfg.rl is in `settings`, below the switch
@@ -62,7 +63,7 @@ def run_ablation(
         torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
     stage = _stage(cfg, out_dir, say, quiet)
-    all_variants, skipped = variants(preset, settings)
+    all_variants, skipped = variants(preset, settings, extra=extra_tricks)
     run_key = {
         "preset": preset,
         "settings": settings,
@@ -107,7 +108,12 @@ def run_ablation(
     return 0
 
 
-def _check_args(preset: str, seeds: int, jobs: int, kl_budget: float) -> None:
+def _check_args(preset: str, seeds: int, jobs: int, kl_budget: float, extra: tuple[str, ...] = ()) -> None:
+    unknown = [name for name in extra if name not in OPTIONAL_TRICKS]
+    if unknown:
+        raise ConfigError(
+            f"--add-trick {unknown[0]!r} is not an optional trick. Fix: one of {', '.join(OPTIONAL_TRICKS)}."
+        )
     if preset not in PRESETS:
         raise ConfigError(f"--preset {preset!r} is not a preset. Fix: one of {', '.join(PRESETS)}.")
     if (

@@ -18,6 +18,8 @@ class Trick:
     off: dict  # nested RLConfig overrides that switch the trick off
     on: dict | None  # ... that switch it on, for a preset that leaves it off (None: never added)
     needs_ptx_data: bool = False  # only meaningful with data.ptx (absent on the built-in world)
+    optional: bool = False  # not a PPO paper trick: a variant only when named (`rlhf ablate --add-trick`)
+    losses: tuple[str, ...] = ()  # the policy losses it acts on (empty: any)
 
     def fields(self) -> set[str]:
         return set(_leaves(self.off))
@@ -64,7 +66,15 @@ TRICKS: tuple[Trick, ...] = (
         "small_buffer", "PPO paper §5.3.2, §5.4", {"train": {"buffer_size": 4}}, {"train": {"buffer_size": 1}}
     ),
     Trick("ptx", "PPO paper §5.4", {"policy": {"ptx_coef": 0.0}}, None, needs_ptx_data=True),
-)
+    # the switches of later papers, ablated when named (docs/algorithms.md §42-43)
+    Trick("clip_cov", "Cui et al. 2025 §4.3", {"policy": {"cov_control": "none"}},
+          {"policy": {"cov_control": "clip_cov"}}, optional=True, losses=("ppo",)),
+    Trick("kl_cov", "Cui et al. 2025 §4.3", {"policy": {"cov_control": "none"}},
+          {"policy": {"cov_control": "kl_cov"}}, optional=True, losses=("ppo",)),
+    Trick("rollout_correction", "Yao et al. 2025 (truncated IS)", {"rollout": {"correction": {"enabled": False}}},
+          {"rollout": {"correction": {"enabled": True}}}, optional=True),
+)  # fmt: skip
+OPTIONAL_TRICKS = tuple(t.name for t in TRICKS if t.optional)
 
 
 @dataclass(frozen=True)
@@ -82,12 +92,21 @@ def _leaves(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def variants(preset: str, settings: dict, *, has_ptx_data: bool = False) -> tuple[list[Variant], list[dict]]:
+def variants(
+    preset: str, settings: dict, *, has_ptx_data: bool = False, extra: tuple[str, ...] = ()
+) -> tuple[list[Variant], list[dict]]:
     """(the full preset and one variant per trick, the tricks skipped with the reason), for `preset`
-    resolved with `settings` (nested RLConfig overrides, e.g. the ablation's model-scale rates)."""
-    full = _leaves(to_dict(load_config(RLConfig, preset=preset, overrides=settings)))
+    resolved with `settings` (nested RLConfig overrides, e.g. the ablation's model-scale rates);
+    `extra`: the optional tricks to ablate too (OPTIONAL_TRICKS)."""
+    config = load_config(RLConfig, preset=preset, overrides=settings)
+    full = _leaves(to_dict(config))
     out, skipped = [Variant("full")], []
     for trick in TRICKS:
+        if trick.optional and trick.name not in extra:
+            continue  # named with --add-trick only
+        if trick.losses and config.policy.loss not in trick.losses:
+            skipped.append({"trick": trick.name, "reason": f"acts on the {'/'.join(trick.losses)} loss only"})
+            continue
         if trick.needs_ptx_data and not has_ptx_data:
             skipped.append({"trick": trick.name, "reason": "no ptx data (data.ptx) on the built-in world"})
             continue

@@ -16,6 +16,7 @@ clipping and NaN guard are the learner's engine (rlhf/train/learner.py `Learner.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -26,12 +27,15 @@ from torch import nn
 
 from rlhf.config import OptimConfig, PolicyLossConfig
 from rlhf.core import (
+    covariance_selection,
     entropy_target_gate,
     entropy_target_loss,
     kl_estimate,
+    loss_unit_count,
     masked_mean,
     policy_loss,
     policy_loss_params,
+    policy_loss_unit,
     value_loss,
 )
 from rlhf.data.collate import PtxBatches, left_pad
@@ -158,14 +162,25 @@ class Policy(Learner):
         return scored_in_chunks(lambda s: self.module(s, temperature)[0], sequences, self, self.module)
 
     # -- training ------------------------------------------------------------------------------
-    def train_step(self, minibatch: Experience, total_tokens: float | None = None) -> dict[str, float]:
+    def train_step(
+        self, minibatch: Experience, total_tokens: float | None = None, total_rows: float | None = None
+    ) -> dict[str, float]:
         """One optimizer step on `minibatch` (every rank passes the whole minibatch: the engine takes
-        this rank's rows); `total_tokens`: the denominator of its token mean (`loss_denominator`)."""
+        this rank's rows); `total_tokens`: the denominator of its token mean (`loss_denominator`);
+        `total_rows`: of a row-mean loss (None: the minibatch's rows with a valid token)."""
         self.model.train(False)  # dropout stays off: the first ratio is exactly 1
         total = self.loss_denominator(minibatch) if total_tokens is None else total_tokens
+        minibatch = self.with_cov_selection(minibatch)
         stats = StepStats()
         gate = self.entropy_gate(minibatch, total, stats)  # None: the plain entropy bonus
-        losses = [partial(self.policy_terms, stats=stats, entropy_gate=gate)]
+        # a loss that is a mean over rows (GSPO) is divided by the minibatch's rows with a valid token:
+        # the same value and gradient for any split into micro-batches and ranks (algorithms.md §18)
+        rows_total = None
+        if policy_loss_unit(self.loss.loss) == "rows":
+            rows_total = (
+                loss_unit_count(minibatch.response_mask, "rows") if total_rows is None else total_rows
+            )
+        losses = [partial(self.policy_terms, stats=stats, entropy_gate=gate, rows_total=rows_total)]
         if self.joint_value is not None:  # a pass of its own: the policy's graph freed before it
             losses.append(partial(self.value_term, stats=stats))
         then = [partial(self.ptx_term, stats)] if self.with_ptx else []
@@ -173,13 +188,23 @@ class Policy(Learner):
         return {**stats.result(self.peers), **step_metrics("policy", grad_norm)}
 
     def policy_terms(
-        self, micro: MicroBatch, stats: StepStats, entropy_gate: float | None = None
+        self,
+        micro: MicroBatch,
+        stats: StepStats,
+        entropy_gate: float | None = None,
+        rows_total: float | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """This micro-batch's weighted policy loss, entropy term and KL-in-loss, its stats recorded:
         the bonus -entropy_coef * H (PPO paper §5.3.2), or entropy_coef * gate * H, whose gradient
         summed over the micro-batches is that of entropy_coef * max(|H - target| - clip, 0) (PPO
-        paper appendix B.3)."""
+        paper appendix B.3). `micro.weight` is the micro-batch's share of the step's tokens; with
+        `rows_total` (a loss whose unit is rows) the policy loss is weighted by its share of the rows."""
         p, rows, weight = self.loss, micro.rows, micro.weight
+        pg_weight = weight
+        if rows_total is not None:  # the micro-batch's rows with a valid token over the minibatch's
+            pg_weight = (
+                0.0 if micro.filler else loss_unit_count(rows.response_mask, "rows") / max(rows_total, 1.0)
+            )
         entropy_weight = -p.entropy_coef if entropy_gate is None else p.entropy_coef * entropy_gate
         logp, entropy = self.train_forward(  # a training pass (under ddp: through DDP)
             rows.sequences,
@@ -190,11 +215,14 @@ class Policy(Learner):
         # ratio pi/pi_old, clipped (PPO), or APA's / AWR's loss: `policy.loss`
         pg_loss, pg_stats = policy_loss(
             p.loss, logp, rows.old_logp, rows.ref_logp, rows.advantages, rows.response_mask,
-            **policy_loss_params(p.loss, p),
+            **policy_loss_params(p.loss, p), **cov_params(p, rows),
         )  # fmt: skip
         mean_entropy = masked_mean(entropy, rows.response_mask)
-        stats.add({**pg_stats, "loss": pg_loss.detach(), "entropy": mean_entropy.detach()}, weight, "policy")
-        loss = pg_loss + entropy_weight * mean_entropy
+        stats.add({**pg_stats, "loss": pg_loss.detach()}, pg_weight, "policy")
+        stats.add({"entropy": mean_entropy.detach()}, weight, "policy")
+        # the engine weights the micro-batch by its token share; a row-mean loss by its row share instead
+        pg_scale = 1.0 if rows_total is None else (pg_weight / weight if weight > 0 else 0.0)
+        loss = pg_scale * pg_loss + entropy_weight * mean_entropy
         if p.kl_loss_coef > 0:  # KL to the reference in the loss, GRPO eq. 3 (docs/algorithms.md §28)
             kl = masked_mean(
                 kl_estimate(logp, rows.ref_logp, p.kl_loss_estimator, rows.response_mask), rows.response_mask
@@ -232,6 +260,20 @@ class Policy(Learner):
         term = entropy_target_loss(torch.tensor(mean_entropy), p.entropy_target, p.entropy_clip)
         stats.add({"entropy_target_loss": term}, 1.0, "policy")
         return entropy_target_gate(mean_entropy, p.entropy_target, p.entropy_clip)
+
+    def with_cov_selection(self, minibatch: Experience) -> Experience:
+        """`policy.cov_control` clip_cov / kl_cov: the minibatch with its selected tokens (`cov_mask`),
+        chosen on the whole minibatch before it is split (a batch statistic, as §18 requires) from
+        the rollout's log-probs; Clip-Cov's draw seeded by the step's count, the same on every rank."""
+        p = self.loss
+        if p.cov_control == "none":
+            return minibatch
+        draw = torch.Generator().manual_seed(1_000_003 * int(self.scheduler.last_epoch) + 17)
+        chosen = covariance_selection(
+            minibatch.old_logp, minibatch.advantages, minibatch.response_mask, p.cov_control, p.cov_ratio,
+            low=p.clip_cov_low, high=p.clip_cov_high, generator=draw,
+        )  # fmt: skip
+        return dataclasses.replace(minibatch, cov_mask=chosen.to(minibatch.response_mask.dtype))
 
     def loss_denominator(self, minibatch: Experience) -> float:
         """What the minibatch's summed token losses are divided by: its valid tokens (token mean), or
@@ -276,6 +318,15 @@ class Policy(Learner):
         self.generator.set_state(state["sample_generator"])
         if self.ptx is not None and "ptx_generator" in state:
             self.ptx.generator.set_state(state["ptx_generator"])
+
+
+def cov_params(p: PolicyLossConfig, rows: Experience) -> dict[str, Any]:
+    """The ppo loss's Clip-Cov / KL-Cov parameters for these rows (docs/algorithms.md §42); {} when off."""
+    if p.cov_control == "none":
+        return {}
+    if p.cov_control == "clip_cov":
+        return {"cov_detach": rows.cov_mask}
+    return {"cov_kl": rows.cov_mask, "cov_kl_coef": p.kl_cov_coef}
 
 
 def value_micro_loss(

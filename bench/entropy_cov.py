@@ -1,4 +1,4 @@
-"""Policy entropy per iteration with and without Clip-Cov / KL-Cov (docs/algorithms.md §42) on the
+"""Policy entropy per iteration with and without Clip-Cov / KL-Cov (docs/algorithms.md §43) on the
 arithmetic task (rlhf/worlds/arithmetic.py; examples/arithmetic/run.py: a tiny Llama, the verifier
 as the only reward, GRPO without its KL term).
 

@@ -76,7 +76,7 @@ PER_ALGORITHM = {
     "reinforce_pp": {"rollout": {"samples_per_prompt": 1, "batch_size": 256}},
     # DAPO as shipped: its overlong ramp is a fifth of the 4-token budget, the last token (-1 without EOS)
     "dapo": {},
-    # GSPO and CISPO as shipped (docs/algorithms.md §40-41)
+    # GSPO and CISPO as shipped (docs/algorithms.md §41-42)
     "gspo": {},
     "cispo": {},
     # PPO-max: a critic from the SFT trunk (there is no reward model to start it from)

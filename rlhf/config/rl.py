@@ -275,7 +275,7 @@ class RLConfig:
         self._validate_correction(prefix)
 
     def _validate_correction(self, prefix: str) -> None:
-        """Rollout correction weighs the trainer's old log-probs against the sampler's (§43)."""
+        """Rollout correction weighs the trainer's old log-probs against the sampler's (§44)."""
         rollout, key = self.rollout, f"{prefix}rollout.correction.enabled"
         if not rollout.correction.enabled:
             return

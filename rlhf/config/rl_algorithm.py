@@ -104,9 +104,9 @@ class PolicyLossConfig:
     # the upper bound's epsilon; None: clip_eps. DAPO's clip-higher 0.28 (DAPO paper §3.1; docs/algorithms.md §35)
     clip_eps_high: float | None = None
     dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages; None: off
-    # cispo: its weight's lower bound 1 - this; None: none (MiniMax-M1 §3.1; docs/algorithms.md §41)
+    # cispo: its weight's lower bound 1 - this; None: none (MiniMax-M1 §3.1; docs/algorithms.md §42)
     cispo_clip_eps_low: float | None = None
-    # Clip-Cov / KL-Cov on the ppo loss (Cui et al. 2025 §4.3; docs/algorithms.md §42): "none" | "clip_cov"
+    # Clip-Cov / KL-Cov on the ppo loss (Cui et al. 2025 §4.3; docs/algorithms.md §43): "none" | "clip_cov"
     # (detach the gradient of a random cov_ratio of the tokens whose covariance lies in
     # (clip_cov_low, clip_cov_high)) | "kl_cov" (penalise |logp - old_logp| on the top cov_ratio)
     cov_control: Literal["none", "clip_cov", "kl_cov"] = "none"
@@ -166,7 +166,7 @@ class PolicyLossConfig:
         at_least(self.kl_loss_coef, 0, f"{prefix}kl_loss_coef", " (0: no KL term in the loss)")
 
     def _validate_new_losses(self, prefix: str) -> None:
-        """GSPO's row mean, CISPO's bounds, Clip-Cov/KL-Cov's settings (docs/algorithms.md §40-42)."""
+        """GSPO's row mean, CISPO's bounds, Clip-Cov/KL-Cov's settings (docs/algorithms.md §41-43)."""
         if self.loss == "cispo" and self.clip_eps_high is None:
             refuse(
                 f"{prefix}loss cispo caps its importance weight at 1 + {prefix}clip_eps_high, which is null. "

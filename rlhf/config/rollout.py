@@ -16,7 +16,7 @@ MIN_USEFUL_TEMPERATURE = 0.05  # below it the sampled tokens' probabilities are 
 @dataclass
 class RolloutCorrectionConfig:
     """Importance weights from the sampler's log-probs to the trainer's, on the advantages
-    (rlhf/core/rollout_correction.py; docs/algorithms.md §43)."""
+    (rlhf/core/rollout_correction.py; docs/algorithms.md §44)."""
 
     enabled: bool = False  # weight each token by pi_trainer / pi_sampler (the sampler returns its log-probs)
     level: Literal["token", "sequence"] = "token"  # per token, or the row's product on each of its tokens

@@ -1,5 +1,5 @@
 """CISPO (MiniMax, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention",
-arXiv 2506.13585 §3.1, eq. 4-5; docs/algorithms.md §41): a REINFORCE loss whose tokens are weighted
+arXiv 2506.13585 §3.1, eq. 4-5; docs/algorithms.md §42): a REINFORCE loss whose tokens are weighted
 by a clipped importance weight with no gradient, so that no token drops out of the gradient as it
 does where PPO's clip binds:
 

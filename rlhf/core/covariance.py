@@ -1,5 +1,5 @@
 """Clip-Cov and KL-Cov's token selection (Cui et al. 2025, "The Entropy Mechanism of Reinforcement
-Learning for Reasoning Language Models", arXiv 2505.22617 §4.3; docs/algorithms.md §42).
+Learning for Reasoning Language Models", arXiv 2505.22617 §4.3; docs/algorithms.md §43).
 
 The entropy change of a softmax policy under policy gradient follows the covariance of a token's
 log-prob and its advantage (the paper's §3); a few tokens of high covariance drive the entropy down.

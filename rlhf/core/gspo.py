@@ -1,5 +1,5 @@
 """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv 2507.18071 §4.1, eq. 5-7;
-docs/algorithms.md §40): PPO's clipped surrogate on one importance ratio per response, the geometric
+docs/algorithms.md §41): PPO's clipped surrogate on one importance ratio per response, the geometric
 mean of its token ratios, instead of one per token.
 
 For row i with n_i >= 1 valid tokens:

@@ -250,7 +250,7 @@ def ppo_loss(
     ratio_against: the importance-sampling denominator, "old" (behaviour policy, the default) or
         "ref" (the reference policy: PPO paper §5.3.2, "infinite experience buffer").
     cov_detach, cov_kl: Clip-Cov and KL-Cov (Cui et al. 2025, arXiv 2505.22617 §4.3; docs/algorithms.md
-        §42), `[B, T]` 0/1 selections (rlhf/core/covariance.py `covariance_selection`): Clip-Cov keeps the
+        §43), `[B, T]` 0/1 selections (rlhf/core/covariance.py `covariance_selection`): Clip-Cov keeps the
         selected tokens' loss but detaches its gradient; KL-Cov adds ``cov_kl_coef * |logp - old_logp|``
         to the selected tokens' loss. Stats cov_fraction (selected tokens) when either is given.
     Stats: clip_fraction (tokens where either bound binds: the clipped term is the larger),

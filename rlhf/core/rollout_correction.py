@@ -1,5 +1,5 @@
 """Rollout correction: importance weights from the sampler's numerics to the trainer's (docs/algorithms.md
-§43; truncated importance sampling of Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+§44; truncated importance sampling of Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
 Off-Policy RL Training", and its masked and sequence-level variants in verl and slime).
 
 The sampler (a KV-cached decode, another kernel or dtype or engine) draws tokens from pi_sampler; the

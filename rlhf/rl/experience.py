@@ -34,7 +34,7 @@ class Experience:
     # [B, T] decoupled PPO's weight of each token, pi_prox / pi_behav truncated (docs/algorithms.md
     # §34), for rollouts sampled by an older policy (rollout.max_staleness); None: 1 everywhere
     is_weights: torch.Tensor | None = None
-    # [B, T] 0/1: the tokens Clip-Cov / KL-Cov selected in this minibatch (docs/algorithms.md §42), set by
+    # [B, T] 0/1: the tokens Clip-Cov / KL-Cov selected in this minibatch (docs/algorithms.md §43), set by
     # the policy's step (policy.cov_control); None: 0 everywhere
     cov_mask: torch.Tensor | None = None
 

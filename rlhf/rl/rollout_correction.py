@@ -1,4 +1,4 @@
-"""Rollout correction in the loop (`rollout.correction.*`; docs/algorithms.md §43): each token's
+"""Rollout correction in the loop (`rollout.correction.*`; docs/algorithms.md §44): each token's
 surrogate weight in the Experience (`is_weights`, which multiply the advantages) composed of
 decoupled PPO's staleness weight (§34) and the sampler -> trainer correction.
 

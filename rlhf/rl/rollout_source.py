@@ -77,7 +77,7 @@ class SampledRollouts:
         started = time.perf_counter()
         prompts, group, rows = self.draw_prompts()
         # the sampler's log-probs: trained on (rollout.logprobs_from_sampler), corrected against
-        # (rollout.correction, §43) or measured (mismatch/*)
+        # (rollout.correction, §44) or measured (mismatch/*)
         r = self.config.rollout
         from_sampler = r.logprobs_from_sampler or r.correction.enabled or self.mismatch.due(iteration)
         rollout = self.runtime.generate(prompts, from_sampler)

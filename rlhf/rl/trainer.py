@@ -194,7 +194,7 @@ class RLTrainer:
                 old_logp, rollout.logprobs, mask, c.policy.is_truncation
             )
             async_metrics["async/staleness"] = scored.behind
-        is_weights, correction_metrics = corrected_weights(  # sampler -> trainer (§43)
+        is_weights, correction_metrics = corrected_weights(  # sampler -> trainer (§44)
             c.rollout.correction, is_weights, old_logp, rollout.logprobs, mask, self.asynchronous)  # fmt: skip
         t1 = time.perf_counter()
         # score reparameterization (PPO paper §5.3.1): running moments updated with this batch first
@@ -257,7 +257,7 @@ class RLTrainer:
                     minibatch.advantages, minibatch.response_mask, c.advantage.whiten, c.advantage.clip
                 )
                 if (self.asynchronous or c.rollout.correction.enabled) and minibatch.is_weights is not None:
-                    # decoupled PPO and rollout correction: each token's surrogate weighted (§34, §43;
+                    # decoupled PPO and rollout correction: each token's surrogate weighted (§34, §44;
                     # None never: Experience sets 1s when not given)
                     minibatch.advantages = minibatch.advantages * minibatch.is_weights
                 minibatches.append(minibatch)

@@ -1,5 +1,5 @@
 """GSPO, CISPO, the Clip-Cov/KL-Cov switch of the PPO loss and the loss units, against plain float64
-loops (docs/algorithms.md §40-42): masks, garbage at padding, a batch of one, fully masked rows."""
+loops (docs/algorithms.md §41-43): masks, garbage at padding, a batch of one, fully masked rows."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_gspo_batch_of_one_and_fully_masked() -> None:
     logp.requires_grad_(True)
     loss, stats = policy_loss("gspo", logp, old, None, adv, empty)
     loss.backward()
-    assert float(loss) == 0 and logp.grad.abs().max() == 0 and float(stats["ratio_mean"]) == 0
+    assert float(loss.detach()) == 0 and logp.grad.abs().max() == 0 and float(stats["ratio_mean"]) == 0
 
 
 def cispo_loop(logp, old, adv, mask, eps_low, eps_high):

@@ -1,4 +1,4 @@
-"""rollout_correction (docs/algorithms.md §43) and the covariance selection of Clip-Cov/KL-Cov (§42)
+"""rollout_correction (docs/algorithms.md §44) and the covariance selection of Clip-Cov/KL-Cov (§43)
 against plain float64 loops: padding never read, a batch of one, fully masked rows."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GSPO's row mean and CISPO's token mean through the policy's step: the same loss value and gradient
-for any split into micro-batches and between workers (docs/algorithms.md §18, §40-41), and
-Clip-Cov/KL-Cov's selection made once per minibatch (§42)."""
+for any split into micro-batches and between workers (docs/algorithms.md §18, §41-42), and
+Clip-Cov/KL-Cov's selection made once per minibatch (§43)."""
 
 from __future__ import annotations
 

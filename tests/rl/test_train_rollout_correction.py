@@ -1,4 +1,4 @@
-"""Rollout correction in the loop (docs/algorithms.md §43): its composition with decoupled PPO's
+"""Rollout correction in the loop (docs/algorithms.md §44): its composition with decoupled PPO's
 staleness weights, and `rollout.correction.enabled` reaching the Experience and the metrics."""
 
 from __future__ import annotations

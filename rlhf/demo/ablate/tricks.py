@@ -66,7 +66,7 @@ TRICKS: tuple[Trick, ...] = (
         "small_buffer", "PPO paper §5.3.2, §5.4", {"train": {"buffer_size": 4}}, {"train": {"buffer_size": 1}}
     ),
     Trick("ptx", "PPO paper §5.4", {"policy": {"ptx_coef": 0.0}}, None, needs_ptx_data=True),
-    # the switches of later papers, ablated when named (docs/algorithms.md §42-43)
+    # the switches of later papers, ablated when named (docs/algorithms.md §43-44)
     Trick("clip_cov", "Cui et al. 2025 §4.3", {"policy": {"cov_control": "none"}},
           {"policy": {"cov_control": "clip_cov"}}, optional=True, losses=("ppo",)),
     Trick("kl_cov", "Cui et al. 2025 §4.3", {"policy": {"cov_control": "none"}},

@@ -321,7 +321,7 @@ class Policy(Learner):
 
 
 def cov_params(p: PolicyLossConfig, rows: Experience) -> dict[str, Any]:
-    """The ppo loss's Clip-Cov / KL-Cov parameters for these rows (docs/algorithms.md §42); {} when off."""
+    """The ppo loss's Clip-Cov / KL-Cov parameters for these rows (docs/algorithms.md §43); {} when off."""
     if p.cov_control == "none":
         return {}
     if p.cov_control == "clip_cov":

@@ -21,6 +21,7 @@ from rlhf.config import presets
 from rlhf.config.checks import device_names
 from rlhf.config.errors import ConfigError
 from rlhf.config.fields import coerce, is_group, type_hints
+from rlhf.config.keys import refuse_inapplicable, spec_of
 
 
 def parse_overrides(args: list[str]) -> dict:
@@ -88,7 +89,8 @@ def from_dict(
         _root = cls
     base = cls() if base is None else copy.deepcopy(base)  # never share lists with the caller's base
     hints = type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    names = set(fields)
     changes = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
@@ -99,7 +101,9 @@ def from_dict(
                 hints[key], value, origin=origin, prefix=f"{dotted}.", base=getattr(base, key), _root=_root
             )
         else:
-            changes[key] = coerce(hints[key], value, dotted, origin, getattr(base, key))
+            rng = spec_of(fields[key]).range
+            within = rng.words() if rng else ""
+            changes[key] = coerce(hints[key], value, dotted, origin, getattr(base, key), within)
     return dataclasses.replace(base, **changes)
 
 
@@ -169,6 +173,8 @@ def load_config(
         from_dict(cls, overrides, origin="command line")
         merged = deep_merge(merged, overrides)
     config = from_dict(cls, merged, origin=f"preset {preset}" if preset else "config")
+    # a key the user set where it cannot apply (a preset's or a default's value stays silent)
+    refuse_inapplicable(config, [(str(file), file_data), ("command line", overrides)])
     try:
         config.validate()
         device_names(config)

@@ -163,7 +163,7 @@ class RLTrainer:
         self.asynchronous = c.rollout.max_staleness > 0
         self.pending: list[PendingRollout] = []
         self.batch_indices: list[int] = []  # the prompt file's rows of the rollout being scored
-        self.pretrain_done = c.critic.pretrain_iterations == 0
+        self.pretrain_done = c.critic.pretrain_iterations == 0 or not c.uses_critic  # a preset's, unused
         self.pretrain_state = PretrainState()
         self.skipped_streak = SkippedStepStreak()
         self.detector = collapse_detector(c)

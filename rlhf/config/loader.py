@@ -21,7 +21,7 @@ from rlhf.config import presets
 from rlhf.config.checks import device_names
 from rlhf.config.errors import ConfigError
 from rlhf.config.fields import coerce, is_group, type_hints
-from rlhf.config.keys import refuse_inapplicable, spec_of
+from rlhf.config.keys import leaf_keys, refuse_inapplicable, spec_of
 
 
 def parse_overrides(args: list[str]) -> dict:
@@ -95,7 +95,11 @@ def from_dict(
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(_unknown_key_message(_root, cls, key, dotted, origin, prefix))
+            leaf = next(leaf_keys({key: value}, prefix), dotted)  # `--kl.beta`: kl.beta, not kl
+            raise ConfigError(
+                _other_stage_message(_root, leaf, origin)
+                or _unknown_key_message(_root, cls, key, dotted, origin, prefix)
+            )
         if is_group(hints[key]):
             changes[key] = from_dict(
                 hints[key], value, origin=origin, prefix=f"{dotted}.", base=getattr(base, key), _root=_root
@@ -116,6 +120,25 @@ def _unknown_key_message(root: type, cls: type, key: str, dotted: str, origin: s
     hint = f" Did you mean {close[0]!r}?" if close else ""
     drop = f"drop --{dotted}, or use" if origin == "command line" else "use"
     return f"{origin}: unknown key {dotted!r}.{hint} Fix: {drop} a valid key; here: {', '.join(valid)}."
+
+
+def _other_stage_message(root: type, dotted: str, origin: str) -> str | None:
+    """A key of another command's config ("kl.beta is a key of `rlhf train`, not of `rlhf dpo`"),
+    rather than the nearest spelling of an unrelated key of this one."""
+    from rlhf.config.stages import STAGE_CONFIGS, stage_of
+
+    mine = stage_of(root)
+    if mine is None:
+        return None
+    owners = [name for name, cls in STAGE_CONFIGS.items() if name != mine and dotted in all_keys(cls)]
+    if not owners:
+        return None
+    commands = " and ".join(f"`rlhf {name}`" for name in owners)
+    drop = f"drop --{dotted}" if origin == "command line" else f"remove {dotted} from {origin}"
+    return (
+        f"{origin}: {dotted} is a key of {commands}, not of `rlhf {mine}`. Fix: {drop}, or run "
+        f"`rlhf {owners[0]}` with it (`rlhf config {mine}` lists the keys of `rlhf {mine}`)."
+    )
 
 
 def all_keys(cls: type, prefix: str = "") -> list[str]:

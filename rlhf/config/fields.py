@@ -11,6 +11,7 @@ A field's choices come from its own annotation only: `policy_optim.schedule` has
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import types
@@ -48,8 +49,10 @@ AdvantageEstimator = Annotated[str, Registry(ESTIMATORS)]  # rlhf.core.advantage
 PolicyLossName = Annotated[str, Registry(POLICY_LOSSES)]  # rlhf.core.losses
 
 
+@functools.cache
 def type_hints(cls: type) -> dict[str, Any]:
-    """The resolved annotations of a config class, `Annotated` metadata kept."""
+    """The resolved annotations of a config class, `Annotated` metadata kept (read once per class:
+    resolving them is most of the cost of reading a config)."""
     return typing.get_type_hints(cls, include_extras=True)
 
 

@@ -106,7 +106,7 @@ class Range:
             found.append(low - step if low_in else low)
         if math.isfinite(high):
             found.append(high + step if high_in else high)
-        return found
+        return [int(v) for v in found] if integer else found
 
 
 @dataclass(frozen=True)

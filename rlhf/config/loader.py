@@ -21,7 +21,7 @@ from rlhf.config import presets
 from rlhf.config.checks import device_names
 from rlhf.config.errors import ConfigError
 from rlhf.config.fields import coerce, is_group, type_hints
-from rlhf.config.keys import leaf_keys, refuse_inapplicable, spec_of
+from rlhf.config.keys import leaf_keys, numeric_kind, refuse_inapplicable, spec_of
 
 
 def parse_overrides(args: list[str]) -> dict:
@@ -105,9 +105,11 @@ def from_dict(
                 hints[key], value, origin=origin, prefix=f"{dotted}.", base=getattr(base, key), _root=_root
             )
         else:
-            rng = spec_of(fields[key]).range
+            rng, example = spec_of(fields[key]).range, getattr(base, key)
+            if rng is not None and example is None:  # an optional number: a value inside its range
+                example = rng.example(numeric_kind(hints[key]) is int)
             within = rng.words() if rng else ""
-            changes[key] = coerce(hints[key], value, dotted, origin, getattr(base, key), within)
+            changes[key] = coerce(hints[key], value, dotted, origin, example, within)
     return dataclasses.replace(base, **changes)
 
 

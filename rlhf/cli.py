@@ -649,8 +649,8 @@ def check_fresh_out(out: str, stage: str, config_file: str | None) -> None:
     from rlhf.rundir.outputs import check_out_holds_nothing_of_yours
 
     refuse_if_in_use(out)  # a run writing there now is said first
+    check_out_holds_nothing_of_yours(out, stage, config_file)  # another stage's run, a model, your files
     check_fresh_run_dir(out, resumable=stage in ("train", *RESUMABLE_SUPERVISED))
-    check_out_holds_nothing_of_yours(out, stage, config_file)
 
 
 def _refuse_reward_model_as_policy(policy: str, flag: str = "--policy", stage: str = "train") -> None:

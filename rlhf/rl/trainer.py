@@ -63,7 +63,8 @@ from rlhf.rundir.termination import finish_first
 from rlhf.runtime.protocol import Ready, RolloutHandle, Runtime
 from rlhf.train.guards import (
     NONFINITE_GRADIENTS,
-    NonFiniteScoresError,
+    SkippedStepStreak,
+    loss_scale_fix,
     require_finite_scores,
     require_finite_tokens,
 )
@@ -481,9 +482,8 @@ class RLTrainer:
     def nonfinite_fix(self) -> str:
         c = self.config
         return (
-            f"a forward or a gradient went non-finite (dtype {c.dtype}, device {c.train.device}): "
-            "see policy/ and value/skipped_step_fraction and the losses in metrics.jsonl; start again with "
-            "--dtype float32, or lower --policy_optim.lr / --critic_optim.lr."
+            f"a forward or a gradient went non-finite (device {c.train.device}): see policy/ and "
+            f"value/skipped_step_fraction and the losses in metrics.jsonl; start again and {loss_scale_fix(c)}"
         )
 
     def experience_metrics(
@@ -718,21 +718,3 @@ def minibatch_advantages(
     if whiten:
         advantages = masked_whiten(advantages, mask)
     return advantages if clip is None else advantages.clamp(-clip, clip)
-
-
-class SkippedStepStreak:
-    """Stops a run whose learner skipped every optimizer step (NaN/inf gradients, rlhf/train/learner.py)
-    in `patience` updates in a row: its weights no longer change, so going on only burns compute."""
-
-    def __init__(self, patience: int = 3) -> None:
-        self.patience = patience
-        self.streaks: dict[str, int] = {}
-
-    def update(self, role: str, skipped_fraction: float, iteration: int, fix: str) -> None:
-        self.streaks[role] = self.streaks.get(role, 0) + 1 if skipped_fraction >= 1.0 else 0
-        if self.streaks[role] >= self.patience:
-            raise NonFiniteScoresError(
-                f"the {role} skipped every optimizer step for NaN/inf gradients in {self.patience} updates in a "
-                f"row (to iteration {iteration}): its weights stopped changing. The last checkpoint holds the "
-                f"weights before. Fix: {fix}"
-            )

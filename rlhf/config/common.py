@@ -16,9 +16,8 @@ class LoraConfig:
     enabled: bool = False  # train LoRA adapters instead of all weights (PEFT)
     r: int = setting(8, ">= 1", when=LORA_ON)  # adapter rank
     alpha: int = setting(16, "> 0", when=LORA_ON)  # adapter scaling numerator
-    dropout: float = setting(
-        0.0, "[0, 1)", when=LORA_ON
-    )  # adapter dropout (keep 0 for an exact first PPO ratio)
+    # adapter dropout (keep 0 for an exact first PPO ratio)
+    dropout: float = setting(0.0, "[0, 1)", when=LORA_ON)
     # None: PEFT's default for the architecture (Llama: q_proj, v_proj)
     target_modules: list[str] | None = setting(None, when=LORA_ON)
 

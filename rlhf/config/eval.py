@@ -35,9 +35,8 @@ class EvalDataConfig:
     # held-out preference pairs: the judge-free verdict from human labels, eval.json's "pairs"
     # (--pairs; docs/algorithms.md §38); with no --prompts, the only figures
     pairs: str = ""
-    pairs_n: int | None = setting(
-        None, ">= 1", when=WITH_PAIRS
-    )  # the first N valid pairs; None: every one (--pairs-n)
+    # the first N valid pairs; None: every one (--pairs-n)
+    pairs_n: int | None = setting(None, ">= 1", when=WITH_PAIRS)
     pairs_batch_size: int = setting(8, ">= 1", when=WITH_PAIRS)  # pairs per forward of the verdict
     # response budget of the pairs in tokens (longer ones right-truncated, EOS kept); None: the --policy
     # run's data.max_response_tokens from its config.yaml, else the --baseline run's, else 512

@@ -129,23 +129,19 @@ class RuntimeConfig:
 
 @dataclass
 class CollapseConfig:
-    kl_rise: float | None = setting(
-        3.0, "> 0"
-    )  # KL to the reference reaches this multiple of its early baseline
+    # KL to the reference reaches this multiple of its early baseline
+    kl_rise: float | None = setting(3.0, "> 0")
     # the KL baseline counts as at least this (nats per response)
     kl_floor: float = setting(0.5, "> 0", unit="nats per response")
     # policy perplexity on its own responses falls by this fraction
     ppl_drop: float | None = setting(0.25, "(0, 1)")
-    length_drift: float | None = setting(
-        0.3, "> 0"
-    )  # mean response length moves (up or down) by this fraction
-    diversity_drop: float | None = setting(
-        0.4, "(0, 1)"
-    )  # or distinct-2 of the responses falls by this fraction
+    # mean response length moves (up or down) by this fraction
+    length_drift: float | None = setting(0.3, "> 0")
+    # or distinct-2 of the responses falls by this fraction
+    diversity_drop: float | None = setting(0.4, "(0, 1)")
     window: int = setting(5, ">= 1", unit="iterations")  # iterations in the rolling median of each signal
-    baseline_steps: int = setting(
-        5, ">= 1", unit="iterations"
-    )  # first iterations whose median is the baseline
+    # first iterations whose median is the baseline
+    baseline_steps: int = setting(5, ">= 1", unit="iterations")
     # consecutive iterations the whole signature must hold before a warning
     patience: int = setting(3, ">= 1", unit="iterations")
 

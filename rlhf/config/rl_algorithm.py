@@ -99,9 +99,8 @@ class PolicyLossConfig:
     apa_lam: float = setting(0.1, "> 0", when=When("loss", "apa"))
     # AWR temperature (the APA code's c_log = 1/lam = 0.5)
     awr_lam: float = setting(2.0, "> 0", when=When("loss", "awr"))
-    awr_max_weight: float | None = setting(
-        20.0, "> 0", when=When("loss", "awr")
-    )  # AWR weight clip; None: off
+    # AWR weight clip; None: off
+    awr_max_weight: float | None = setting(20.0, "> 0", when=When("loss", "awr"))
     # entropy bonus (PPO paper §5.3.2: sensitive, off by default)
     entropy_coef: float = setting(0.0, ">= 0")
     # with a target: the term is entropy_coef * max(|H - target| - entropy_clip, 0) instead of

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from rlhf.config.checks import refuse, required, validate_groups
 from rlhf.config.fields import Dtype
-from rlhf.config.keys import check_ranges, setting
+from rlhf.config.keys import Range, check_ranges, setting
 from rlhf.config.rm import RewardDataConfig
 
 MAX_BINS = 1000  # calibration and histogram bins: more than any figure shows
@@ -22,9 +22,10 @@ class RMEvalConfig:
     reward_model: str = ""  # reward-model directory, the --out of `rlhf rm` (--reward-model)
     data: RewardDataConfig = field(default_factory=RewardDataConfig)  # the pairs (--data: data.path)
     out: str = ""  # where rm_eval.json is written; "": in the reward-model directory (--out)
+    # score only the first N valid pairs (N >= 1, as `rlhf eval --n`); None: all (--n)
     n: int | None = setting(
-        None, ">= 1", unit="pairs"
-    )  # score only the first N valid pairs (N >= 1, as `rlhf eval --n`); None: all (--n)
+        None, Range(">= 1", "the first N pairs, as `rlhf eval --n`; leave it out to score every pair")
+    )
     batch_size: int = setting(8, ">= 1", unit="pairs")  # pairs per forward (--batch-size)
     worst: int = setting(10, ">= 0", unit="pairs")  # worst pairs (most negative margin) kept (--worst)
     # bins of sigmoid(|margin|) (--calibration-bins); more than MAX_BINS: hours of binning no figure shows

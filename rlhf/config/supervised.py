@@ -71,9 +71,8 @@ class SupervisedConfig:
     model: str = ""  # the model to train: a save_pretrained directory, a hub id (online) or a GGUF directory
     gguf_file: str | None = None  # GGUF file name inside `model` (loads through transformers)
     out: str = "runs/supervised"  # run directory
-    seed: int = setting(
-        0, "any", why="every integer seeds the generators"
-    )  # seed of data order and initialization
+    # seed of data order and initialization
+    seed: int = setting(0, "any", why="every integer seeds the generators")
     data: SupervisedDataConfig = field(default_factory=SupervisedDataConfig)
     train: SupervisedTrainConfig = field(default_factory=SupervisedTrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

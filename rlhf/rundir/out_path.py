@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf.config.stages import run_stage
+from rlhf.monitor.logger import METRICS_FILE
+from rlhf.rundir.lock import LOCK_FILE
 
+RUN_RECORDS = {LOCK_FILE, METRICS_FILE, "run_inputs.json"}  # beside config.yaml: an rlhf run wrote it
 KINDS = ("missing", "dangling_link", "file", "empty", "run", "other_run", "model", "user_files")
 
 
@@ -36,7 +39,7 @@ def classify_out(out: str | Path, stage: str) -> OutPath:
         return OutPath("user_files")  # check_writable_dir speaks for a folder that cannot be read
     if not entries:
         return OutPath("empty")
-    if "config.yaml" in entries:
+    if "config.yaml" in entries and RUN_RECORDS & set(entries):  # a run's (not a config file of yours)
         owner = run_stage(Path(path) / "config.yaml")
         if owner is not None:
             return OutPath("run" if owner == stage else "other_run", entries, owner)

@@ -35,7 +35,7 @@ RL_BAD = [
     ("checkpoint.every", "-1"),
     ("rollout.top_k", "-1"),
     ("policy_optim.lr", "0"),
-    ("critic.pretrain_patience", "0"),
+    ("critic.pretrain_iterations", "-1"),
     ("log.collapse.window", "0"),
 ]
 

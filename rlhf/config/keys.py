@@ -119,7 +119,7 @@ class When:
     key: str
     test: Any
     root: bool = False
-    says: str = ""
+    says: Any = ""  # str (with "{key}"), or a callable of the key
     fix: str = ""
     example: Any = "x"  # a value meeting a "set" or callable test (`meeting`)
 
@@ -146,6 +146,8 @@ class When:
 
     def words(self, prefix: str) -> str:
         key = self.key if self.root else prefix + self.key
+        if callable(self.says):  # read when the message is made (a registry that grows)
+            return str(self.says(key))
         if self.says:
             return self.says.format(key=key)
         test = self.test

@@ -171,3 +171,10 @@ def test_rlhf_config_prints_the_listing(capsys):
     out = capsys.readouterr().out
     assert "dpo.beta" in out and "(0, 100]" in out and "kl.beta" not in out
     assert main(["config", "dpo", "--preset", "grpo"]) == 2
+
+
+def test_a_stage_help_names_its_groups_and_the_listing(capsys):
+    with pytest.raises(SystemExit):
+        main(["dpo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "config groups: data, train, optim, lora, dist, dpo, checkpoint" in out and "rlhf config dpo" in out

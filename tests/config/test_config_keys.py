@@ -177,4 +177,6 @@ def test_a_stage_help_names_its_groups_and_the_listing(capsys):
     with pytest.raises(SystemExit):
         main(["dpo", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "config groups: data, train, optim, lora, dist, dpo, checkpoint" in out and "rlhf config dpo" in out
+    assert (
+        "config groups: data, train, optim, lora, dist, dpo, checkpoint" in out and "rlhf config dpo" in out
+    )

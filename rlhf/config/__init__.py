@@ -20,6 +20,7 @@ its range, and a key that applies only under a condition declares it (`setting(.
 
 from __future__ import annotations
 
+from rlhf.config.agent import AgentConfig
 from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
 from rlhf.config.dpo import DPOConfig, DPODataConfig, DPOLossConfig, DPOTrainConfig
 from rlhf.config.env import EnvConfig
@@ -79,6 +80,7 @@ __all__ = [
     "DistConfig",
     "EvalConfig",
     "EvalDataConfig",
+    "AgentConfig",
     "EnvConfig",
     "EvalRolloutConfig",
     "KLConfig",

@@ -1,14 +1,9 @@
-"""A run that looks fine and is not: a policy that does not move.
+"""A run that looks fine and is not: a policy that does not move (docs/monitors.md).
 
-A learning rate far too small for the model (a full-fine-tuning rate such as 5e-7 on a LoRA
-adapter, whose few weights need 1e-5 to 1e-4) gives a run whose every curve looks calm: the
-ratio stays at 1, the KL to the reference at 0, nothing is clipped, and nothing is learned.
-`StillPolicyCheck` watches the first `STILL_POLICY_ITERATIONS` iterations after the learning-rate
-warmup and reports once when the policy stayed still in every one of them:
-
-- the mean PPO ratio of the update within `STILL_RATIO` of 1,
-- |approx KL| between the sampling policy and the updated one under `STILL_KL`,
-- the KL to the reference (k3, per response) under `STILL_KL`.
+A learning rate far too small (5e-7 on a LoRA adapter, whose few weights need 1e-5 to 1e-4) gives
+calm curves and learns nothing. `StillPolicyCheck` watches the first `STILL_POLICY_ITERATIONS`
+iterations after the warmup and reports once when, in every one, the mean PPO ratio stayed within
+`STILL_RATIO` of 1, |approx KL| to the sampling policy and the k3 KL to the reference under `STILL_KL`.
 """
 
 from __future__ import annotations

@@ -308,9 +308,10 @@ def call_reward_function(
     rows: list[dict[str, Any]],
     *,
     where: str = "",
+    first_row: int = 0,
 ) -> torch.Tensor:
     """The function's rewards as a float32 [B] tensor (the dtype of the loss); any failure a
-    RewardFunctionError naming it (and the row)."""
+    RewardFunctionError naming it (and the row, counted from `first_row`)."""
     fix = "Fix: make it return one finite float per response, in order; stopped before training on it."
     size = len(prompts)
     first = f"the first: {responses[0][:60]!r} to {prompts[0][:60]!r}" if size else "no responses"
@@ -347,7 +348,7 @@ def call_reward_function(
             f"reward function {reward.name} returned shape {tuple(values.shape)} for {size} responses "
             f"({where.rstrip(', ') or 'one call'}); expected ({size},). {fix}"
         )
-    _require_finite(reward, values, prompts, responses, where, fix)
+    _require_finite(reward, values, prompts, responses, where, fix, first_row)
     return values.float()
 
 
@@ -358,6 +359,7 @@ def _require_finite(
     responses: list[str],
     where: str,
     fix: str,
+    first_row: int = 0,
 ) -> None:
     """Each value finite, and still finite in float32 once weighted (the dtype the loss uses)."""
     weighted = reward.weight * values.float()
@@ -376,7 +378,7 @@ def _require_finite(
         why = f", which times its weight {reward.weight:g} is beyond float32 (the loss's dtype)"
         fix = "Fix: lower its weight or the scale of its rewards; stopped before training on it."
     raise RewardFunctionError(
-        f"reward function {reward.name} returned {value} for row {i}{why} ({where}response "
+        f"reward function {reward.name} returned {value} for row {first_row + i}{why} ({where}response "
         f"{responses[i][:60]!r} to prompt {prompts[i][:60]!r}; {len(bad)} unusable in all). {fix}"
     )
 
@@ -391,19 +393,27 @@ def weighted_reward(
     rows: list[dict[str, Any]],
     *,
     where: str = "",
+    raw: dict[str, torch.Tensor] | None = None,
+    first_row: int = 0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(total [B], {part name: its weighted values [B]}): ``model_weight * RM + sum weight_k * fn_k``."""
+    """(total [B], {part name: its weighted values [B]}): ``model_weight * RM + sum weight_k * fn_k``;
+    `raw`, when given, receives each function's own values (unweighted, by name); a message counts
+    the rows from `first_row`."""
     parts: dict[str, torch.Tensor] = {}
     if model_scores is not None:
         parts["reward_model"] = model_weight * model_scores.detach().float().cpu()
     for reward in functions:
-        values = call_reward_function(reward, prompts, responses, response_token_ids, rows, where=where)
+        values = call_reward_function(
+            reward, prompts, responses, response_token_ids, rows, where=where, first_row=first_row
+        )
         parts[reward.name] = parts.get(reward.name, 0) + reward.weight * values
+        if raw is not None:
+            raw[reward.name] = values
     total = torch.stack(list(parts.values())).sum(0)
     if functions and not bool(torch.isfinite(total).all()):  # each part finite, their sum not
         i = int((~torch.isfinite(total)).nonzero()[0])
         raise RewardFunctionError(
-            f"the reward parts ({', '.join(parts)}) sum to {float(total[i])} for row {i} ({where}response "
+            f"the reward parts ({', '.join(parts)}) sum to {float(total[i])} for row {first_row + i} ({where}response "
             f"{responses[i][:60]!r}), beyond float32 (the loss's dtype). Fix: lower the weights or the scale "
             "of the functions' rewards; stopped before training on it."
         )
@@ -440,9 +450,11 @@ def judge_with_functions(
     functions: Sequence[RewardFunction],
     tokenizer: Any,
     rows: list[dict[str, Any]],
+    values: dict[str, list[torch.Tensor]] | None = None,
 ) -> JudgeFactory:
     """`rlhf eval`'s judge factory with the reward functions added (weight each; the judge's own score,
-    if any, with weight 1): `factory(start, end) -> judge(rollout, responses) -> [B]`."""
+    if any, with weight 1): `factory(start, end) -> judge(rollout, responses) -> [B]`. `values`, when
+    given, collects each function's own values of every call, in call order (`values[name]`)."""
 
     def factory(start: int, end: int) -> Judge:
         base = judge_factory(start, end) if judge_factory is not None else None
@@ -450,9 +462,14 @@ def judge_with_functions(
         def judge(rollout: Rollout, responses: list[str]) -> torch.Tensor:
             scores = base(rollout, responses) if base is not None else None
             prompts, _, token_ids = rollout_texts(tokenizer, rollout)
+            raw: dict[str, torch.Tensor] = {}
             total, _ = weighted_reward(
-                functions, scores, 1.0, prompts, responses, token_ids, rows[start:end], where="rlhf eval, "
-            )
+                functions, scores, 1.0, prompts, responses, token_ids, rows[start:end],
+                where="rlhf eval, ", raw=raw, first_row=start,  # row: the prompt's index from 0
+            )  # fmt: skip
+            if values is not None:
+                for name, each in raw.items():
+                    values.setdefault(name, []).append(each)
             return total.cpu()
 
         return judge

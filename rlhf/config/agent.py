@@ -10,7 +10,11 @@ from rlhf.config.keys import When, setting
 
 # the episode settings apply to a run with an agent
 WITH_AGENT = When(
-    "name", "set", says="--agent module:function is given ({key})", fix="--agent module:function", example="m:f"
+    "name",
+    "set",
+    says="--agent module:function is given ({key})",
+    fix="--agent module:function",
+    example="m:f",
 )
 
 

@@ -42,6 +42,7 @@ STAGES = {
     "plan": "per-rank memory of an RL run, role by role and phase by phase, and whether it fits",
     "serve-rm": "serve a reward model's scores over HTTP for `rlhf train --reward-url` (docs/reward_server.md)",
     "report": "render report.html of a training run (sft, rm, dpo, train) or a demo output directory",
+    "config": "list every config key of a stage: type, default, range, when it applies, doc",
 }
 
 EPILOG = """examples:
@@ -194,7 +195,22 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "directory", help="the --out directory of `rlhf sft`, `rlhf rm`, `rlhf train` or `rlhf demo`"
     )
+    _config_parser(sub)
     return parser
+
+
+def _config_parser(sub) -> None:
+    """`rlhf config STAGE`, and the config groups named at the end of each stage's --help."""
+    from rlhf.config.listing import help_epilog
+    from rlhf.config.stages import STAGE_CONFIGS
+
+    for stage in STAGE_CONFIGS:
+        sub.choices[stage].epilog = help_epilog(stage)
+    config = sub.add_parser("config", help=STAGES["config"], description=STAGES["config"])
+    config.add_argument(
+        "config_stage", metavar="STAGE", choices=list(STAGE_CONFIGS), help="the command whose keys to list"
+    )
+    config.add_argument("--preset", help="rlhf train: show this preset's values (marked *)")
 
 
 def _demo_parsers(sub) -> None:
@@ -654,8 +670,8 @@ def check_fresh_out(out: str, stage: str, config_file: str | None) -> None:
     from rlhf.rundir.outputs import check_out_holds_nothing_of_yours
 
     refuse_if_in_use(out)  # a run writing there now is said first
+    check_out_holds_nothing_of_yours(out, stage, config_file)  # another stage's run, a model, your files
     check_fresh_run_dir(out, resumable=stage in ("train", *RESUMABLE_SUPERVISED))
-    check_out_holds_nothing_of_yours(out, stage, config_file)
 
 
 def _refuse_reward_model_as_policy(policy: str, flag: str = "--policy", stage: str = "train") -> None:
@@ -847,6 +863,15 @@ def run_plan_command(args, rest, ctx) -> int:
     return 0
 
 
+def run_config_command(args, rest, ctx) -> int:
+    from rlhf.config.listing import render
+
+    if rest:
+        raise SystemExit(f"unexpected arguments {rest}. Fix: see `rlhf config --help`.")
+    print(render(args.config_stage, args.preset))
+    return 0
+
+
 def run_report_command(args, rest, ctx) -> int:
     from rlhf.report_command import run_report
 
@@ -997,6 +1022,7 @@ def _dispatch(parser, args, rest, ctx) -> int:
         "report": run_report_command,
         "plan": run_plan_command,
         "serve-rm": run_serve_rm_command,
+        "config": run_config_command,
     }[args.stage]
     return handler(args, rest, ctx)
 

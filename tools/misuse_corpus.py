@@ -1119,9 +1119,95 @@ SURFACES = [
     Case("plan_critic_free_preset", ["plan", "--model", "7b", "--preset", "grpo", "--json"], code=0),
 ]  # fmt: skip
 
+# -- the classes of config mistakes: each class closed by its mechanism (rlhf/config/keys.py declarations,
+# the loader's owner of a key, rlhf/rundir/out_path.py's classification), proven by cases of each class
+
+
+def run_of(stage: str, metrics: bool = True) -> Callable[[Path], None]:
+    """A setup that writes run/ as a run of `stage` left it: its config.yaml (the stage's defaults)
+    and, with `metrics`, a metrics line."""
+
+    def setup(work: Path) -> None:
+        from rlhf.config import save_config
+        from rlhf.config.stages import STAGE_CONFIGS
+
+        (work / "run").mkdir()
+        save_config(STAGE_CONFIGS[stage](), work / "run" / "config.yaml")
+        if metrics:
+            (work / "run" / "metrics.jsonl").write_text('{"step": 0}\n')
+
+    return setup
+
+
+def dangling(name: str, target: str = "gone/run") -> Callable[[Path], None]:
+    return lambda work: os.symlink(target, work / name)
+
+
+# a setting that cannot apply, set explicitly (flag or --config file): exit 2 naming the key and the condition
+CLASS_INAPPLICABLE = [
+    Case("ray_actors_without_ray", train("--ray.rollout.num_actors", "2"),
+         words=("ray.rollout.num_actors applies only when dist.runtime ray", "Fix: --dist.runtime ray")),
+    Case("env_max_turns_without_env", train("--env.max_turns", "3"),
+         words=("env.max_turns applies only when --env MODULE:Class", "Fix: --env MODULE:Class")),
+    Case("lora_rank_without_lora", sft("--lora.r", "4"), words=("lora.r applies only when lora.enabled true",)),
+    Case("simpo_gamma_with_sigmoid", dpo("--dpo.simpo_gamma", "1.0"),
+         words=("dpo.simpo_gamma applies only when dpo.loss simpo", "Fix: --dpo.loss simpo")),
+    Case("rm_token_budget_with_pair_batching", rm("--train.max_tokens", "4096"),
+         words=("train.max_tokens applies only when train.batching tokens",)),
+    Case("kl_target_without_adaptive", train("--kl.target", "3"), words=("kl.target applies only when kl.adaptive true",)),
+    Case("critic_lr_with_grpo", grpo("--critic_optim.lr", "1e-5"),
+         words=("critic_optim.lr applies only when advantage.estimator uses a critic", "grpo")),
+    Case("is_truncation_synchronous", train("--policy.is_truncation", "3"),
+         words=("policy.is_truncation applies only when rollout.max_staleness > 0",)),
+    Case("remote_timeout_without_url", train("--reward.remote.timeout", "5"),
+         words=("reward.remote.timeout applies only when --reward-url URL",)),
+    Case("min_lr_ratio_with_constant_schedule", train("--policy_optim.min_lr_ratio", "0.1"),
+         words=("policy_optim.min_lr_ratio applies only when policy_optim.schedule is one of cosine, linear",)),
+    Case("inapplicable_key_in_config_file", sft("--config", "c.yaml"), setup=write("c.yaml", "lora: {alpha: 32}\n"),
+         words=("c.yaml: lora.alpha applies only when lora.enabled true", "remove lora.alpha from c.yaml")),
+]  # fmt: skip
+
+# a value outside its meaningful range (or non-finite): exit 2 naming the key, its bound and a fix
+CLASS_RANGE = [
+    Case("is_truncation_below_one", train("--rollout.max_staleness", "1", "--policy.is_truncation", "0.5"),
+         words=("policy.is_truncation must be >= 1", "got 0.5", "Fix: --policy.is_truncation 2.0")),
+    Case("dpo_beta_huge", dpo("--dpo.beta", "1e30"), words=("dpo.beta must be in (0, 100]", "Fix: --dpo.beta 0.1")),
+    Case("lr_above_one", sft("--optim.lr", "5"), words=("optim.lr must be in (0, 1)", "Fix: --optim.lr")),
+    Case("clip_eps_above_one", train("--policy.clip_eps", "1.5"), words=("policy.clip_eps must be in (0, 1)",)),
+    Case("kl_beta_not_a_number", train("--kl.beta", ".nan"), words=("kl.beta must be a finite number in [0, 10]",)),
+    Case("temperature_huge", train("--rollout.temperature", "1e6"), words=("rollout.temperature must be in (0, 10]",)),
+    Case("label_smoothing_half", dpo("--dpo.label_smoothing", "0.5"), words=("dpo.label_smoothing must be in [0, 0.5)",)),
+    Case("range_in_config_file", dpo("--config", "c.yaml"), setup=write("c.yaml", "dpo: {beta: -1}\n"),
+         words=("c.yaml: dpo.beta must be in (0, 100]",)),
+]  # fmt: skip
+
+# a message that must send the user the right way: the stage that owns a key, the command that resumes a
+# run, what an --out is
+CLASS_WRONG_WAY = [
+    Case("dpo_with_a_train_key", dpo("--kl.beta", "0.1"), words=("kl.beta is a key of `rlhf train`, not of `rlhf dpo`",)),
+    Case("sft_with_a_rollout_key", sft("--rollout.temperature", "0.7"),
+         words=("rollout.temperature is a key of `rlhf train` and `rlhf eval`, not of `rlhf sft`",)),
+    Case("rm_with_a_dpo_key_in_config_file", rm("--config", "c.yaml"), setup=write("c.yaml", "dpo: {beta: 0.2}\n"),
+         words=("c.yaml: dpo.beta is a key of `rlhf dpo`, not of `rlhf rm`",)),
+    Case("dpo_resume_of_a_train_run", ["dpo", "--resume", "run"], setup=run_of("train"),
+         words=("run is a run of `rlhf train`, not of `rlhf dpo`", "rlhf train --resume run")),
+    Case("train_resume_of_a_dpo_run", ["train", "--resume", "run"], setup=run_of("dpo"),
+         words=("run is a run of `rlhf dpo`, not of `rlhf train`", "rlhf dpo --resume run")),
+    Case("dpo_resume_of_an_sft_run", ["dpo", "--resume", "run"], setup=run_of("sft"),
+         words=("run is a run of `rlhf sft`", "cannot be resumed")),
+    Case("out_is_a_dangling_link", sft(out="link"), setup=dangling("link"),
+         words=("--out link is a symbolic link to gone/run, which does not exist", "Fix: create gone/run")),
+    Case("out_is_a_run_of_another_stage", train(out="run"), setup=run_of("sft"),
+         words=("--out run is a run directory of `rlhf sft`, not of `rlhf train`",)),
+    Case("dpo_out_is_a_train_run", dpo(out="run"), setup=run_of("train"),
+         words=("--out run is a run directory of `rlhf train`", "rlhf train --resume run")),
+]  # fmt: skip
+
+CLASSES = {"inapplicable": CLASS_INAPPLICABLE, "range": CLASS_RANGE, "wrong_way": CLASS_WRONG_WAY}
+
 GROUPS = {
     "named": NAMED, "new": NEW, "issue16": ISSUE_16, "pass153": PASS_153, "corpus30": CORPUS_30,
-    "pass127": PASS_127, "surfaces": SURFACES,
+    "pass127": PASS_127, "surfaces": SURFACES, **CLASSES,
 }  # fmt: skip
 
 CASES = [case for group in GROUPS.values() for case in group]

@@ -2,7 +2,8 @@
 
     errors.py        ConfigError
     fields.py        choices read from a field's type (Literal, registries), `coerce`
-    checks.py        the helpers of each group's `validate(prefix)`
+    keys.py          each key's range, unit and condition, declared beside its field (`setting`)
+    checks.py        the helpers of the rules that tie several keys (each group's `validate(prefix)`)
     common.py        optimizer, LoRA and data-parallel groups every stage shares
     supervised.py    what sft, rm and dpo share (data, train, stage), specialized in sft.py, rm.py, dpo.py
     rollout.py       rlhf train's sampling (and the PPO paper's, `rollout.sampling: paper`)
@@ -11,8 +12,10 @@
     eval.py          rlhf eval;  rm_eval.py: rlhf rm-eval;  ray.py: `dist.runtime ray`
     presets.py       the shipped presets (rlhf/presets/*.yaml) and the YAML reader
     loader.py        overrides, layering, from_dict/to_dict, load_config, save_config
+    stages.py        the config class of each command;  listing.py: `rlhf config STAGE`
 
-Every field has a default and a one-line comment; a group checks itself in `validate(prefix)`.
+Every field has a default and a one-line comment (the doc `rlhf config` shows); a numeric one declares
+its range, and a key that applies only under a condition declares it (`setting(...)`, keys.py).
 """
 
 from __future__ import annotations

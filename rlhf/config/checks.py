@@ -1,4 +1,6 @@
-"""The helpers every config group's `validate(prefix)` uses.
+"""The helpers of the rules a config group's `validate(prefix)` holds beyond its declarations: a key's
+range and the condition it applies under are declared beside its field (rlhf/config/keys.py) and
+checked from there; what is left here ties several keys together.
 
 A group checks its own fields in `validate(self, prefix)`, where `prefix` is the group's dotted place
 in the stage config ("policy_optim." for RLConfig's policy optimizer), so each message names the
@@ -33,32 +35,6 @@ def required(value: Any, key: str, fix: str) -> None:
 def at_least(value: Any, low: Any, key: str, why: str = "") -> None:
     """`value` >= `low` (`why`: what the key counts, or what its lowest value means)."""
     require(value >= low, key, value, f"must be >= {low}{why}", f"--{key} {low} or more")
-
-
-def positive(value: Any, key: str, fix: Any, why: str = "") -> None:
-    require(value > 0, key, value, f"must be > 0{why}", f"--{key} {fix}")
-
-
-def positive_or_off(value: Any, key: str, fix: Any, off: str = "to turn it off", low: Any = 0) -> None:
-    """An optional threshold: null (`off`: what null means) or > `low`."""
-    require(value is None or value > low, key, value, f"must be > {low}, or null {off}", f"--{key} {fix}")
-
-
-def token_budget(value: Any, key: str) -> None:
-    """A micro-batch token budget (`train.micro_batch_tokens`): null or 0 (off: by rows) or >= 1."""
-    require(
-        value is None or value >= 0,
-        key,
-        value,
-        "must be >= 0 (tokens per forward/backward: rows x longest row), or 0/null to cut by rows",
-        f"--{key} 4096, or drop it",
-    )
-
-
-def fraction(value: Any, key: str, fix: Any, *, closed: bool = False) -> None:
-    """`value` in [0, 1) (or [0, 1] with `closed`)."""
-    ok = 0 <= value <= 1 if closed else 0 <= value < 1
-    require(ok, key, value, f"must be in [0, 1{']' if closed else ')'}", f"--{key} {fix}")
 
 
 def refuse(message: str, key: str) -> None:

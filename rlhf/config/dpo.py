@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhf.config.checks import at_least, positive, require
 from rlhf.config.common import OptimConfig
+from rlhf.config.keys import When, setting
 from rlhf.config.supervised import SupervisedConfig, SupervisedDataConfig, SupervisedTrainConfig
 
 
@@ -28,61 +27,26 @@ class DPOLossConfig:
     loss: Literal["sigmoid", "ipo", "robust", "simpo"] = "sigmoid"
     # strength of the reference anchor (DPO paper's dialogue value, TRL's default); simpo: the reward
     # scale of a mean token log-prob, larger (the SimPO paper's 2.0-2.5)
-    beta: float = 0.1
-    # eps: the rate of flipped labels assumed (sigmoid, simpo: cDPO's smoothing; robust: its noise rate)
-    label_smoothing: float = 0.0
+    beta: float = setting(
+        0.1, "(0, 100]", why="it scales the loss's logits: above 100 one token saturates it"
+    )
+    # eps: the rate of flipped labels assumed (sigmoid, simpo: cDPO's smoothing; robust: its noise rate);
+    # at 0.5 the pairs carry no preference, above it the loss learns the flipped one (robust divides by 1 - 2 eps)
+    label_smoothing: float = setting(0.0, "[0, 0.5)", when=When("loss", ("sigmoid", "robust", "simpo")))
     # simpo: the target reward margin gamma (TRL's default 0.5; the SimPO paper's 0.5-1.6 with beta 2.0-2.5)
-    simpo_gamma: float = 0.5
+    simpo_gamma: float = setting(0.5, ">= 0", when=When("loss", "simpo"))
     # the reference's log-probs of every pair computed once before training (one forward of the
     # data) instead of in every step (one more forward per step, no cache); simpo has no reference
-    precompute_reference: bool = True
-
-    def validate(self, prefix: str) -> None:
-        positive(self.beta, f"{prefix}beta", 0.1)
-        require(
-            math.isfinite(self.simpo_gamma) and self.simpo_gamma >= 0,
-            f"{prefix}simpo_gamma",
-            self.simpo_gamma,
-            "must be >= 0 (SimPO's target reward margin)",
-            f"--{prefix}simpo_gamma 0.5",
-        )
-        if self.loss == "robust":
-            require(
-                0 <= self.label_smoothing < 0.5,
-                f"{prefix}label_smoothing",
-                self.label_smoothing,
-                "must be in [0, 0.5) for dpo.loss robust (it divides by 1 - 2 eps)",
-                f"--{prefix}label_smoothing 0.1",
-            )
-        else:  # cDPO: at 0.5 each label counts as much as its flip (nothing to learn), above it flips them
-            require(
-                0 <= self.label_smoothing < 0.5,
-                f"{prefix}label_smoothing",
-                self.label_smoothing,
-                "must be in [0, 0.5) (the rate of flipped labels: at 0.5 the pairs carry no preference, above "
-                "it the loss learns the flipped one)",
-                f"--{prefix}label_smoothing 0.1",
-            )
-        if self.loss == "ipo":
-            require(
-                self.label_smoothing == 0,
-                f"{prefix}label_smoothing",
-                self.label_smoothing,
-                "has no meaning for dpo.loss ipo",
-                f"--{prefix}label_smoothing 0, or --{prefix}loss robust",
-            )
+    precompute_reference: bool = setting(True, when=When("loss", ("sigmoid", "ipo", "robust")))
 
 
 @dataclass
 class DPOCheckpointConfig:
     # save a resumable checkpoint (`rlhf dpo --resume`) every N optimizer steps; 0: none (the
     # exported model is the run's only output)
-    every: int = 0
-    keep: int = 2  # checkpoints kept (older ones removed)
-
-    def validate(self, prefix: str) -> None:
-        at_least(self.every, 0, f"{prefix}every", " (0: no checkpoints)")
-        at_least(self.keep, 1, f"{prefix}keep")
+    every: int = setting(0, ">= 0", unit="optimizer steps")
+    # checkpoints kept (older ones removed)
+    keep: int = setting(2, ">= 1", when=When("every", ">0", says="{key} > 0 (checkpoints are saved)"))
 
 
 @dataclass

@@ -10,18 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf.config.checks import at_least, refuse, require, required, validate_groups
+from rlhf.config.checks import refuse, required, validate_groups
 from rlhf.config.fields import ChatTemplate, Dtype, Sampling, SystemPrompt
+from rlhf.config.keys import When, check_ranges, setting
 from rlhf.config.rollout import PAPER_SAMPLING
+
+WITH_PAIRS = When("pairs", "set", says="--pairs FILE is given ({key})", fix="--pairs FILE")
 
 
 @dataclass
 class EvalDataConfig:
     prompts: str = ""  # held-out prompts file (--prompts)
-    n: int = 256  # prompts to evaluate: the first N (--n)
+    n: int = setting(256, ">= 1", unit="prompts")  # prompts to evaluate: the first N (--n)
     # prompt budget in tokens, oldest dialogue turns dropped first (--max-prompt-tokens); None: the
     # --policy run's data.max_prompt_tokens from its config.yaml, else 512
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = setting(None, ">= 1", unit="tokens")
     skip_invalid: bool = False  # skip malformed prompt lines (counted) instead of stopping (--skip-invalid)
     # render HH dialogues and messages with the policy tokenizer's chat template and stop at its
     # end-of-turn token (--chat-template; fields.ChatTemplate)
@@ -32,48 +35,25 @@ class EvalDataConfig:
     # held-out preference pairs: the judge-free verdict from human labels, eval.json's "pairs"
     # (--pairs; docs/algorithms.md §38); with no --prompts, the only figures
     pairs: str = ""
-    pairs_n: int | None = None  # the first N valid pairs; None: every one (--pairs-n)
-    pairs_batch_size: int = 8  # pairs per forward of the verdict
+    # the first N valid pairs; None: every one (--pairs-n)
+    pairs_n: int | None = setting(None, ">= 1", when=WITH_PAIRS)
+    pairs_batch_size: int = setting(8, ">= 1", when=WITH_PAIRS)  # pairs per forward of the verdict
     # response budget of the pairs in tokens (longer ones right-truncated, EOS kept); None: the --policy
     # run's data.max_response_tokens from its config.yaml, else the --baseline run's, else 512
-    max_response_tokens: int | None = None
-
-    def validate(self, prefix: str) -> None:
-        at_least(self.n, 1, f"{prefix}n", " (prompts to evaluate)")
-        at_least(self.pairs_batch_size, 1, f"{prefix}pairs_batch_size")
-        for key in ("pairs_n", "max_response_tokens"):
-            value = getattr(self, key)
-            require(
-                value is None or (isinstance(value, int) and value >= 1),
-                f"{prefix}{key}",
-                value,
-                "must be >= 1 (or null)",
-                f"--{prefix}{key} 300",
-            )
-        require(
-            self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
-            f"{prefix}max_prompt_tokens",
-            self.max_prompt_tokens,
-            "must be >= 1 (or null for the --policy run's budget)",
-            f"--{prefix}max_prompt_tokens 256",
-        )
+    max_response_tokens: int | None = setting(None, ">= 1", unit="tokens", when=WITH_PAIRS)
 
 
 @dataclass
 class EvalRolloutConfig:
-    max_new_tokens: int = 64  # response budget (--max-new-tokens)
-    temperature: float = 1.0  # sampling temperature; 0: greedy, the most likely answer (--temperature)
-    top_p: float = 1.0  # nucleus sampling (--top-p)
+    max_new_tokens: int = setting(64, ">= 1", unit="tokens")  # response budget (--max-new-tokens)
+    # sampling temperature; 0: greedy, the most likely answer (--temperature)
+    temperature: float = setting(1.0, "[0, 10]", why="above 10 every token is about equally likely")
+    top_p: float = setting(1.0, "(0, 1]")  # nucleus sampling (--top-p)
     # "custom": the two fields above | "paper": the PPO paper §6.1 sampling, temperature 0.8, top-p 0.9,
     # repetition penalty 1.1 (--sampling)
     sampling: Sampling = "custom"
 
     def validate(self, prefix: str) -> None:
-        at_least(self.max_new_tokens, 1, f"{prefix}max_new_tokens")
-        at_least(self.temperature, 0, f"{prefix}temperature", " (0: greedy)")
-        require(
-            0 < self.top_p <= 1, f"{prefix}top_p", self.top_p, "must be in (0, 1]", f"--{prefix}top_p 1.0"
-        )
         if self.sampling == "paper" and (self.temperature, self.top_p) != (1.0, 1.0):
             refuse(
                 f"{prefix}sampling paper sets temperature {PAPER_SAMPLING['temperature']}, top-p "
@@ -100,13 +80,14 @@ class EvalConfig:
     # (--reward-fn, repeatable; docs/algorithms.md §31)
     reward_functions: list[Any] = field(default_factory=list)
     out: str = ""  # where eval.json is written; "": in the --policy directory (--out)
-    seed: int = 0  # sampling seed (--seed)
+    seed: int = setting(0, "any", why="every integer seeds the generators")  # sampling seed (--seed)
     device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N" (--device)
     dtype: Dtype = "auto"  # precision of every model (fields.Dtype; --dtype)
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
     rollout: EvalRolloutConfig = field(default_factory=EvalRolloutConfig)
 
     def validate(self, prefix: str = "") -> None:
+        check_ranges(self, prefix)
         required(self.policy, f"{prefix}policy", "--policy DIR (or policy: in --config)")
         if not (self.reward_functions and self.data.prompts):  # --reward-fn alone needs no baseline
             required(

@@ -11,6 +11,7 @@ A field's choices come from its own annotation only: `policy_optim.schedule` has
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import types
@@ -48,8 +49,10 @@ AdvantageEstimator = Annotated[str, Registry(ESTIMATORS)]  # rlhf.core.advantage
 PolicyLossName = Annotated[str, Registry(POLICY_LOSSES)]  # rlhf.core.losses
 
 
+@functools.cache
 def type_hints(cls: type) -> dict[str, Any]:
-    """The resolved annotations of a config class, `Annotated` metadata kept."""
+    """The resolved annotations of a config class, `Annotated` metadata kept (read once per class:
+    resolving them is most of the cost of reading a config)."""
     return typing.get_type_hints(cls, include_extras=True)
 
 
@@ -86,13 +89,16 @@ def _choice_text(value: Any) -> str:
     return repr(value) if isinstance(value, str) else flag_value(value)
 
 
-def coerce(tp: Any, value: Any, key: str, origin: str, example: Any = None) -> Any:
+def coerce(tp: Any, value: Any, key: str, origin: str, example: Any = None, within: str = "") -> Any:
     """`value` (from YAML or the command line) as a value of type `tp` for the field `key`; else a
-    ConfigError naming where it came from, the key, the value and a fix (`example`: a valid value)."""
+    ConfigError naming where it came from, the key, the value and a fix (`example`: a valid value;
+    `within`: the declared range of a number, said with the type, e.g. "in [0, 1)")."""
 
     def bad(expected: str, fix: Any = example) -> ConfigError:
+        if within and expected in ("an integer", "a number", "a finite number"):
+            expected = f"{expected} {within}"
         hint = f"--{key} {flag_value(fix)}" if fix is not None else f"give {key} {expected}"
-        return ConfigError(f"{origin}: {key} must be {expected}, got {value!r}. Fix: {hint}.")
+        return ConfigError(f"{origin}: {key} must be {expected}, got {value!r}. Fix: {hint}.", key)
 
     allowed = choices(tp)
     if allowed is not None and (value is not None or not _optional(tp)):
@@ -102,12 +108,12 @@ def coerce(tp: Any, value: Any, key: str, origin: str, example: Any = None) -> A
         return value
     origin_tp, args = typing.get_origin(tp), typing.get_args(tp)
     if origin_tp is Annotated:
-        return coerce(args[0], value, key, origin, example)
+        return coerce(args[0], value, key, origin, example, within)
     if origin_tp in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return coerce(inner[0], value, key, origin, example)
+        return coerce(inner[0], value, key, origin, example, within)
     if tp is bool:
         if not isinstance(value, bool):
             raise bad("true or false")

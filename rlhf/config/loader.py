@@ -21,6 +21,7 @@ from rlhf.config import presets
 from rlhf.config.checks import device_names
 from rlhf.config.errors import ConfigError
 from rlhf.config.fields import coerce, is_group, type_hints
+from rlhf.config.keys import leaf_keys, numeric_kind, refuse_inapplicable, spec_of
 
 
 def parse_overrides(args: list[str]) -> dict:
@@ -88,18 +89,27 @@ def from_dict(
         _root = cls
     base = cls() if base is None else copy.deepcopy(base)  # never share lists with the caller's base
     hints = type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    names = set(fields)
     changes = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(_unknown_key_message(_root, cls, key, dotted, origin, prefix))
+            leaf = next(leaf_keys({key: value}, prefix), dotted)  # `--kl.beta`: kl.beta, not kl
+            raise ConfigError(
+                _other_stage_message(_root, leaf, origin)
+                or _unknown_key_message(_root, cls, key, dotted, origin, prefix)
+            )
         if is_group(hints[key]):
             changes[key] = from_dict(
                 hints[key], value, origin=origin, prefix=f"{dotted}.", base=getattr(base, key), _root=_root
             )
         else:
-            changes[key] = coerce(hints[key], value, dotted, origin, getattr(base, key))
+            rng, example = spec_of(fields[key]).range, getattr(base, key)
+            if rng is not None and example is None:  # an optional number: a value inside its range
+                example = rng.example(numeric_kind(hints[key]) is int)
+            within = rng.words() if rng else ""
+            changes[key] = coerce(hints[key], value, dotted, origin, example, within)
     return dataclasses.replace(base, **changes)
 
 
@@ -112,6 +122,25 @@ def _unknown_key_message(root: type, cls: type, key: str, dotted: str, origin: s
     hint = f" Did you mean {close[0]!r}?" if close else ""
     drop = f"drop --{dotted}, or use" if origin == "command line" else "use"
     return f"{origin}: unknown key {dotted!r}.{hint} Fix: {drop} a valid key; here: {', '.join(valid)}."
+
+
+def _other_stage_message(root: type, dotted: str, origin: str) -> str | None:
+    """A key of another command's config ("kl.beta is a key of `rlhf train`, not of `rlhf dpo`"),
+    rather than the nearest spelling of an unrelated key of this one."""
+    from rlhf.config.stages import STAGE_CONFIGS, stage_of
+
+    mine = stage_of(root)
+    if mine is None:
+        return None
+    owners = [name for name, cls in STAGE_CONFIGS.items() if name != mine and dotted in all_keys(cls)]
+    if not owners:
+        return None
+    commands = " and ".join(f"`rlhf {name}`" for name in owners)
+    drop = f"drop --{dotted}" if origin == "command line" else f"remove {dotted} from {origin}"
+    return (
+        f"{origin}: {dotted} is a key of {commands}, not of `rlhf {mine}`. Fix: {drop}, or run "
+        f"`rlhf {owners[0]}` with it (`rlhf config {mine}` lists the keys of `rlhf {mine}`)."
+    )
 
 
 def all_keys(cls: type, prefix: str = "") -> list[str]:
@@ -169,6 +198,8 @@ def load_config(
         from_dict(cls, overrides, origin="command line")
         merged = deep_merge(merged, overrides)
     config = from_dict(cls, merged, origin=f"preset {preset}" if preset else "config")
+    # a key the user set where it cannot apply (a preset's or a default's value stays silent)
+    refuse_inapplicable(config, [(str(file), file_data), ("command line", overrides)])
     try:
         config.validate()
         device_names(config)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhf.config.checks import at_least, require
+from rlhf.config.checks import at_least
 from rlhf.config.common import DistConfig
+from rlhf.config.keys import setting
 
 
 @dataclass
@@ -15,14 +16,14 @@ class RoleGroupConfig:
     """One role's group of Ray actors: each holds the role's whole model (several actors: data
     parallel over a torch.distributed group of their own, each with a share of the rows)."""
 
-    num_actors: int = 1
-    num_cpus: float = 1.0  # CPUs each actor reserves (and its intra-op threads, at least 1)
-    num_gpus: float = 0.0  # GPUs each actor reserves; a fraction shares one GPU among colocated roles
+    num_actors: int = setting(1, ">= 0", unit="actors")  # the role's actors (0: only the rollout group)
+    # CPUs each actor reserves (and its intra-op threads, at least 1)
+    num_cpus: float = setting(1.0, ">= 0", unit="CPUs")
+    # GPUs each actor reserves; a fraction shares one GPU among colocated roles
+    num_gpus: float = setting(0.0, ">= 0", unit="GPUs")
 
     def validate(self, prefix: str, fewest: int = 1) -> None:
         at_least(self.num_actors, fewest, f"{prefix}num_actors")
-        at_least(self.num_cpus, 0, f"{prefix}num_cpus")
-        at_least(self.num_gpus, 0, f"{prefix}num_gpus")
 
 
 @dataclass
@@ -33,7 +34,7 @@ class RayConfig:
     # CPUs/GPUs, as OpenRLHF's colocated roles); separate: a placement group per role
     placement: Literal["colocate", "separate"] = "colocate"
     # seconds to wait for the placement groups' resources before the run stops with what is missing
-    placement_timeout: float = 120.0
+    placement_timeout: float = setting(120.0, "> 0", unit="seconds")
     show_logs: bool = False  # Ray's own log lines (and the actors' output) in the console
     policy: RoleGroupConfig = field(default_factory=RoleGroupConfig)  # + a shared critic, a LoRA reference
     critic: RoleGroupConfig = field(default_factory=RoleGroupConfig)  # a separate critic
@@ -44,13 +45,6 @@ class RayConfig:
     rollout: RoleGroupConfig = field(default_factory=lambda: RoleGroupConfig(num_actors=0))
 
     def validate(self, prefix: str) -> None:
-        require(
-            self.placement_timeout > 0,
-            f"{prefix}placement_timeout",
-            self.placement_timeout,
-            "must be > 0 seconds",
-            f"--{prefix}placement_timeout 120",
-        )
         for name in ("policy", "critic", "reference", "reward_model"):
             getattr(self, name).validate(f"{prefix}{name}.")
         self.rollout.validate(f"{prefix}rollout.", fewest=0)

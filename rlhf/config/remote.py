@@ -7,7 +7,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from rlhf.config.checks import at_least, positive, positive_or_off, refuse
+from rlhf.config.checks import refuse
+from rlhf.config.keys import When, setting
+
+WITH_URL = When(
+    "url",
+    "set",
+    says="--reward-url URL is given ({key})",
+    fix="--reward-url URL",
+    example="http://127.0.0.1:8000",
+)
 
 
 @dataclass
@@ -15,18 +24,18 @@ class RemoteRewardConfig:
     # a reward server's base URL (`rlhf serve-rm`, or any server speaking docs/reward_server.md's
     # format): its score stands for the reward model's (reward.model_weight applies); "": none
     url: str = ""
-    timeout: float = 60.0  # seconds one request may take before it counts as failed
-    retries: int = 3  # further attempts after a failed one (refused, reset, timed out, HTTP 429/5xx)
-    backoff: float = 0.5  # seconds before the first retry, doubled before each next one
-    rows_per_request: int = 256  # responses sent in one request (a rollout is split into several)
+    # seconds one request may take before it counts as failed
+    timeout: float = setting(60.0, "> 0", unit="seconds", when=WITH_URL)
+    # further attempts after a failed one (refused, reset, timed out, HTTP 429/5xx); 0: one attempt
+    retries: int = setting(3, ">= 0", when=WITH_URL)
+    # seconds before the first retry, doubled before each next one
+    backoff: float = setting(0.5, ">= 0", unit="seconds", when=WITH_URL)
+    # responses sent in one request (a rollout is split into several)
+    rows_per_request: int = setting(256, ">= 1", unit="responses", when=WITH_URL)
 
     def validate(self, prefix: str) -> None:
         if self.url:
             check_url(self.url, f"{prefix}url")
-        positive(self.timeout, f"{prefix}timeout", 60)
-        at_least(self.retries, 0, f"{prefix}retries", " (0: one attempt)")
-        at_least(self.backoff, 0, f"{prefix}backoff")
-        at_least(self.rows_per_request, 1, f"{prefix}rows_per_request")
 
 
 def check_url(url: str, key: str) -> None:
@@ -47,15 +56,15 @@ def check_url(url: str, key: str) -> None:
 class MismatchConfig:
     # measure the sampler/trainer log-prob gap every N iterations, on iterations where the trainer
     # computes the old log-probs itself (the default: the sampler's come free); 0: off
-    every: int = 1
+    every: int = setting(1, ">= 0", unit="iterations")
     # with rollout.logprobs_from_sampler (no trainer forward for the old log-probs): one more policy
     # forward every N iterations to measure it; 0: not measured
-    extra_forward_every: int = 0
+    extra_forward_every: int = setting(
+        0,
+        ">= 0",
+        unit="iterations",
+        when=When("rollout.logprobs_from_sampler", True, root=True),
+    )
     # warn (code sampler_trainer_mismatch) when mismatch/kl exceeds this; null: never (bfloat16 on a
     # CPU measured 1.3e-3 on SmolLM2-135M, float32 3e-11: docs/monitors.md#sampler-trainer-mismatch)
-    kl_threshold: float | None = 0.01
-
-    def validate(self, prefix: str) -> None:
-        at_least(self.every, 0, f"{prefix}every", " (0: off)")
-        at_least(self.extra_forward_every, 0, f"{prefix}extra_forward_every", " (0: never)")
-        positive_or_off(self.kl_threshold, f"{prefix}kl_threshold", 0.01)
+    kl_threshold: float | None = setting(0.01, "> 0", unit="nats")

@@ -7,25 +7,15 @@ holds the rules that tie several groups together.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhf.config import presets
 from rlhf.config.agent import AgentConfig
-from rlhf.config.checks import (
-    at_least,
-    fraction,
-    positive,
-    positive_or_off,
-    refuse,
-    token_budget,
-    validate_groups,
-    warn,
-)
+from rlhf.config.checks import refuse, validate_groups, warn
 from rlhf.config.common import LoraConfig, OptimConfig, compile_backend_known, compile_needs_no_fsdp2
 from rlhf.config.env import EnvConfig
 from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
+from rlhf.config.keys import When, check_ranges, setting
 from rlhf.config.ray import RayConfig, RLDistConfig
 from rlhf.config.remote import MismatchConfig
 from rlhf.config.rl_algorithm import (
@@ -36,7 +26,22 @@ from rlhf.config.rl_algorithm import (
     RewardProcessingConfig,
 )
 from rlhf.config.rollout import RolloutConfig
-from rlhf.core.advantages import estimator_spec
+from rlhf.core.advantages import ESTIMATORS, estimator_spec
+
+
+def _needs_critic(estimator: str) -> bool:
+    return estimator in ESTIMATORS and estimator_spec(estimator).needs_values
+
+
+# the critic's settings: an estimator that needs no critic builds, trains and saves none
+WITH_CRITIC = When(
+    "advantage.estimator",
+    _needs_critic,
+    root=True,
+    says="{key} uses a critic (gae)",
+    fix="--{key} gae for a PPO critic",
+    example="gae",
+)
 
 
 @dataclass
@@ -45,46 +50,45 @@ class RLModelConfig:
     gguf_file: str | None = None  # GGUF file name inside `policy`
     reward_model: str = ""  # reward-model directory (ScalarHeadModel)
     # "reward_model" (PPO paper §5.3.3) | "policy" (the SFT trunk with a fresh head)
-    critic_init: Literal["reward_model", "policy"] = "reward_model"
+    critic_init: Literal["reward_model", "policy"] = setting("reward_model", when=WITH_CRITIC)
     # "separate" critic network | "shared": a value head on the policy trunk
-    critic_mode: Literal["separate", "shared"] = "separate"
-    value_coef: float = 0.5  # weight of the value loss when critic_mode == "shared"
+    critic_mode: Literal["separate", "shared"] = setting("separate", when=WITH_CRITIC)
+    # weight of the value loss when critic_mode == "shared"
+    value_coef: float = setting(0.5, ">= 0", when=(WITH_CRITIC, When("critic_mode", "shared")))
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA policy; the reference is the adapter disabled
-    critic_lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA on the separate critic's trunk
+    # LoRA on the separate critic's trunk
+    critic_lora: LoraConfig = setting(factory=LoraConfig, when=WITH_CRITIC)
     gradient_checkpointing: bool = False  # trained roles recompute each decoder layer in the backward
-
-    def validate(self, prefix: str) -> None:
-        at_least(self.value_coef, 0, f"{prefix}value_coef")
-        validate_groups(self, prefix)
 
 
 @dataclass
 class RLDataConfig:
     prompts: str = ""  # prompts file (any format with a prompt); preference/SFT files work too
     format: DataFormat = "auto"  # "auto": detected from the first valid record
-    max_prompt_tokens: int = 256  # prompt budget (oldest turns dropped first, then left-truncated)
+    # prompt budget (oldest turns dropped first, then left-truncated)
+    max_prompt_tokens: int = setting(256, ">= 1", unit="tokens")
     ptx: str | None = None  # SFT data for the PPO-ptx loss (InstructGPT); None: no ptx loss
-    ptx_batch_size: int = 8  # SFT examples per ptx step
+    # SFT examples per ptx step
+    ptx_batch_size: int = setting(8, ">= 1", unit="examples", when=When("ptx", "set"))
     skip_invalid: bool = False  # skip malformed lines (counted) instead of stopping
     chat_template: ChatTemplate = "auto"  # fields.ChatTemplate
     system_prompt: SystemPrompt = "template"  # the template's default system prompt (fields.SystemPrompt)
 
-    def validate(self, prefix: str) -> None:
-        at_least(self.max_prompt_tokens, 1, f"{prefix}max_prompt_tokens")
-        at_least(self.ptx_batch_size, 1, f"{prefix}ptx_batch_size")
-
 
 @dataclass
 class RLTrainConfig:
-    iterations: int = 100  # rollout + update cycles
-    ppo_epochs: int = 1  # passes over each rollout batch (PPO paper 1, APA paper 2)
-    minibatches: int = 1  # optimizer steps per epoch (the rollout batch is split into this many)
-    micro_batch_size: int = 16  # rows per forward/backward (token-weighted gradient accumulation)
+    # rollout + update cycles (0 only with critic.pretrain_iterations > 0: a critic-only run)
+    iterations: int = setting(100, ">= 0")
+    ppo_epochs: int = setting(1, ">= 1")  # passes over each rollout batch (PPO paper 1, APA paper 2)
+    # optimizer steps per epoch (the rollout batch is split into this many)
+    minibatches: int = setting(1, ">= 1")
+    # rows per forward/backward (token-weighted gradient accumulation)
+    micro_batch_size: int = setting(16, ">= 1", unit="rows")
     # the update's micro-batches cut by tokens instead: each minibatch's rows sorted longest first,
     # as many per forward/backward as fit rows x longest row <= N (real prompt + response tokens;
     # a longer row alone); the same gradient and metrics to float rounding (docs/speed.md). The
     # rollout's scoring forwards keep micro_batch_size. None or 0: by rows
-    micro_batch_tokens: int | None = None
+    micro_batch_tokens: int | None = setting(None, ">= 0", unit="tokens")
     # sequence packing in every forward of the policy, reference, critic and reward model (a
     # forward's rows laid end to end, positions restarting, attention kept within each sequence);
     # the update's micro-batches cut by packed tokens. The same results (docs/speed.md)
@@ -94,16 +98,11 @@ class RLTrainConfig:
     # models on a GPU); the first updates pay the compile; sampling and scoring run uncompiled. Not
     # with dist.strategy fsdp2
     compile: bool = False
-    compile_backend: str = "inductor"  # torch.compile's backend ("aot_eager": a quick check, no speed-up)
-    buffer_size: int = 1  # rollout batches kept and reused (experience buffer, PPO paper §5.3.2)
+    # torch.compile's backend ("aot_eager": a quick check, no speed-up)
+    compile_backend: str = setting("inductor", when=When("compile", True))
+    # rollout batches kept and reused (experience buffer, PPO paper §5.3.2)
+    buffer_size: int = setting(1, ">= 1", unit="rollout batches")
     device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N"
-
-    def validate(self, prefix: str) -> None:  # iterations: RLConfig.validate (0 with critic pre-training)
-        at_least(self.ppo_epochs, 1, f"{prefix}ppo_epochs")
-        at_least(self.minibatches, 1, f"{prefix}minibatches")
-        at_least(self.micro_batch_size, 1, f"{prefix}micro_batch_size")
-        token_budget(self.micro_batch_tokens, f"{prefix}micro_batch_tokens")
-        at_least(self.buffer_size, 1, f"{prefix}buffer_size", " (rollout batches kept)")
 
 
 @dataclass
@@ -131,75 +130,48 @@ class RuntimeConfig:
 
 @dataclass
 class CollapseConfig:
-    kl_rise: float | None = 3.0  # KL to the reference reaches this multiple of its early baseline
-    kl_floor: float = 0.5  # the KL baseline counts as at least this (nats per response)
-    ppl_drop: float | None = 0.25  # policy perplexity on its own responses falls by this fraction
-    length_drift: float | None = 0.3  # mean response length moves (up or down) by this fraction
-    diversity_drop: float | None = 0.4  # or distinct-2 of the responses falls by this fraction
-    window: int = 5  # iterations in the rolling median of each signal
-    baseline_steps: int = 5  # first iterations whose median is the baseline
-    patience: int = 3  # consecutive iterations the whole signature must hold before a warning
-
-    def validate(self, prefix: str) -> None:
-        for key in ("window", "baseline_steps", "patience"):
-            at_least(getattr(self, key), 1, f"{prefix}{key}")
-        positive(self.kl_floor, f"{prefix}kl_floor", 0.5, " (nats per response)")
-        for key, fix in (
-            ("kl_rise", 3.0),
-            ("ppl_drop", 0.25),
-            ("length_drift", 0.3),
-            ("diversity_drop", 0.4),
-        ):
-            positive_or_off(getattr(self, key), f"{prefix}{key}", fix)
-        for key in ("ppl_drop", "diversity_drop"):  # a fraction of the baseline that falls away
-            value = getattr(self, key)
-            if value is not None:
-                fraction(value, f"{prefix}{key}", 0.25 if key == "ppl_drop" else 0.4)
+    # KL to the reference reaches this multiple of its early baseline
+    kl_rise: float | None = setting(3.0, "> 0")
+    # the KL baseline counts as at least this (nats per response)
+    kl_floor: float = setting(0.5, "> 0", unit="nats per response")
+    # policy perplexity on its own responses falls by this fraction
+    ppl_drop: float | None = setting(0.25, "(0, 1)")
+    # mean response length moves (up or down) by this fraction
+    length_drift: float | None = setting(0.3, "> 0")
+    # or distinct-2 of the responses falls by this fraction
+    diversity_drop: float | None = setting(0.4, "(0, 1)")
+    window: int = setting(5, ">= 1", unit="iterations")  # iterations in the rolling median of each signal
+    # first iterations whose median is the baseline
+    baseline_steps: int = setting(5, ">= 1", unit="iterations")
+    # consecutive iterations the whole signature must hold before a warning
+    patience: int = setting(3, ">= 1", unit="iterations")
 
 
 @dataclass
 class LogConfig:
-    every: int = 1  # write metrics every N iterations
+    every: int = setting(1, ">= 1", unit="iterations")  # write metrics every N iterations
     sinks: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + "tensorboard", "wandb"
     stop_on_collapse: bool = False  # stop the run when the collapse detector fires
     collapse: CollapseConfig = field(default_factory=CollapseConfig)  # PPO paper §5.2 signature
-    eval_every: int = 0  # evaluate on held-out prompts every N iterations; 0: off
-    samples_to_log: int = 4  # responses kept per evaluation in samples.jsonl
+    # evaluate on held-out prompts every N iterations; 0: off
+    eval_every: int = setting(0, ">= 0", unit="iterations")
+    # responses kept per evaluation in samples.jsonl
+    samples_to_log: int = setting(4, ">= 0", unit="responses", when=When("eval_every", ">0"))
     mismatch: MismatchConfig = field(default_factory=MismatchConfig)  # sampler vs trainer log-probs
-
-    def validate(self, prefix: str) -> None:
-        at_least(self.every, 1, f"{prefix}every")
-        at_least(self.eval_every, 0, f"{prefix}eval_every", " (0: off)")
-        at_least(self.samples_to_log, 0, f"{prefix}samples_to_log")
-        validate_groups(self, prefix)
 
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0  # save a resumable checkpoint every N iterations (and at the end); 0: end only
-    keep: int = 2  # checkpoints kept (older ones removed)
-
-    def validate(self, prefix: str) -> None:
-        at_least(self.every, 0, f"{prefix}every", " (0: at the end only)")
-        at_least(self.keep, 1, f"{prefix}keep")
-
-
-# Keys that configure the critic: with an estimator that needs no critic, one set to anything but its
-# default is an error (the setting would silently do nothing).
-CRITIC_KEYS = (
-    "model.critic_init",
-    "model.critic_mode",
-    "model.value_coef",
-    "model.critic_lora",
-    "critic",
-    "critic_optim",
-)
+    # save a resumable checkpoint every N iterations (and at the end); 0: end only
+    every: int = setting(0, ">= 0", unit="iterations")
+    keep: int = setting(2, ">= 1", unit="checkpoints")  # checkpoints kept (older ones removed)
 
 
 @dataclass
 class RLConfig:
     out: str = "runs/rl"  # run directory
-    seed: int = 0  # seed of sampling, shuffling and head initialization
+    # seed of sampling, shuffling and head initialization
+    seed: int = setting(0, "any", why="every integer seeds the generators")
     preset: str | None = None  # the preset this config started from (informational)
     dtype: Dtype = "auto"  # precision of every role (fields.Dtype; rlhf/models/precision.py)
     model: RLModelConfig = field(default_factory=RLModelConfig)
@@ -211,13 +183,14 @@ class RLConfig:
     kl: KLConfig = field(default_factory=KLConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    critic: CriticConfig = field(default_factory=CriticConfig)
+    critic: CriticConfig = setting(factory=CriticConfig, when=WITH_CRITIC)
     train: RLTrainConfig = field(default_factory=RLTrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     dist: RLDistConfig = field(default_factory=RLDistConfig)  # torchrun: data-parallel ranks; or Ray
-    ray: RayConfig = field(default_factory=RayConfig)  # dist.runtime ray: the roles' actor groups
+    # dist.runtime ray: the roles' actor groups
+    ray: RayConfig = setting(factory=RayConfig, when=When("dist.runtime", "ray", root=True))
     policy_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
-    critic_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-6))
+    critic_optim: OptimConfig = setting(factory=lambda: OptimConfig(lr=2e-6), when=WITH_CRITIC)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -229,12 +202,14 @@ class RLConfig:
     def validate(self, prefix: str = "") -> None:
         """Each group's rules, then those between groups; warnings for legal values that are almost
         surely mistakes (the `rlhf.config` logger)."""
+        check_ranges(self, prefix)
         validate_groups(self, prefix)
         train, critic, rollout = self.train, self.critic, self.rollout
         compile_needs_no_fsdp2(train.compile, self.dist.strategy, prefix)
         if train.compile:
             compile_backend_known(train.compile_backend, f"{prefix}train.compile_backend")
-        if not (train.iterations >= 1 or (train.iterations == 0 and critic.pretrain_iterations > 0)):
+        pretrains = critic.pretrain_iterations > 0 and self.uses_critic
+        if not (train.iterations >= 1 or (train.iterations == 0 and pretrains)):
             refuse(
                 f"{prefix}train.iterations must be >= 1, got {train.iterations!r} (0 only with "
                 f"{prefix}critic.pretrain_iterations > 0, for a critic-only run). "
@@ -256,7 +231,6 @@ class RLConfig:
                 f"{prefix}kl.horizon",
             )
         self._validate_estimator(prefix)
-        self._validate_critic_keys(prefix)
         self._validate_staleness(prefix)
         if self.env.name and self.agent.name:
             refuse(
@@ -354,13 +328,6 @@ class RLConfig:
                 f"Fix: --{prefix}rollout.samples_per_prompt 4 (or more).",
                 f"{prefix}rollout.samples_per_prompt",
             )
-        if not spec.needs_values and self.critic.pretrain_iterations != 0:
-            refuse(
-                f"{prefix}critic.pretrain_iterations is {self.critic.pretrain_iterations}, but "
-                f"{prefix}advantage.estimator {a.estimator} uses no critic. "
-                f"Fix: --{prefix}critic.pretrain_iterations 0, or --{prefix}advantage.estimator gae.",
-                f"{prefix}critic.pretrain_iterations",
-            )
         aggregation = self.policy.loss_aggregation
         if aggregation != "token_mean" and self.uses_critic and self.model.critic_mode == "shared":
             refuse(
@@ -379,25 +346,6 @@ class RLConfig:
                 prefix,
             )
 
-    def _validate_critic_keys(self, prefix: str) -> None:
-        """A critic setting with an estimator that builds no critic: the setting would do nothing. The
-        stage default (what a critic-free run does anyway) and the preset's own value (a critic
-        preset whose estimator a flag replaced) are not settings of the user's."""
-        if self.uses_critic:
-            return
-        default = dict(_leaves(dataclasses.asdict(RLConfig())))
-        stated = dict(_leaves(presets.preset_dict(self.preset))) if self.preset in presets.PRESETS else {}
-        for key, value in _leaves(dataclasses.asdict(self)):
-            if not any(key == k or key.startswith(k + ".") for k in CRITIC_KEYS):
-                continue
-            if value != default[key] and (key not in stated or value != stated[key]):
-                refuse(
-                    f"{prefix}{key} is {value!r}, but {prefix}advantage.estimator {self.advantage.estimator!r} "
-                    "uses no critic (none is built, trained or saved), so the setting would do nothing. "
-                    f"Fix: remove {prefix}{key}, or use --{prefix}advantage.estimator gae for a PPO critic.",
-                    f"{prefix}{key}",
-                )
-
 
 def _leaves(node: dict, prefix: str = ""):
     """(dotted key, value) of a nested dict's leaves, tuples as lists (as YAML reads them)."""
@@ -406,3 +354,15 @@ def _leaves(node: dict, prefix: str = ""):
             yield from _leaves(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", list(value) if isinstance(value, tuple) else value
+
+
+# Keys that configure the critic (declared with WITH_CRITIC): set with an estimator that needs no
+# critic, each is refused (the setting would do nothing).
+CRITIC_KEYS = (
+    "model.critic_init",
+    "model.critic_mode",
+    "model.value_coef",
+    "model.critic_lora",
+    "critic",
+    "critic_optim",
+)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhf.config.checks import at_least, refuse
+from rlhf.config.checks import refuse
 from rlhf.config.common import OptimConfig
+from rlhf.config.keys import When, setting
 from rlhf.config.supervised import SupervisedConfig, SupervisedDataConfig, SupervisedTrainConfig
 
 
@@ -16,6 +17,9 @@ class RewardDataConfig(SupervisedDataConfig):
     part gives the accuracy and margins)."""
 
 
+BY_TOKENS = When("batching", "tokens")  # the settings of token-budget batching
+
+
 @dataclass
 class RewardTrainConfig(SupervisedTrainConfig):
     """Steps over pairs (batch_size, micro_batch_size: pairs): a fixed number per step, or about
@@ -23,26 +27,22 @@ class RewardTrainConfig(SupervisedTrainConfig):
 
     # "pairs": batch_size pairs per step | "tokens": about max_tokens per step (PPO paper §4)
     batching: Literal["pairs", "tokens"] = "pairs"
-    max_tokens: int = 8192  # tokens per step when batching == "tokens"
+    # tokens per step when batching == "tokens"
+    max_tokens: int = setting(8192, ">= 1", unit="tokens", when=BY_TOKENS)
     # pairs per step when batching == "tokens" (PPO paper §4.2: at least 4, at most 128); the
     # minimum wins over max_tokens for long pairs
-    min_batch: int = 4
-    max_batch: int = 128
-    lm_coef: float = (
-        1.0  # beta_rm: weight of the LM imitation loss on the chosen response (PPO paper: 1, its code: 0)
-    )
+    min_batch: int = setting(4, ">= 1", unit="pairs", when=BY_TOKENS)
+    max_batch: int = setting(128, ">= 1", unit="pairs", when=BY_TOKENS)
+    # beta_rm: weight of the LM imitation loss on the chosen response (PPO paper: 1, its code: 0)
+    lm_coef: float = setting(1.0, ">= 0")
 
     def validate(self, prefix: str) -> None:
-        super().validate(prefix)
-        at_least(self.max_tokens, 1, f"{prefix}max_tokens")
-        at_least(self.min_batch, 1, f"{prefix}min_batch")
         if self.max_batch < self.min_batch:
             refuse(
                 f"{prefix}max_batch ({self.max_batch!r}) must be >= {prefix}min_batch ({self.min_batch!r}). "
                 f"Fix: --{prefix}max_batch 128 --{prefix}min_batch 4.",
                 f"{prefix}max_batch",
             )
-        at_least(self.lm_coef, 0, f"{prefix}lm_coef")
 
 
 @dataclass

@@ -79,7 +79,10 @@ def open_run_logger(
         resumable=True,
         sinks=tuple(config.log.sinks) if not quiet else ("jsonl",),
         # each phase in its own units: `pretrain i/P`, then `iteration i/N`
-        total={"pretrain": config.critic.pretrain_iterations, "iteration": config.train.iterations},
+        total={
+            "pretrain": config.critic.pretrain_iterations if config.uses_critic else 0,
+            "iteration": config.train.iterations,
+        },  # fmt: skip
         indexed=True,  # `iteration` and `pretrain` are 0-based: record i is the (i+1)-th done
         key_metrics=KEY_METRICS,
         resume=resume,

@@ -1,6 +1,7 @@
 """The run's guards against NaN/inf (rlhf/train/guards.py): a non-finite forward stops the run before
 it reaches an advantage, and a learner that skipped every optimizer step for NaN/inf gradients in
-3 updates in a row stops it (its weights no longer change)."""
+3 updates in a row stops it (its weights no longer change; `SkippedStepStreak`, shared with the
+supervised stages), naming the settings that scale the loss."""
 
 from __future__ import annotations
 
@@ -11,25 +12,7 @@ import torch
 
 from rlhf.config import RLConfig
 from rlhf.models.sampling import Rollout
-from rlhf.train.guards import NONFINITE_GRADIENTS, NonFiniteScoresError, require_finite_tokens
-
-
-class SkippedStepStreak:
-    """Stops a run whose learner skipped every optimizer step (NaN/inf gradients, rlhf/train/learner.py)
-    in `patience` updates in a row: its weights no longer change, so going on only burns compute."""
-
-    def __init__(self, patience: int = 3) -> None:
-        self.patience = patience
-        self.streaks: dict[str, int] = {}
-
-    def update(self, role: str, skipped_fraction: float, iteration: int, fix: str) -> None:
-        self.streaks[role] = self.streaks.get(role, 0) + 1 if skipped_fraction >= 1.0 else 0
-        if self.streaks[role] >= self.patience:
-            raise NonFiniteScoresError(
-                f"the {role} skipped every optimizer step for NaN/inf gradients in {self.patience} updates in a "
-                f"row (to iteration {iteration}): its weights stopped changing. The last checkpoint holds the "
-                f"weights before. Fix: {fix}"
-            )
+from rlhf.train.guards import NONFINITE_GRADIENTS, SkippedStepStreak, loss_scale_fix, require_finite_tokens
 
 
 class RunGuards:
@@ -86,7 +69,6 @@ class RunGuards:
     def nonfinite_fix(self) -> str:
         c = self.config
         return (
-            f"a forward or a gradient went non-finite (dtype {c.dtype}, device {c.train.device}): "
-            "see policy/ and value/skipped_step_fraction and the losses in metrics.jsonl; start again with "
-            "--dtype float32, or lower --policy_optim.lr / --critic_optim.lr."
+            f"a forward or a gradient went non-finite (device {c.train.device}): see policy/ and "
+            f"value/skipped_step_fraction and the losses in metrics.jsonl; start again and {loss_scale_fix(c)}"
         )

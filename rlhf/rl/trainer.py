@@ -83,7 +83,8 @@ class RLTrainer:
         k = c.kl
         self.kl_controller = AdaptiveKLController(k.beta, k.target, k.horizon) if k.adaptive else FixedKLController(k.beta)  # fmt: skip
         self.buffer: list[Experience] = []
-        self.iteration, self.pretrain_done = 0, c.critic.pretrain_iterations == 0
+        # no critic: a preset's pre-training iterations are not run
+        self.iteration, self.pretrain_done = 0, c.critic.pretrain_iterations == 0 or not c.uses_critic
         self.pretrain_state = PretrainState()
         notes = self.resume() if resume else []  # said once the logger is open
         self.logger = open_run_logger(c, self.run_dir, runtime.writer, self.iteration, resume, quiet)

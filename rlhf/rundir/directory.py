@@ -128,8 +128,16 @@ def check_out_dir(out: str | Path, inputs: dict[str, str | None]) -> None:
     """Refuse, before any work, an `--out` a run must not write: an existing file, or one of the
     model directories the run reads (`inputs`: flag -> path) or a folder inside one, where the export
     would overwrite that model. A path that names no local directory (a hub id) is not compared."""
+    from rlhf.rundir.out_path import classify_out
+
     target = Path(out)
-    if os.path.lexists(target) and not os.path.isdir(target):  # os.path: no OSError (a name too long)
+    found = classify_out(out, "")
+    if found.kind == "dangling_link":
+        raise ConfigError(
+            f"--out {out} is a symbolic link to {found.target}, which does not exist. Fix: create "
+            f"{found.target} (mkdir -p {found.target}), or --out a new directory (e.g. runs/NAME)."
+        )
+    if found.kind == "file":
         raise ConfigError(
             f"--out {out} is an existing file, not a directory: the run would replace it. "
             "Fix: --out a new directory (e.g. runs/NAME)."

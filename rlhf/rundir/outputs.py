@@ -21,6 +21,7 @@ from rlhf.config import ConfigError
 from rlhf.monitor.logger import METRICS_FILE
 from rlhf.rundir.directory import check_writable_dir
 from rlhf.rundir.lock import LOCK_FILE
+from rlhf.rundir.out_path import classify_out
 
 # What an `rlhf` run leaves in its --out before its metrics exist (a run stopped early); a folder
 # holding only these and the lock file is that run's, and a new run may take it over.
@@ -71,14 +72,21 @@ def check_out_holds_nothing_of_yours(
                 f"--out {out} holds the --config file {config_file}: the run writes its own config.yaml, "
                 f"report.html and model there. Fix: --out a directory of its own (e.g. {target / 'runs' / command})."
             )
+    found = classify_out(out, command)
+    if found.kind in ("missing", "dangling_link", "file", "empty"):
+        return  # nothing of the user's (check_out_dir refuses a file or a link)
+    if found.kind == "run" and METRICS_FILE in found.entries:
+        return  # a run of this stage that ran: check_fresh_run_dir offers --resume or another --out
+    if found.kind == "other_run":
+        resume = f"rlhf {found.stage} --resume {out}" if found.stage in ("train", "dpo") else ""
+        raise ConfigError(
+            f"--out {out} is a run directory of `rlhf {found.stage}`, not of `rlhf {command}`: `rlhf {command}` "
+            f"would write its config.yaml, metrics and model over that run's. Fix: --out a new directory (e.g. "
+            f"runs/{command}){f'; to continue that run: {resume}' if resume else ''}."
+        )
     if not target.is_dir():
         return
-    try:
-        entries = sorted(p.name for p in target.iterdir())
-    except OSError:
-        return  # check_writable_dir speaks for a folder that cannot be read
-    if not entries:
-        return
+    entries = list(found.entries)
     foreign = [name for name in entries if name not in leftovers]
     if not foreign and (every_output or LOCK_FILE in entries):
         return  # an earlier run of `command` (stopped before its work: its metrics file says whether it ran)

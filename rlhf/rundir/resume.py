@@ -21,6 +21,7 @@ from rlhf.config import (
     read_yaml,
     to_dict,
 )
+from rlhf.config.keys import refuse_inapplicable
 
 # Keys a resumed run may change: how long it runs, how often it saves, what it logs where, and how
 # its work is scheduled (the runtime group changes no result beyond float rounding).
@@ -65,7 +66,9 @@ def requested_config(
         if data:
             from_dict(config_class, deep_merge(recorded, data), origin=origin)
             requested = deep_merge(requested, data)
-    return from_dict(config_class, requested, origin="command line")
+    config = from_dict(config_class, requested, origin="command line")
+    refuse_inapplicable(config, [(file, file_data), ("command line", overrides)])  # the keys asked for now
+    return config
 
 
 def refuse_changes(command: str, kept: str, recorded: dict, config, allowed: tuple[str, ...]) -> None:
@@ -113,6 +116,7 @@ def resume_config(
             f"rlhf train --resume: {run_dir}/config.yaml not found: {run_dir} is not an RL run directory. "
             "Fix: pass the --out directory of an earlier `rlhf train`."
         )
+    refuse_other_stage(run_dir, "train")
     recorded = to_dict(config_from_yaml(RLConfig, run_dir / "config.yaml"))
     if not recorded.get("out") or Path(recorded["out"]).resolve() != run_dir.resolve():
         recorded["out"] = str(run_dir)  # the run directory given, wherever the run was first written
@@ -126,6 +130,27 @@ def resume_config(
     config.validate()  # the changes a resume may make are checked as a fresh run's are
     _refuse_going_back(run_dir, config.train.iterations, recorded["train"]["iterations"])
     return config
+
+
+RESUMABLE_STAGES = ("train", "dpo")  # the commands with --resume
+
+
+def refuse_other_stage(run_dir: Path, stage: str) -> None:
+    """`rlhf STAGE --resume RUN_DIR` on a run another command wrote: the message names that command
+    and the one that resumes it, rather than a key of its config.yaml this stage does not know."""
+    from rlhf.config.stages import run_stage
+
+    owner = run_stage(run_dir / "config.yaml")
+    if owner is None or owner == stage:
+        return
+    how = (
+        f"resume it with: rlhf {owner} --resume {run_dir}"
+        if owner in RESUMABLE_STAGES
+        else f"`rlhf {owner}` runs cannot be resumed; start a new `rlhf {stage}` run with another --out"
+    )
+    raise ConfigError(
+        f"rlhf {stage} --resume: {run_dir} is a run of `rlhf {owner}`, not of `rlhf {stage}`. Fix: {how}."
+    )
 
 
 def _refuse_going_back(run_dir: Path, iterations: int, recorded: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlhf.config import ConfigError, config_from_yaml, read_yaml, to_dict
-from rlhf.rundir.resume import refuse_changes, requested_config
+from rlhf.rundir.resume import refuse_changes, refuse_other_stage, requested_config
 
 # Keys a resumed supervised run may change: what it logs where and how often it evaluates and saves.
 SUPERVISED_RESUMABLE_KEYS = (
@@ -37,6 +37,7 @@ def supervised_resume_config(
             f"rlhf {stage} --resume: {run_dir}/config.yaml not found: {run_dir} is not a run directory of "
             f"`rlhf {stage}`. Fix: pass the --out directory of an earlier `rlhf {stage}`."
         )
+    refuse_other_stage(run_dir, stage)
     recorded = to_dict(config_from_yaml(config_class, run_dir / "config.yaml"))
     recorded["out"] = str(run_dir)  # the run directory given, wherever the run was first written
     config = requested_config(

@@ -216,7 +216,7 @@ def test_eval_prompt_budget_of_a_model_without_a_run_config_is_512(tmp_path):
     ("flags", "message"),
     [
         (["--kl.betta", "0.1"], "command line: unknown key 'kl.betta'. Did you mean 'kl.beta'?"),
-        (["--train.iterations", "ten"], "train.iterations must be an integer, got 'ten'"),
+        (["--train.iterations", "ten"], "train.iterations must be an integer >= 0, got 'ten'"),
         (["--kl.estimator", "k4"], "kl.estimator must be one of 'k1', 'k2', 'k3', got 'k4'"),
         (["--preset", "ppo_min"], "unknown preset 'ppo_min'"),
     ],

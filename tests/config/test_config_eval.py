@@ -48,7 +48,7 @@ def test_eval_reads_a_config_file_under_its_flags(tmp_path):
     )
     path.write_text("data: {n: many}\n")
     with pytest.raises(
-        ConfigError, match=f"{path}: data.n must be an integer, got 'many'. Fix: --data.n 256"
+        ConfigError, match=f"{path}: data.n must be an integer >= 1, got 'many'. Fix: --data.n 256"
     ):
         eval_config(*parsed([*EVAL, "--config", str(path)]))
 

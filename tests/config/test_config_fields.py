@@ -5,6 +5,7 @@ precision key of every stage."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from rlhf.config import (
     parse_overrides,
 )
 from rlhf.config.fields import AdvantageEstimator, DataFormat, Dtype, PolicyLossName, is_group, type_hints
+from rlhf.config.keys import meeting
 from rlhf.core.advantages import ESTIMATORS
 from rlhf.core.losses import POLICY_LOSSES
 from rlhf.data.formats import FORMATS
@@ -161,8 +163,9 @@ def test_every_rule_names_the_key_the_value_and_a_fix():
         value = overrides
         for part in key.split("."):
             value = value[part]
+        needs = parse_overrides([f"--{k}={json.dumps(v)}" for k, v in meeting(cls, key).items()])
         try:
-            load_config(cls, overrides=deep_merge(REQUIRED.get(cls, {}), overrides))
+            load_config(cls, overrides=deep_merge(deep_merge(REQUIRED.get(cls, {}), needs), overrides))
             failed.append(f"{cls.__name__} {key} {raw}: accepted")
             continue
         except ConfigError as err:
@@ -177,7 +180,7 @@ def test_every_rule_names_the_key_the_value_and_a_fix():
 def test_a_rule_of_a_group_names_the_group_where_it_is_used():
     with pytest.raises(
         ConfigError,
-        match=r"^command line: critic_optim\.warmup_steps must be >= 0, got -1\. Fix: --critic_optim",
+        match=r"^command line: critic_optim\.warmup_steps must be >= 0 \(optimizer steps\), got -1\. Fix: --critic_optim",
     ):
         load_config(RLConfig, overrides={"critic_optim": {"warmup_steps": -1}})
     with pytest.raises(ConfigError, match=r"^command line: model\.critic_lora\.r must be >= 1, got 0"):

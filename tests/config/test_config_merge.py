@@ -34,6 +34,7 @@ from rlhf.config import (
     to_dict,
 )
 from rlhf.config.fields import is_group, type_hints
+from rlhf.config.keys import meeting
 from rlhf.demo.run import DemoConfig, demo_config
 
 STAGES = (SFTConfig, RewardConfig, DPOConfig, RLConfig, EvalConfig, RMEvalConfig)
@@ -57,10 +58,11 @@ COMPANIONS = {
         "rollout.dynamic_sampling": False,
     },
     # the first other choice is a group estimator with no critic (and so no critic pre-training)
-    "advantage.estimator": {"rollout.samples_per_prompt": 2, "critic.pretrain_iterations": 0},
+    "advantage.estimator": {"rollout.samples_per_prompt": 2},
     "rollout.dynamic_sampling": {"rollout.samples_per_prompt": 2},  # keeps groups of 2 or more responses
     "policy.cov_control": {"policy.loss": "ppo"},  # Clip-Cov / KL-Cov act on the ppo loss's tokens
     "policy.loss_aggregation": {"policy.loss": "ppo"},  # a token denominator (gspo's is rows)
+    "policy.cispo_clip_eps_low": {"policy.loss": "cispo", "policy.clip_eps_high": 4.0},  # cispo needs its cap
 }
 
 
@@ -85,6 +87,7 @@ OTHER = {
     "train.device": "cpu",
     "rollout.correction.cap": 3.0,
     "policy.cispo_clip_eps_low": 0.5,
+    "train.compile_backend": "aot_eager",
 }  # even; a URL; a device name; a cap > 1; a bound in (0, 1]
 
 
@@ -143,9 +146,19 @@ def with_changes(plain: dict, changes: dict) -> dict:
     return out
 
 
+def companions(cls, key: str) -> dict:
+    """What `key` needs beside it: the cross-field rules' COMPANIONS, and the declared conditions under
+    which it applies (rlhf.config.keys) with those conditions' own companions."""
+    met = meeting(cls, key)
+    found: dict = {}
+    for condition in met:
+        found.update(COMPANIONS.get(condition, {}))
+    return {**found, **met, **COMPANIONS.get(key, {})}
+
+
 def one_change(cls, key: str) -> dict:
     tp, value = next((tp, v) for k, tp, v in leaves(cls()) if k == key)
-    return {**REQUIRED.get(cls, {}), **COMPANIONS.get(key, {}), key: other_value(key, tp, value)}
+    return {**REQUIRED.get(cls, {}), **companions(cls, key), key: other_value(key, tp, value)}
 
 
 def from_flags(cls, changes: dict):
@@ -201,11 +214,14 @@ def test_a_preset_changes_only_its_keys_and_a_flag_over_it_only_its_own(preset, 
     assert to_dict(config) == expected
     failed = []
     for key, tp, value in leaves(config):
-        changes = {**COMPANIONS.get(key, {}), key: other_value(key, tp, value)}
         if not config.uses_critic and any(key.startswith(k) for k in CRITIC_KEYS):
-            with pytest.raises(ConfigError, match=f"{key} is .*, but .* uses no critic"):
-                load_config(RLConfig, preset=preset, overrides=nested(changes))
+            change = {key: other_value(key, tp, value)}
+            with pytest.raises(
+                ConfigError, match=f"{key} applies only when advantage.estimator uses a critic"
+            ):
+                load_config(RLConfig, preset=preset, overrides=nested(change))
             continue
+        changes = {**companions(RLConfig, key), key: other_value(key, tp, value)}
         flagged = load_config(RLConfig, preset=preset, overrides=nested(changes))
         if to_dict(flagged) != with_changes(expected, changes):
             failed.append(key)
@@ -243,9 +259,11 @@ def test_reward_model_defaults_are_the_papers_and_token_batch_bounds_are_checked
     assert (rm.optim.lr, rm.optim.warmup_fraction, rm.optim.warmup_steps) == (5e-6, 0.1, 0)
     assert (rm.train.min_batch, rm.train.max_batch) == (4, 128)
     with pytest.raises(ConfigError, match=r"train.max_batch \(3\) must be >= train.min_batch \(4\)"):
+        load_config(RewardConfig, overrides={"train": {"batching": "tokens", "max_batch": 3}})
+    with pytest.raises(ConfigError, match=r"train.max_batch applies only when train.batching tokens"):
         load_config(RewardConfig, overrides={"train": {"max_batch": 3}})
     with pytest.raises(ConfigError, match="train.min_batch must be >= 1"):
-        load_config(RewardConfig, overrides={"train": {"min_batch": 0}})
+        load_config(RewardConfig, overrides={"train": {"batching": "tokens", "min_batch": 0}})
 
 
 # The papers' rates (docs/algorithms.md §23): PPO paper §5.1 with a 10% warmup; the APA code's 1e-6.

@@ -116,7 +116,7 @@ def test_presets_differ_as_the_papers_say():
     [
         ({"kl": {"betta": 0.1}}, "unknown key 'kl.betta'. Did you mean 'kl.beta'?"),
         ({"polcy": {"loss": "apa"}}, "unknown key 'polcy'. Did you mean 'policy'?"),
-        ({"train": {"iterations": "ten"}}, "train.iterations must be an integer, got 'ten'"),
+        ({"train": {"iterations": "ten"}}, "train.iterations must be an integer >= 0, got 'ten'"),
         ({"train": {"iterations": 2.5}}, "train.iterations must be an integer"),
         ({"reward": {"normalize": "yes"}}, "reward.normalize must be true or false"),
         ({"kl": {"beta": "big"}}, "kl.beta must be a number"),
@@ -231,4 +231,8 @@ def test_entropy_target_settings_are_checked():
     assert (config.policy.entropy_target, config.policy.entropy_clip) == (2.0, 0.0)
     assert load_config(RLConfig).policy.entropy_target is None  # off by default: the plain bonus
     with pytest.raises(ConfigError, match="policy.entropy_clip must be >= 0"):
-        load_config(RLConfig, overrides={"policy": {"entropy_clip": -1.0}})
+        load_config(RLConfig, overrides={"policy": {"entropy_target": 2.0, "entropy_clip": -1.0}})
+    with pytest.raises(
+        ConfigError, match="policy.entropy_clip applies only when policy.entropy_target is set"
+    ):
+        load_config(RLConfig, overrides={"policy": {"entropy_clip": 0.5}})

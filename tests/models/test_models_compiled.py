@@ -156,8 +156,9 @@ def test_compile_is_a_switch_of_every_train_group_and_refused_under_fsdp2():
     with pytest.raises(ConfigError, match="train.compile_backend must be a torch.compile backend") as error:
         load_config(RLConfig, overrides={"train": {"compile": True, "compile_backend": "fast"}})
     assert "'fast'" in str(error.value) and "inductor" in str(error.value)
-    # off, the backend is not looked at
-    assert load_config(RLConfig, overrides={"train": {"compile_backend": "fast"}}).train.compile is False
+    # off, a backend set would do nothing: refused as a setting that cannot apply
+    with pytest.raises(ConfigError, match="train.compile_backend applies only when train.compile true"):
+        load_config(RLConfig, overrides={"train": {"compile_backend": "aot_eager"}})
 
 
 def test_rows_and_lengths_that_change_make_one_graph(lm):

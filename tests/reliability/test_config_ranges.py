@@ -35,7 +35,7 @@ RL_BAD = [
     ("checkpoint.every", "-1"),
     ("rollout.top_k", "-1"),
     ("policy_optim.lr", "0"),
-    ("critic.pretrain_patience", "0"),
+    ("critic.pretrain_iterations", "-1"),
     ("log.collapse.window", "0"),
 ]
 
@@ -66,7 +66,8 @@ def test_sft_ranges(files, tmp_path, capsys):
 
 def test_rm_ranges(files, tmp_path, capsys):
     def rm(out, *flag):
-        return ["rm", "--model", files["policy"], "--data", files["pairs"], "--out", out, *flag]
+        return ["rm", "--model", files["policy"], "--data", files["pairs"], "--out", out, "--train.batching",
+                "tokens", *flag]  # fmt: skip
 
     assert refusals(capsys, tmp_path, RM_BAD, rm) == []
 

@@ -73,7 +73,7 @@ def test_a_wrong_type_in_yaml_names_the_key_value_and_fix(files, tmp_path, capsy
     config = tmp_path / "c.yaml"
     config.write_text("train:\n  max_steps: ten\n")
     result = sft(capsys, files, tmp_path / "run", "--config", config)
-    assert_user_error(result, str(config), "train.max_steps must be an integer, got 'ten'", "Fix:")
+    assert_user_error(result, str(config), "train.max_steps must be an integer >= 1, got 'ten'", "Fix:")
 
 
 def test_a_list_where_a_path_goes_names_the_key_and_a_fix(files, tmp_path, capsys):

@@ -93,3 +93,20 @@ def test_a_mistake_of_an_older_pass_or_a_new_surface_is_one_clear_exit_2(corpus,
 @pytest.mark.parametrize("name", SLOW)
 def test_a_case_that_loads_or_trains_holds(corpus, inputs, tmp_path, name):
     _run(corpus, inputs, tmp_path, name)
+
+
+@pytest.mark.slow  # about 3 s a class; one case of each runs in the fast suite (below)
+@pytest.mark.parametrize("name", ["inapplicable", "range", "wrong_way"])
+def test_each_class_of_config_mistake_is_closed(corpus, inputs, tmp_path, name):
+    """The classes of config mistakes (tools/misuse_corpus.py CLASSES), each proven by the cases its
+    brief named and more of its own: every case a clear exit 2, in this process."""
+    cases = corpus.CLASSES[name]
+    assert len(cases) >= 5  # the named ones and at least three more
+    outcomes = [corpus.run_case(case, inputs, tmp_path, in_process=True) for case in cases]
+    failed = [o for o in outcomes if not o.ok]
+    assert failed == [], corpus.table(failed)
+
+
+@pytest.mark.parametrize("name", ["ray_actors_without_ray", "dpo_beta_huge", "dpo_resume_of_a_train_run"])
+def test_a_case_of_each_class_of_config_mistake(corpus, inputs, tmp_path, name):
+    _run(corpus, inputs, tmp_path, name)

@@ -142,10 +142,16 @@ def test_a_critic_free_run_resumes_to_identical_metrics(make_trainer, tmp_path):
     [
         (
             {"model": {"critic_init": "policy"}},
-            "command line: model.critic_init is 'policy', but advantage.estimator 'grpo' uses no critic",
+            "command line: model.critic_init applies only when advantage.estimator uses a critic",
         ),
-        ({"critic_optim": {"lr": 0.1}}, "critic_optim.lr is 0.1, but"),
-        ({"critic": {"value_clip": 0.5}}, "critic.value_clip is 0.5, but"),
+        (
+            {"critic_optim": {"lr": 0.1}},
+            "critic_optim.lr applies only when advantage.estimator uses a critic",
+        ),
+        (
+            {"critic": {"value_clip": 0.5}},
+            "critic.value_clip applies only when .* advantage.estimator is grpo",
+        ),
     ],
 )
 def test_critic_settings_with_a_critic_free_estimator_are_rejected(overrides, message):
@@ -157,7 +163,7 @@ def test_critic_settings_with_a_critic_free_estimator_are_rejected(overrides, me
 def test_critic_settings_in_a_file_name_the_file(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("model: {critic_mode: shared}\n")
-    with pytest.raises(ConfigError, match=rf"{path}: model.critic_mode is 'shared', but"):
+    with pytest.raises(ConfigError, match=rf"{path}: model.critic_mode applies only when"):
         load_config(
             RLConfig,
             file=str(path),

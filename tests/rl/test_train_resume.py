@@ -23,7 +23,6 @@ def resumable_config(out):
         kl={"adaptive": True, "horizon": 20, "target": 1.0},
         critic={"pretrain_iterations": 2},
         policy_optim={"schedule": "cosine", "warmup_steps": 2},
-        data={"ptx_batch_size": 2},
         policy={"ptx_coef": 0.5},
     )
 

@@ -137,9 +137,8 @@ def test_kl_beta_zero_leaves_no_penalty(make_trainer):
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_kl_adaptive_controller_moves_beta(adaptive, make_trainer):
     beta, target, horizon = 0.1, 1.0, 16
-    config = rl_config(
-        "vanilla_ppo", kl={"beta": beta, "adaptive": adaptive, "target": target, "horizon": horizon}
-    )
+    controller = {"target": target, "horizon": horizon} if adaptive else {}  # the controller's own settings
+    config = rl_config("vanilla_ppo", kl={"beta": beta, "adaptive": adaptive, **controller})
     trainer = make_trainer(config)
     perturb(trainer.runtime.roles.policy.model, 0.05)
     metrics = trainer.step()
@@ -206,8 +205,9 @@ def test_advantage_clip_bounds_the_advantages(whiten, make_trainer):
 @pytest.mark.parametrize("policy", ["keep", "penalize", "drop"])
 def test_truncated_responses(policy, make_trainer):
     penalty = -3.0
+    penalized = {"truncation_penalty": penalty} if policy == "penalize" else {}  # applies to penalize only
     trainer, exp, metrics = experience(
-        make_trainer, rollout={"max_new_tokens": 2, "truncated": policy, "truncation_penalty": penalty}
+        make_trainer, rollout={"max_new_tokens": 2, "truncated": policy, **penalized}
     )
     raw = raw_scores(trainer, exp)
     ids, attn, prompt = exp.input_ids, exp.attention_mask, exp.prompt_length

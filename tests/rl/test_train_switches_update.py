@@ -48,13 +48,19 @@ def zero_advantage_trainer(make_trainer, **overrides):
 
 
 # -- policy losses ---------------------------------------------------------------------------------
+OWN_SETTINGS = {
+    "apa": {"apa_lam": 0.5},
+    "awr": {"awr_lam": 2.0, "awr_max_weight": 1.5},
+}  # each loss reads its own
+
+
 @pytest.mark.parametrize("loss", ["ppo", "apa", "awr"])
 def test_policy_loss_switch_selects_the_formula(loss, make_trainer):
     config = rl_config(
         "vanilla_ppo",
         ONE_BATCH,
         model={"critic_init": "reward_model"},
-        policy={"loss": loss, "apa_lam": 0.5, "awr_lam": 2.0, "awr_max_weight": 1.5},
+        policy={"loss": loss, **OWN_SETTINGS.get(loss, {})},
     )
     trainer = make_trainer(config)
     exp, _ = trainer.make_experience()

@@ -50,7 +50,8 @@ def test_sft_metrics_are_unchanged_by_compiling(compiled_calls, tok, tmp_path):
     logs = []
     for name, compile in (("eager", False), ("compiled", True)):
         (tmp_path / name).mkdir()
-        train = {"max_steps": 4, "eval_every": 2, "compile": compile, "compile_backend": BACKEND}
+        backend = {"compile_backend": BACKEND} if compile else {}  # the backend applies to a compiled run
+        train = {"max_steps": 4, "eval_every": 2, "compile": compile, **backend}
         c = sft_config(tmp_path / name, train=train)
         rewrite(tmp_path / name / "sft.jsonl", sft_data())
         model = tiny_causal_lm(tok, seed=0, hidden_size=32, num_layers=1, num_heads=2)
@@ -97,7 +98,7 @@ def test_rm_and_dpo_metrics_are_unchanged_by_compiling(stage, compiled_calls, to
 def test_train_metrics_are_unchanged_by_compiling(compiled_calls, make_trainer, tmp_path):
     logs = []
     for name, compile in (("eager", False), ("compiled", True)):
-        train = {"compile": compile, "compile_backend": BACKEND}
+        train = {"compile": compile, **({"compile_backend": BACKEND} if compile else {})}
         config = rl_config("ppo_max", train=train, rollout={"max_new_tokens": 16})
         trainer = make_trainer(config, run_dir=tmp_path / name)
         roles = trainer.runtime.roles

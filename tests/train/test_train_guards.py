@@ -10,10 +10,10 @@ import torch
 
 from rlhf.config import OptimConfig
 from rlhf.rl.metrics import mean_over_steps
-from rlhf.rl.run_guards import SkippedStepStreak
 from rlhf.train.guards import (
     NONFINITE_GRADIENTS,
     NonFiniteScoresError,
+    SkippedStepStreak,
     require_finite_scores,
     require_finite_tokens,
 )

@@ -233,7 +233,8 @@ class Roles:
 def optimizer_steps(config: RLConfig) -> tuple[int, int]:
     """(steps of the RL iterations, steps of critic pre-training at most): the schedules' lengths."""
     per_iteration = config.train.ppo_epochs * config.train.minibatches
-    return max(1, config.train.iterations * per_iteration), config.critic.pretrain_iterations * per_iteration
+    pretrain = config.critic.pretrain_iterations if config.uses_critic else 0  # no critic: a preset's, unused
+    return max(1, config.train.iterations * per_iteration), pretrain * per_iteration
 
 
 def assemble_roles(

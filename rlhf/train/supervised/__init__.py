@@ -37,6 +37,7 @@ from rlhf.rundir.export import export_models
 from rlhf.rundir.final_report import write_final_report
 from rlhf.rundir.footprint import footprint_line
 from rlhf.train.context_check import check_rows_fit
+from rlhf.train.guards import SkippedStepStreak, loss_scale_fix
 from rlhf.train.learner import Learner
 from rlhf.train.setup import start_run, with_compile, with_packing
 from rlhf.train.supervised.checkpoint import (
@@ -369,6 +370,7 @@ def _train_steps(
     config, learner = stage.config, run.learner
     t = config.train
     every = config.checkpoint.every if stage.resumable else 0
+    skipped = SkippedStepStreak(patience=3, unit="steps")  # every step skipped: the run stops, naming why
     final: dict[str, Any] = {}
     for step, indices in numbered_batches:
         logger.status("training", step, "step")  # the first step, and a long one, say so
@@ -380,6 +382,7 @@ def _train_steps(
                 step=step,
                 kind="step",
             )
+        skipped.update("model", metrics["train/skipped_step_fraction"], step, loss_scale_fix(config))
         metrics["train/lr"] = learner.lr
         last = step == steps - 1
         if last and data_metrics:

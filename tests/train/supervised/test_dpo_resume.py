@@ -42,6 +42,8 @@ def dpo_config(tmp_path, **changes) -> DPOConfig:
     for key, value in changes.items():
         group, name = key.split(".")
         overrides.setdefault(group, {})[name] = value
+    if not overrides["checkpoint"]["every"]:  # no checkpoints: none to keep
+        del overrides["checkpoint"]["keep"]
     return load_config(DPOConfig, overrides=overrides)
 
 

@@ -150,6 +150,7 @@ TRAIN_FLAGS = {
     "data.prompts": "--prompts",
     "out": "--out",
     "data.skip_invalid": "--skip-invalid",
+    "reward.remote.token_env": "--reward-token-env",
 }
 
 
@@ -268,6 +269,12 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         metavar="URL",
         help="a reward server (`rlhf serve-rm`, docs/reward_server.md) instead of --reward-model "
         "(reward.remote.url)",
+    )
+    train.add_argument(
+        "--reward-token-env",
+        metavar="NAME",
+        help="the environment variable holding the reward server's bearer token (reward.remote.token_env; "
+        "the name is recorded, never the token)",
     )
     train.add_argument(
         "--env",
@@ -583,6 +590,7 @@ def run_train_command(args, rest, ctx) -> int:
         "model.policy": args.policy,
         "model.reward_model": args.reward_model,
         "reward.remote.url": args.reward_url,
+        "reward.remote.token_env": args.reward_token_env,
         "data.prompts": args.prompts,
         "env.name": args.env,
         "out": args.out,

@@ -4,6 +4,7 @@ trainer's (`log.mismatch`, docs/monitors.md)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -19,10 +20,20 @@ class RemoteRewardConfig:
     retries: int = 3  # further attempts after a failed one (refused, reset, timed out, HTTP 429/5xx)
     backoff: float = 0.5  # seconds before the first retry, doubled before each next one
     rows_per_request: int = 256  # responses sent in one request (a rollout is split into several)
+    # the NAME of the environment variable holding the server's bearer token (`rlhf serve-rm
+    # --token-env`); the token itself is never in a config; "": send none
+    token_env: str = ""
 
     def validate(self, prefix: str) -> None:
         if self.url:
             check_url(self.url, f"{prefix}url")
+        if self.token_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.token_env):
+            refuse(
+                f"{prefix}token_env {self.token_env!r} is not the name of an environment variable. Fix: "
+                f"give the variable's name, not the token (e.g. --reward-token-env RLHF_REWARD_TOKEN after "
+                "export RLHF_REWARD_TOKEN=...).",
+                f"{prefix}token_env",
+            )
         positive(self.timeout, f"{prefix}timeout", 60)
         at_least(self.retries, 0, f"{prefix}retries", " (0: one attempt)")
         at_least(self.backoff, 0, f"{prefix}backoff")

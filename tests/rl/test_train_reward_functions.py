@@ -110,7 +110,7 @@ def _call(name: str):
         ),
         (
             "tests.support.reward_fns_testing:nan_at_row_two",
-            r"nan_at_row_two returned nan for row 2 .*'the third'",
+            r"nan_at_row_two returned nan for row 2, not a finite number .*'the third'",
         ),
         (
             "tests.support.reward_fns_testing:text",

@@ -400,6 +400,15 @@ def _serve_rm_parser(sub) -> None:
     serve.add_argument(
         "--max-batch-rows", type=int, default=256, help="rows of waiting requests scored together at most"
     )
+    serve.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help="the environment variable holding the bearer token every request must send; off loopback, "
+        "without it, a token is made and printed at start",
+    )
+    serve.add_argument(
+        "--max-body-mb", type=float, default=64, help="request bodies larger than this are refused (HTTP 413)"
+    )
     serve.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU) | cpu | cuda:N")
     serve.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | bfloat16-pure")
     _add_safety_flags(serve)

@@ -9,12 +9,21 @@ warmup and reports once when the policy stayed still in every one of them:
 - the mean PPO ratio of the update within `STILL_RATIO` of 1,
 - |approx KL| between the sampling policy and the updated one under `STILL_KL`,
 - the KL to the reference (k3, per response) under `STILL_KL`.
+
+A still policy is not always a small learning rate: a step with nothing to learn from moves nothing
+either. The warning names what removed the signal when every still iteration's metrics say so:
+`rollout.truncated drop` dropping every response (`rollout/kept_fraction` 0: each hit
+rollout.max_new_tokens), DAPO's dynamic sampling finding no group with two rewards
+(`dynamic_sampling/informative_fraction` 0), or, under a critic-free estimator, every group scoring
+one reward (`group/zero_std_fraction` 1: group-relative advantages of 0). Only otherwise is the
+learning rate blamed alone.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 STILL_POLICY_ITERATIONS = 3  # iterations (after the warmup) of a still policy before the warning
@@ -23,6 +32,9 @@ STILL_KL = 1e-3  # |approx KL| and the KL to the reference under this count as n
 LORA_LR_FLOOR = 1e-5  # a LoRA adapter below this rate is most likely on a full-fine-tuning one
 
 RATIO_KEY, APPROX_KL_KEY, REF_KL_KEY = "policy/ratio_mean", "policy/approx_kl", "kl/k3"
+KEPT_KEY = "rollout/kept_fraction"  # responses kept for training (rollout.truncated drop removes some)
+INFORMATIVE_KEY = "dynamic_sampling/informative_fraction"  # DAPO: groups drawn with two rewards or more
+FLAT_KEY = "group/zero_std_fraction"  # groups whose kept rows all scored the same
 CODE = "policy_not_moving"  # the `code` of the warning's event in metrics.jsonl
 
 
@@ -47,17 +59,48 @@ def is_still(metrics: Mapping[str, Any]) -> bool | None:
     )
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """The settings a still policy's warning names in its fix (those of `rlhf train`'s config)."""
+
+    temperature: float = 1.0
+    max_new_tokens: int = 0
+    samples_per_prompt: int = 1
+    truncated: str = "keep"  # rollout.truncated: keep | penalize | drop
+    critic_free: bool = False  # a group-relative estimator (GRPO, RLOO, DAPO, ...): no critic
+
+    @classmethod
+    def of(cls, config: Any) -> RunSettings:
+        """Those of an RLConfig."""
+        r = config.rollout
+        return cls(r.temperature, r.max_new_tokens, r.samples_per_prompt, r.truncated, not config.uses_critic)
+
+
 class StillPolicyCheck:
     """`update(iteration, metrics)` after each RL iteration; returns the warning once, when the
     first `iterations` iterations from `start` (the first after the warmup) were all still, and
     None otherwise. An iteration that moves disarms it for the rest of the session."""
 
     def __init__(
-        self, lr: float, *, lora: bool = False, start: int = 0, iterations: int = STILL_POLICY_ITERATIONS
+        self,
+        lr: float,
+        *,
+        lora: bool = False,
+        start: int = 0,
+        iterations: int = STILL_POLICY_ITERATIONS,
+        run: RunSettings | None = None,
     ) -> None:
         self.lr, self.lora, self.start, self.iterations = lr, lora, start, iterations
+        self.run = run or RunSettings()
         self.still: list[Mapping[str, Any]] = []
         self.done = False
+
+    @classmethod
+    def of(cls, config: Any, start: int = 0) -> StillPolicyCheck:
+        """The check of an RLConfig's run (its policy's lr, LoRA, the rollout settings its fix names)."""
+        return cls(
+            config.policy_optim.lr, lora=config.model.lora.enabled, start=start, run=RunSettings.of(config)
+        )
 
     def update(self, iteration: int, metrics: Mapping[str, Any]) -> str | None:
         if self.done or iteration < self.start:
@@ -74,12 +117,51 @@ class StillPolicyCheck:
         self.done = True
         return self.message()
 
+    def every_still(self, key: str, value: float) -> bool:
+        """Whether every still iteration logged `key` at `value`."""
+        return all(_number(m.get(key)) == value for m in self.still)
+
+    def nothing_to_learn(self) -> str | None:
+        """What removed every row's signal in the still iterations, with the fix; None: nothing did."""
+        run, n = self.run, len(self.still)
+        budget = (
+            f"rollout.max_new_tokens {run.max_new_tokens}" if run.max_new_tokens else "rollout.max_new_tokens"
+        )
+        if self.every_still(KEPT_KEY, 0.0):
+            return (
+                f"rollout.truncated {run.truncated} removed every response in {n} iterations ({KEPT_KEY} 0): each "
+                f"hit {budget} before its EOS, so no row was left to learn from (the learning rate is not the "
+                f"cause). Fix: raise --rollout.max_new_tokens (responses need room to end), or --rollout.truncated "
+                "penalize / keep."
+            )
+        if self.every_still(INFORMATIVE_KEY, 0.0):
+            return (
+                f"DAPO's dynamic sampling found no group with two different rewards in {n} iterations "
+                f"({INFORMATIVE_KEY} 0): every group of every round scored one reward, so every advantage was 0 "
+                "(the learning rate is not the cause). Fix: more varied responses (raise --rollout.temperature "
+                f"{run.temperature:g} or --rollout.samples_per_prompt {run.samples_per_prompt}), room to differ "
+                f"(raise --{budget.replace(' ', ' from ')}: responses cut alike score alike), or a reward that "
+                "tells responses apart (a constant reward function or model scores every response the same)."
+            )
+        if run.critic_free and self.every_still(FLAT_KEY, 1.0):
+            return (
+                f"every group scored one reward in {n} iterations ({FLAT_KEY} 1): a group-relative estimator's "
+                f"advantages were all 0. Fix, in this order: more varied responses (raise --rollout.temperature "
+                f"{run.temperature:g}, --rollout.samples_per_prompt {run.samples_per_prompt}), room to differ "
+                f"(raise --{budget.replace(' ', ' from ')}: responses cut alike score alike), check that the "
+                f"reward tells responses apart; only then the learning rate (policy_optim.lr {self.lr:g})."
+            )
+        return None
+
     def message(self) -> str:
         worst = {
             key: max(abs(_number(m.get(key)) or 0.0) for m in self.still)
             for key in (APPROX_KL_KEY, REF_KL_KEY)
         }
         ratio = max(abs((_number(m.get(RATIO_KEY)) or 1.0) - 1.0) for m in self.still)
+        cause = self.nothing_to_learn()
+        if cause is not None:
+            return f"the policy has not moved in {len(self.still)} iterations: {cause}"
         if self.lora and self.lr < LORA_LR_FLOOR:
             why = (
                 f"policy_optim.lr {self.lr:g} is a full-fine-tuning rate on a LoRA adapter, whose few "

@@ -168,9 +168,7 @@ class RLTrainer:
         self.skipped_streak = SkippedStepStreak()
         self.detector = collapse_detector(c)
         # a policy that does not move (a learning rate far too small): said once, with the fix
-        self.still_check = StillPolicyCheck(
-            c.policy_optim.lr, lora=c.model.lora.enabled, start=warmup_iterations(c)
-        )
+        self.still_check = StillPolicyCheck.of(c, start=warmup_iterations(c))
         self.samples = SampleLog(c, self.runtime.tokenizer)  # samples.jsonl rows of the logged iterations
         notes: list[str] = []  # said once the logger is open
         if resume:

@@ -1227,8 +1227,10 @@ def flat_reward(name: str = "rf_flat") -> Callable[[Path], None]:
 
 
 def still_run(*extra: str, preset: str = "grpo") -> list[str]:
-    """Four iterations of a run whose policy cannot move (a guess must name why)."""
-    return grpo(*extra, "--train.iterations", "4", preset=preset)
+    """Four iterations of a run whose policy cannot move (a guess must name why), its warnings on the
+    console; DAPO's soft overlong punishment off (it would tell truncated responses apart)."""
+    return grpo(*extra, "--train.iterations", "4", "--log.sinks", "[jsonl,console]", "--reward.overlong_buffer", "0",
+                preset=preset)  # fmt: skip
 
 
 DEEP = b"[" * 200_000 + b"]" * 200_000

@@ -117,41 +117,68 @@ class StillPolicyCheck:
         self.done = True
         return self.message()
 
-    def every_still(self, key: str, value: float) -> bool:
-        """Whether every still iteration logged `key` at `value`."""
-        return all(_number(m.get(key)) == value for m in self.still)
+    def count_still(self, key: str, value: float) -> int:
+        """How many still iterations logged `key` at `value`."""
+        return sum(_number(m.get(key)) == value for m in self.still)
 
     def nothing_to_learn(self) -> str | None:
-        """What removed every row's signal in the still iterations, with the fix; None: nothing did."""
+        """What removed the rows' signal in most of the still iterations (all: the learning rate is
+        not named; most: named last), with the fix; None: nothing did."""
         run, n = self.run, len(self.still)
         budget = (
-            f"rollout.max_new_tokens {run.max_new_tokens}" if run.max_new_tokens else "rollout.max_new_tokens"
+            f"--rollout.max_new_tokens (now {run.max_new_tokens})"
+            if run.max_new_tokens
+            else "--rollout.max_new_tokens"
         )
-        if self.every_still(KEPT_KEY, 0.0):
-            return (
-                f"rollout.truncated {run.truncated} removed every response in {n} iterations ({KEPT_KEY} 0): each "
-                f"hit {budget} before its EOS, so no row was left to learn from (the learning rate is not the "
-                f"cause). Fix: raise --rollout.max_new_tokens (responses need room to end), or --rollout.truncated "
-                "penalize / keep."
+        varied = (
+            f"more varied responses (raise --rollout.temperature (now {run.temperature:g}) or "
+            f"--rollout.samples_per_prompt (now {run.samples_per_prompt})), room to differ (raise {budget}: "
+            "responses cut alike score alike), a reward that tells responses apart (a constant reward function "
+            "or model scores every response the same)"
+        )
+        causes = []
+        if (k := self.count_still(KEPT_KEY, 0.0)) * 2 >= n:
+            limit = (
+                f"rollout.max_new_tokens {run.max_new_tokens}"
+                if run.max_new_tokens
+                else "rollout.max_new_tokens"
             )
-        if self.every_still(INFORMATIVE_KEY, 0.0):
-            return (
-                f"DAPO's dynamic sampling found no group with two different rewards in {n} iterations "
-                f"({INFORMATIVE_KEY} 0): every group of every round scored one reward, so every advantage was 0 "
-                "(the learning rate is not the cause). Fix: more varied responses (raise --rollout.temperature "
-                f"{run.temperature:g} or --rollout.samples_per_prompt {run.samples_per_prompt}), room to differ "
-                f"(raise --{budget.replace(' ', ' from ')}: responses cut alike score alike), or a reward that "
-                "tells responses apart (a constant reward function or model scores every response the same)."
+            causes.append(
+                (
+                    k,
+                    f"rollout.truncated {run.truncated} removed every response ({KEPT_KEY} 0): each hit "
+                    f"{limit} before its EOS, so no row was left to learn from",
+                    f"raise {budget} (responses need room to end), or --rollout.truncated penalize / keep",
+                )
             )
-        if run.critic_free and self.every_still(FLAT_KEY, 1.0):
-            return (
-                f"every group scored one reward in {n} iterations ({FLAT_KEY} 1): a group-relative estimator's "
-                f"advantages were all 0. Fix, in this order: more varied responses (raise --rollout.temperature "
-                f"{run.temperature:g}, --rollout.samples_per_prompt {run.samples_per_prompt}), room to differ "
-                f"(raise --{budget.replace(' ', ' from ')}: responses cut alike score alike), check that the "
-                f"reward tells responses apart; only then the learning rate (policy_optim.lr {self.lr:g})."
+        elif (k := self.count_still(INFORMATIVE_KEY, 0.0)) * 2 >= n:
+            causes.append(
+                (
+                    k,
+                    f"DAPO's dynamic sampling found no group with two different rewards ({INFORMATIVE_KEY} "
+                    "0): every group of every round scored one reward, so every advantage was 0",
+                    varied,
+                )
             )
-        return None
+        elif run.critic_free and (k := self.count_still(FLAT_KEY, 1.0)) * 2 >= n:
+            causes.append(
+                (
+                    k,
+                    f"every group scored one reward ({FLAT_KEY} 1): a group-relative estimator's "
+                    "advantages were all 0",
+                    varied,
+                )
+            )
+        if not causes:
+            return None
+        k, what, fix = causes[0]
+        when = f"in all {n} iterations" if k == n else f"in {k} of the {n} iterations"
+        last = (
+            f"; only then the learning rate (policy_optim.lr {self.lr:g})"
+            if k < n or FLAT_KEY in what
+            else " (the learning rate is not the cause)"
+        )
+        return f"{when}, {what}. Fix, in this order: {fix}{last}."
 
     def message(self) -> str:
         worst = {

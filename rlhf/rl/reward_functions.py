@@ -340,12 +340,9 @@ def call_reward_function(
     try:
         values = torch.as_tensor(out, dtype=torch.float64).detach().cpu()
     except OverflowError:  # a Python int beyond float64 (10**400): named by the check of each value
-        values = (
-            torch.tensor([_float64(v) for v in out], dtype=torch.float64)
-            if isinstance(out, (list, tuple))
-            else None
-        )
-        if values is None or values.shape != (size,):
+        items = list(out) if isinstance(out, (list, tuple)) else []
+        values = torch.tensor([_float64(v) for v in items], dtype=torch.float64)
+        if values.shape != (size,):
             raise RewardFunctionError(
                 f"reward function {reward.name} returned {type(out).__name__} holding a number beyond float64 "
                 f"({where}{size} responses). {fix}"

@@ -27,14 +27,15 @@ def warning(settings: RunSettings, **logged: float) -> str:
     ("settings", "logged", "named", "not_named"),
     [
         (GRPO, {"rollout/kept_fraction": 0.0, "group/zero_std_fraction": 1.0},
-         ["rollout.truncated drop removed every response", "rollout.max_new_tokens 64", "Fix: raise --rollout.max_new_tokens"],
+         ["in all 3 iterations, rollout.truncated drop removed every response", "rollout.max_new_tokens 64",
+          "Fix, in this order: raise --rollout.max_new_tokens (now 64)", "the learning rate is not the cause"],
          ["raise --policy_optim.lr"]),
         (GRPO, {"rollout/kept_fraction": 1.0, "dynamic_sampling/informative_fraction": 0.0, "group/zero_std_fraction": 1.0},
-         ["dynamic sampling found no group", "--rollout.temperature 0.7", "--rollout.samples_per_prompt 4",
-          "rollout.max_new_tokens from 64", "reward"], ["raise --policy_optim.lr"]),
+         ["dynamic sampling found no group", "--rollout.temperature (now 0.7)", "--rollout.samples_per_prompt (now 4)",
+          "--rollout.max_new_tokens (now 64)", "reward"], ["raise --policy_optim.lr", "only then"]),
         (GRPO, {"rollout/kept_fraction": 1.0, "group/zero_std_fraction": 1.0},
-         ["every group scored one reward", "--rollout.temperature 0.7", "rollout.max_new_tokens from 64",
-          "policy_optim.lr 1e-06"], ["most likely"]),
+         ["every group scored one reward", "--rollout.temperature (now 0.7)", "--rollout.max_new_tokens (now 64)",
+          "only then the learning rate (policy_optim.lr 1e-06)"], ["most likely"]),
         (GRPO, {"rollout/kept_fraction": 1.0, "group/zero_std_fraction": 0.5},
          ["policy_optim.lr 1e-06 is too small", "raise --policy_optim.lr"], ["temperature"]),
         (RunSettings(critic_free=False), {"rollout/kept_fraction": 1.0, "group/zero_std_fraction": 1.0},
@@ -49,12 +50,16 @@ def test_the_warning_names_what_removed_the_signal(settings, logged, named, not_
     assert not any(word in message for word in not_named), message
 
 
-def test_one_iteration_with_a_signal_keeps_the_learning_rate_in_the_message():
+@pytest.mark.parametrize(
+    ("informative", "said"),
+    [([0.0, 0.25, 0.0], "in 2 of the 3 iterations, DAPO's dynamic sampling found no group"),
+     ([0.0, 0.25, 0.5], "policy_optim.lr 1e-06 is too small")],
+)  # fmt: skip
+def test_a_cause_of_most_iterations_is_named_before_the_learning_rate(informative, said):
     check = StillPolicyCheck(1e-6, iterations=3, run=GRPO)
-    kept = [0.0, 1.0, 0.0]  # one of the three kept its rows: the drop is not the whole story
-    said = [check.update(i, {**STILL, "rollout/kept_fraction": k, "group/zero_std_fraction": 0.5})
-            for i, k in enumerate(kept)]  # fmt: skip
-    assert "raise --policy_optim.lr" in said[2]
+    out = [check.update(i, {**STILL, "rollout/kept_fraction": 1.0, "dynamic_sampling/informative_fraction": f})
+           for i, f in enumerate(informative)]  # fmt: skip
+    assert said in out[2] and "policy_optim.lr 1e-06" in out[2]
 
 
 def test_the_settings_are_the_runs():

@@ -21,8 +21,7 @@ CLASSES = {
 }  # fmt: skip
 FAST = [
     "plan_sequence_longer_than_positions", "plan_model_dir_longer_than_positions", "data_jsonl_duplicate_key",
-    "data_json_duplicate_key", "data_integer_of_5000_digits", "yaml_merge_then_duplicate_key",
-    "serve_rm_max_body_zero",
+    "data_integer_of_5000_digits", "yaml_merge_then_duplicate_key",
 ]  # fmt: skip
 SLOW = [
     "serve_rm_body_nested_200000_deep", "env_reward_10_pow_400", "reward_server_trickles_its_answer",

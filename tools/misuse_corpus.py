@@ -8,9 +8,13 @@
 Groups (GROUPS): `named` and `new` (issue 28's corpus), then issue 40's reruns of the older passes
 case by case (`issue16`, `pass153`, `corpus30`, `pass127`: the cases each pass names that the groups
 before did not have) and `surfaces` (environments, DAPO, the reward server and its client,
-verifiers, eval --pairs, token budgets, sampler engines, plan). A case may start from an earlier
-run (`built`: trained once per scratch folder, then copied) or talk to a local HTTP server
-(`server`), and has a timeout: a case still running then has hung.
+verifiers, eval --pairs, token budgets, sampler engines, plan), then classes of input and server
+mistakes, each its named cases and new ones (`input_formats`: valid input refused or invalid input
+accepted; `outside_numbers`: numbers checked after their cast; `bounded_waits`; `server_input`: a
+started `rlhf serve-rm` probed with requests; `wrong_guesses`: a warning that must name the real
+cause, and not the wrong one). A case may start from an earlier run (`built`: trained once per
+scratch folder, then copied), talk to a local HTTP server (`server`), or probe the server it starts
+(`probes`), and has a timeout: a case still running then has hung.
 
 Each case is a command line of `rlhf`, the files to set up beside the shared inputs (a tiny policy
 `policy/`, a reward model `rm/`, `sft.jsonl`, `pairs.jsonl`, `prompts.jsonl`), the exit code it must
@@ -1362,7 +1366,7 @@ WRONG_GUESSES = [
          still_run("--reward-model", "rm", "--reward.model_weight", "0", "--reward-fn", "rf_flat:score"), code=0,
          words=("every group scored one reward",), setup=flat_reward(), timeout=300),
     Case("ppo_tiny_lr_still_blames_the_lr",
-         train("--policy_optim.lr", "1e-12", "--train.iterations", "4"), code=0,
+         train("--policy_optim.lr", "1e-12", "--train.iterations", "4", "--log.sinks", "[jsonl,console]"), code=0,
          words=("policy_optim.lr 1e-12 is too small",), absent=("every group", "dynamic sampling"), timeout=300),
 ]  # fmt: skip
 

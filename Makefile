@@ -49,14 +49,14 @@ bench: setup
 	$(PY) bench/run.py
 
 # Peak resident memory of sft, rm and train (LoRA policy) on SmolLM2-135M and HH pairs against each
-# stage's floor (about 30 minutes on 2 cores; bench/results/memory_latest.json, docs/memory.md).
+# stage's floor (about 30 minutes on 2 cores; bench/results/memory_stages.json, docs/memory.md).
 # The model and the pairs: RLHF_BENCH_MODEL=DIR RLHF_BENCH_PAIRS=FILE.jsonl.gz (skipped without them).
 bench-memory: setup
-	$(PY) bench/memory.py
+	$(PY) bench/memory/memory.py
 
 # Wall time of `rlhf demo` and `rlhf demo --compare --seeds 3`, with the findings (about 10 minutes).
 bench-demo: setup
-	$(PY) bench/demo_timing.py
+	$(PY) bench/speed/demo_timing.py
 
 # Mutation testing of rlhf/core/*.py and rlhf/rl/experience.py (minutes; not part of `make test`):
 # prints the per-file table and survivors, writes bench/results/mutation.json (docs/mutation.md).

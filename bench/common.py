@@ -1,4 +1,10 @@
-"""Small helpers shared by the benchmark processes: threads, quiet offline environment, results."""
+"""Helpers shared by every benchmark: threads, a quiet offline environment, subprocess cases and
+their JSON results, and device-safe timing and peak memory.
+
+CUDA kernels run asynchronously, so every timed region waits for the device at both ends
+(`synchronize`, a no-op on the CPU). Peak memory is `torch.cuda.max_memory_allocated` since the
+last `reset_peak_memory` on CUDA, the process's peak resident set on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,15 @@ import json
 import os
 import resource
 import sys
+import time
 import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+
+T = TypeVar("T")
 
 QUIET_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -93,3 +107,56 @@ def run_case(cmd: list[str], *, env: dict[str, str], cwd: str, timeout: float) -
         round((usage.ru_utime + usage.ru_stime) / wall, 2) if usage is not None and wall else None
     )
     return result
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait until every kernel queued on `device` has finished (nothing to wait for on the CPU)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], T], device: torch.device | str) -> tuple[float, T]:
+    """(seconds, result) of `fn()`, the device idle at both ends of the measured interval."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return time.perf_counter() - start, result
+
+
+def synchronized_after(owner: object, name: str, device: torch.device | str) -> None:
+    """Make `owner.name(...)` wait for `device` before returning, so a clock read just after the
+    call (the trainer's phase boundaries) includes the work that call queued."""
+    call = getattr(owner, name)
+
+    def waiting(*args, **kwargs):
+        result = call(*args, **kwargs)
+        synchronize(device)
+        return result
+
+    setattr(owner, name, waiting)
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    """Start a new peak-memory window on CUDA (the CPU's peak RSS cannot be reset)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device | str) -> dict:
+    """{"peak_mb", "kind"}: CUDA max_memory_allocated since `reset_peak_memory`, or the CPU peak RSS."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return {
+            "peak_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
+            "kind": "cuda_allocated",
+        }
+    return {"peak_mb": round(peak_rss_mb(), 1), "kind": "cpu_peak_rss"}

@@ -1,6 +1,6 @@
 """`make bench`: our PPO iteration against TRL's PPOTrainer, against the machine's FLOP rate, and on
-a real 135M model, in one run; then, when CUDA is present, the same on the GPU (bench/gpu.py).
-Prints a table and writes bench/results/latest.json.
+a real 135M model, in one run; then, when CUDA is present, the same on the GPU (bench/speed/gpu.py).
+Prints a table and writes bench/results/make_bench.json.
 
     .venv/bin/python bench/run.py                  # everything (about 10 minutes on 2 cores)
     .venv/bin/python bench/run.py --quick          # one repetition, fewer iterations
@@ -26,14 +26,14 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python bench/run.py` puts bench/ first, not the repo root
     sys.path.insert(0, str(REPO))
 
-from bench import data_parallel, gpu, peer, smollm2  # noqa: E402
 from bench.common import child_env, run_case  # noqa: E402
-from bench.report import print_report, summarize  # noqa: E402
-from bench.workload import WORKLOADS  # noqa: E402
+from bench.speed import data_parallel, gpu, peer, smollm2  # noqa: E402
+from bench.speed.report import print_report, summarize  # noqa: E402
+from bench.speed.workload import WORKLOADS  # noqa: E402
 
 SECTIONS = ("vs_trl", "smollm2", "data_parallel", "gpu")
 CACHE = REPO / "bench" / ".cache"
-RESULTS = REPO / "bench" / "results" / "latest.json"
+RESULTS = REPO / "bench" / "results" / "make_bench.json"
 CASE_TIMEOUT = 1800.0
 
 
@@ -100,7 +100,9 @@ class Runner:
 def machine_section(runner: Runner, threads: int, reps: int) -> dict:
     return runner.run(
         f"fp32 matmul 2048^2 x{reps}",
-        runner.module("bench.machine", "--size", "2048", "--reps", str(reps), "--threads", str(threads)),
+        runner.module(
+            "bench.speed.machine", "--size", "2048", "--reps", str(reps), "--threads", str(threads)
+        ),
     )
 
 
@@ -115,7 +117,13 @@ def vs_trl_section(runner: Runner, args: argparse.Namespace) -> dict:
     for rep in range(args.reps):
         for w in WORKLOADS:
             ours_cmd = runner.module(
-                "bench.ours", "--workload", w.name, "--iters", str(args.iters), "--threads", str(args.threads)
+                "bench.speed.ours",
+                "--workload",
+                w.name,
+                "--iters",
+                str(args.iters),
+                "--threads",
+                str(args.threads),
             )
             order = [("ours", ours_cmd)]
             if trl_python is not None:
@@ -138,7 +146,7 @@ def smollm2_model(runner: Runner) -> tuple[Path | None, Path | None, str]:
     if not model_dir.is_dir():
         converted = runner.run(
             "SmolLM2 GGUF -> float32 directory (once)",
-            runner.module("bench.smollm2", "convert", "--model", str(gguf), "--out", str(model_dir)),
+            runner.module("bench.speed.smollm2", "convert", "--model", str(gguf), "--out", str(model_dir)),
         )
         if "error" in converted:
             return gguf, None, "conversion failed: " + converted["error"]
@@ -153,11 +161,13 @@ def smollm2_section(runner: Runner, args: argparse.Namespace) -> dict:
     common = ["--model", str(model_dir), "--threads", str(args.threads)]
     sampler = runner.run(
         "SmolLM2 sampler vs generate",
-        runner.module("bench.smollm2", "sampler", *common, "--reps", "1" if args.quick else "3"),
+        runner.module("bench.speed.smollm2", "sampler", *common, "--reps", "1" if args.quick else "3"),
     )
     ppo = runner.run(
         "SmolLM2 PPO-max iteration (LoRA)",
-        runner.module("bench.smollm2", "ppo", *common, "--iters", "2", "--batch", "8", "--new-tokens", "64"),
+        runner.module(
+            "bench.speed.smollm2", "ppo", *common, "--iters", "2", "--batch", "8", "--new-tokens", "64"
+        ),
     )
     return {"gguf": str(gguf.relative_to(REPO)), "sampler": sampler, "ppo": ppo}
 
@@ -165,9 +175,9 @@ def smollm2_section(runner: Runner, args: argparse.Namespace) -> dict:
 def gpu_section(runner: Runner, args: argparse.Namespace) -> dict:
     """On a CUDA machine: our PPO iteration on every workload (the CPU ones and SmolLM2's) in each
     of gpu.DTYPES, and our sampler against `generate` on SmolLM2, each case in its own process.
-    TRL's PPOTrainer is not run: the peer script pins the CPU (bench/peer.py gpu_blockers lists
+    TRL's PPOTrainer is not run: the peer script pins the CPU (bench/speed/peer.py gpu_blockers lists
     how; the section prints it) and it is not ours to edit."""
-    info = runner.run("CUDA device check", runner.module("bench.gpu", "info"))
+    info = runner.run("CUDA device check", runner.module("bench.speed.gpu", "info"))
     if "error" in info:
         return {"skipped": "the CUDA check failed: " + info["error"]}
     if not info["cuda"]:  # the report prints the one line saying so
@@ -196,13 +206,13 @@ def gpu_section(runner: Runner, args: argparse.Namespace) -> dict:
         for dtype in gpu.DTYPES:
             case = ["--workload", name, "--dtype", dtype, "--iters", str(args.iters), *common]
             case += model if name.startswith("smollm2") else []
-            result = runner.run(f"GPU {name:<11} {dtype}", runner.module("bench.gpu", "ppo", *case))
+            result = runner.run(f"GPU {name:<11} {dtype}", runner.module("bench.speed.gpu", "ppo", *case))
             ppo.append({"workload": name, "dtype": dtype, **result})
     sampler = []
     for dtype in gpu.DTYPES if model_dir is not None else ():
         case = ["--dtype", dtype, "--reps", "1" if args.quick else "3", *common, *model]
         result = runner.run(
-            f"GPU SmolLM2 sampler vs generate {dtype}", runner.module("bench.gpu", "sampler", *case)
+            f"GPU SmolLM2 sampler vs generate {dtype}", runner.module("bench.speed.gpu", "sampler", *case)
         )
         sampler.append({"dtype": dtype, **result})
     return {

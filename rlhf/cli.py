@@ -8,6 +8,7 @@
     rlhf train --resume runs/ppo
     rlhf eval  --policy runs/ppo --baseline runs/sft --judge runs/rm --prompts test.jsonl
     rlhf eval  --policy runs/ppo --baseline runs/sft --pairs test_pairs.jsonl
+    rlhf eval  --policy runs/grpo --reward-fn rlhf.rl.verifiers:numeric_answer --prompts test.jsonl
     rlhf rm-eval --reward-model runs/rm --data test_pairs.jsonl
     rlhf serve-rm --reward-model runs/rm --port 8000    # then: rlhf train ... --reward-url http://127.0.0.1:8000
 
@@ -34,7 +35,8 @@ STAGES = {
     "dpo": "train the SFT model directly on preference pairs: DPO, IPO, robust DPO or SimPO (no reward model)",
     "train": "policy optimization against a reward model and/or reward functions: PPO, PPO-max, APA, AWR, "
     "GRPO, RLOO, REINFORCE++",
-    "eval": "mean reward and win rate of one policy against another on held-out prompts",
+    "eval": "mean reward and win rate of one policy against another on held-out prompts, or a policy's "
+    "accuracy on a verifiable task",
     "rm-eval": "judge a reward model on preference pairs: accuracy, margins, calibration, worst pairs",
     "data": "inspect and validate datasets: `rlhf data check FILE`",
     "plan": "per-rank memory of an RL run, role by role and phase by phase, and whether it fits",
@@ -309,7 +311,10 @@ def _eval_parser(sub) -> argparse.ArgumentParser:
         "dotted override (--rollout.top_p 0.9) or a --config FILE.yaml setting.",
     )
     ev.add_argument("--policy", help="policy directory to evaluate (policy)")
-    ev.add_argument("--baseline", help="policy directory to compare against (baseline)")
+    ev.add_argument(
+        "--baseline",
+        help="policy directory to compare against; not needed with --reward-fn alone (baseline)",
+    )
     ev.add_argument(
         "--judge",
         action="append",
@@ -320,7 +325,9 @@ def _eval_parser(sub) -> argparse.ArgumentParser:
         "--reward-fn",
         action="append",
         metavar="MODULE:FUNCTION",
-        help="a Python reward function, added to the judge's score (repeatable) (reward_functions)",
+        help="a Python reward function (repeatable): its mean on the policy's answers with a 95%% interval "
+        "(Wilson for a 0/1 verifier: the accuracy), with --baseline the paired difference; added to the "
+        "--judge's score (reward_functions)",
     )
     ev.add_argument("--prompts", help="held-out prompts file (data.prompts)")
     ev.add_argument(

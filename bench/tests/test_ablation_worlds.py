@@ -1,10 +1,10 @@
-"""bench/ablation_worlds.py: one row per trick, the effect in each world, and whether verdicts agree."""
+"""bench/studies/ablation_worlds.py: one row per trick, the effect in each world, and whether verdicts agree."""
 
 from __future__ import annotations
 
 import json
 
-from bench.ablation_worlds import agreement, main
+from bench.studies.ablation_worlds import agreement, main
 
 
 def ablation(seed: int, effects: dict[str, tuple[float, list[float] | None, str]], **world) -> dict:

@@ -1,4 +1,4 @@
-"""bench/demo_paired.py: final figures of two demo runs, paired by seed, checked by hand."""
+"""bench/studies/demo_paired.py: final figures of two demo runs, paired by seed, checked by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.demo_paired import compare, main
+from bench.studies.demo_paired import compare, main
 
 
 def demo_dir(tmp_path, name: str, golds: list[float], kls: list[float], collapsed: list[bool]):

@@ -1,4 +1,4 @@
-"""bench/flops.py against torch's own FLOP counter on real tiny Llama models.
+"""bench/speed/flops.py against torch's own FLOP counter on real tiny Llama models.
 
 Eager attention is used because FlopCounterMode counts its two bmm's (QK^T, AV) but not the CPU
 SDPA kernel; the matmul work is the same either way.
@@ -13,7 +13,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM
 
-from bench.flops import (
+from bench.speed.flops import (
     IterationShape,
     ModelShape,
     decoder_forward,

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import gpu, run, timing
-from bench.ours import PHASES
-from bench.report import print_report, summarize
-from bench.workload import SIZES, WORKLOADS, Workload, build_causal_lm, build_prompts, build_tokenizer
+from bench import common, run
+from bench.speed import gpu
+from bench.speed.ours import PHASES
+from bench.speed.report import print_report, summarize
+from bench.speed.workload import SIZES, WORKLOADS, Workload, build_causal_lm, build_prompts, build_tokenizer
 
 # The tiny model with a smaller rollout: the same code path as tiny-1x1, a few seconds per run.
 TINY = Workload("tiny", 1, 1, batch_size=4, response_length=8)
@@ -39,8 +40,8 @@ def tiny_lm():
 
 def test_timed_regions_and_phase_ends_wait_for_the_device(monkeypatch):
     events = []
-    monkeypatch.setattr(timing, "synchronize", lambda device: events.append(("sync", str(device))))
-    seconds, result = timing.timed(lambda: events.append("work") or 7, "cuda")
+    monkeypatch.setattr(common, "synchronize", lambda device: events.append(("sync", str(device))))
+    seconds, result = common.timed(lambda: events.append("work") or 7, "cuda")
     assert result == 7 and seconds >= 0
     assert events == [("sync", "cuda"), "work", ("sync", "cuda")]  # idle at both ends
 
@@ -51,7 +52,7 @@ def test_timed_regions_and_phase_ends_wait_for_the_device(monkeypatch):
 
     role = Role()
     events.clear()
-    timing.synchronized_after(role, "score", "cuda:1")
+    common.synchronized_after(role, "score", "cuda:1")
     assert role.score(1) == 2
     assert events == [("score", 1), ("sync", "cuda:1")]  # the phase's clock stops after the wait
 
@@ -60,12 +61,12 @@ def test_peak_memory_reads_cuda_allocations_or_the_cpu_rss(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append(device))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**20)
-    timing.reset_peak_memory("cuda")
+    common.reset_peak_memory("cuda")
     assert calls == [torch.device("cuda")]
-    assert timing.peak_memory("cuda") == {"peak_mb": 3.0, "kind": "cuda_allocated"}
-    timing.reset_peak_memory("cpu")  # nothing to reset on the CPU
+    assert common.peak_memory("cuda") == {"peak_mb": 3.0, "kind": "cuda_allocated"}
+    common.reset_peak_memory("cpu")  # nothing to reset on the CPU
     assert len(calls) == 1
-    cpu = timing.peak_memory("cpu")
+    cpu = common.peak_memory("cpu")
     assert cpu["kind"] == "cpu_peak_rss" and cpu["peak_mb"] > 0
 
 
@@ -143,7 +144,7 @@ def test_sampler_vs_generate_on_the_cpu(tiny_lm):
     # the greedy tokens both samplers agree on are those of a plain, cache-free argmax loop
     ids, mask = gpu.batch_of(prompts, 4, tokenizer.pad_token_id)
     reference = plain_greedy(model, ids, mask, 8, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    from bench.smollm2 import ours_generate
+    from bench.speed.smollm2 import ours_generate
     from rlhf.models.sampling import SamplingConfig
 
     _, rollout = ours_generate(
@@ -182,7 +183,7 @@ def _args(**extra) -> Namespace:
 def test_without_cuda_the_section_is_one_line_and_a_skipped_key(tmp_path, monkeypatch, capsys):
     machine = {"gflops": [1.0], "gflops_max": 1.0, "gflops_median": 1.0, "maxrss_mb": 1.0}
     monkeypatch.setattr(run, "machine_section", lambda runner, threads, reps: machine)
-    out = tmp_path / "latest.json"
+    out = tmp_path / "make_bench.json"
     assert run.main(["--only", "gpu", "--out", str(out)]) == 0  # the real CUDA check, in a subprocess
     printed = capsys.readouterr().out
     assert printed.count("GPU section skipped: no CUDA device") == 1
@@ -260,11 +261,11 @@ def test_the_smollm2_case_without_a_model_runs_its_shape_with_random_weights_at_
 ):
     """No --model: SmolLM2's shape with random weights (a GPU machine without the weights), here
     shrunk to keep the test small; --batch-size / --response-length set the rollout (the issue's 32 x 64)."""
-    from bench import gpu_memory
+    from bench.memory import gpu_memory
 
     tiny = dict(hidden_size=32, num_layers=2, num_heads=4, kv_heads=2, intermediate_size=64, vocab=4096)
     monkeypatch.setitem(gpu_memory.SHAPES, "smollm2", tiny)
-    argv = ["bench.gpu", "ppo", "--workload", "smollm2-1x1", "--device", "cpu", "--iters", "2"]
+    argv = ["bench.speed.gpu", "ppo", "--workload", "smollm2-1x1", "--device", "cpu", "--iters", "2"]
     monkeypatch.setattr(sys, "argv", [*argv, "--batch-size", "3", "--response-length", "5"])
     gpu.main()
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -294,7 +295,7 @@ def test_on_cuda_the_iteration_reports_device_memory_and_greedy_tokens_match(tin
 
 
 def test_gpu_blockers_name_what_pins_the_peer_script_to_the_cpu(tmp_path):
-    from bench.peer import gpu_blockers
+    from bench.speed.peer import gpu_blockers
 
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from bench.common import child_env, run_case
-from bench.report import summarize, vs_trl_rows
-from bench.workload import PROMPT_WORDS, SIZES, WORKLOADS, build_prompts, build_tokenizer
+from bench.speed.report import summarize, vs_trl_rows
+from bench.speed.workload import PROMPT_WORDS, SIZES, WORKLOADS, build_prompts, build_tokenizer
 
 
 @pytest.mark.parametrize("size", ["tiny", "small"])

@@ -1,11 +1,11 @@
-"""bench/longest_functions.py counts a function from its `def` to its last line and names methods
+"""bench/tools/longest_functions.py counts a function from its `def` to its last line and names methods
 and nested functions with their owners."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.longest_functions import longest_functions
+from bench.tools.longest_functions import longest_functions
 
 SOURCE = '''
 import functools

@@ -1,4 +1,4 @@
-"""bench/memory.py's floor: the activation estimate against what autograd really keeps, and the
+"""bench/memory/memory.py's floor: the activation estimate against what autograd really keeps, and the
 parameter count against the model's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from bench.memory import activation_bytes, lora_activation_bytes, model_shape, ppo_micro_rows
+from bench.memory.memory import activation_bytes, lora_activation_bytes, model_shape, ppo_micro_rows
 from rlhf.models.backbone import decoder_hidden_states
 
 
@@ -77,7 +77,7 @@ def test_ppo_update_micro_batches_hold_a_minibatch_at_most():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
 def test_malloc_figures_see_an_allocation():
-    from bench.memory_phases import arenas_mib, malloc_mib
+    from bench.memory.memory_phases import arenas_mib, malloc_mib
 
     before = malloc_mib()
     block = torch.ones(4 << 20)  # 16 MiB: heap or mmapped, as glibc's threshold decides

@@ -1,11 +1,11 @@
-"""bench/memory_phases.py wraps functions of the package by name: every name it wraps still exists
+"""bench/memory/memory_phases.py wraps functions of the package by name: every name it wraps still exists
 (a renamed one would stop the bench before its run)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.memory_phases import PHASES, phase_target
+from bench.memory.memory_phases import PHASES, phase_target
 
 
 @pytest.mark.parametrize("path,attr", [(path, attr) for path, attr, _ in PHASES])

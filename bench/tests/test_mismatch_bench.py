@@ -1,4 +1,4 @@
-"""bench/mismatch.py measures one rollout's sampler/trainer gap on a tiny random Llama: the figures
+"""bench/studies/mismatch.py measures one rollout's sampler/trainer gap on a tiny random Llama: the figures
 it prints exist, and float32's gap is far below bfloat16's (the sampler and the trainer run the
 same float32 math up to the order of its sums)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from bench.mismatch import measure
+from bench.studies.mismatch import measure
 
 
 def test_float32_and_bfloat16_gaps_on_a_tiny_llama() -> None:

@@ -1,8 +1,8 @@
-"""bench/padding.py's packed table and bench/packing.py's computed tokens: packing never computes more
+"""bench/speed/padding.py's packed table and bench/speed/packing.py's computed tokens: packing never computes more
 tokens than the padded micro-batches of the same steps, and a pass's cost is its packed rows x width."""
 
-from bench.packing import computed_tokens
-from bench.padding import budget_table, packed_table
+from bench.speed.packing import computed_tokens
+from bench.speed.padding import budget_table, packed_table
 from rlhf.stages.sft import EncodedSFT
 
 LENGTHS = [5, 1, 4, 2, 3, 7, 6, 8, 2, 2, 9, 1, 1, 3, 12, 4]

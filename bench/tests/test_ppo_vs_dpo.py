@@ -1,4 +1,4 @@
-"""bench/ppo_vs_dpo.py: per-run figures read as the demo's equal_kl reads them, and the paired
+"""bench/studies/ppo_vs_dpo.py: per-run figures read as the demo's equal_kl reads them, and the paired
 difference PPO-max minus DPO, checked by hand on made-up demo outputs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.ppo_vs_dpo import aggregate, demo_command, finished, world_figures
+from bench.studies.ppo_vs_dpo import aggregate, demo_command, finished, world_figures
 
 
 def fake_demo(directory, world: int, finals: dict[tuple[str, int], float]) -> None:

@@ -1,6 +1,6 @@
-"""One PPO minibatch update stays readable in a few files (issue 36: "a reader follows one minibatch
-step through at most 5 files (trainer, role, engine, core/losses, core/advantages or stats)"): the
-files of `rlhf/` whose code runs in the policy's step, as `bench/trace_minibatch.py` traces them.
+"""One PPO minibatch update stays readable in a few files (a reader follows one minibatch
+step through at most 5: trainer, role, engine, core/losses, core/advantages or stats): the
+files of `rlhf/` whose code runs in the policy's step, as `bench/tools/trace_minibatch.py` traces them.
 
 - The step's own logic is in exactly five: the trainer (minibatches, their advantages' whitening and
   clipping), the role (the PPO terms and their switches), the engine (micro-batches, backward,
@@ -8,7 +8,7 @@ files of `rlhf/` whose code runs in the policy's step, as `bench/trace_minibatch
 - The seam, runtime/local.py, only routes: the functions of it that run are the lookup of the
   learners by name, the call of each one's `train_step`, and the overlap's decision (off for one
   learner); none computes a term of the step.
-- Every other file is the model's forward or a container (bench/trace_minibatch.py `KINDS`); the
+- Every other file is the model's forward or a container (bench/tools/trace_minibatch.py `KINDS`); the
   total may not grow past today's 14. A new file in the step must take one's place, or raise MOST
   with a reason."""
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.trace_minibatch import KINDS, kind_of, traced_files
+from bench.tools.trace_minibatch import KINDS, kind_of, traced_files
 
 MOST = 14
 STEP = {"rl/trainer.py", "rl/roles/policy.py", "train/learner.py", "core/losses.py", "core/stats.py"}

@@ -1,4 +1,4 @@
-"""bench/update_compile.py: the trainer with train.compile runs compiled decoders in its update
+"""bench/speed/update_compile.py: the trainer with train.compile runs compiled decoders in its update
 (graphs made), the rest of its iteration runs them uncompiled, and both trainers log the same first
 iteration (the aot_eager backend runs the very ops eager mode runs: no rounding of its own)."""
 
@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from bench import update_compile
+from bench.speed import update_compile
 
 
 def test_the_compiled_update_logs_the_uncompiled_ones_figures(monkeypatch, capsys):
@@ -40,7 +40,7 @@ def test_the_compiled_graphs_are_the_update_ones_only():
     make no graph."""
     import tempfile
 
-    from bench.gpu import build_trainer, workload_named
+    from bench.speed.gpu import build_trainer, workload_named
 
     torch._dynamo.reset()
     TRACED_WITH_GRAD.clear()

@@ -87,7 +87,11 @@ class EvalRolloutConfig:
 @dataclass
 class EvalConfig:
     policy: str = ""  # policy directory to evaluate (--policy)
-    baseline: str = ""  # policy directory to compare against (--baseline)
+    gguf_file: str | None = None  # GGUF file name inside `policy` (loads dequantized; --gguf_file)
+    # policy directory to compare against (--baseline); "": none, with --reward-fn alone (accuracy on
+    # a verifiable task: each function's mean with its interval, eval.json's "reward_functions")
+    baseline: str = ""
+    baseline_gguf_file: str | None = None  # GGUF file name inside `baseline` (--baseline_gguf_file)
     judge: str = ""  # reward-model directory, or "world:DIR" for a built-in world's gold reward (--judge)
     # further judges (--judge repeated): the same answers scored by each; eval.json's "judges" holds
     # every judge's figures, its top level the first judge's
@@ -104,7 +108,13 @@ class EvalConfig:
 
     def validate(self, prefix: str = "") -> None:
         required(self.policy, f"{prefix}policy", "--policy DIR (or policy: in --config)")
-        required(self.baseline, f"{prefix}baseline", "--baseline DIR (or baseline: in --config)")
+        if not (self.reward_functions and self.data.prompts):  # --reward-fn alone needs no baseline
+            required(
+                self.baseline,
+                f"{prefix}baseline",
+                "--baseline DIR (or baseline: in --config); --prompts FILE with --reward-fn MODULE:FN "
+                "alone needs none",
+            )
         if not self.data.pairs:  # --pairs alone is a complete evaluation (the label verdict)
             required(
                 self.data.prompts,
@@ -118,6 +128,13 @@ class EvalConfig:
                 "--judge / --reward-fn score the answers to --prompts, and no --prompts is given (--pairs "
                 "needs no judge). Fix: add --prompts FILE, or drop --judge and --reward-fn.",
                 "judge",
+            )
+        if not self.baseline and (self.judge or self.data.pairs):
+            refuse(
+                f"{'--judge' if self.judge else '--pairs'} compares the policy with a --baseline, and no "
+                "--baseline is given. Fix: add --baseline DIR, or drop "
+                f"{'--judge' if self.judge else '--pairs'} to score the answers with --reward-fn alone.",
+                f"{prefix}baseline",
             )
         if self.data.prompts and not (self.judge or self.reward_functions):
             refuse(

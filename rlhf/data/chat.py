@@ -1,15 +1,11 @@
-"""Chat templates: when a prompt is rendered with the tokenizer's chat template, and the
-end-of-turn token that then closes each response and stops generation.
+"""Chat templates: when a prompt is rendered with the tokenizer's chat template, and the end-of-turn
+token that then closes each response and stops generation.
 
-The setting (`data.chat_template`): "auto" applies the template when the tokenizer has one,
-True requires one, False never applies it (HH transcripts verbatim, message lists as
-"role: content" blocks).
-
-With the template on, an HH transcript ("\\n\\nHuman: ...\\n\\nAssistant: ...") becomes
-user/assistant messages (text before its first turn, if any, a system message; the trailing
-empty "Assistant:" cue becomes the template's generation prompt), message lists are rendered as
-they are, and a plain string without HH turns is taken as already rendered and kept verbatim.
-A response to a templated prompt ends with the template's end-of-turn token instead of EOS.
+`data.chat_template`: "auto" applies the template when the tokenizer has one, True requires one,
+False never applies it (HH transcripts verbatim, message lists as "role: content" blocks). With it
+on, an HH transcript becomes user/assistant messages (text before the first turn: a system message;
+the trailing "Assistant:" cue: the generation prompt), message lists render as they are, a plain
+string without HH turns is kept verbatim, and a response ends with the end-of-turn token, not EOS.
 """
 
 from __future__ import annotations

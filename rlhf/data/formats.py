@@ -1,25 +1,13 @@
 """Record formats: detect which one a record is in, and turn a record into an example.
+    prompt    {"prompt": P}            sft   {"prompt": P, "response"|"completion": R}
+    messages  {"messages": [{"role", "content"}, ...]} (or ShareGPT "conversations"): the last
+              assistant message is the response
+    pairs     {"prompt": P, "chosen": R, "rejected": R}
+    hh        {"chosen": D, "rejected": D}: HH-RLHF dialogues sharing all up to the last Assistant turn
 
-One record is one JSON object (a line of a `.jsonl` file, an item of a `.json` list, a row of
-a Parquet file or hub dataset). The formats, by their keys:
-
-    prompt    {"prompt": P}                                   prompt-only
-    sft       {"prompt": P, "response": R}  or  {"prompt": P, "completion": R}
-    messages  {"messages": [{"role", "content"}, ...]}        chat; the last assistant message
-                                                              is the response ("conversations"
-                                                              with ShareGPT "from"/"value" works too)
-    pairs     {"prompt": P, "chosen": R, "rejected": R}       explicit-prompt preference pair
-    hh        {"chosen": D, "rejected": D}                    HH-RLHF: two whole dialogues sharing
-                                                              everything up to the last Assistant turn
-
-P is a string or a list of messages; R is a string or a one-message list holding the assistant
-message; D is an HH transcript string ("\\n\\nHuman: ...\\n\\nAssistant: ...") or a message list.
-Extra keys are ignored.
-
-A file of any format can serve a caller that needs less: a preference or SFT file gives
-prompts (`kind="prompt"` takes the prompt only), and a preference file gives SFT examples
-(`kind="sft"` takes the chosen response). Only the fields a kind uses are validated, except
-that HH dialogues must always split (the prompt is defined by the split).
+P: a string or messages; R: a string or one assistant message; D: an HH transcript or messages. Extra
+keys are ignored. A file serves a kind that needs less (a preference or SFT file gives prompts, a
+preference file SFT examples: the chosen response); only the fields a kind uses are validated.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
-"""Rows grouped by length, so that a micro-batch pads to about its rows' own length (issue 17.4).
+"""Rows grouped by length, so that a micro-batch pads to about its rows' own length (docs/padding.md).
 
-A micro-batch is padded to its longest row, so drawing rows at random puts short rows beside long
-ones: on HH-RLHF with SmolLM2's tokenizer about half the tokens of an SFT or RM micro-batch are
-padding (bench/padding.py). Two remedies, each a plain reordering of row indices:
-
-- within a step (`micro_batch_groups`): the rows of one optimizer step are sorted by length,
-  longest first, before they are cut into micro-batches. Every loss of this library is a sum over
-  the step's tokens (or pairs) divided by the step's count, accumulated over micro-batches
-  (docs/algorithms.md#18-token-mean-accumulation-over-micro-batches), so the step's gradient is the
-  same whatever rows share a micro-batch, up to float summation order. The data order and every
-  random draw stay as they were.
-- across steps (`length_grouped_order`): the Hugging Face Trainer's `group_by_length` (its
-  LengthGroupedSampler): shuffle, cut the order into mega-batches of `megabatch_steps` steps, sort
-  each mega-batch by length and cut it into steps; the steps of a mega-batch are then shuffled. A
-  step then holds rows of similar length, which saves more padding, but it changes which rows
-  share an optimizer step: another random data order, not the same gradients.
-
-Longest first: the first micro-batches hold the longest rows, so a length that does not fit in
-memory fails at once rather than late in the step (the Hugging Face sampler puts its longest batch
-first for the same reason).
+- within a step (`micro_batch_groups`): a step's rows sorted longest first, then cut into
+  micro-batches; every loss is a sum over the step's tokens or pairs over its count
+  (docs/algorithms.md#18-token-mean-accumulation-over-micro-batches), so the gradient is unchanged.
+- across steps (`length_grouped_order`): the Hugging Face Trainer's `group_by_length`: mega-batches
+  sorted by length and cut into steps, then shuffled; another data order, not the same gradients.
+- by a token budget (`token_budget_groups`) or by packed tokens (`packed_groups`).
+Longest first, so a length that does not fit in memory fails at once.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """Render prompts, tokenize prompts and responses, and truncate them to a budget.
 
-Prompt and response are tokenized separately: the prompt with the tokenizer's special tokens (so a
-BOS appears when the tokenizer uses one; not when the text already starts with it, e.g. from a chat
-template), the response without them, followed by `tokenizer.eos_token_id`.
-
-Chat templates (`chat_template`: "auto" | True | False, see `rlhf.data.chat`): with the template on,
-HH transcripts and message lists are rendered by `tokenizer.apply_chat_template` with the generation
-prompt, and their responses end with the template's end-of-turn token instead of EOS.
-`system_prompt` ("template" | "none", `data.system_prompt`): "none" removes the block a template
-writes for its own default system prompt when the prompt has no system message (SmolLM2's costs
-about 30 tokens of a prompt budget); a system message of the data is always kept.
-
-Truncation, each counted in a `TruncationStats`:
-- a prompt longer than its budget first loses its oldest whole turns (HH "\\n\\nHuman:" /
-  "\\n\\nAssistant:" turns, or chat messages), never the text before the first turn (an HH
-  preamble) nor the system messages, nor the last user turn and what follows it; a dialogue
-  never starts with an assistant turn after a drop. A templated prompt is re-rendered after each
-  drop, so its template stays whole. If it is still too long, a templated prompt loses the start
-  of its oldest kept message's text; any other prompt (or a template too long by itself) has its
-  tokens cut from the left, keeping the BOS and the end (where the generation cue is).
-- a response keeps its first `max_tokens - 1` text tokens and always ends with EOS. Decision: the
-  EOS is kept even when the text was cut, because the reward model reads its score at the last
-  token and must always read it at an EOS, as it will on the policy's finished responses (PEERS
-  points 8 and 11); the price is that SFT on cut responses teaches an early stop, which the
-  `responses_truncated` count makes visible.
+The prompt is tokenized with the tokenizer's special tokens (a BOS when it uses one and the text does
+not already start with it), the response without them, followed by EOS. With a chat template
+(`chat_template`, rlhf.data.chat) HH transcripts and message lists are rendered with the generation
+prompt and responses end with the end-of-turn token; `system_prompt` "none" drops the block a
+template writes for its own default system prompt. Truncation rules: `encode_prompt` and
+`encode_response`; each cut is counted in a `TruncationStats`.
 """
 
 from __future__ import annotations
@@ -206,7 +188,14 @@ def encode_prompt(
     chat_template: bool | str = "auto",
     system_prompt: str = "template",
 ) -> list[int]:
-    """Token ids of the rendered prompt, at most `max_tokens` (None: no limit); see the module doc."""
+    """Token ids of the rendered prompt, at most `max_tokens` (None: no limit).
+
+    A prompt over its budget first loses its oldest whole turns (HH turns or chat messages), never
+    the text before the first turn, the system messages, nor the last user turn and what follows;
+    a dialogue never starts with an assistant turn after a drop, and a templated prompt is
+    re-rendered after each drop. Still too long: a templated prompt loses the start of its oldest
+    kept message's text; any other prompt has its tokens cut from the left, keeping BOS and the end
+    (where the generation cue is)."""
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     messages = templated_messages(tokenizer, prompt, chat_template)
@@ -270,7 +259,10 @@ def encode_response(
 
     `end_id` is EOS by default; a response to a chat-templated prompt ends with the template's
     end-of-turn token instead (`rlhf.data.chat.response_end_id`). A text that already ends with
-    that token does not get a second one.
+    that token does not get a second one. A cut response keeps its first `max_tokens - 1` text
+    tokens and still ends with `end_id`: the reward model reads its score at the last token and must
+    always read it at an EOS, as on the policy's finished responses (the price: SFT on cut responses
+    teaches an early stop, which `responses_truncated` counts).
     """
     eos = eos_token_id(tokenizer) if end_id is None else end_id
     if max_tokens is not None and max_tokens < 1:

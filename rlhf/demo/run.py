@@ -48,7 +48,7 @@ from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import encode_prompt
 from rlhf.demo.held_out import ModulesInProcess, evaluate_policy
 from rlhf.demo.report import write_report
-from rlhf.demo.world_scores import trainer_class
+from rlhf.demo.world_scores import world_scores_hook
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.reference import ReferenceModel
 from rlhf.models.scalar_head import ScalarHeadModel
@@ -123,7 +123,7 @@ DEMO_RL = {
 # The demo keeps the values it was measured with (bench/results/demo.json) where the presets since
 # moved to the papers' values (docs/algorithms.md §23): reward clip 5, PPO-max whitening, vanilla
 # PPO's critic from the SFT trunk. APA and AWR take the APA paper's whitening and uncapped weights but
-# keep a KL penalty: without it both collapse at the demo's learning rates (bench/ablation.md).
+# keep a KL penalty: without it both collapse at the demo's learning rates (bench/studies/ablation.md).
 PRESET_DEMO = {
     "vanilla_ppo": {"model": {"critic_init": "policy"}},
     "ppo_max": {
@@ -475,9 +475,10 @@ def run_one(
         tokenizer, world, eval_texts, eval_ids, seed, config.rollout.max_new_tokens, history, samples
     )
     started = time.perf_counter()
-    # RLTrainer itself on the default world; a world with rm_* options distorts the scores RL sees
+    # a world with rm_* options distorts the raw scores RL sees (None: the default world)
     runtime = LocalRuntime(roles, config.runtime)
-    trainer = trainer_class(cfg.world)(config, runtime, train_prompts, evaluator=evaluator, quiet=quiet)
+    trainer = RLTrainer(config, runtime, train_prompts, evaluator=evaluator, quiet=quiet,
+                        raw_scores_hook=world_scores_hook(cfg.world, config.seed))  # fmt: skip
     trainer.train()
     if not history or history[-1]["iteration"] != trainer.iteration:
         evaluator(trainer, trainer.iteration)
@@ -507,7 +508,7 @@ def run_one(
         "seed": seed,
         "final": {k: final[k] for k in ("proxy", "gold", "kl", "ppl", "length", "distinct2")},
         "peak_gold": max(h["gold"] for h in history),
-        "collapse_detected": bool(trainer.detector.fired),
+        "collapse_detected": bool(trainer.monitors.detector.fired),
         "iterations": trainer.iteration,
         "seconds": seconds,
     }

@@ -1,28 +1,23 @@
-"""The trainer for a built-in world whose `rm_*` options distort the reward model's scores as RL
-sees them (rlhf/worlds/reward_distortion.py): `rlhf demo` and `rlhf ablate` build their trainer here."""
+"""The scores RL sees on a built-in world whose `rm_*` options distort the reward model's
+(rlhf/worlds/reward_distortion.py): `rlhf demo` and `rlhf ablate` give their trainer this hook."""
 
 from __future__ import annotations
 
-from rlhf.models.truncation import apply_truncation_policy
-from rlhf.rl.trainer import RLTrainer
+import torch
+
+from rlhf.rl.scorer import RawScoresHook
 from rlhf.worlds import WorldConfig
 from rlhf.worlds.reward_distortion import distort_scores
 
 
-def trainer_class(world: WorldConfig) -> type[RLTrainer]:
-    """RLTrainer itself for a world that distorts nothing (the default), else a subclass whose raw
-    scores are the distorted ones (logged as such: `reward/raw_mean` is what RL saw)."""
+def world_scores_hook(world: WorldConfig, run_seed: int) -> RawScoresHook | None:
+    """None for a world that distorts nothing (the default), else the raw-score hook of the run's
+    Scorer (rlhf/rl/scorer.py) that distorts the raw scores: logged as such (`reward/raw_mean` is
+    what RL saw), and shaped as every raw score is (truncation policy, overlong penalty)."""
     if not world.distorts_rewards:
-        return RLTrainer
+        return None
 
-    class DistortedScoresTrainer(RLTrainer):
-        def score(self, rollout):
-            raw_scores, _, _ = super().score(rollout)
-            seen = distort_scores(raw_scores, world, iteration=self.iteration, run_seed=self.config.seed)
-            c = self.config.rollout
-            scores, keep = apply_truncation_policy(
-                seen, rollout.ended_with_eos, policy=c.truncated, penalty=c.truncation_penalty
-            )
-            return seen, scores, keep
+    def distorted(raw_scores: torch.Tensor, iteration: int) -> torch.Tensor:
+        return distort_scores(raw_scores, world, iteration=iteration, run_seed=run_seed)
 
-    return DistortedScoresTrainer
+    return distorted

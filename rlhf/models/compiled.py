@@ -1,19 +1,10 @@
 """Compiled training forwards (`train.compile`, docs/speed.md "Compiled training forwards").
 
-On a GPU the update of a small model is bound by the host: one optimizer step of SmolLM2-135M's
-shape launched its forward and backward op by op, the device busy 12% of it (docs/speed.md, "On a
-GPU"). `torch.compile` fuses those ops into far fewer kernels, as Hugging Face's `torch_compile`
-and verl's `use_torch_compile` do.
-
-A decoder marked here (`compile_for_training`) runs compiled in its forwards *with gradients on*
-(`run_decoder`, rlhf/models/backbone.py: the one call of a decoder behind every loss): the training
-passes of SFT, the reward model, DPO, the policy, the critic and the PPO-ptx term. Every forward
-without gradients (the rollout's scoring, evaluation, a DPO reference) and the sampler (its own
-engines, rlhf/models/decoding.py) run it as it is: their shapes change from call to call, and a
-compile pays only over many calls of one kind. The mark is an attribute holding the backend's name,
-so a copy made later keeps it (as packing's does) and no state dict changes. A pass's rows and
-length are marked dynamic from the first call, so dynamo makes one graph per trained model (per
-architecture and mode; one more for a pass of a single row), not one per shape.
+A decoder marked here (`compile_for_training`) runs compiled by `torch.compile` in its forwards with
+gradients on (`run_decoder`, rlhf/models/backbone.py: SFT, reward model, DPO, policy, critic, PPO-ptx);
+no-grad forwards and the sampler run it as it is (their shapes change from call to call). The mark is
+an attribute holding the backend's name, so copies keep it and no state dict changes. A pass's rows
+and length are marked dynamic from the first call: one graph per trained model, not per shape.
 """
 
 from __future__ import annotations

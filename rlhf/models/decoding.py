@@ -1,41 +1,13 @@
 """The sampler's decode engines: how one step's forward reaches the decoder and its KV cache.
+    eager       a `DynamicCache` grown by one column per step, the mask cut to the columns seen
+    static      a `StaticCache` preallocated for the call, written in place: fixed shapes every step
+    cuda_graph  static, the one-token step (decoder and head) captured once per call and replayed
+    compiled    static, the one-token step compiled by `torch.compile` (and captured on CUDA), the
+                cache's columns rounded up to `COLUMN_BUCKET` so prompt widths share one compile
 
-    eager       a `DynamicCache` grown by one column per step, the attention mask cut to the columns
-                seen so far (the loop of the sampler before issue 37)
-    static      a `StaticCache` preallocated for the whole call (batch x (prompt + max_new_tokens)),
-                written in place; every decode step has the same shapes, the attention mask is the
-                whole [B, prompt + max_new_tokens] block (columns not yet written are 0)
-    cuda_graph  static, with the one-token decode step (decoder and head) captured once per call as
-                a CUDA graph and replayed: one launch per step instead of one per kernel from Python
-    compiled    static, with the decoder's one-token step compiled by `torch.compile` (inductor: the
-                step's elementwise kernels fused, about 1,000 kernels a step otherwise on SmolLM2), and
-                on CUDA captured and replayed as `cuda_graph` does; the cache's columns are rounded up to
-                `COLUMN_BUCKET`, so prompts of different widths share one compiled step
-
-`auto` picks per device (`resolve_engine`): on CUDA, when the model can be captured (not sharded by
-FSDP2, not decoding in lockstep with other ranks: their collectives cannot be replayed), the compiled
-engine (2.2x the graph on an H200, docs/speed.md) for a call that repeats (its model and shape sampled
-`COMPILE_AFTER_CALLS` times before in the process: an RL rollout's every iteration, not `rlhf eval`'s
-few calls) of at least `MIN_COMPILE_FORWARDS` decode forwards where triton is installed, else the
-graph; static when it cannot be captured; on a CPU the engine measured fastest there
-(`AUTO_CPU_ENGINE`, bench/sampler.py). A compile that `auto` chose and that fails on this machine
-warns once and decodes with the graph for the rest of the process.
-
-A model transformers marks as unable to compile with a static cache (`_can_compile_fullgraph` False:
-Mamba's state-space layers, some mixture-of-experts and multimodal models) runs `eager` under `auto`
-on every device, and `cuda_graph` or `compiled` asked for it is refused with the fix.
-
-Sliding-window attention (Gemma 2 and 3, Mistral with `sliding_window`): transformers' static cache
-keeps a Python count of the positions written in its sliding layers and branches on it (whether the
-window is full, where the mask starts). A compiled step guards on that count, so dynamo recompiles at
-every step; a captured graph replays the branch of its capture, wrong once the window fills within the
-call (`sliding_windows`). So `compiled` is refused for such a model, `cuda_graph` where a window is
-shorter than the call's prompt + new tokens, and `auto` takes the graph or the static engine there.
-
-The tokens are the same whatever the engine: every engine computes the same logits to float
-rounding (the static cache's attention reads the unwritten columns too, masked out), and the
-sampler draws from them the same way. A graph keeps every row in its batch until the call ends
-(one capture per call; rows that ended are still stepped, their tokens masked as before).
+`auto` picks per device, model, call length and repetition (`resolve_engine`); sliding-window and
+static-cache-incapable models are steered or refused. The same tokens whatever the engine (compiled:
+to float rounding); choices and figures: docs/speed.md "The sampler's decode engines".
 """
 
 from __future__ import annotations
@@ -59,7 +31,7 @@ from rlhf.models.backbone import unwrap_causal_lm
 Engine = Literal["auto", "eager", "static", "cuda_graph", "compiled"]
 ENGINES: tuple[str, ...] = ("auto", "eager", "static", "cuda_graph", "compiled")
 
-# The engine `auto` picks on a CPU: measured fastest there (bench/sampler.py, docs/speed.md).
+# The engine `auto` picks on a CPU: measured fastest there (bench/speed/sampler.py, docs/speed.md).
 AUTO_CPU_ENGINE = "eager"
 
 # A graph pays for its capture (one warm-up step and the capture, about two eager steps) from a few
@@ -242,8 +214,8 @@ class EagerSteps:
 class OneDtypeStaticCache(StaticCache):
     """A `StaticCache` whose keys and values are written in one dtype. Under bf16 autocast over
     float32 weights the values leave their projection in bf16 while RoPE leaves the keys in float32;
-    transformers before 5.2x allocates both buffers in the keys' dtype, so `index_copy_` refused the
-    values (the H200 run of session 17). Both are promoted (exactly) to their common dtype, and
+    some transformers versions allocate both buffers in the keys' dtype, so `index_copy_` refuses the
+    values. Both are promoted (exactly) to their common dtype, and
     attention casts them back under autocast as it does the eager cache's."""
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):

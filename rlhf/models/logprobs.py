@@ -1,14 +1,11 @@
 """Log-probabilities (and entropies) of response tokens given prompt + response.
 
-Layout (docs/internals.md): `input_ids` [B, P + T] is a left-padded prompt block then a
-right-padded response block; the log-prob of response token t is read from the logits at
-column P - 1 + t. The logits are divided by the sampling temperature, so the behaviour policy's
-log-probs (`old_logp`) and the trained policy's come from this same function and the first PPO
-ratio is exactly 1 on the batch just sampled (docs/algorithms.md §25, point 10).
-
-Memory: the output head runs only on the T response columns, chunked over time, and each chunk
-reduces its [B, t, V] logits to [B, t] with a logsumexp and a gather; under autograd each chunk
-is checkpointed (recomputed in backward) so only one chunk of logits is alive at any time.
+Layout (docs/internals.md): `input_ids` [B, P + T] is a left-padded prompt block then a right-padded
+response block; the log-prob of response token t is read from the logits at column P - 1 + t. The
+logits are divided by the sampling temperature, so the behaviour policy's and the trained policy's
+log-probs come from this one function and the first PPO ratio is exactly 1 (docs/algorithms.md §25,
+point 10). The output head runs only on the T response columns, a chunk at a time, each chunk's
+[B, t, V] logits reduced to [B, t] and recomputed in the backward: one chunk of logits alive at once.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Sampling on a CPU with every linear layer reading a oneDNN-prepacked copy of its weight.
 
-A decode step multiplies a few rows by every weight matrix of the model. torch's default CPU
-GEMM (MKL) repacks the weight on every call, and once the model's weights no longer fit in the
-L2 cache that repacking streams them slowly: [16, 256] x [256, 1024] takes ~240 us with the
-weights in L3 against ~130 us in L2. oneDNN's linear with the weight reordered once into its
-blocked layout (`torch.ops.mkldnn`, the ops torch's inductor uses for frozen CPU weights) takes
-~120 us (bench/NOTES.md, session 5). The policy's weights change between PPO iterations, so
-`generate` packs them per call; for that call the packed copies take about the linear weights'
-size again (SmolLM2-135M: ~0.5 GB, packed in 0.3-0.8 s). Products differ from `F.linear` by
-float rounding (~1e-6 relative), so a near-tie can sample another token.
-
-Only plain float32 `nn.Linear` modules on the CPU are routed, through an instance `forward`
-that is removed on exit (their weights are never touched: code reading `.weight` still sees the
-original). A module with its own instance `forward` (accelerate's hooks), a subclass (quantized
-layers, LoRA wrappers: their inner `base_layer` is a plain Linear and is routed) or a compiled
-model is left alone. Each weight shape is checked once per process against `F.linear`; if the
-ops are missing or a check fails, nothing is routed (with one warning).
+MKL repacks a weight at every call, which a decode step's few rows cannot amortize once the weights
+leave the L2 cache; oneDNN's linear over a weight reordered once (`torch.ops.mkldnn`, as inductor
+does for frozen CPU weights) does not (docs/speed.md, `runtime.pack_weights`). `generate` packs per
+call (the weights change between PPO iterations); products differ from `F.linear` by float rounding.
+Only plain float32 CPU `nn.Linear` modules are routed, through an instance `forward` removed on exit
+(`.weight` untouched); subclasses, modules with their own instance `forward` and compiled models are
+left alone. Each weight shape is checked once against `F.linear`; a failed check routes nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ from torch import nn
 
 # Below this many bytes of linear weights a model stays in the per-core caches between decode steps,
 # where MKL's call (no fixed ~15 us oneDNN overhead) is the faster one: a tiny model (0.8 MB) sampled
-# 0.042 s plain against 0.056 s packed, the small one (21 MB) 0.247 against 0.201 s (bench/NOTES.md).
+# 0.042 s plain against 0.056 s packed, the small one (21 MB) 0.247 against 0.201 s (python -m bench.speed.sampler).
 MIN_PACKED_BYTES = 4 * 2**20
 
 # Packing costs about two passes over the weights per call (small model: 10 ms; SmolLM2: 0.3-0.8 s)
@@ -80,7 +71,7 @@ class _PackedForward:
         if x.numel() <= x.shape[-1]:
             # one row (a batch-1 decode step): MKL's matrix-vector product repacks nothing, and oneDNN's
             # one-row product is far slower on two threads (SmolLM2's 576x576: 0.12-0.35 ms against
-            # 11-24 ms on the shared 2-core machine; equal on one thread; bench/NOTES.md, issue 37)
+            # 11-24 ms on a 2-core machine; equal on one thread; docs/speed.md)
             return F.linear(x, *self.original)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [None], "")
 

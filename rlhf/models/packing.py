@@ -2,24 +2,11 @@
 laid end to end in fewer rows, positions restarting at 0 per sequence, attention never crossing a
 boundary; the outputs put back in the padded layout.
 
-`decoder_hidden_states` (rlhf/models/backbone.py), the one call of a decoder that every loss,
-log-prob, value and reward goes through, calls `packed_decoder_call` for a model marked by
-`enable_packing`: pack [B, L] -> run the decoder on [N, W] (N <= B rows) -> unpack to [B, L, H]
-(0 at padding, which every caller masks). A sequence's tokens are its real columns (mask 1) in
-order, whatever the padding side (left-padded RL prompts, right-padded supervised rows), and its
-positions are the padded path's (`position_ids`: the real tokens' ranks), so each sequence gets
-the hidden states the padded forward gives it.
-
-The document mask: the decoder is called with restarting `position_ids` and no 2D mask, from which
-transformers' mask builder (`create_causal_mask`, masking_utils.find_packed_sequence_indices) makes
-a block-diagonal causal mask for SDPA, eager and flex attention; flash-attention reads the same
-position ids as varlen sequence bounds (cu_seqlens), in one row (it takes packed rows at batch 1
-only). An architecture whose decoder does not build its mask that way cannot take packing:
-`packing_refusal` names it and the run is refused before training.
-
-How rows share a packed row: first-fit of the rows sorted longest first into rows as wide as the
-longest sequence (`first_fit`), so a packed forward never computes more tokens than the padded one
-and its attention is never wider.
+`decoder_hidden_states` (rlhf/models/backbone.py) calls `packed_decoder_call` for a model marked by
+`enable_packing`: pack [B, L] -> decoder on [N, W] (N <= B, first-fit of rows sorted longest first:
+`first_fit`) -> unpack to [B, L, H] (0 at padding). Positions are the padded path's, and the decoder
+gets no 2D mask, so transformers builds a block-diagonal causal mask (flash-attention: varlen bounds).
+A decoder that builds its mask otherwise is refused before training (`packing_refusal`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Numerical precision of a run: which dtype the weights are stored in and forwards compute in.
 
-Policies (the config's `dtype`):
-- "float32": weights, forwards, gradients and optimizer state in float32 (the CPU default);
-- "bfloat16": mixed precision. Weights, gradients and AdamW state stay float32 ("master weights");
-  forwards run under `torch.autocast(..., dtype=torch.bfloat16)`, so matrix products take bfloat16
-  inputs while norms, softmaxes and losses stay float32. The usual choice on a GPU;
-- "bfloat16-pure": the weights themselves are stored in bfloat16 (so are their gradients and the
-  AdamW state): half the memory of the weights and optimizer, at the cost of updates smaller than
-  bfloat16's resolution (about 1/256 of a weight) being lost. For models that do not fit otherwise;
+- "float32": everything in float32 (the CPU default);
+- "bfloat16": float32 master weights, gradients and AdamW state; forwards under bf16 autocast
+  (products in bf16, norms, softmaxes and losses in float32). The usual choice on a GPU;
+- "bfloat16-pure": weights, gradients and AdamW state in bf16 (updates under 1/256 of a weight lost);
 - "auto": "bfloat16" on a CUDA device that supports it, else "float32".
-
-Whatever the policy, log-probs and losses are reduced in float32 (logprobs.py, lm_loss.py), and a
-model's `float32_modules` (the scalar head of a reward model or critic) keep float32 weights.
+Whatever the policy, log-probs and losses reduce in float32, and a model's `float32_modules` (the
+scalar head) keep float32 weights.
 """
 
 from __future__ import annotations

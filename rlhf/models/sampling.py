@@ -1,29 +1,13 @@
 """Sampling responses: our own KV-cache loop over a Hugging Face causal LM.
 
-Prompts come left-padded ([B, P], the last column real in every row). Each step feeds one token
-per row with position ids continuing from the mask and the attention mask grown by one column;
-a row stops at its EOS (kept, mask 1), is filled with the pad id afterwards (mask 0), and the
-loop exits as soon as every row has ended. The response block is trimmed to the longest response.
-
-Processing order per step, as in the usual samplers: repetition penalty on the raw logits, then
-temperature, top-k, top-p, then a draw (or argmax when `do_sample` is False).
-
-Devices: everything runs on the model's device (prompts are moved there, the generator must live
-there, the rollout stays there). On an accelerator the decode loop never waits for the device
-within a step: whether every row has ended (the only host decision) is read every
-`finished_check_every` steps; rows that ended meanwhile keep emitting the pad id with mask 0, so the
-tokens drawn are the same as with a check at every step.
-
-Engines (`SamplingConfig.engine`, rlhf/models/decoding.py): the forwards run over a KV cache grown per
-step (eager), a preallocated one with fixed shapes (static), the static step replayed from a CUDA
-graph (cuda_graph), or compiled by torch.compile and replayed (compiled); `auto` picks per device,
-model, call length and how often the call's shape repeats. The loop around them, and the tokens (to
-float rounding for compiled), are the same.
-
-Lockstep (`all_ranks_done`): when every decoding step's forward runs collectives (FSDP2 gathering
-each layer of a sharded policy in turn, rlhf/runtime/distributed.py), every rank must run the same
-forwards. The loop then exits only once every rank's rows have ended, and a rank whose rows all
-ended keeps stepping one of them (its tokens masked as any ended row's): the tokens are unchanged.
+Prompts come left-padded ([B, P], the last column real in every row). Each step feeds one token per
+row, positions continuing from the mask; a row stops at its EOS (kept, mask 1), is padded afterwards
+(mask 0), and the loop exits once every row has ended; responses are trimmed to the longest. Per step:
+repetition penalty on the raw logits, temperature, top-k, top-p, then a draw (or argmax). Everything
+runs on the model's device; off the CPU "has every row ended?" is read every `finished_check_every`
+steps (same tokens). The engines (rlhf/models/decoding.py) change how a step runs, not the tokens.
+In lockstep (`all_ranks_done`: FSDP2 gathering each layer) the loop exits once every rank's rows have
+ended, a finished rank stepping one masked row along.
 """
 
 from __future__ import annotations

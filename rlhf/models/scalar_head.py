@@ -1,16 +1,12 @@
 """A causal LM with a linear scalar head (hidden -> 1): the reward model and the critic.
 
-The LM head is kept: the reward model's loss has an LM term on the chosen response
-(docs/algorithms.md#4-reward-model). Hidden states come from the causal LM's decoder (with PEFT, the
-LoRA-injected one) with position ids from the attention mask.
-
-- reward: the scalar at the last real token (the EOS) of prompt + response, found from the
-  attention mask, so left and right padding give the same reward (docs/algorithms.md §25, point 7);
+The LM head is kept (the reward model's LM term, docs/algorithms.md#4-reward-model); hidden states
+come from the decoder (with PEFT, the LoRA-injected one), positions from the attention mask.
+- reward: the scalar at the last real token of prompt + response, found from the mask, so left and
+  right padding give the same reward (docs/algorithms.md §25, point 7);
 - critic: V(s_t) for response token t is read at column P - 1 + t (the state before token t).
-
-On disk a scalar-head model is an ordinary Hugging Face directory (the causal LM, loadable by
-`AutoModelForCausalLM.from_pretrained`, or a PEFT adapter directory) plus `scalar_head.safetensors`
-and `scalar_head.json`. Nothing is pickled.
+On disk: an ordinary Hugging Face directory (or PEFT adapter directory) plus
+`scalar_head.safetensors` and `scalar_head.json`. Nothing is pickled.
 """
 
 from __future__ import annotations

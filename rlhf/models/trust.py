@@ -1,15 +1,10 @@
 """What loading a model directory may do: never run its code, unpickle only when asked.
 
-A model directory is data from somewhere else. By default rlhf
-- passes `trust_remote_code=False` to every transformers `from_pretrained`, and refuses a
-  directory whose `config.json` / `tokenizer_config.json` names custom code (`auto_map`): the
-  command-line flag `--trust-remote-code` lifts this, for directories you wrote or audited;
-- loads weights from safetensors files only: pickle weights (`pytorch_model.bin`, `*.pt`,
-  `adapter_model.bin`) are refused unless `--allow-pickle` is given. Even then torch's
-  weights-only unpickler reads them, and a file it rejects is reported as unsafe: the fix is to
-  convert it to safetensors where it came from, never to turn the unpickler's checks off.
-
-The policy is process-wide (`set_load_policy`), set once by the CLI from its flags.
+By default every transformers `from_pretrained` gets `trust_remote_code=False`, and a directory whose
+`config.json` / `tokenizer_config.json` names custom code (`auto_map`) is refused (`--trust-remote-code`
+lifts it). Weights load from safetensors only: pickle files are refused unless `--allow-pickle`, and
+even then torch's weights-only unpickler reads them (a file it rejects is reported unsafe: convert it
+to safetensors). The policy is process-wide (`set_load_policy`), set once by the CLI.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Pattern-collapse detector (PPO paper §5.2, "pattern collapse"; docs/algorithms.md#22-collapse-monitors).
 
-The paper's finding: reward and loss curves look healthy while the policy collapses into a few
-patterns that cheat the reward model; what reveals it is that, *together*,
-  - the KL between policy and reference climbs,
-  - the perplexity of the policy on its own responses drops (it becomes sure of its patterns),
-  - the mean response length drifts (the paper saw it grow; it may also shrink),
-  - or, where the hack keeps the length (repeating rewarded words), the diversity of the responses
-    (distinct-2) collapses: the "pattern" the policy converges to.
-Any one of these moves in healthy training too (KL always grows from 0), so the detector only
-fires when the KL and perplexity conditions hold together with a pattern condition (length drift
-or diversity drop, whichever are enabled), for `patience` updates in a row.
-
-How the thresholds are made robust:
-  - baseline: the median of each signal over the first `baseline_steps` updates (the policy is still
-    close to the SFT model there);
-  - current: the median over the last `window` updates, so a single spike cannot move it (with
-    window 5, three collapsed values are needed);
-  - KL rises:          current_kl  >= kl_rise * max(baseline_kl, kl_floor)   (KL starts near 0: the
-                       floor keeps the ratio meaningful);
-  - perplexity drops:  current_ppl <= (1 - ppl_drop) * baseline_ppl;
-  - length drifts:     |current_len - baseline_len| >= length_drift * max(baseline_len, 1 token);
-  - diversity drops:   current_distinct2 <= (1 - diversity_drop) * baseline_distinct2;
-  - KL and perplexity (if enabled) and at least one enabled pattern condition (length, diversity)
-    for `patience` consecutive updates -> one warning. The detector then
-    stays quiet while the signature persists and re-arms after `patience` updates without it.
-A threshold set to None disables that signal (e.g. length_drift=None where the hack keeps the
-length, as repetition of rewarded words can). Updates missing a signal, or carrying NaN/inf, are
-skipped; updates at a step <= the last seen one (replays after a resume) are ignored.
+Reward and loss curves look healthy while the policy collapses into a few patterns that cheat the
+reward model; what reveals it is that, together, the KL to the reference climbs, the policy's
+perplexity on its own responses drops, and the response length drifts or the diversity (distinct-2)
+collapses. Each moves in healthy training too, so `CollapseDetector` warns only when the KL and
+perplexity conditions hold with a pattern condition for `patience` updates in a row, each signal a
+rolling median against a baseline median (the rules: the class's docstring).
 """
 
 from __future__ import annotations
@@ -60,7 +39,18 @@ def _finite_float(value: Any) -> float | None:
 
 
 class CollapseDetector:
-    """Watches KL, policy perplexity and response length per iteration; see the module docstring.
+    """Watches KL, policy perplexity, response length and distinct-2 per iteration.
+
+    baseline: the median of each signal over the first `baseline_steps` updates; current: the median
+    over the last `window` updates (with window 5, three collapsed values are needed). Conditions:
+      KL rises:          current_kl  >= kl_rise * max(baseline_kl, kl_floor)   (KL starts near 0)
+      perplexity drops:  current_ppl <= (1 - ppl_drop) * baseline_ppl
+      length drifts:     |current_len - baseline_len| >= length_drift * max(baseline_len, 1 token)
+      diversity drops:   current_distinct2 <= (1 - diversity_drop) * baseline_distinct2
+    KL and perplexity (if enabled) and one enabled pattern condition for `patience` consecutive
+    updates -> one warning; quiet while the signature persists, re-armed after `patience` updates
+    without it. A threshold of None disables its signal. Updates missing a signal or carrying
+    NaN/inf are skipped; updates at a step <= the last seen one (replays after a resume) ignored.
 
     Args:
         window: updates in the rolling median that gives the current value of each signal.

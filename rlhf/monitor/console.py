@@ -1,15 +1,10 @@
 """The console sink: a progress bar with a compact live line of key metrics, or plain lines in CI logs.
 
-On a terminal: a rich progress bar (done/total, elapsed, ETA) followed by the latest value of each
-key metric, redrawn in place. Not on a terminal (CI logs, `> file`): plain lines, at most one per
-`plain_interval` seconds plus one per `1/plain_milestones` of the total, plus the first and the
-last, so a log never floods whatever the iteration speed.
-
-A run of several phases counts each in its own units (`total={"pretrain": 20, "iteration": 200}`:
-`pretrain 3/20`, then `iteration 1/200`, each with its own ETA). `status(...)` names the part of a
-step under way (`iteration 1/200: sampling`): on a terminal at once, in plain lines for the first
-step of each phase and for a step that has printed nothing for `plain_interval` seconds, so a long
-first step is never silent.
+On a terminal a rich progress bar (done/total, elapsed, ETA) and the latest key metrics, redrawn in
+place; elsewhere plain lines, at most one per `plain_interval` seconds plus one per
+`1/plain_milestones` of the total, and the first and last. Each phase counts in its own units
+(`pretrain 3/20`, then `iteration 1/200`); `status(...)` names the part of a step under way, in plain
+lines for each phase's first step and a step silent for `plain_interval` seconds.
 """
 
 from __future__ import annotations

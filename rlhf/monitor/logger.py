@@ -1,21 +1,13 @@
 """`MetricsLogger`: one call per iteration fans a metrics dict out to every sink of a run.
 
     with MetricsLogger("runs/rl", total=200, config=asdict(cfg)) as logger:
-        for iteration in range(1, 201):
-            ...
-            logger.log(iteration, {"reward/proxy_mean": scores.mean(), "kl/ref": kl})
-            for message in detector.update(iteration, metrics):
-                logger.warn(message)
+        logger.log(iteration, {"reward/proxy_mean": 0.51, "kl/ref": 0.012})   # step 1 is the first
+        logger.warn(message)
+        logger.log_samples(iteration, [{"prompt": ..., "response": ..., "score": 0.3}])
 
-`step` counts what is done: the first iteration is logged as 1, so the bar reads `step/total`.
-The jsonl record of that call is `{"iteration": 1, "reward/proxy_mean": 0.51, "kl/ref": 0.012}`
-(the step key is `kind`: "iteration" for RL, "step" for SFT and reward-model training).
-
-    logger.log_samples(iteration, [{"prompt": "...", "response": "...", "score": 0.3}])
-
-appends one line per response to `samples.jsonl` beside `metrics.jsonl` (with the jsonl sink only),
-`{"iteration": 1, "prompt": ..., "response": ..., "score": 0.3}`; a resumed run drops the lines of
-steps after its checkpoint, as it does in `metrics.jsonl`.
+The jsonl record is `{"iteration": 1, "reward/proxy_mean": 0.51, ...}` (the step key is `kind`:
+"iteration" for RL, "step" for SFT and RM); samples go to `samples.jsonl` beside `metrics.jsonl`. A
+resumed run drops the lines of steps after its checkpoint in both.
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 
     write_run_report("runs/ppo")   # -> runs/ppo/report.html; NotARunDirectory for anything else
 
-Sections (h2, in this order; `SECTIONS`):
-- Summary: what ran and how far (records, planned length, warnings, exported model), the headline
-  metrics (first, final, best and where), then the configuration highlights, folded (<details>);
-- Monitors: one figure per monitor group (run_kinds.py), collapse warnings as dashed lines, plus
-  the reward distribution over training (RL) or the held-out margins (reward model);
-- Warnings: every warning the run logged, with its step; collapse warnings first named as such;
-- Samples: `samples.jsonl` rows (the first and the last evaluation) and `eval.json` of `rlhf eval`.
-
-The page is self-contained like the demo's (html_parts.py): figures are embedded PNGs.
+Sections (`SECTIONS`): Summary (what ran, headline metrics, configuration highlights folded);
+Monitors (a figure per group of run_kinds.py, collapse warnings dashed, the reward distribution or
+held-out margins); Warnings; Samples (`samples.jsonl`, `eval.json`). Self-contained: embedded PNGs.
 """
 
 from __future__ import annotations
@@ -377,13 +371,62 @@ def _label_pairs_paragraph(pairs: Mapping[str, Any]) -> str:
     )
 
 
+def _interval_text(figures: Any, signed: bool = False) -> str:
+    """`0.420 [0.293, 0.558]` of an entry's mean and ci95 ("-" when it has none)."""
+    if not isinstance(figures, Mapping) or num(figures.get("mean")) is None:
+        return "-"
+    spec = "+.3f" if signed else ".3f"
+    ci = figures.get("ci95")
+    bounds = isinstance(ci, list) and len(ci) == 2 and all(num(c) is not None for c in ci)
+    return f"{figures['mean']:{spec}}" + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if bounds else "")
+
+
+def _reward_functions_table(functions: Mapping[str, Any]) -> str:
+    """eval.json's `reward_functions` (docs/algorithms.md §40): each function's mean on the policy's
+    answers with its 95% interval (an accuracy with Wilson's for a 0/1 verifier) and, against a
+    baseline, the paired difference with its t interval and the wins / ties / losses."""
+    paired = any(isinstance(f, Mapping) and "difference" in f for f in functions.values())
+    rows = []
+    for name, figures in functions.items():
+        if not isinstance(figures, Mapping):
+            continue
+        row = [
+            str(name),
+            NumText(_interval_text(figures)),
+            str(figures.get("interval", "?")),
+            figures.get("n"),
+        ]
+        if paired:
+            diff = figures.get("difference") if isinstance(figures.get("difference"), Mapping) else {}
+            counts = " / ".join(fmt(diff.get(k)) for k in ("wins", "ties", "losses"))
+            row += [
+                NumText(_interval_text(figures.get("baseline"))),
+                NumText(_interval_text(diff, True)),
+                counts,
+            ]
+        rows.append(row)
+    headers = ["reward function", "policy mean [95%]", "interval", "n"]
+    headers += (
+        ["baseline mean [95%]", "policy - baseline [95%, paired t]", "wins / ties / losses"] if paired else []
+    )
+    return (
+        "<p><b>reward functions</b> on the policy's answers (the mean of a 0/1 verifier is its accuracy):</p>"
+        + table(headers, rows, text_columns=[0])
+    )
+
+
 def _evaluation(evaluation: Mapping[str, Any]) -> str:
     rows = []
     for side in ("policy", "baseline"):
         entry = evaluation.get(side)
-        if isinstance(entry, Mapping):
+        if isinstance(entry, Mapping) and "mean" in entry:
             rows.append((side, str(entry.get("path", "")), entry.get("mean"), entry.get("n")))
-    parts = [table(("side", "path", "mean score", "n"), rows)] if rows else []
+    parts = []
+    functions = evaluation.get("reward_functions")
+    if isinstance(functions, Mapping) and functions:  # the findings first
+        parts.append(_reward_functions_table(functions))
+    if rows:
+        parts.append(table(("side", "path", "mean score", "n"), rows))
     comparison = evaluation.get("comparison")
     if isinstance(comparison, Mapping) and num(comparison.get("win_rate")) is not None:
         parts.append(

@@ -1,22 +1,11 @@
-"""A run that looks fine and is not: a policy that does not move.
+"""A run that looks fine and is not: a policy that does not move (docs/monitors.md).
 
-A learning rate far too small for the model (a full-fine-tuning rate such as 5e-7 on a LoRA
-adapter, whose few weights need 1e-5 to 1e-4) gives a run whose every curve looks calm: the
-ratio stays at 1, the KL to the reference at 0, nothing is clipped, and nothing is learned.
-`StillPolicyCheck` watches the first `STILL_POLICY_ITERATIONS` iterations after the learning-rate
-warmup and reports once when the policy stayed still in every one of them:
-
-- the mean PPO ratio of the update within `STILL_RATIO` of 1,
-- |approx KL| between the sampling policy and the updated one under `STILL_KL`,
-- the KL to the reference (k3, per response) under `STILL_KL`.
-
-A still policy is not always a small learning rate: a step with nothing to learn from moves nothing
-either. The warning names what removed the signal when every still iteration's metrics say so:
-`rollout.truncated drop` dropping every response (`rollout/kept_fraction` 0: each hit
-rollout.max_new_tokens), DAPO's dynamic sampling finding no group with two rewards
-(`dynamic_sampling/informative_fraction` 0), or, under a critic-free estimator, every group scoring
-one reward (`group/zero_std_fraction` 1: group-relative advantages of 0). Only otherwise is the
-learning rate blamed alone.
+A learning rate far too small (5e-7 on a LoRA adapter, whose few weights need 1e-5 to 1e-4) gives
+calm curves and learns nothing. `StillPolicyCheck` watches the first `STILL_POLICY_ITERATIONS`
+iterations after the warmup and reports once when, in every one, the mean PPO ratio stayed within
+`STILL_RATIO` of 1, |approx KL| to the sampling policy and the k3 KL to the reference under `STILL_KL`.
+A step with nothing to learn from is still too: the warning then names what removed the signal
+(truncated drop, DAPO's dynamic sampling, every group at one reward) before the learning rate.
 """
 
 from __future__ import annotations

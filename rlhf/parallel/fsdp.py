@@ -1,21 +1,12 @@
 """`dist.strategy fsdp2`: every role's parameters sharded over the ranks with
 `torch.distributed.fsdp.fully_shard` (docs/distributed.md, docs/scale.md).
 
-Per layer (`shard_from_rank0`; every role of `rlhf train`, the trained model and DPO's reference of
-`rlhf sft`, `rm` and `dpo`), as torchtitan applies FSDP2: each decoder layer is its own FSDP unit,
-then the role's root module (embeddings, final norm, output and value heads). Between uses
-each rank keeps one shard (dim 0 split in `world_size` chunks) of every parameter, of the trained
-and the frozen roles alike, and AdamW's moments of its shard only. A forward gathers one layer at a
-time and frees it after (`reshard_after_forward`); the backward gathers it again and reduce-scatters
-its gradient at once, summed over the ranks (divide factor 1: each micro-batch's loss is already
-weighted by its tokens over the whole minibatch's, rlhf/train/learner.py), so no rank ever holds
-a whole gradient. Every rank must then run the same forwards and backwards: the learner's engine pads
-a rank whose rows run out with micro-batches that weigh nothing (rlhf/train/learner.py). The step
-clips by the global norm over the shards (PPO paper §5.4) and steps AdamW on each rank's shard
-(`step_shards`). `dist.offload` keeps the shards, gradients and AdamW state in CPU memory (torch's
-CPUOffloadPolicy on every unit, `_precision`). The rollout unshards the policy once and samples with its whole parameters
-(`unsharded`), or, for a policy too big to hold whole, gathers one layer at a time in every decoding
-step (`gathered_per_layer`, `dist.rollout_gather per_layer`).
+Per layer (`shard_from_rank0`), as torchtitan applies FSDP2: each decoder layer its own unit, then the
+role's root (embeddings, final norm, heads); each rank keeps a dim-0 shard of every parameter and
+AdamW's moments of it. Forwards gather a layer at a time; backwards reduce-scatter its gradient,
+summed (divide factor 1: losses are already token-weighted). The step clips by the global norm over
+the shards (`step_shards`); `dist.offload` keeps shards and AdamW state in CPU memory. The rollout
+unshards the policy once (`unsharded`) or gathers a layer per decode step (`gathered_per_layer`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How the RL roles train over data-parallel ranks: the strategy each learner is built with
-(issue 27: a learner gets its parallel strategy when it is built, no runtime patches it after).
+(a learner gets its parallel strategy when it is built; no runtime patches it after).
 
 Inside a process group (a torchrun launch, a Ray role group of several actors) every trained role
 is replicated under DistributedDataParallel (`dist.strategy` ddp, or none: the torchrun runtime's

@@ -3,36 +3,9 @@ ranks by torch's `DistributedDataParallel` (docs/distributed.md), and the passes
 that reduce them (`fsdp_without_sync`: fsdp2's `dist.grad_sync step`; the learner's `Accumulation`,
 rlhf/train/learner.py, runs them).
 
-DDP registers a hook on every parameter and all-reduces its gradients in buckets while the backward
-still runs (the reduction overlaps the computation). It reduces only in the backward of a forward
-that went through the wrapper, and only in the last forward/backward pass of an optimizer step: the
-others run under `no_sync`, their gradients accumulated locally. DDP then needs every rank to run
-the same number of passes: the runtime pads a rank whose rows run out with passes that weigh
-nothing (the learner's engine, rlhf/train/learner.py), as under fsdp2.
-
-Choices (issue 26):
-- `find_unused_parameters=True` where a pass may leave trained parameters out (a critic's LM output
-  head is never used; a shared critic's pre-training uses the value head, not the LM head; the last
-  pass of a policy step with a shared critic is the value loss's; a reward model without its LM
-  term). DDP then walks the pass's graph, reduces the local gradient of a parameter the pass left
-  out (accumulated in an earlier pass, or none: zeros), and leaves a parameter no rank used without
-  a gradient, so AdamW skips it as in one process. Wrapping only the trained submodule would not
-  cover the shared-critic case, and `static_graph` needs the same parameters in every synchronized
-  pass. A module whose every pass uses every trained parameter (a policy without a value head, the
-  SFT and DPO models) skips that walk (and DDP's warning that it found nothing).
-- A comm hook that sums (DDP divides by the world size by default): each pass's loss is already
-  weighted by its tokens over the whole minibatch's (rlhf/train/learner.py), so the sum of the
-  ranks' gradients is the one-process gradient.
-- `gradient_as_bucket_view=True`, the gradients zeroed in place after each step (not dropped): each
-  gradient is a view of DDP's bucket (which DDP keeps for the whole run), accumulated there by every
-  pass, instead of a second copy beside it until the step (the whole trained model's gradients
-  once more). A parameter no rank used is still left without a gradient
-  (None), as is one whose gradients a role dropped (a shared critic's pre-training keeps the value
-  head's only; a step without a valid token, `drop_weightless_gradients`). Only a parameter used in
-  an earlier step and by no rank in this one would be stepped with a zero gradient where one
-  process skips it; every role uses the same parameters in each of its steps.
-- `forward_sync_buffers=False`: the buffers (rotary frequencies) never change, and a broadcast in
-  every forward would put a collective in the no-grad forwards, which ranks run on uneven rows.
+DDP all-reduces gradients in buckets during the backward of a step's last pass only (the others run
+under `no_sync`), so every rank must run the same number of passes: the learner's engine pads a rank
+whose rows run out with passes that weigh nothing, as under fsdp2. `replicate` gives the choices.
 """
 
 # no `from __future__ import annotations`: DDP checks a comm hook's annotations (`sum_hook`) against
@@ -54,9 +27,20 @@ from rlhf.parallel.peers import Peers
 
 def replicate(module: nn.Module, peers: Peers, uses_every_parameter: bool = False) -> DistributedDataParallel:
     """`module` under DistributedDataParallel over `peers` (rank 0's parameters and buffers broadcast
-    to every rank), gradients summed (module docstring). `module`'s forward must reach every
-    parameter a loss uses in one call (rlhf/rl/roles/forward.py, rlhf/train/supervised/model_call.py).
-    `uses_every_parameter`: every pass reaches every trained parameter (no unused-parameter walk)."""
+    to every rank), gradients summed. `module`'s forward must reach every parameter a loss uses in
+    one call (rlhf/rl/roles/forward.py, rlhf/train/supervised/model_call.py).
+
+    - `find_unused_parameters` unless `uses_every_parameter`: a pass may leave trained parameters out
+      (a critic's LM head; a shared critic's value head or LM head; a reward model without its LM
+      term). DDP then reduces the local gradient of a parameter the pass left out and leaves one no
+      rank used without a gradient, so AdamW skips it as in one process. (Wrapping only the trained
+      submodule would miss the shared critic; `static_graph` needs the same parameters every pass.)
+    - a comm hook that sums (DDP divides by the world size): each pass's loss is already weighted by
+      its tokens over the whole minibatch's, so the sum is the one-process gradient.
+    - `gradient_as_bucket_view`, gradients zeroed in place after each step: each gradient is a view
+      of DDP's bucket instead of a second copy. A parameter no rank used keeps None.
+    - no buffer broadcast per forward: the buffers (rotary frequencies) never change, and it would
+      put a collective in the no-grad forwards, which ranks run on uneven rows."""
     on_gpu = peers.device.type == "cuda"
     ddp = DistributedDataParallel(
         module,

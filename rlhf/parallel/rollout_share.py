@@ -1,14 +1,10 @@
-"""Sampling split between data-parallel ranks: each rank samples its share of the rows, and the
-shares are joined into the whole batch's rollout on every rank (docs/distributed.md).
+"""Sampling split between data-parallel ranks: each rank samples its share of the rows, and the shares
+are joined into the whole batch's rollout on every rank (docs/distributed.md).
 
-The sampler draws one uniform per row of the whole batch at every decode step and each rank uses
-those of its rows (`RowShare`), so a row's tokens do not depend on which rank sampled it. Two
-things keep the ranks on the one-process run afterwards:
-- the generator: a rank whose rows all ended early ran fewer decode steps than the longest share;
-  it draws the missing steps' uniforms (`skip_draws`), so every rank's generator is where a single
-  process sampling the whole batch leaves it (the next rollout draws the same numbers);
-- the layout: the responses are right-padded to the longest response over the ranks (pad id,
-  mask 0, log-prob 0), as the one-process rollout is trimmed to its longest response.
+Every decode step draws one uniform per row of the whole batch and each rank uses its rows'
+(`RowShare`), so a row's tokens do not depend on the rank. A rank whose rows ended early draws the
+missing steps' uniforms (`skip_draws`), so every generator ends where one process's would; responses
+are right-padded to the longest over the ranks (pad id, mask 0, log-prob 0).
 """
 
 from __future__ import annotations

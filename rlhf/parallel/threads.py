@@ -1,20 +1,12 @@
-"""Two independent pieces of CPU work side by side, one thread each.
+"""Two independent pieces of CPU work side by side, one thread each (`runtime.overlap_critic`).
 
-The policy's and the separate critic's PPO updates share no parameter, so on a CPU they can run at
-the same time. Small minibatches (a few rows) keep matrix products short, and splitting each
-product over all cores (torch's intra-op threads) wastes much of the machine on synchronisation;
-giving each model its own share of the cores keeps every core busy on large-enough work. Torch ops
-release the GIL, so two Python threads are enough. The side with more work runs on the caller's
-thread and takes every core for its last steps, once the other side is done (`handover_step`
-predicts when from FLOP counts, flops.py). Measured in bench/NOTES.md.
-
-On a shared machine the threads follow what the process is given: OMP_NUM_THREADS when set (the
-two sides together never use more), else the cores of its affinity mask within its cgroup's CPU
-quota (`thread_budget`); `limit_threads` caps torch's own count to the same at a command's start.
-Under torchrun the ranks of one node share those cores: each gets `cores // ranks on the node`, or
-an explicit OMP_NUM_THREADS when lower (never more: the ranks would oversubscribe the cores). The 1
-torchrun itself puts in OMP_NUM_THREADS when the user left it unset is no user's choice
-(`launcher_default_omp`) and is ignored.
+The policy's and a separate critic's updates share no parameter; small minibatches make short
+products, which split badly over every core, so each side gets its share of the cores (torch ops
+release the GIL). The side with more work runs on the caller's thread and takes every core once the
+other is done (`handover_step`, from FLOP counts: flops.py; docs/speed.md). Thread counts follow
+what the process is given (`thread_budget`): OMP_NUM_THREADS, else the affinity mask within the
+cgroup quota; under torchrun each rank gets `cores // local ranks` (torchrun's own default of 1 is
+ignored: `launcher_default_omp`).
 """
 
 from __future__ import annotations

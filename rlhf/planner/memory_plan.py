@@ -1,30 +1,13 @@
 """`rlhf plan`: what an RL run (or `rlhf sft`, `rm`, `dpo`) needs per rank, role by role, and whether
-it fits a GPU.
+it fits a GPU (docs/scale.md).
 
 A closed-form count of the bytes each role holds (parameters, gradients, AdamW moments) and of what
-each phase adds on top (the rollout's KV cache and logits, the update's saved activations, the
-gathered layer under per-layer sharding), for a model shape, a preset's roles, LoRA or full
-training, a precision policy, a strategy and a number of ranks. The phases of one iteration:
-
-    rollout   every role resident + the policy's KV cache and one step's logits
-    forward   every role resident + the scoring forwards' logits chunk (no activations kept)
-    update    every role resident + the gradients of the largest trained role + its saved
-              activations of one micro-batch (the policy and critic step one after the other; in
-              one process on a CPU side by side, `overlap_critic`: both at once)
-
-The supervised stages (`stage` sft, rm, dpo) have no rollout: their roles are the trained model
-(DPO: and its reference copy, none for a LoRA policy), a micro-batch of pairs is two rows per pair
-(chosen and rejected in one forward).
-
-Strategies: `none` and `ddp` hold every model whole on every rank; `fsdp2` is `--dist.strategy fsdp2`
-(rlhf/parallel/fsdp.py), in `rlhf train` and the supervised stages alike: per-layer sharding, every
-role 1/N, one gathered decoder layer at a time (and the next, prefetched) beside the root unit
-(embeddings, final norm, heads; gathered through a forward and its backward), the policy unsharded in
-the compute dtype only while sampling (`rollout_gather per_layer`, `dist.rollout_gather`: one
-decoder layer and the root unit instead); on 1 rank every strategy is the one process's (`as_run`).
-One process on a CPU steps the policy and critic side by side (`overlap_critic`). The per-token
-activation count is calibrated on measured peaks (bench/results/gpu_h200_session10.json; the CPU
-peaks of bench/results/dist_memory_*.json; docs/scale.md).
+each phase adds (rollout: the policy's KV cache and one step's logits; forward: a logits chunk;
+update: the largest trained role's gradients and one micro-batch's saved activations, both sides at
+once when one process steps policy and critic side by side), for a model shape, a preset, LoRA,
+a precision, a strategy (`none`/`ddp` whole, `fsdp2` per layer with the root unit and one or two
+gathered layers, `rollout_gather per_layer`) and a rank count. The per-token activation count is
+calibrated on measured peaks (bench/results/gpu_check_h200.json, dist_memory_*.json).
 """
 
 from __future__ import annotations
@@ -84,7 +67,7 @@ NAMED_SHAPES = {
     "13b": Shape("13b (Llama-2-13B)", 5120, 40, 40, 40, 13824, 32000, positions=4096),
     "70b": Shape("70b (Llama-2-70B)", 8192, 80, 64, 8, 28672, 32000, positions=4096),
     "smollm2-135m": Shape("smollm2-135m", 576, 30, 9, 3, 1536, 49152, tied_embeddings=True, positions=8192),
-    "m84": Shape("m84 (bench/gpu_memory.py)", 1024, 8, 16, 16, 2048, 4000),
+    "m84": Shape("m84 (bench/memory/gpu_memory.py)", 1024, 8, 16, 16, 2048, 4000),
 }
 
 
@@ -323,7 +306,7 @@ def phase_extras(job: Job, roles: list[RoleMemory]) -> dict[str, int]:
             gathered_policy = policy * compute_bytes
         else:
             # one layer gathered at a time, twice while FSDP2 copies its all-gather buffer out
-            # (measured: bench/NOTES.md, session 13); the root unit held through the rollout
+            # (measured by bench/memory/dist_memory.py); the root unit held through the rollout
             gathered_policy = layers_gathered + root * compute_bytes
         # the root unit stays gathered from a forward's start through its backward (FSDP2 keeps the
         # root unsharded between them; measured: docs/scale.md, the 2-rank CPU peaks)

@@ -3,14 +3,16 @@ refills the batch with groups that carry a signal (DAPO paper §3.2; docs/algori
 the soft overlong punishment added to the scores (DAPO paper §3.4; docs/algorithms.md §37).
 
 The per-row math is in rlhf/core/dapo.py (`informative_groups`, `overlong_penalty`); here are the
-loop's pieces that sample again and join rollouts. The trainer calls them in one line each.
+loop's pieces that sample again and join rollouts: `DynamicSampling`, a rollout source over
+another (rlhf/rl/rollout_source.py), and the scores' shaping the Scorer applies (rlhf/rl/scorer.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.functional import pad
@@ -18,12 +20,16 @@ from torch.nn.functional import pad
 from rlhf.core import informative_groups, overlong_penalty
 from rlhf.models.sampling import Rollout
 
+if TYPE_CHECKING:
+    from rlhf.rl.rollout_source import RolloutSource
+
 
 @dataclass
 class Scored:
     """One sampled and scored rollout: the group id of each row, the rollout, its raw scores, its
-    scores after the truncation policy (and overlong shaping), the rows kept, and how many
-    updates old its sampler's policy was."""
+    scores after the truncation policy (and overlong shaping), the rows kept, how many updates old
+    its sampler's policy was, each episode turn's reward at its last token (multi-turn; else None),
+    and the metrics of its sampling and scoring (reward parts, env/*, time/*)."""
 
     group: torch.Tensor  # [B] long
     rollout: Rollout
@@ -31,6 +37,8 @@ class Scored:
     scores: torch.Tensor  # [B]
     keep: torch.Tensor  # [B] bool
     behind: int = 0
+    turn_rewards: torch.Tensor | None = None  # [B, T]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def overlong_buffer_tokens(share: float, max_length: int) -> int:
@@ -101,6 +109,8 @@ def select_groups(scored: Scored, ids: torch.Tensor) -> Scored:
         scored.scores[rows],
         scored.keep[rows],
         scored.behind,
+        None if scored.turn_rewards is None else scored.turn_rewards[rows],
+        scored.metrics,
     )
 
 
@@ -152,8 +162,24 @@ def fill_with_informative(
         torch.cat([s.scores for s in kept]),
         torch.cat([s.keep for s in kept]),
         max(s.behind for s in kept),
+        _joined_turn_rewards(kept),
+        scored.metrics,  # the last round's: its reward parts and env/* monitors
     )
     return joined, metrics
+
+
+def _joined_turn_rewards(parts: list[Scored]) -> torch.Tensor | None:
+    """The turn rewards of the parts, each right-padded with 0 to the widest response block."""
+    if any(s.turn_rewards is None for s in parts):
+        return None
+    width = max(s.rollout.response_mask.shape[1] for s in parts)
+    return torch.cat(
+        [
+            pad(s.turn_rewards, (0, width - s.turn_rewards.shape[1]))
+            for s in parts
+            if s.turn_rewards is not None
+        ]
+    )
 
 
 def _offsets(parts: list[Scored]) -> list[int]:
@@ -162,3 +188,36 @@ def _offsets(parts: list[Scored]) -> list[int]:
         offsets.append(total)
         total += len(torch.unique(s.group))
     return offsets
+
+
+class DynamicSampling:
+    """DAPO dynamic sampling as a rollout source (DAPO paper §3.2; docs/algorithms.md §36): `source`
+    is drawn again within the iteration until `rollout.batch_size` groups whose scores differ are
+    kept (`fill_with_informative`), or `rollout.max_sampling_rounds` rollouts are drawn."""
+
+    def __init__(self, source: RolloutSource, groups: int, max_rounds: int, pad_token_id: int) -> None:
+        self.source, self.groups, self.max_rounds, self.pad_token_id = (
+            source,
+            groups,
+            max_rounds,
+            pad_token_id,
+        )
+
+    def next_batch(self, iteration: int) -> Scored:
+        first = self.source.next_batch(iteration)
+        scored, sampling = fill_with_informative(
+            first, lambda: self.source.next_batch(iteration), self.groups, self.max_rounds, self.pad_token_id
+        )
+        # time/score: the first round's scoring and every extra round's sampling and scoring
+        timing = {"time/generate": first.metrics["time/generate"],
+                  "time/score": first.metrics["time/score"] + sampling["time/dynamic_sampling"]}  # fmt: skip
+        return replace(scored, metrics={**scored.metrics, **sampling, **timing})
+
+    def sample_ahead(self, iteration: int) -> None:
+        self.source.sample_ahead(iteration)
+
+    def state(self) -> dict[str, Any]:
+        return self.source.state()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.source.load_state(state)

@@ -1,4 +1,4 @@
-"""Metrics over sampled responses that need no model: diversity."""
+"""Metrics of an iteration that need no model: the rollout monitors, diversity, an update's stats."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ from typing import Any
 
 import torch
 
+from rlhf.config import RLConfig
 from rlhf.models.sampling import Rollout
+from rlhf.rl.dapo import Scored
 from rlhf.rl.experience import Experience
+from rlhf.rl.groups import group_metrics
 
 
 def distinct_n(response_ids: torch.Tensor, response_mask: torch.Tensor, n: int = 2) -> float:
@@ -71,3 +74,43 @@ def rollout_metrics(
     if with_values:
         metrics["value/mean"] = float(masked_mean(e.old_values, mask))
     return metrics
+
+
+def experience_metrics(
+    config: RLConfig,
+    scored: Scored,
+    experience: Experience,
+    processed: torch.Tensor,
+    kl: torch.Tensor,
+    final_scores: torch.Tensor,
+    beta: float,
+    with_values: bool,
+) -> dict[str, Any]:
+    """The rollout monitors, group statistics when prompts are sampled in groups, and the metrics of
+    the batch's sampling and scoring (`processed`: the kept rows' processed scores; `final_scores`:
+    them in place, 0 elsewhere)."""
+    keep = scored.keep
+    metrics = rollout_metrics(scored.rollout, experience, scored.raw_scores, processed, keep, kl,
+                              config.kl.estimator, beta, with_values=with_values)  # fmt: skip
+    if config.rollout.samples_per_prompt > 1:
+        assert experience.group is not None  # make_experience gives every row its prompt's group
+        metrics.update(group_metrics(final_scores, experience.group, keep))
+    return {**metrics, **scored.metrics}
+
+
+def mean_over_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    """The stats of an update from those of its optimizer steps: the mean over the steps that have a
+    key (each step is one minibatch's token mean), `_max`/`_min` keys by max/min."""
+    merged: dict[str, list[float]] = {}
+    for stats in steps:
+        for key, value in stats.items():
+            merged.setdefault(key, []).append(value)
+    out = {}
+    for key, values in merged.items():
+        if key.endswith("_max"):
+            out[key] = max(values)
+        elif key.endswith("_min"):
+            out[key] = min(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out

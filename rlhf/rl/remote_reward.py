@@ -10,7 +10,8 @@ Wire format, version 1 (JSON over HTTP/1.1):
                  -> 4xx/5xx {"error": str}      (4xx: not retried; 429 and 5xx: retried)
 
 A row is what the policy read and wrote: the prompt exactly as tokenized (chat template rendered,
-special tokens kept as text) and the response's tokens (its EOS, when it stopped, kept as text).
+special tokens kept as text) and the response's tokens (its EOS, when it stopped, kept as text; a
+multi-turn episode's every turn and environment reply, the sequence the local reward model reads).
 `prompt_ids` / `response_ids` are the same rows as token ids of the policy's tokenizer, whose
 `tokenizer_fingerprint` is sent along: a server whose tokenizer has that fingerprint scores the
 ids as they are (`rlhf serve-rm` then gives the local reward model's numbers); any other server
@@ -47,6 +48,7 @@ from rlhf.config.outside import loads as read_json
 from rlhf.config.remote import RemoteRewardConfig
 from rlhf.models.sampling import Rollout
 from rlhf.models.tokenizer_match import tokenizer_signature
+from rlhf.rl.episode_record import token_rows
 
 WIRE_VERSION = 1
 RETRIED_STATUS = (429, 500, 502, 503, 504)
@@ -70,14 +72,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 def score_request(tokenizer: Any, rollout: Rollout, fingerprint: str | None = None) -> dict[str, Any]:
     """The POST /score body of a rollout's rows (padding removed; special tokens kept in the texts)."""
-    prompt_ids = [
-        [t for t, m in zip(ids, mask) if m]
-        for ids, mask in zip(rollout.prompt_ids.tolist(), rollout.prompt_mask.tolist())
-    ]
-    response_ids = [
-        [t for t, m in zip(ids, mask) if m]
-        for ids, mask in zip(rollout.response_ids.tolist(), rollout.response_mask.tolist())
-    ]
+    prompt_ids, response_ids = token_rows(rollout)  # an episode's replies included, as the local RM reads it
     return {
         "prompts": tokenizer.batch_decode(prompt_ids, skip_special_tokens=False),
         "responses": tokenizer.batch_decode(response_ids, skip_special_tokens=False),

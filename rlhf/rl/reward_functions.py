@@ -309,9 +309,10 @@ def call_reward_function(
     rows: list[dict[str, Any]],
     *,
     where: str = "",
+    first_row: int = 0,
 ) -> torch.Tensor:
     """The function's rewards as a float32 [B] tensor (the dtype of the loss); any failure a
-    RewardFunctionError naming it (and the row)."""
+    RewardFunctionError naming it (and the row, counted from `first_row`)."""
     fix = "Fix: make it return one finite float per response, in order; stopped before training on it."
     size = len(prompts)
     first = f"the first: {responses[0][:60]!r} to {prompts[0][:60]!r}" if size else "no responses"
@@ -348,7 +349,7 @@ def call_reward_function(
                 f"({where}{size} responses). {fix}"
             ) from None
         for i, value in enumerate(out):
-            _check_value(reward, value, i, prompts, responses, where)
+            _check_value(reward, value, i, prompts, responses, where, first_row=first_row)
     except (TypeError, ValueError, RuntimeError):
         raise RewardFunctionError(
             f"reward function {reward.name} returned {type(out).__name__}, not numbers ({where}{size} responses). {fix}"
@@ -358,7 +359,7 @@ def call_reward_function(
             f"reward function {reward.name} returned shape {tuple(values.shape)} for {size} responses "
             f"({where.rstrip(', ') or 'one call'}); expected ({size},). {fix}"
         )
-    _require_finite(reward, values, prompts, responses, where, fix)
+    _require_finite(reward, values, prompts, responses, where, fix, first_row)
     return values.float()
 
 
@@ -377,12 +378,13 @@ def _check_value(
     responses: list[str],
     where: str,
     tail: str = "",
+    first_row: int = 0,
 ) -> float:
     """One value through the check of every number from outside (rlhf/config/outside.py)."""
     context = f" ({where}response {responses[i][:60]!r} to prompt {prompts[i][:60]!r}{tail})"
     return outside_number(value, f"reward function {reward.name} returned",
                           "return rewards on a sane scale (e.g. between -10 and 10); stopped before training on it",
-                          RewardFunctionError, after=f" for row {i}", context=context)  # fmt: skip
+                          RewardFunctionError, after=f" for row {first_row + i}", context=context)  # fmt: skip
 
 
 def _require_finite(
@@ -392,6 +394,7 @@ def _require_finite(
     responses: list[str],
     where: str,
     fix: str,
+    first_row: int = 0,
 ) -> None:
     """Each value finite in float32 (the dtype the loss uses), and still so once weighted."""
     weighted = reward.weight * values.float()
@@ -401,10 +404,10 @@ def _require_finite(
         return
     i = bad[0]
     value = float(values[i])
-    _check_value(reward, value, i, prompts, responses, where, f"; {len(bad)} unusable in all")
+    _check_value(reward, value, i, prompts, responses, where, f"; {len(bad)} unusable in all", first_row)
     raise RewardFunctionError(
-        f"reward function {reward.name} returned {value} for row {i}, which times its weight {reward.weight:g} "
-        f"is beyond float32 (the loss's dtype) ({where}response {responses[i][:60]!r} to prompt "
+        f"reward function {reward.name} returned {value} for row {first_row + i}, which times its weight "
+        f"{reward.weight:g} is beyond float32 (the loss's dtype) ({where}response {responses[i][:60]!r} to prompt "
         f"{prompts[i][:60]!r}; {len(bad)} unusable in all). Fix: lower its weight or the scale of its rewards; "
         "stopped before training on it."
     )
@@ -420,19 +423,27 @@ def weighted_reward(
     rows: list[dict[str, Any]],
     *,
     where: str = "",
+    raw: dict[str, torch.Tensor] | None = None,
+    first_row: int = 0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(total [B], {part name: its weighted values [B]}): ``model_weight * RM + sum weight_k * fn_k``."""
+    """(total [B], {part name: its weighted values [B]}): ``model_weight * RM + sum weight_k * fn_k``;
+    `raw`, when given, receives each function's own values (unweighted, by name); a message counts
+    the rows from `first_row`."""
     parts: dict[str, torch.Tensor] = {}
     if model_scores is not None:
         parts["reward_model"] = model_weight * model_scores.detach().float().cpu()
     for reward in functions:
-        values = call_reward_function(reward, prompts, responses, response_token_ids, rows, where=where)
+        values = call_reward_function(
+            reward, prompts, responses, response_token_ids, rows, where=where, first_row=first_row
+        )
         parts[reward.name] = parts.get(reward.name, 0) + reward.weight * values
+        if raw is not None:
+            raw[reward.name] = values
     total = torch.stack(list(parts.values())).sum(0)
     if functions and not bool(torch.isfinite(total).all()):  # each part finite, their sum not
         i = int((~torch.isfinite(total)).nonzero()[0])
         raise RewardFunctionError(
-            f"the reward parts ({', '.join(parts)}) sum to {float(total[i])} for row {i} ({where}response "
+            f"the reward parts ({', '.join(parts)}) sum to {float(total[i])} for row {first_row + i} ({where}response "
             f"{responses[i][:60]!r}), beyond float32 (the loss's dtype). Fix: lower the weights or the scale "
             "of the functions' rewards; stopped before training on it."
         )
@@ -469,9 +480,11 @@ def judge_with_functions(
     functions: Sequence[RewardFunction],
     tokenizer: Any,
     rows: list[dict[str, Any]],
+    values: dict[str, list[torch.Tensor]] | None = None,
 ) -> JudgeFactory:
     """`rlhf eval`'s judge factory with the reward functions added (weight each; the judge's own score,
-    if any, with weight 1): `factory(start, end) -> judge(rollout, responses) -> [B]`."""
+    if any, with weight 1): `factory(start, end) -> judge(rollout, responses) -> [B]`. `values`, when
+    given, collects each function's own values of every call, in call order (`values[name]`)."""
 
     def factory(start: int, end: int) -> Judge:
         base = judge_factory(start, end) if judge_factory is not None else None
@@ -479,9 +492,14 @@ def judge_with_functions(
         def judge(rollout: Rollout, responses: list[str]) -> torch.Tensor:
             scores = base(rollout, responses) if base is not None else None
             prompts, _, token_ids = rollout_texts(tokenizer, rollout)
+            raw: dict[str, torch.Tensor] = {}
             total, _ = weighted_reward(
-                functions, scores, 1.0, prompts, responses, token_ids, rows[start:end], where="rlhf eval, "
-            )
+                functions, scores, 1.0, prompts, responses, token_ids, rows[start:end],
+                where="rlhf eval, ", raw=raw, first_row=start,  # row: the prompt's index from 0
+            )  # fmt: skip
+            if values is not None:
+                for name, each in raw.items():
+                    values.setdefault(name, []).append(each)
             return total.cpu()
 
         return judge

@@ -2,6 +2,8 @@
 convention of docs/algorithms.md §31; the page docs/verifiable_rewards.md).
 
     exact_answer         1 if the response's final answer is the prompt file's `answer`, as text
+    numeric_answer       1 if the last number in the response equals the last number in `answer`
+                         (1,000 = 1000, $5 = 5, 5.0 = 5; -3 negative); 0 when the response has none
     math_answer          1 if it equals `answer` mathematically (sympy: 1/2 = 0.5 = \\frac{1}{2}); the
                          optional extra `pip install 'rlhf[math]'`
     answer_tag_format    1 if the response holds exactly one <answer>...</answer> block
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 from rlhf.config import ConfigError
@@ -77,6 +80,31 @@ def exact_answer(completions: Sequence[str], answer: Sequence[object], **kwargs:
     for response, expected in zip(completions, answer):
         stated = final_answer(response)
         out.append(float(stated is not None and _normal(stated) == _normal(str(expected))))
+    return out
+
+
+# a number as written in text: an optional sign (not after a letter or digit: 3-5 is 3 and 5), an
+# optional $, digits with thousands separators (1,000,000) or without, an optional decimal part
+WRITTEN_NUMBER = re.compile(r"(?:(?<![0-9A-Za-z])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|-?\$?\.\d+")
+
+
+def last_number(text: str) -> Fraction | None:
+    """The value of the last number written in `text` (exact: 5.0 and 5 are equal), None if none."""
+    found = WRITTEN_NUMBER.findall(text)
+    return Fraction(found[-1].replace(",", "").replace("$", "")) if found else None
+
+
+def numeric_answer(completions: Sequence[str], answer: Sequence[object], **kwargs: object) -> list[float]:
+    """1.0 where the last number in the response equals the last number of the `answer` field (its
+    value: 1,000 = 1000, $5 = 5, 5.0 = 5, -3 keeps its sign), else 0.0; a response without a number
+    scores 0. An `answer` without a number is an error of the prompts file (it names the row)."""
+    _check_lengths(completions, answer)
+    out = []
+    for row, (response, expected) in enumerate(zip(completions, answer)):
+        value = last_number(str(expected))
+        if value is None:
+            raise ValueError(f"the answer field of row {row} ({str(expected)[:60]!r}) holds no number")
+        out.append(float(last_number(response) == value))
     return out
 
 

@@ -4,7 +4,7 @@ Every step frees its activations and allocates the same sizes again at the next 
 glibc hands large freed blocks back to the OS (blocks over its mmap threshold are unmapped, free
 space at the top of the heap is trimmed), so the next step faults every page back in and the kernel
 zeroes it: about 30,000 minor faults per iteration of the small-4x4 benchmark, 640,000 per
-SmolLM2-135M iteration (bench/NOTES.md). Raising both thresholds keeps that memory for reuse, as
+SmolLM2-135M iteration (docs/speed.md, `runtime.keep_freed_memory`). Raising both thresholds keeps that memory for reuse, as
 caching allocators (jemalloc, tcmalloc, PyTorch's GPU allocator) do. The cost: the resident set
 stays near its peak between steps instead of shrinking.
 """

@@ -1,32 +1,13 @@
 """The distributed runtime: data parallelism over the ranks of a torchrun launch (docs/distributed.md).
 
-Global batch, local rows. Every rank holds every role and runs the same loop (rlhf/rl/trainer.py) on
-the same numbers: the same prompts, the same sampled tokens, the same experience and statistics.
-The costly work on rows is shared:
-- `generate`: each rank samples its share of the rows, drawing the whole batch's uniforms at each
-  step, so the tokens do not depend on the number of ranks; the shares are gathered
-  (rlhf/parallel/rollout_share.py);
-- `map_rows`: each rank runs a rollout's no-grad forward (scores, log-probs, values) on its share of
-  the rows; the shares are gathered, so every rank holds the whole batch's results;
-- `train`: every rank passes every minibatch to each learner, whose engine (rlhf/train/learner.py
-  `Learner.step`) takes the rank's share of its rows, each micro-batch weighted by its tokens over
-  the whole minibatch's tokens; under `ddp` the learners' modules are DistributedDataParallel
-  replicas that sum the gradients in the backward of a step's last micro-batch
-  (rlhf/parallel/replicated.py), step statistics are summed over the ranks (rlhf/parallel/peers.py),
-  so every rank takes the one-process step. Every rank runs as many micro-batches, padded with
-  fillers that weigh nothing (the engine's lockstep). The critic's steps never run
-  beside the policy's on a second thread here: both would all-reduce on one process group and could
-  mix their buckets.
-The learners are built with their strategy (rlhf/parallel/parallel_plan.py: ddp replicas, or fsdp2
-shards planned). Under `dist.strategy fsdp2` every role is sharded per layer at its first use (after
-a resumed run has loaded its whole state; rlhf/parallel/fsdp.py): the policy, a separate critic, the reference's
-copy and the reward model, each rank holding 1/N of every one. Their forwards and backwards gather
-one layer at a time and reduce-scatter the gradients, so every rank runs the same ones: the rows of
-a no-grad forward are padded to the largest rank's share (`Peers.padded_share`), and the
-micro-batches of an optimizer step to the largest rank's count with fillers that weigh nothing. The rollout unshards the
-policy once, or (`dist.rollout_gather per_layer`) gathers a layer at a time in every decoding step,
-every rank stepping until every rank's rows have ended. Checkpoints are written as each rank's shards (rlhf/rundir/sharded_checkpoint.py).
-Rank 0 alone writes the run directory (`writer`).
+Global batch, local rows: every rank holds every role and runs the same loop on the same numbers.
+`generate` samples each rank's share of the rows with the whole batch's uniforms
+(rlhf/parallel/rollout_share.py); `map_rows` runs a no-grad forward on each rank's share and gathers
+the results; `train` passes every minibatch to each learner, whose engine (`Learner.step`) takes the
+rank's rows with fillers in lockstep. Under `fsdp2` every role is sharded per layer at its first use
+(rlhf/parallel/fsdp.py), no-grad forwards padded to the largest share; the rollout unshards the policy
+once or gathers a layer at a time (`dist.rollout_gather per_layer`). No critic thread beside the
+policy's (both would all-reduce on one group). Rank 0 alone writes the run directory (`writer`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """FLOP estimates that decide how the local runtime schedules work (never what is computed).
 
 The side-by-side schedules of threads.py pay off only for products large enough to keep a core
-busy: these counts of matmul FLOPs per token say when (thresholds measured in bench/NOTES.md).
+busy: these counts of matmul FLOPs per token say when (thresholds measured with `make bench`, docs/speed.md).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 # Below this many FLOPs per half of the rows, splitting a rollout's forwards over two threads gains
-# nothing (bench/NOTES.md).
+# nothing (measured with `make bench`).
 MIN_SPLIT_FORWARD_FLOPS = 1e9
 
 
@@ -24,7 +24,7 @@ def forward_flops(modules: Sequence[nn.Module], tokens: float) -> float:
 
 # Below this many FLOPs per optimizer step, more intra-op threads slow a step down: its time is per-op
 # overhead, not arithmetic (tiny-4x4 steps of ~0.2 GFLOP ran 2-3x slower on two threads than on one,
-# small-4x4 steps of ~5.5 GFLOP 1.44x faster; bench/NOTES.md).
+# small-4x4 steps of ~5.5 GFLOP 1.44x faster: `make bench`).
 MIN_HANDOVER_STEP_FLOPS = 1e9
 
 

@@ -1,6 +1,9 @@
 """`rlhf eval`: two policies answer the same held-out prompts, a judge scores both, and the paired
 comparison (mean reward with intervals, win rate, and how much of it the answers' lengths explain:
-the length-controlled and length-matched win rates, docs/algorithms.md §33) is written to eval.json."""
+the length-controlled and length-matched win rates, docs/algorithms.md §33) is written to eval.json.
+With `--reward-fn`, each function's mean on the policy's answers with its interval (an accuracy with
+its Wilson interval for a 0/1 verifier), and against a `--baseline` the paired difference
+(eval.json's "reward_functions", docs/algorithms.md §40); `--reward-fn` alone needs no baseline."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from rlhf.config import ConfigError, EvalConfig
 from rlhf.data.chat import stop_token_ids
 from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt
+from rlhf.evaluation.accuracy import function_figures
 from rlhf.evaluation.judging import (
     check_finite_scores,
     compare_scores,
@@ -41,34 +45,43 @@ from rlhf.train.context_check import check_prompts_fit
 
 def run_eval(config: EvalConfig) -> dict:
     """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison.
-    With `data.pairs`, also the verdict of held-out human labels (eval.json's "pairs",
+    With `reward_functions`, also each function's figures (docs/algorithms.md §40); with them alone and
+    no `baseline`, only the policy answers and those figures are the result. With `data.pairs`, also the verdict of held-out human labels (eval.json's "pairs",
     docs/algorithms.md §38): both policies score the same preference pairs. Every model runs on
     `device` under the `dtype` policy. `config` is validated (load_config)."""
     data = config.data
     device = resolve_device(config.device, key="device")
     precision = Precision.resolve(config.dtype, device, key="dtype")
     check_result_path(config)  # before any work: --out is a new file or an earlier eval.json
-    tokenizer = prepare_tokenizer(load_tokenizer(config.policy))
+    tokenizer = prepare_tokenizer(load_tokenizer(config.policy, gguf_file=config.gguf_file))
     _check_tokenizers(config, tokenizer)
     pairs = _read_label_pairs(config, tokenizer) if data.pairs else None  # a bad file stops before models
     prompts_run = _prepare_prompts(config, tokenizer, precision) if data.prompts else None
     texts, pair_logps, kl_logps = {}, {}, {}
     policy_rollouts: list = []
-    for name, path in (("policy", config.policy), ("baseline", config.baseline)):
+    sides = [("policy", config.policy, config.gguf_file)]
+    if config.baseline:  # none: --reward-fn alone, each function's figures on the policy's answers
+        sides.append(("baseline", config.baseline, config.baseline_gguf_file))
+    for name, path, gguf_file in sides:
         with announce(f"loading --{name} {path}"):
-            model = precision.prepare(load_causal_lm(path, dtype=precision.param_dtype, device=device))
+            model = precision.prepare(
+                load_causal_lm(path, gguf_file=gguf_file, dtype=precision.param_dtype, device=device)
+            )
         if prompts_run is not None:
             rollouts, texts[name] = _answer_and_score(
                 prompts_run, name, path, model, tokenizer, config, precision
             )
             policy_rollouts = rollouts if name == "policy" else policy_rollouts
-            with announce(f"eval --{name}: log-probs of the policy's answers"):  # eval.json's "kl"
-                kl_logps[name] = response_logprob_sums(model, policy_rollouts, precision)
+            if config.baseline:
+                with announce(f"eval --{name}: log-probs of the policy's answers"):  # eval.json's "kl"
+                    kl_logps[name] = response_logprob_sums(model, policy_rollouts, precision)
         if pairs is not None:
             pair_logps[name] = _pair_logprobs(name, path, model, pairs, tokenizer, config, precision)
         del model
     results: dict = {}
-    if prompts_run is not None:
+    if prompts_run is not None and not config.baseline:
+        results = _accuracy_result(config, prompts_run, texts["policy"], tokenizer)
+    elif prompts_run is not None:
         judges, scores = prompts_run["judges"], prompts_run["scores"]
         paths = {"policy": config.policy, "baseline": config.baseline}
         per_judge = {name: judged(paths, texts, scores[name], name, config.seed) for name in judges}
@@ -77,10 +90,7 @@ def run_eval(config: EvalConfig) -> dict:
         results["prompts"] = str(data.prompts)
         results["truncation"] = prompts_run["truncation"].as_dict()
         results["system_prompt"] = prompts_run["system_prompt"]
-        sampling = prompts_run["sampling"]
-        results["sampling"] = {
-            k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")
-        }
+        results["sampling"] = sampling_record(prompts_run["sampling"])
         results["max_prompt_tokens"] = prompts_run["budget"]
         lengths = torch.cat([r.response_mask.sum(-1).cpu() for r in policy_rollouts])
         results["kl"] = sample_kl(kl_logps["policy"], kl_logps["baseline"], lengths, results["sampling"])
@@ -90,6 +100,15 @@ def run_eval(config: EvalConfig) -> dict:
         )
         for sample, ids in zip(results["samples"], prompts):  # the prompt as the models saw it
             sample["prompt_seen"] = tokenizer.decode(ids)
+        values = prompts_run["function_values"]
+        if values["policy"]:
+            results["reward_functions"] = {
+                fn: function_figures(values["policy"][fn].tolist(), values["baseline"][fn].tolist())
+                for fn in values["policy"]
+            }
+            for i, sample in enumerate(results["samples"]):
+                for side in ("policy", "baseline"):
+                    sample[f"{side}_function_scores"] = {fn: float(v[i]) for fn, v in values[side].items()}
     else:  # the label verdict alone: no judge, no prompts
         results = {
             "policy": {"path": str(config.policy)},
@@ -102,14 +121,50 @@ def run_eval(config: EvalConfig) -> dict:
         results["pairs"] = label_pairs_result(pairs, pair_logps["policy"], pair_logps["baseline"])
     out = eval_result_path(config)
     write_result(out, results)
-    if prompts_run is not None:
+    if prompts_run is not None and config.baseline:
         for name in prompts_run["judges"]:
             _print_eval_summary(
                 config, {**results["judges"][name], "kl": results["kl"]}, name, out, results["truncation"]
             )
+    if "reward_functions" in results:
+        _print_accuracy_summary(config, results, out)
     if pairs is not None:
         _print_pairs_summary(config, results["pairs"], out)
     return results
+
+
+def _accuracy_result(config: EvalConfig, run: dict, texts: list[str], tokenizer) -> dict:
+    """eval.json without a baseline: each reward function's figures on the policy's answers
+    (`function_figures`), the settings, and every prompt's answer with each function's value."""
+    values = run["function_values"]["policy"]
+    examples = run["examples"]
+    return {
+        "policy": {"path": str(config.policy)},
+        "baseline": None,
+        "judge": None,
+        "judges": {},
+        "reward_functions": {fn: function_figures(v.tolist()) for fn, v in values.items()},
+        "prompts": str(config.data.prompts),
+        "truncation": run["truncation"].as_dict(),
+        "system_prompt": run["system_prompt"],
+        "sampling": sampling_record(run["sampling"]),
+        "max_prompt_tokens": run["budget"],
+        "samples": [
+            {
+                "source": str(ex.source) if ex.source is not None else None,
+                "prompt": ex.prompt,
+                "prompt_seen": tokenizer.decode(ids),
+                "policy_response": text,
+                "policy_function_scores": {fn: float(v[i]) for fn, v in values.items()},
+            }
+            for i, (ex, ids, text) in enumerate(zip(examples, run["prompts"], texts))
+        ],
+    }
+
+
+def sampling_record(sampling: SamplingConfig) -> dict:
+    """eval.json's "sampling": how the answers were drawn (do_sample false: greedy)."""
+    return {k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")}
 
 
 def _prepare_prompts(config: EvalConfig, tokenizer, precision: Precision) -> dict:
@@ -133,6 +188,7 @@ def _prepare_prompts(config: EvalConfig, tokenizer, precision: Precision) -> dic
     ]
     sources = [ex.source for ex in examples]
     reward_fns = config.reward_functions
+    values: dict[str, list[torch.Tensor]] = {}  # each function's own values, as the first judge calls it
     if reward_fns:  # Python reward functions added to the judge's score (docs/algorithms.md §31)
         from rlhf.rl.reward_functions import check_row_fields, judge_with_functions, load_reward_functions
 
@@ -146,7 +202,8 @@ def _prepare_prompts(config: EvalConfig, tokenizer, precision: Precision) -> dic
             with announce(f"loading the judge {spec}"):
                 judge = _load_judge(spec, tokenizer, data.prompts, data.n, skip, precision)
         if reward_fns:
-            judge = judge_with_functions(judge, functions, tokenizer, rows)
+            sink = values if not judges else None  # the first judge's calls give the functions' figures
+            judge = judge_with_functions(judge, functions, tokenizer, rows, sink)
         judges[" + ".join([*([str(spec)] if spec else []), *map(str, reward_fns)])] = judge
     return {
         "examples": examples,
@@ -158,6 +215,8 @@ def _prepare_prompts(config: EvalConfig, tokenizer, precision: Precision) -> dic
         "sampling": eval_sampling(config.rollout),
         "judges": judges,
         "scores": {name: {} for name in judges},  # scores[judge][policy or baseline]
+        "values": values,  # filled while a side is scored, emptied into function_values
+        "function_values": {},  # function_values[policy or baseline][function]: values [n]
     }
 
 
@@ -180,6 +239,8 @@ def _answer_and_score(run: dict, name: str, path, model, tokenizer, config: Eval
     for judge_name, judge in judges.items():
         shown = f" ({judge_name})" if len(judges) > 1 else ""  # which judge, when several
         run["scores"][judge_name][name] = _score(name, path, rollouts, texts, judge, judge_name, shown)
+    run["function_values"][name] = {fn: torch.cat(batches) for fn, batches in run["values"].items()}
+    run["values"].clear()
     return rollouts, texts
 
 
@@ -295,6 +356,43 @@ def label_pairs_result(pairs: dict, policy: tuple, baseline: tuple) -> dict:
             )
         ],
     }
+
+
+def _print_accuracy_summary(config: EvalConfig, results: dict, out: Path) -> None:
+    """The one-screen summary of the reward functions' figures (eval.json's "reward_functions")."""
+    against = f" vs {config.baseline}" if config.baseline else ""
+    functions = results["reward_functions"]
+    short = {fn: fn.rpartition(":")[2] for fn in functions}  # the function's name, when unique
+    label = {fn: short[fn] if list(short.values()).count(short[fn]) == 1 else fn for fn in functions}
+    rows = {}
+    for fn, figures in functions.items():
+        rows[label[fn]] = mean_row(figures)
+        if "baseline" in figures:
+            rows[f"{label[fn]}, baseline"] = mean_row(figures["baseline"])
+            rows[f"{label[fn]}, policy - baseline"] = difference_row(figures["difference"])
+    n = next(iter(functions.values()))["n"]
+    print_summary(
+        f"eval: {config.policy}{against} (reward functions, n={n})",
+        {**rows, "prompts truncated": truncation_row(results["truncation"]), "written": str(out)},
+    )
+
+
+def mean_row(figures: dict) -> str:
+    """`0.420 [0.293, 0.558] 21/50, Wilson 95%` or `1.2345 [1.0012, 1.4678] t 95%`."""
+    spec = ".3f" if figures["interval"] == "wilson" else ".4f"
+    ci = figures["ci95"]
+    interval = f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else ""
+    if figures["interval"] == "wilson":
+        return f"{figures['mean']:{spec}}{interval} {figures['correct']}/{figures['n']}, Wilson 95%"
+    return f"{figures['mean']:{spec}}{interval} t 95%{' (none for n = 1)' if not ci else ''}"
+
+
+def difference_row(difference: dict) -> str:
+    """`+0.060 [-0.052, +0.172] paired t 95%; W/T/L 5/40/2` (wins / ties / losses)."""
+    ci = difference["ci95"]
+    interval = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
+    counts = f"{difference['wins']}/{difference['ties']}/{difference['losses']}"
+    return f"{difference['mean']:+.3f}{interval} paired t 95%; W/T/L {counts}"
 
 
 def _print_pairs_summary(config: EvalConfig, pairs: dict, out: Path) -> None:
@@ -440,20 +538,26 @@ def check_result_path(config: EvalConfig) -> None:
     )
     if not config.out:
         data_file = config.data.prompts or config.data.pairs
-        name = f"eval_{data_stem(data_file)}_vs_{Path(config.baseline).name or 'baseline'}.json"
+        against = f"_vs_{Path(config.baseline).name or 'baseline'}" if config.baseline else ""
+        name = f"eval_{data_stem(data_file)}{against}.json"
         refuse_replacing_other_result(
             path,
-            {"prompts": str(config.data.prompts), "baseline": str(config.baseline)},
+            {"prompts": str(config.data.prompts), "baseline": str(config.baseline or NO_BASELINE)},
             _earlier_eval_identity,
             "rlhf eval",
             path.with_name(name),
         )
 
 
+NO_BASELINE = "(none)"  # the baseline of a result of --reward-fn alone, as the replacement check names it
+
+
 def _earlier_eval_identity(earlier: dict) -> dict:
     """The prompts file and baseline of an earlier eval.json."""
     prompts = earlier.get("prompts")
     baseline = earlier.get("baseline")
+    if baseline is None and "baseline" in earlier and earlier.get("reward_functions") is not None:
+        return {"prompts": prompts, "baseline": NO_BASELINE}
     return {"prompts": prompts, "baseline": baseline.get("path") if isinstance(baseline, dict) else None}
 
 

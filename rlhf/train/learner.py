@@ -2,29 +2,10 @@
 and schedule, the data-parallel ranks and sharding it trains under, and the one micro-batch engine
 every trainer calls with its own loss (`step`; `forward_passes` for the passes without a backward).
 
-One optimizer step (`step(batch, losses)`), written once here:
-
-    rank share      this rank's rows of the step's batch (every rank holds the whole batch)
-    micro-batches   the share cut by `split` (rows of `micro_batch_size`, or with `micro_batch_tokens`
-                    longest first under a budget of rows x longest row; the one place where sequence
-                    packing plugs in)
-    weights         each micro-batch's share of the step's denominator (`count(rows) / total`: its
-                    tokens for a token mean, docs/algorithms.md §18; its rows for a row mean)
-    fillers         under ddp and fsdp2 every rank runs the largest rank's number of passes: a rank
-                    whose rows run out runs fillers (the batch's first row, weighted 0, its figures
-                    dropped), since DDP's and FSDP2's collectives run in every backward
-    passes          DDP's no-sync passes (and fsdp2's under dist.grad_sync step): the gradients
-                    reduced over the ranks in the step's last backward only (`Accumulation`)
-    sums            each loss's figures summed over the real micro-batches and the ranks
-    optimizer step  global gradient clipping (PPO paper §5.4), the NaN/inf step guard
-                    (docs/algorithms.md §19), AdamW and the schedule (`optimizer_step`; the optimizer
-                    and its warmup + constant/cosine/linear schedule: `build_optimizer`, below)
-
 A learner gets its parallel strategy when it is built (`peers`, `strategy` and how it shards): under
 ddp it is replicated at once; under fsdp2 its owner calls `shard` once its whole state is in place
-(the supervised skeleton after a resume has loaded the checkpoint, rlhf/train/supervised/; the RL
-runtime of torchrun or of a Ray group at a role's first use, rlhf/runtime/distributed.py), which
-shards it as planned. No runtime sets a learner's parallel state after it is built.
+(the supervised skeleton after a resume; the RL runtime at a role's first use). No runtime sets a
+learner's parallel state after it is built.
 """
 
 from __future__ import annotations
@@ -336,14 +317,26 @@ class Learner:
         then: Sequence[Callable[[], tuple[torch.Tensor | None, dict[str, Any]]]] = (),
         before_update: Callable[[], None] | None = None,
     ) -> tuple[dict[str, float], float]:
-        """One optimizer step on `batch` (see the module's docstring); (the `sums`, the pre-clip
-        gradient norm). Each micro-batch runs each of `losses` in a forward/backward pass of its own
-        (a loss's graph is freed before the next one's forward); a loss function returns its
-        micro-batch's term of the step's loss (its mean times `micro.weight`, or its sums over the
-        step's own counts) and the figures it adds to `sums` (summed over the real micro-batches
-        and the ranks). `count`/`total`: the weights (`micro_batches`). `then`: passes after the
-        micro-batches' (PPO-ptx: a loss on other rows, or None). `before_update`: called before the
-        optimizer step (a shared critic's pre-training keeps its head's gradients only)."""
+        """One optimizer step on `batch`; (the `sums`, the pre-clip gradient norm).
+
+               rank share      this rank's rows of the step's batch (every rank holds the whole batch)
+               micro-batches   the share cut by `split` (rows of `micro_batch_size`, or `micro_batch_tokens`
+                               longest first under rows x longest row, or packed)
+               weights         each micro-batch's `count(rows) / total` (tokens for a token mean,
+                               docs/algorithms.md §18; rows for a row mean)
+               fillers         under ddp and fsdp2 every rank runs the largest rank's number of passes, a
+                               rank whose rows run out the batch's first row weighted 0 (figures dropped)
+               passes          DDP's (and fsdp2's `dist.grad_sync step`) no-sync passes: gradients reduced
+                               in the step's last backward only (`Accumulation`)
+               optimizer step  global clipping (PPO paper §5.4), the NaN/inf guard (docs/algorithms.md
+                               §19), AdamW and the schedule (`optimizer_step`, `build_optimizer`)
+        Each micro-batch runs each of `losses` in a forward/backward pass of its own
+               (a loss's graph is freed before the next one's forward); a loss function returns its
+               micro-batch's term of the step's loss (its mean times `micro.weight`, or its sums over the
+               step's own counts) and the figures it adds to `sums` (summed over the real micro-batches
+               and the ranks). `count`/`total`: the weights (`micro_batches`). `then`: passes after the
+               micro-batches' (PPO-ptx: a loss on other rows, or None). `before_update`: called before the
+               optimizer step (a shared critic's pre-training keeps its head's gradients only)."""
         lockstep = self.lockstep
         micros = micro_batches(batch, self.split, count, total, peers=self.peers, lockstep=lockstep)
         passes = self.passes(len(losses) * len(micros) + len(then))

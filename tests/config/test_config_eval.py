@@ -84,3 +84,25 @@ def test_rm_eval_takes_the_reward_models_budgets_under_its_own_settings(tmp_path
     (tmp_path / "config.yaml").write_text("data: {format: tsv}\n")
     with pytest.raises(ConfigError, match=r"config\.yaml: data\.format must be one of"):
         rm_eval_config(*parsed(base))
+
+
+def test_eval_needs_a_baseline_unless_reward_functions_alone_score_the_prompts():
+    alone = eval_config(*parsed(["eval", "--policy", "p", "--prompts", "x", "--reward-fn", "m:f"]))
+    assert (alone.baseline, alone.reward_functions, alone.gguf_file) == ("", ["m:f"], None)
+    with pytest.raises(
+        ConfigError, match=r"^baseline is missing\. Fix: --baseline DIR .*--reward-fn MODULE:FN"
+    ):
+        eval_config(*parsed(["eval", "--policy", "p", "--prompts", "x", "--judge", "j"]))
+    with pytest.raises(
+        ConfigError, match=r"^--judge compares the policy with a --baseline.*Fix: add --baseline DIR"
+    ):
+        eval_config(
+            *parsed(["eval", "--policy", "p", "--prompts", "x", "--judge", "j", "--reward-fn", "m:f"])
+        )
+    with pytest.raises(ConfigError, match=r"^--pairs compares the policy with a --baseline"):
+        eval_config(
+            *parsed(["eval", "--policy", "p", "--prompts", "x", "--pairs", "y", "--reward-fn", "m:f"])
+        )
+    gguf = eval_config(*parsed(["eval", "--policy", "p", "--gguf_file", "m.gguf", "--prompts", "x",
+                                "--reward-fn", "m:f", "--baseline", "b", "--baseline_gguf_file", "b.gguf"]))  # fmt: skip
+    assert (gguf.gguf_file, gguf.baseline_gguf_file) == ("m.gguf", "b.gguf")

@@ -1,4 +1,4 @@
-"""Chat templates (issue 17 item 8): HH dialogues and messages rendered with the tokenizer's template,
+"""Chat templates: HH dialogues and messages rendered with the tokenizer's template,
 responses closed by its end-of-turn token, the switch off = verbatim text, truncation that keeps
 the template whole, and generation that stops at the end-of-turn token."""
 

@@ -1,7 +1,7 @@
 """A very short demo runs end to end: world, SFT, reward model, RL runs of every algorithm, DPO,
 report.
 
-The full-length results are a benchmark (bench/demo_timing.py), not a test: here only the
+The full-length results are a benchmark (bench/speed/demo_timing.py), not a test: here only the
 pipeline's wiring, the report's sections and the summary's schema are checked.
 """
 
@@ -152,7 +152,7 @@ def test_the_demo_keeps_the_settings_it_was_measured_with():
     measured = {  # (reward.clip, advantage.whiten, model.critic_init, kl.beta, policy.awr_max_weight)
         "vanilla_ppo": (None, True, "policy", 0.0, 20.0),
         "ppo_max": (5.0, True, "reward_model", 0.1, 20.0),
-        # the APA paper's whitening and uncapped AWR weights, the demo's KL penalty (bench/ablation.md)
+        # the APA paper's whitening and uncapped AWR weights, the demo's KL penalty (bench/studies/ablation.md)
         "apa": (5.0, True, "reward_model", 0.1, 20.0),  # the AWR cap: unused by APA's loss
         "awr": (5.0, True, "reward_model", 0.1, None),
     }

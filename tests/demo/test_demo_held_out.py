@@ -1,5 +1,5 @@
 """The demo's held-out evaluation of an RL run (rlhf/demo/held_out.py) goes through the trainer's
-runtime by role name, never through the roles' modules (issue 27: under Ray or torchrun the roles
+runtime by role name, never through the roles' modules (under Ray or torchrun the roles
 live elsewhere), and gives the figures of the same evaluation on the modules themselves."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def test_the_experience_of_episodes_carries_nothing_on_environment_tokens(make_t
     for name in ("response_mask", "advantages", "returns"):
         assert not getattr(experience, name)[env].any(), name
     assert metrics["env/turns_mean"] > 1 and metrics["env/reply_tokens_mean"] > 0
-    episodes = trainer.episodes  # the reward model's score plus the environment's turn rewards
+    episodes = trainer.rollouts.episodes  # the reward model's score plus the environment's turn rewards
     model_scores = trainer.runtime.forward("reward_model", episodes.rollout.sequences)
     raw = torch.tensor(metrics["reward/raw_scores"])
     assert torch.allclose(raw - model_scores, episodes.rewards, atol=1e-5)

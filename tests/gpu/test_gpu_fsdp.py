@@ -41,9 +41,8 @@ def one_nccl_rank():
 
 
 def sharded_trainer(preset, run_dir, dtype, offload=False):
-    trainer = trainer_for(preset, run_dir, dtype=dtype, dist={"strategy": "fsdp2", "offload": offload})
-    trainer.runtime = runtime_for(trainer.runtime.roles, trainer.config)
-    return trainer
+    dist = {"strategy": "fsdp2", "offload": offload}
+    return trainer_for(preset, run_dir, dtype=dtype, dist=dist, runtime=runtime_for)
 
 
 @pytest.mark.parametrize("preset", ["ppo_max", "grpo"])

@@ -37,7 +37,8 @@ TINY = {
 }
 
 
-def trainer_for(preset: str, run_dir, *, resume=False, **layers) -> RLTrainer:
+def trainer_for(preset: str, run_dir, *, resume=False, runtime=None, **layers) -> RLTrainer:
+    """`runtime(roles, config)`: the runtime that serves the roles (LocalRuntime when None)."""
     tok = word_tokenizer([" ".join(WORDS)])
     tiny = TINY
     if not load_config(RLConfig, preset=preset).uses_critic:  # critic settings are errors there
@@ -49,9 +50,8 @@ def trainer_for(preset: str, run_dir, *, resume=False, **layers) -> RLTrainer:
     )
     roles = assemble_roles(config, tokenizer=tok, policy=policy, reward_model=reward)
     prompts = [tok(" ".join(WORDS[i : i + 2 + i % 3]))["input_ids"] for i in range(12)]
-    return RLTrainer(
-        config, LocalRuntime(roles, config.runtime), prompts, run_dir=run_dir, resume=resume, quiet=True
-    )
+    served = runtime(roles, config) if runtime is not None else LocalRuntime(roles, config.runtime)
+    return RLTrainer(config, served, prompts, run_dir=run_dir, resume=resume, quiet=True)
 
 
 def records(run_dir) -> list[dict]:

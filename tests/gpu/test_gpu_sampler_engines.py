@@ -3,7 +3,7 @@ eager engine's rollout (same tokens, masks and behaviour log-probs at the same s
 captured once per call and replayed, and it follows the weights and the LoRA adapter of each call.
 
 Skipped (with the reason shown by `pytest -ra`) on a machine without CUDA. Run them on a GPU machine
-with `pytest tests/gpu -m gpu` (bench/gpu_speed.sh runs them with the sampler's timings).
+with `pytest tests/gpu -m gpu` (bench/speed/gpu_speed.sh runs them with the sampler's timings).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def assert_same_rollout(a, b, atol=1e-4, rtol=0.0):
 
 
 # bf16 log-probs of two kernel sets: bf16 keeps 8 bits of mantissa (a relative step of 0.4%), and
-# fused kernels round their intermediates elsewhere than eager ones. The H200 run of session 18 saw
+# fused kernels round their intermediates elsewhere than eager ones. An H200 showed
 # 0.029 on a log-prob of -5.6 (1.3 steps) between compiled and static steps: atol 2e-2 plus 1%.
 BF16 = dict(atol=2e-2, rtol=1e-2)
 

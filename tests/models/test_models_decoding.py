@@ -225,8 +225,8 @@ def test_an_rl_run_samples_with_rollout_engine():
 
 def test_the_static_cache_takes_float32_keys_and_bf16_values_in_one_dtype(lm):
     """Under bf16 autocast over float32 weights RoPE leaves the keys in float32 and the values in bf16;
-    transformers 5.17 allocated both buffers in the keys' dtype and refused the values (the H200 run
-    of session 17). The values are promoted exactly, so attention (which casts under autocast) reads
+    transformers 5.17 allocates both buffers in the keys' dtype and refuses the values (seen on an
+    H200). The values are promoted exactly, so attention (which casts under autocast) reads
     what the eager cache holds."""
     cache = OneDtypeStaticCache(config=lm.config, max_cache_len=6)
     heads, dim = lm.config.num_key_value_heads, lm.config.hidden_size // lm.config.num_attention_heads

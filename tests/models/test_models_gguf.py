@@ -1,5 +1,5 @@
 """GGUF checkpoints load as plain float32 weights, so a model trained from one saves as a normal
-Hugging Face directory (issue 17 item 2: `save_pretrained` used to refuse a model "quantized with gguf")."""
+Hugging Face directory (`save_pretrained` refuses a model still marked "quantized with gguf")."""
 
 from __future__ import annotations
 

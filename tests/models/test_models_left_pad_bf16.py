@@ -1,7 +1,7 @@
 """A left-padded batch holds fully masked attention rows (a pad query sees no key): under bfloat16
 autocast on the CPU, the critic's values and gradients stay finite, and the valid rows' values are
 those of the rows alone, unpadded (the bf16 critic NaN of examples/smollm2_hh/README.md is not this
-mechanism on a CPU; bench/critic_nan_gpu.py asks a GPU)."""
+mechanism on a CPU; bench/studies/critic_nan_gpu.py asks a GPU)."""
 
 from __future__ import annotations
 

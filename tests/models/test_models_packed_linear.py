@@ -214,7 +214,7 @@ def test_short_generations_are_not_packed(lm, no_size_floor):
 
 def test_a_batch_of_one_is_not_packed_and_one_row_takes_f_linear(lm, no_size_floor, monkeypatch):
     """A batch of one multiplies one row per step, where oneDNN's packed product is no faster than
-    MKL's and far slower on two threads (bench/NOTES.md, issue 37): not packed; and a packed layer
+    MKL's and far slower on two threads (docs/speed.md, `runtime.pack_weights`): not packed; and a packed layer
     given one row computes it with F.linear."""
     seen = []
     lm.lm_head.register_forward_hook(lambda module, args, out: seen.append("forward" in module.__dict__))

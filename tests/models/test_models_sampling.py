@@ -141,8 +141,8 @@ def test_top_p_on_a_large_vocabulary_candidates_or_full_sort(scale):
 
 @pytest.mark.parametrize("top_k", [0, 40])
 def test_top_p_without_candidate_sets_as_off_the_cpu_keeps_the_same_nucleus(top_k):
-    """Off the CPU the candidate sets are skipped: top-p alone then takes the full sort (it crashed on
-    the H200 of session 17: no candidates and no sort), with the same survivors and logits."""
+    """Off the CPU the candidate sets are skipped: top-p alone then takes the full sort (without it a GPU
+    would get no candidates and no sort), with the same survivors and logits."""
     logits = torch.randn(3, 5000, generator=torch.Generator().manual_seed(1)) * 2.0
     searched = candidate_logits(logits, top_k, 0.9, search_candidates=True)
     sorted_whole = candidate_logits(logits, top_k, 0.9, search_candidates=False)

@@ -1,4 +1,4 @@
-"""`fsdp.whole_copy` (issue 36: no torch internals where a public API does the job): a model sharded
+"""`fsdp.whole_copy` (no torch internals where a public API does the job): a model sharded
 per layer is gathered whole through torch's `get_model_state_dict` into a plain copy made on the
 meta device before sharding; its LoRA-merged export equals the unsharded model's, on rank 0 only
 (the others get None) unless every rank asks for its own."""

@@ -15,7 +15,7 @@ from rlhf.models.lora import apply_lora
 from rlhf.planner.memory_plan import GIB, NAMED_SHAPES, Job, Shape, parse_bytes, plan, shape_of
 
 TINY = Shape("tiny", hidden=16, layers=3, heads=4, kv_heads=2, intermediate=24, vocab=50)
-MEASURED = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_h200_session10.json"
+MEASURED = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_check_h200.json"
 
 
 def hf_model(shape: Shape):
@@ -131,7 +131,7 @@ def test_the_verdict_and_its_advice():
 
 @pytest.mark.parametrize("workload,shape", [("m84", "m84"), ("smollm2", "smollm2-135m")])
 def test_prediction_is_within_15_percent_of_the_measured_gpu_peak(workload, shape):
-    """bench/gpu_memory.py on an H200 (torch.cuda.max_memory_allocated over a PPO-max iteration)."""
+    """bench/memory/gpu_memory.py on an H200 (torch.cuda.max_memory_allocated over a PPO-max iteration)."""
     measured = next(
         r
         for r in json.loads(MEASURED.read_text())["gpu_memory"]
@@ -180,7 +180,7 @@ def test_the_command_prints_json_and_refuses_bad_input(capsys):
 
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
-# bench/dist_memory.py on this machine's CPU (float32, glibc returning freed blocks): (results file,
+# bench/memory/dist_memory.py on this machine's CPU (float32, glibc returning freed blocks): (results file,
 # named shape, prompt tokens, strategy, ranks); one process steps the policy and critic side by side
 CPU_CASES = [
     ("dist_memory_m84.json", "m84", 16, "none", 1),
@@ -196,7 +196,7 @@ def test_prediction_is_within_15_percent_of_the_measured_cpu_peak(
     results, shape, prompt_tokens, strategy, ranks
 ):
     """PPO-max, one iteration of 8 rollouts x 8 tokens, micro-batch 4, on the CPU at 1 and 2 ranks
-    (bench/dist_memory.py): the largest rank's peak resident memory above the interpreter against
+    (bench/memory/dist_memory.py): the largest rank's peak resident memory above the interpreter against
     the plan, float32 (one process: the critic's step beside the policy's, `overlap_critic`)."""
     measured_run = json.loads((RESULTS / results).read_text())["live_malloc"]
     measured = next(c for c in measured_run["cases"] if (c["strategy"], c["ranks"]) == (strategy, ranks))

@@ -1,4 +1,4 @@
-"""The dependencies will not break under a user (issue 25): pyproject bounds every dependency to the
+"""The dependencies will not break under a user: pyproject bounds every dependency to the
 versions tested, the installed ones are inside those bounds, rlhf's own calls raise no deprecation
 warning (an error here, while the old name still works), and the console of a run shows no library
 warning the user cannot act on."""

@@ -196,7 +196,7 @@ def test_trainer_dynamic_sampling_trains_on_the_plain_loops_groups(make_trainer)
     exp, metrics = on.make_experience()
     # the same draws by a trainer without the switch, selected by the plain loop
     off = make_trainer(rl_config("grpo", GROUPED))
-    batches = [off.sample_scored() for _ in range(int(metrics["dynamic_sampling/rounds"]))]
+    batches = [off.rollouts.next_batch(0) for _ in range(int(metrics["dynamic_sampling/rounds"]))]
     expected, n_rounds = selection_loop(batches, 4, rounds)
     assert n_rounds == metrics["dynamic_sampling/rounds"]
     assert metrics["dynamic_sampling/fill"] == pytest.approx(len(expected) / 4)

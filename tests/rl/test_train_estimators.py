@@ -31,7 +31,9 @@ def test_samples_per_prompt_with_gae_equals_prompts_duplicated_by_hand(make_trai
     )
     by_hand = make_trainer(rl_config("vanilla_ppo", rollout={"batch_size": 8}), run_dir=tmp_path / "b")
     stream = PromptStream(prompts, seed=0)  # the grouped trainer's own stream, replayed
-    by_hand.prompts.next_batch = lambda size: [p for p in stream.next_batch(size // 2) for _ in range(2)]
+    by_hand.rollouts.prompts.next_batch = lambda size: [
+        p for p in stream.next_batch(size // 2) for _ in range(2)
+    ]
     for _ in range(2):  # two iterations: the second samples from the trained policies
         want, have = by_hand.step(), grouped.step()
         assert _without_timing(have) == _without_timing(want)

@@ -62,7 +62,7 @@ def test_the_prompt_files_rows_reach_the_function_in_group_order(tok, prompts, _
         config, LocalRuntime(roles, config.runtime), prompts, run_dir=tmp_path, quiet=True, prompt_rows=rows
     )
     _, metrics = trainer.make_experience()
-    picked = trainer.prompts.last_indices
+    picked = trainer.rollouts.prompts.last_indices
     assert metrics["reward/raw_scores"] == [float(i) for i in picked for _ in range(2)]
 
 
@@ -246,3 +246,23 @@ def test_a_required_field_missing_from_a_line_is_named_before_any_call():
         RewardFunctionError, match=r"takes 'answer'.*p.jsonl \(1 of 2 lines lack it.*Fix: add"
     ):
         check_row_fields(functions, [{"answer": "a"}, {"other": 1}], "p.jsonl")
+
+
+def test_raw_values_unweighted_and_rows_counted_from_first_row():
+    functions = load_reward_functions(
+        [
+            {"name": "tests.support.reward_fns_testing:constant", "weight": 2.0},
+            "tests.support.reward_fns_testing:bonus",
+        ]
+    )
+    raw: dict = {}
+    rows = [{"bonus": 1}, {"bonus": 3}]
+    total, parts = weighted_reward(
+        functions, None, 1.0, ["p0", "p1"], ["r0", "r1"], [[1], [2]], rows, raw=raw
+    )
+    assert raw["tests.support.reward_fns_testing:constant"].tolist() == [0.25, 0.25]  # before its weight
+    assert parts["tests.support.reward_fns_testing:constant"].tolist() == [0.5, 0.5]
+    assert total.tolist() == [1.5, 3.5] and raw["tests.support.reward_fns_testing:bonus"].tolist() == [1, 3]
+    (nan,) = load_reward_functions(["tests.support.reward_fns_testing:nan_at_row_two"])
+    with pytest.raises(RewardFunctionError, match=r"returned nan for row 34 "):  # a batch from row 32 on
+        weighted_reward([nan], None, 1.0, ["p"] * 3, ["r"] * 3, [[1]] * 3, [{}] * 3, first_row=32)

@@ -16,8 +16,9 @@ from rlhf.monitor.stillness import (
     StillPolicyCheck,
     is_still,
 )
+from rlhf.rl.monitors import warmup_iterations
 from rlhf.rl.roles.assemble import assemble_roles
-from rlhf.rl.trainer import RLTrainer, warmup_iterations
+from rlhf.rl.trainer import RLTrainer
 from rlhf.rundir.footprint import footprint_line, human_bytes
 from rlhf.runtime import LocalRuntime
 from rlhf.stages.train import kl_first

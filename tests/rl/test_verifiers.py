@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from fractions import Fraction
 
 import pytest
 
@@ -14,7 +15,9 @@ from rlhf.rl.verifiers import (
     equivalent,
     exact_answer,
     final_answer,
+    last_number,
     length_penalty,
+    numeric_answer,
     safe_expression,
     think_answer_format,
 )
@@ -45,6 +48,42 @@ def test_exact_answer() -> None:
     assert got == [1.0, 1.0, 1.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="answers"):
         exact_answer(["1"], ["1", "2"])
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("so 3 then 1,000 apples", "1000"),
+        ("costs $5.", "5"),
+        ("it is 5.0", "5"),
+        ("x = -3", "-3"),
+        ("from 3-5", "5"),  # a dash between numbers is no sign
+        ("1,2,3", "3"),  # commas that are no thousands separators split numbers
+        ("12,345,678.25 in all", "12345678.25"),
+        ("#### -0.5", "-1/2"),
+        ("no number here", None),
+        ("", None),
+    ],
+)
+def test_last_number(text: str, value: str | None) -> None:
+    assert last_number(text) == (None if value is None else Fraction(value))
+
+
+def test_numeric_answer_compares_the_last_numbers_value() -> None:
+    responses = ["The total is 1,000.", "$5", "5.0", "so -7", "-7", "none at all", "3 then 4", "#### 72"]
+    answers = ["1000", 5, "5", "-7", "7", "3", "3", "Natalia sold 48/2 = 24 ... #### 72"]
+    assert numeric_answer(responses, answers) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="row 1 .'n/a'. holds no number"):
+        numeric_answer(["1", "2"], ["1", "n/a"])
+    with pytest.raises(ValueError, match="answers"):
+        numeric_answer(["1"], ["1", "2"])
+
+
+def test_numeric_answer_through_the_reward_function_loader() -> None:
+    [fn] = load_reward_functions(["rlhf.rl.verifiers:numeric_answer"])
+    rows = [{"answer": "12", "id": 1}, {"answer": "-4", "id": 2}]
+    got = call_reward_function(fn, ["q"] * 2, ["it is 12", "-4.00"], [[1]] * 2, rows)
+    assert got.tolist() == [1.0, 1.0]
 
 
 @pytest.mark.parametrize(

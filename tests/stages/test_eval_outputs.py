@@ -1,4 +1,4 @@
-"""`rlhf eval` and `rlhf rm-eval` on the recipe's terms (issue 29): a result of another data file (or,
+"""`rlhf eval` and `rlhf rm-eval` on the recipe's terms: a result of another data file (or,
 for eval, another baseline) is never replaced without --out; several judges score the same answers,
 each as a single-judge eval would; the samples show the prompt as the models saw it; the share of
 truncated prompts is reported."""

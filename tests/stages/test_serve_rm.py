@@ -65,10 +65,10 @@ def client(url: str, tok, sleeps: list | None = None, **settings) -> RemoteRewar
 
 def test_the_servers_scores_equal_the_local_reward_models(make_trainer, server, tok):
     trainer = make_trainer(rl_config("vanilla_ppo", reward={"remote": {"url": server.url}}))
-    rollout = trainer.runtime.generate(trainer.draw_prompts()[0], False)
+    rollout = trainer.runtime.generate(trainer.rollouts.draw_prompts()[0], False)
     local = trainer.runtime.forward("reward_model", rollout.sequences)
-    assert trainer.remote_reward is not None
-    remote = trainer.remote_reward.score(rollout)
+    assert trainer.scorer.remote is not None
+    remote = trainer.scorer.remote.score(rollout)
     assert remote.shape == (8,) and remote.dtype == torch.float32
     torch.testing.assert_close(remote, local.float().cpu(), rtol=0, atol=1e-5)
     # the texts alone, tokenized by the server with its own tokenizer, give the same numbers here
@@ -205,7 +205,7 @@ def fake():
 @pytest.fixture()
 def rollout(make_trainer):
     trainer = make_trainer(rl_config("vanilla_ppo"))
-    return trainer.runtime.generate(trainer.draw_prompts()[0], False)
+    return trainer.runtime.generate(trainer.rollouts.draw_prompts()[0], False)
 
 
 def test_retries_with_backoff_then_scores(fake, tok, rollout):

@@ -72,3 +72,11 @@ def other_names(p, r, ids, records):
 
 def overflows_float32(prompts, responses, response_token_ids, rows):
     return [1e300] * len(prompts)
+
+
+# `rlhf eval --reward-fn` alone (accuracy on a verifiable task): a 0/1 verifier reading a row field
+
+
+def says_answer(completions, answer, **kwargs):
+    """1 when the prompt line's `answer` word is among the response's words, else 0 (a verifier)."""
+    return [float(a in c.split()) for c, a in zip(completions, answer)]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlhf.config import OptimConfig
-from rlhf.rl.trainer import SkippedStepStreak, mean_over_steps
+from rlhf.rl.metrics import mean_over_steps
+from rlhf.rl.run_guards import SkippedStepStreak
 from rlhf.train.guards import (
     NONFINITE_GRADIENTS,
     NonFiniteScoresError,

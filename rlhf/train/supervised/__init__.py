@@ -1,42 +1,9 @@
 """One skeleton for every supervised stage (`rlhf sft`, `rlhf rm`, `rlhf dpo`): setup, data, the
-optimizer steps through the same `Learner` the RL roles use (its micro-batch engine: data-parallel
-and sharded training written once, rlhf/train/learner.py), the evaluation cadence, and the finish
-(export, report, summary). A stage says only what differs, by subclassing `SupervisedStage`:
-
-    build_model      the model to train (loaded from `config.model` unless one is given; on the meta
-                     device when `on_meta`: a sharded launch's ranks but 0, filled from rank 0)
-    encode           examples -> the stage's rows
-    positions        the positions one forward of a row computes: checked against the model's
-                     context, and what the micro-batches are cut by
-    schedule         the number of optimizer steps and each step's row indices (a CPU generator: the
-                     same data order on every device and at every number of ranks); by default
-                     `train.epochs` or `train.max_steps` of shuffled `train.batch_size` batches
-    train_step       one optimizer step on a step's rows, `run.learner.step` with the stage's loss:
-                     the step's metrics
-    evaluate         held-out metrics (logged under eval/); `step` None: before the first update
-    finish           export the trained model (every rank joins the gathers, rank 0 writes)
-
-and, when it needs them, `before_training` (once, before the first step). A `resumable` stage (DPO)
-saves a checkpoint every `checkpoint.every` steps and continues from the newest one with
-`resume=True` (checkpoint.py); its own state beyond the model, optimizer, schedule and
-RNGs goes through `checkpoint_state` / `restore_state`.
-
-The run's skeleton:
-
-    run_dir, tokenizer <- start_run; model <- build_model; rows <- load, split, encode
-    learner <- Learner(ModelCall(model), optim, steps, peers, dist.strategy)   [ddp: replicated]
-    [resume: the newest checkpoint's weights, optimizer, schedule, stage state; its N steps' batches
-     drawn and dropped; its RNG states; metrics.jsonl cut after step N - 1]
-    [fsdp2: sharded per layer, every rank's shards (and AdamW state) from rank 0's; dist.offload:
-     in CPU memory]
-    [evaluate before the first update: step 0's eval/ record]
-    for each step: train_step, log;
-                   evaluate every train.eval_every steps and at the last;
-                   [a checkpoint every checkpoint.every steps; fsdp2: each rank's shards]
-    [fsdp2: AdamW's moments freed]; finish, report.html, the one-screen summary
-
-What only the supervised stages use sits beside the skeleton: checkpoint.py (a resumable stage's
-checkpoints) and model_call.py (the one call every forward goes through).
+optimizer steps through the same `Learner` the RL roles use (rlhf/train/learner.py: data-parallel and
+sharded training written once), the evaluation cadence, and the finish (export, report, summary).
+A stage says only what differs, by subclassing `SupervisedStage`; `run_supervised` runs it.
+Beside the skeleton: checkpoint.py (a resumable stage's checkpoints) and model_call.py (the one call
+every forward goes through).
 """
 
 from __future__ import annotations
@@ -112,7 +79,23 @@ class SupervisedRun:
 
 
 class SupervisedStage:
-    """What one supervised stage adds to the skeleton (see the module's docstring)."""
+    """What one supervised stage adds to the skeleton:
+
+    build_model      the model to train (loaded from `config.model` unless one is given; on the meta
+                     device when `on_meta`: a sharded launch's ranks but 0, filled from rank 0)
+    encode           examples -> the stage's rows
+    positions        the positions one forward of a row computes: checked against the model's
+                     context, and what the micro-batches are cut by
+    schedule         the number of optimizer steps and each step's row indices (a CPU generator: the
+                     same data order on every device and rank count); by default `train.epochs` or
+                     `train.max_steps` of shuffled `train.batch_size` batches
+    train_step       one optimizer step on a step's rows (`run.learner.step` with the stage's loss)
+    evaluate         held-out metrics (logged under eval/); `step` None: before the first update
+    finish           export the trained model (every rank joins the gathers, rank 0 writes)
+
+    and, when it needs them, `before_training` (once). A `resumable` stage (DPO) saves a checkpoint
+    every `checkpoint.every` steps and continues from the newest with `resume=True`; its own state
+    beyond model, optimizer, schedule and RNGs goes through `checkpoint_state` / `restore_state`."""
 
     title = ""  # the summary's heading: "SFT", "Reward model"
     command = ""  # the progress display's name: "sft", "rm", "dpo"
@@ -203,6 +186,16 @@ def run_supervised(
     used as they are; without train rows the file is read and split by `data.test_fraction`).
     `resume` (a `resumable` stage): continue the run in `config.out` from its newest checkpoint; the
     model given or loaded is the one the run started from (`config.model`).
+
+        run_dir, tokenizer <- start_run; model <- build_model; rows <- load, split, encode
+        learner <- Learner(ModelCall(model), optim, steps, peers, dist.strategy)   [ddp: replicated]
+        [resume: the newest checkpoint's weights, optimizer, schedule, stage state; its N steps'
+         batches drawn and dropped; its RNG states; metrics.jsonl cut after step N - 1]
+        [fsdp2: sharded per layer from rank 0's state; dist.offload: in CPU memory]
+        [evaluate before the first update: step 0's eval/ record]
+        for each step: train_step, log; evaluate every train.eval_every steps and at the last;
+                       [a checkpoint every checkpoint.every steps]
+        [fsdp2: AdamW's moments freed]; finish, report.html, the one-screen summary
     """
     config = stage.config
     device = resolve_device(config.train.device, key="train.device")

@@ -1,23 +1,12 @@
-"""Checkpoints of a supervised stage (`rlhf dpo --resume`): what the skeleton (__init__.py) needs to
-go on after N optimizer steps as if it had never stopped.
-
-`checkpoints/iter_N/` (N: the optimizer steps done; the directory layout, checksums, pruning and the
-setting aside of damaged checkpoints are those of `rlhf train`, rlhf/rundir/checkpoint.py) holds
-
-    model.trained.safetensors   the trained parameters (a LoRA policy: its adapters), with the
-                                fingerprint of the frozen ones (rlhf/rundir/weights.py)
-    trainer.{json,safetensors}  the steps done, the AdamW moments and the schedule, every RNG state
-                                (Python, NumPy, torch CPU and CUDA) and the stage's own state (DPO:
-                                the reference's log-probs of every pair and a digest of the pairs)
-    DONE                        every file's size and sha256, written last
-
-Under `dist.strategy fsdp2` every rank writes its shards of the parameters and AdamW moments into
-`shards/` instead of `model.trained.safetensors` (DCP, as `rlhf train`: rlhf/rundir/sharded_checkpoint.py;
-the moments left out of `trainer.*`). Either kind resumes at any number of ranks or in one process:
-the whole state is read on rank 0 (or the only process) before the model is sharded again.
-
-The data order is not stored: it is drawn from `seed` alone, so a resumed run draws the step
-batches of the first N steps again and drops them (a permutation per epoch: no model work).
+"""Checkpoints of a supervised stage (`rlhf dpo --resume`): what the skeleton needs to go on after N
+optimizer steps as if it had never stopped. `checkpoints/iter_N/` (layout, checksums, pruning and
+damaged checkpoints as `rlhf train`'s, rlhf/rundir/checkpoint.py) holds `model.trained.safetensors`
+(the trained parameters, a LoRA policy's adapters, with the frozen ones' fingerprint), or under
+`fsdp2` every rank's DCP `shards/`; `trainer.{json,safetensors}` (steps done, AdamW moments and
+schedule, every RNG state, the stage's own state: DPO's reference log-probs and a digest of the
+pairs); `DONE` last. Either kind resumes at any rank count (rank 0 reads the whole state before the
+model is sharded again). The data order is drawn from `seed` alone: a resume redraws and drops the
+first N steps' batches.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Memory benchmarks: peak memory per stage, phase, rank and device (`make bench-memory`)."""

@@ -1,0 +1,1 @@
+"""Speed benchmarks: `make bench` (bench/run.py) and the one-question timings beside it."""

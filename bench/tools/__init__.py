@@ -1,0 +1,1 @@
+"""Tools for a refactor or a review: metric comparison, minibatch trace, longest functions, GPU check."""

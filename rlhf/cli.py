@@ -284,6 +284,12 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         help="multi-turn episodes against a Python environment class (docs/environments.md; "
         "--env.max_turns N, --env.max_tokens N)",
     )
+    train.add_argument(
+        "--agent",
+        metavar="MODULE:FUNCTION",
+        help="episodes of your own agent, function(row, base_url, model) -> reward, against an "
+        "OpenAI-compatible server over the policy (docs/environments.md; --agent.concurrency N)",
+    )
     train.add_argument("--prompts", help="prompts file")
     train.add_argument("--out", help="run directory")
     train.add_argument("--config", help="YAML config file")
@@ -609,6 +615,7 @@ def run_train_command(args, rest, ctx) -> int:
         "reward.remote.token_env": args.reward_token_env,
         "data.prompts": args.prompts,
         "env.name": args.env,
+        "agent.name": args.agent,
         "out": args.out,
         "data.skip_invalid": args.skip_invalid,
     }
@@ -635,8 +642,12 @@ def run_train_command(args, rest, ctx) -> int:
     config.reward.functions = [*config.reward.functions, *(args.reward_fn or [])]  # weight 1 each
     _require(config.model.policy, "--policy")
     _require(
-        config.model.reward_model or config.reward.remote.url or config.reward.functions or config.env.name,
-        "--reward-model (or --reward-url, --reward-fn or --env)",
+        config.model.reward_model
+        or config.reward.remote.url
+        or config.reward.functions
+        or config.env.name
+        or config.agent.name,
+        "--reward-model (or --reward-url, --reward-fn, --env or --agent)",
     )
     _require(config.data.prompts, "--prompts")
     _refuse_reward_model_as_policy(config.model.policy)

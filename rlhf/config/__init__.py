@@ -17,6 +17,7 @@ Every field has a default and a one-line comment; a group checks itself in `vali
 
 from __future__ import annotations
 
+from rlhf.config.agent import AgentConfig
 from rlhf.config.common import DistConfig, LoraConfig, OptimConfig
 from rlhf.config.dpo import DPOConfig, DPODataConfig, DPOLossConfig, DPOTrainConfig
 from rlhf.config.env import EnvConfig
@@ -76,6 +77,7 @@ __all__ = [
     "DistConfig",
     "EvalConfig",
     "EvalDataConfig",
+    "AgentConfig",
     "EnvConfig",
     "EvalRolloutConfig",
     "KLConfig",

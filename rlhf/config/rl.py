@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlhf.config import presets
+from rlhf.config.agent import AgentConfig
 from rlhf.config.checks import (
     at_least,
     fraction,
@@ -205,6 +206,7 @@ class RLConfig:
     data: RLDataConfig = field(default_factory=RLDataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     env: EnvConfig = field(default_factory=EnvConfig)  # multi-turn episodes (`--env module:Class`)
+    agent: AgentConfig = field(default_factory=AgentConfig)  # the user's agent (`--agent module:function`)
     reward: RewardProcessingConfig = field(default_factory=RewardProcessingConfig)
     kl: KLConfig = field(default_factory=KLConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
@@ -256,6 +258,12 @@ class RLConfig:
         self._validate_estimator(prefix)
         self._validate_critic_keys(prefix)
         self._validate_staleness(prefix)
+        if self.env.name and self.agent.name:
+            refuse(
+                f"{prefix}env.name {self.env.name!r} and {prefix}agent.name {self.agent.name!r} are both set; an "
+                "episode runs one of them. Fix: pass one of --env and --agent.",
+                f"{prefix}agent.name",
+            )
         if self.model.reward_model and self.reward.remote.url:
             refuse(
                 f"{prefix}model.reward_model ({self.model.reward_model}) and {prefix}reward.remote.url "
@@ -291,13 +299,14 @@ class RLConfig:
         if self.rollout.max_staleness == 0:
             return
         key = f"{prefix}rollout.max_staleness"
-        if self.env.name:
-            refuse(
-                f"{key} {self.rollout.max_staleness} samples rollouts ahead on the rollout actors, which sample "
-                f"single-turn responses; {prefix}env.name {self.env.name!r} runs multi-turn episodes in this "
-                f"process. Fix: --{key} 0 with --env, or drop --env.",
-                key,
-            )
+        for flag, name in (("env", self.env.name), ("agent", self.agent.name)):
+            if name:
+                refuse(
+                    f"{key} {self.rollout.max_staleness} samples rollouts ahead on the rollout actors, which sample "
+                    f"single-turn responses; {prefix}{flag}.name {name!r} runs multi-turn episodes in this "
+                    f"process. Fix: --{key} 0 with --{flag}, or drop --{flag}.",
+                    key,
+                )
         if self.dist.runtime != "ray" or self.ray.rollout.num_actors < 1:
             refuse(
                 f"{key} {self.rollout.max_staleness} samples the next rollout while the policy updates, on "

@@ -7,6 +7,7 @@ The sources of a run (rlhf/rl/sources.py picks them from the config):
     SampledRollouts     synchronous: the next prompts, sampled now by the current policy
     AsyncRollouts       sampled ahead by the rollout actors, at most rollout.max_staleness behind (§34)
     EpisodeRollouts     multi-turn episodes against `--env` (docs/environments.md)
+    AgentRollouts       the user's agent's episodes against a server over the sampler (`--agent`)
     DynamicSampling     DAPO's: another source drawn again until the groups carry a signal (§36)
 
 A new source (an agent endpoint's episodes, online DPO's pairs) is one class with the four methods

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf.agents import load_agent
 from rlhf.config import RLConfig
 from rlhf.envs import load_environment
+from rlhf.rl.agent_rollouts import AgentRollouts
 from rlhf.rl.async_rollouts import AsyncRollouts
 from rlhf.rl.dapo import DynamicSampling
 from rlhf.rl.episode_rollouts import EpisodeRollouts
@@ -24,7 +26,7 @@ def rollout_source(
     mismatch: MismatchMonitor,
     prompt_rows: list[dict[str, Any]] | None = None,
 ) -> RolloutSource:
-    """Episodes under `env.name`, asynchronous under `rollout.max_staleness` > 0, else synchronous;
+    """Episodes under `env.name` or `agent.name`, asynchronous under `rollout.max_staleness` > 0, else synchronous;
     wrapped in DAPO's dynamic sampling under `rollout.dynamic_sampling`."""
     c = config.rollout
     args = (config, runtime, PromptStream(prompts, seed=config.seed), scorer, mismatch)
@@ -33,6 +35,8 @@ def rollout_source(
         source = EpisodeRollouts(
             *args, environment=load_environment(config.env.name), prompt_rows=prompt_rows
         )
+    elif config.agent.name:  # the user's agent against a server over the sampler
+        source = AgentRollouts(*args, agent=load_agent(config.agent.name), prompt_rows=prompt_rows)
     elif c.max_staleness > 0:  # sampled ahead by the rollout actors (§34)
         source = AsyncRollouts(*args)
     else:

@@ -200,7 +200,8 @@ class RLTrainer:
         kl = kl_estimate(old_logp, ref_logp, kind=c.kl.estimator, mask=mask)
         final_scores = torch.zeros_like(scores).index_put_((keep,), processed)  # dropped rows: 0
         rewards = token_rewards(final_scores, kl, mask, self.kl_controller.value)
-        if scored.turn_rewards is not None and c.env.reward_placement == "turn":  # each turn's at its end
+        placement = c.agent.reward_placement if c.agent.name else c.env.reward_placement
+        if scored.turn_rewards is not None and placement == "turn":  # each turn's at its end
             rewards = place_turn_rewards(rewards, scored.turn_rewards, mask)
         # GAE over the critic's values (PPO paper §3.2.2), or critic-free (docs/algorithms.md §27-30)
         a, group = c.advantage, scored.group.to(mask.device)

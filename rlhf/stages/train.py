@@ -36,6 +36,10 @@ def run_rl(
         from rlhf.envs import load_environment
 
         load_environment(config.env.name)
+    if config.agent.name:  # and the agent function
+        from rlhf.agents import load_agent
+
+        load_agent(config.agent.name)
     check_reward_model_tokenizer(config)
     check_reward_server(config)
     writer = is_writer_process()
@@ -108,7 +112,7 @@ def train_with(
             chat_template=config.data.chat_template,
             system_prompt=config.data.system_prompt,
         )
-    wants_rows = config.reward.functions or config.env.name  # an environment is built from its row
+    wants_rows = config.reward.functions or config.env.name or config.agent.name  # episodes read their row
     rows = prompt_rows(config.data.prompts, sources) if wants_rows else None
     if rows is not None and functions:
         check_row_fields(functions, rows, str(config.data.prompts))

@@ -65,7 +65,9 @@ def test_a_failing_reward_function_exits_2_naming_it_and_the_row(sft, files, tmp
 def test_train_needs_a_reward_model_or_a_function(sft, files, tmp_path, capsys):  # noqa: F811
     args = ["train", "--policy", sft, "--prompts", files["prompts"], "--out", str(tmp_path / "x"), *TINY_GRPO]
     assert main(args) == 2
-    assert "missing --reward-model (or --reward-url, --reward-fn or --env)" in capsys.readouterr().err
+    assert (
+        "missing --reward-model (or --reward-url, --reward-fn, --env or --agent)" in capsys.readouterr().err
+    )
 
 
 def test_eval_judged_by_a_reward_function(sft, files, tmp_path):  # noqa: F811

@@ -23,6 +23,7 @@ LAYERS = (
     "train",
     "evaluation",
     "envs",  # environments and multi-turn episodes over the sampler (`--env module:Class`)
+    "agents",  # the user's agents behind an OpenAI-compatible server over the sampler (`--agent`)
     "rl",
     "ray_runtime",
     "stages",

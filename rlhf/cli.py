@@ -153,6 +153,7 @@ TRAIN_FLAGS = {
     "data.prompts": "--prompts",
     "out": "--out",
     "data.skip_invalid": "--skip-invalid",
+    "reward.remote.token_env": "--reward-token-env",
 }
 
 
@@ -291,6 +292,12 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         "(reward.remote.url)",
     )
     train.add_argument(
+        "--reward-token-env",
+        metavar="NAME",
+        help="the environment variable holding the reward server's bearer token (reward.remote.token_env; "
+        "the name is recorded, never the token)",
+    )
+    train.add_argument(
         "--env",
         metavar="MODULE:CLASS",
         help="multi-turn episodes against a Python environment class (docs/environments.md; "
@@ -424,6 +431,15 @@ def _serve_rm_parser(sub) -> None:
     serve.add_argument("--batch-size", type=int, default=16, help="rows per forward of the reward model")
     serve.add_argument(
         "--max-batch-rows", type=int, default=256, help="rows of waiting requests scored together at most"
+    )
+    serve.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help="the environment variable holding the bearer token every request must send; off loopback, "
+        "without it, a token is made and printed at start",
+    )
+    serve.add_argument(
+        "--max-body-mb", type=float, default=64, help="request bodies larger than this are refused (HTTP 413)"
     )
     serve.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU) | cpu | cuda:N")
     serve.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | bfloat16-pure")
@@ -615,6 +631,7 @@ def run_train_command(args, rest, ctx) -> int:
         "model.policy": args.policy,
         "model.reward_model": args.reward_model,
         "reward.remote.url": args.reward_url,
+        "reward.remote.token_env": args.reward_token_env,
         "data.prompts": args.prompts,
         "env.name": args.env,
         "agent.name": args.agent,

@@ -8,9 +8,13 @@
 Groups (GROUPS): `named` and `new` (issue 28's corpus), then issue 40's reruns of the older passes
 case by case (`issue16`, `pass153`, `corpus30`, `pass127`: the cases each pass names that the groups
 before did not have) and `surfaces` (environments, DAPO, the reward server and its client,
-verifiers, eval --pairs, token budgets, sampler engines, plan). A case may start from an earlier
-run (`built`: trained once per scratch folder, then copied) or talk to a local HTTP server
-(`server`), and has a timeout: a case still running then has hung.
+verifiers, eval --pairs, token budgets, sampler engines, plan), then classes of input and server
+mistakes, each its named cases and new ones (`input_formats`: valid input refused or invalid input
+accepted; `outside_numbers`: numbers checked after their cast; `bounded_waits`; `server_input`: a
+started `rlhf serve-rm` probed with requests; `wrong_guesses`: a warning that must name the real
+cause, and not the wrong one). A case may start from an earlier run (`built`: trained once per
+scratch folder, then copied), talk to a local HTTP server (`server`), or probe the server it starts
+(`probes`), and has a timeout: a case still running then has hung.
 
 Each case is a command line of `rlhf`, the files to set up beside the shared inputs (a tiny policy
 `policy/`, a reward model `rm/`, `sft.jsonl`, `pairs.jsonl`, `prompts.jsonl`), the exit code it must
@@ -64,6 +68,19 @@ class Case:
     # a local HTTP server for the case (a BaseHTTPRequestHandler class): "{url}" and "{port}" in
     # `args` become its address; it stops when the case ends
     server: type | None = None
+    absent: tuple[str, ...] = ()  # each must NOT appear in stdout + stderr (a guess on the wrong path)
+    # requests sent to the server the command starts (`rlhf serve-rm ... --port 0`), each with the
+    # status it must get; the command is then stopped with SIGTERM (its own process only)
+    probes: tuple[Probe, ...] = ()
+
+
+@dataclass(frozen=True)
+class Probe:
+    method: str
+    path: str
+    body: bytes | None = None
+    status: int = 400
+    headers: tuple[tuple[str, str], ...] = ()  # "{token}" in a value: the token the server printed
 
 
 # -- setting up files -------------------------------------------------------------------------------
@@ -1107,7 +1124,8 @@ SURFACES = [
          setup=lambda w: (w / "emptydir").mkdir()),
     Case("plan_model_config_not_json", ["plan", "--model", "badconf"], words=("badconf",),
          setup=write("badconf/config.json", "{nope")),
-    Case("plan_tiny_model_dir", ["plan", "--model", "policy", "--gpus", "1", "--gpu-memory", "1GB"], code=0),
+    Case("plan_tiny_model_dir", ["plan", "--model", "policy", "--gpus", "1", "--gpu-memory", "1GB", "--prompt-tokens",
+                                "64", "--response-tokens", "64"], code=0),
     Case("plan_gpu_memory_zero", ["plan", "--model", "7b", "--gpu-memory", "0GB"], words=("--gpu-memory",)),
     Case("plan_gpu_memory_text", ["plan", "--model", "7b", "--gpu-memory", "lots"], words=("--gpu-memory", "lots")),
     Case("plan_unknown_preset", ["plan", "--model", "7b", "--preset", "ppo_maxx"], words=("ppo_maxx",)),
@@ -1205,9 +1223,245 @@ CLASS_WRONG_WAY = [
 
 CLASSES = {"inapplicable": CLASS_INAPPLICABLE, "range": CLASS_RANGE, "wrong_way": CLASS_WRONG_WAY}
 
+
+# -- input and server reliability, by class (each class: its named cases, then new ones) -------------
+
+
+class _ScoresOf(_Health):
+    """A reward server answering `self.text` (one `{}` per score) as its scores."""
+
+    text = "0.5"
+
+    def score(self, rows):
+        return 200, b'{"scores": [' + ", ".join([self.text] * rows).encode() + b"]}"
+
+
+class _Huge(_ScoresOf):
+    text = "1e39"  # finite in JSON and float64, inf in float32
+
+
+class _HugeNegative(_ScoresOf):
+    text = "-1e39"
+
+
+class _HugeInteger(_ScoresOf):
+    text = "1" + "0" * 400  # 10**400: beyond even float64
+
+
+class _Overflows(_ScoresOf):
+    text = "1e400"  # read as inf
+
+
+class _RepeatsScores(_Health):
+    def score(self, rows):
+        return 200, b'{"scores": [' + b", ".join([b"0.5"] * rows) + b'], "scores": []}'
+
+
+class _Trickles(_Health):
+    """Answers one byte every 0.3 s: each read is quick, the whole answer takes far longer than the
+    client's timeout (a per-read timeout never fires)."""
+
+    def trickle(self, data: bytes) -> None:
+        for byte in data[:200]:  # at most a minute, whatever the client does
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
+            time.sleep(0.3)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b'{"scores": [' + b"0.5, " * 60 + b"0.5]}"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.flush()
+        self.trickle(body)
+
+
+class _TricklesHeaders(_Trickles):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.trickle(b"HTTP/1.1 200 OK\r\n" + b"X-Slow: yes\r\n" * 20 + b"Content-Length: 2\r\n\r\n{}")
+
+
+class _TricklesHealth(_Trickles):
+    def do_GET(self) -> None:
+        body = b'{"status": "ok", "wire": 1, "tokenizer": null, "pad": "' + b"x" * 100 + b'"}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.flush()
+        self.trickle(body)
+
+
+class _TricklesChunks(_Trickles):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        self.trickle(b"".join(b"1\r\n" + bytes([c]) + b"\r\n" for c in b'{"scores": [0.5, 0.5]}'))
+
+
+def serve(*extra: str) -> list[str]:
+    return ["serve-rm", "--reward-model", "rm", "--port", "0", "--device", "cpu", *extra]
+
+
+def env_reward(name: str, value: str) -> Callable[[Path], None]:
+    return env_module(name, f"    def step(self, response):\n        return None, {value}, True\n")
+
+
+def flat_reward(name: str = "rf_flat") -> Callable[[Path], None]:
+    return fn_module(name, "def score(completions, **kw):\n    return [1.0] * len(completions)\n")
+
+
+def still_run(*extra: str, preset: str = "grpo") -> list[str]:
+    """Four iterations of a run whose policy cannot move (a guess must name why), its warnings on the
+    console; DAPO's soft overlong punishment off (it would tell truncated responses apart)."""
+    return grpo(*extra, "--train.iterations", "4", "--log.sinks", "[jsonl,console]", "--reward.overlong_buffer", "0",
+                preset=preset)  # fmt: skip
+
+
+DEEP = b"[" * 200_000 + b"]" * 200_000
+BAD_JSON = (Probe("POST", "/score", b"<html>"), Probe("POST", "/score", b'{"prompts": ["\xff"]}'),
+            Probe("POST", "/score", b'{"prompts": ["a"], "responses": ["b"], "prompts": ["c"]}'),
+            Probe("GET", "/health", status=200))  # fmt: skip
+BAD_SHAPES = (Probe("POST", "/score", b"[1, 2]"), Probe("POST", "/score", b'{"prompts": "a", "responses": ["b"]}'),
+              Probe("POST", "/score", b'{"prompts": [1], "responses": [2]}'),
+              Probe("POST", "/score", b'{"prompts": ["a"], "responses": ["b", "c"]}'),
+              Probe("POST", "/score", b'{"prompts": [' + b"9" * 5000 + b"]}"),
+              Probe("POST", "/score", b'{"prompts": ["' + b"a " * 400 + b'"], "responses": ["b"]}'),
+              Probe("POST", "/score", b'{"prompts": ["a b"], "responses": ["c"]}', status=200))  # fmt: skip
+GOOD = b'{"prompts": ["a b"], "responses": ["c"]}'
+TOKEN = "corpus-token-0123456789abcdef"
+
+# valid input refused, invalid input accepted: formats read as their specifications say
+INPUT_FORMATS = [
+    Case("data_jsonl_duplicate_key", sft(data="d.jsonl"), words=("d.jsonl:2", "'response' is given twice", "Fix"),
+         setup=write("d.jsonl", SFT_TEXT[:SFT_TEXT.index("\n") + 1] + '{"prompt": "a", "response": "b", "response": "c"}\n')),
+    Case("yaml_merge_key_loads", train("--config", "c.yaml"), code=0,
+         setup=write("c.yaml", "policy_optim: &optim\n  lr: 2.0e-6\ncritic_optim:\n  <<: *optim\n  weight_decay: 0.0\n")),
+    Case("plan_sequence_longer_than_positions", ["plan", "--model", "7b", "--prompt-tokens", "4000",
+                                                 "--response-tokens", "512"], words=("4512", "4096 positions", "Fix")),
+    # new
+    Case("yaml_merge_key_list_loads", train("--config", "c.yaml"), code=0,
+         setup=write("c.yaml", "policy_optim: &p {lr: 2.0e-6, weight_decay: 0.1}\n"
+                               "critic_optim:\n  <<: [*p, {max_grad_norm: 0.5}]\n  weight_decay: 0.0\n")),
+    Case("yaml_merge_then_duplicate_key", train("--config", "c.yaml"), words=("c.yaml:5", "'lr' is given twice"),
+         setup=write("c.yaml", "policy_optim: &p {lr: 2.0e-6}\ncritic_optim:\n  <<: *p\n  lr: 1.0e-5\n  lr: 2.0e-5\n")),
+    Case("data_json_duplicate_key", sft(data="d.json"), words=("d.json:3", "'prompt' is given twice"),
+         setup=write("d.json", "[\n" + json.dumps(SFT_ROWS[0]) + ',\n{"prompt": "a", "prompt": "b", "response": "c"}\n]\n')),
+    Case("prompts_duplicate_key", train("--prompts", "p.jsonl"), words=("p.jsonl:1", "'prompt' is given twice"),
+         setup=write("p.jsonl", '{"prompt": "a b", "prompt": "c d"}\n' * 4)),
+    Case("data_messages_duplicate_key", sft(data="m.jsonl"), words=("m.jsonl:1", "'content' is given twice"),
+         setup=write("m.jsonl", '{"messages": [{"role": "user", "content": "a", "content": "b"}, '
+                                '{"role": "assistant", "content": "c"}]}\n' * 4)),
+    Case("data_integer_of_5000_digits", sft(data="big.jsonl"), words=("big.jsonl:1", "cannot be read"),
+         setup=write("big.jsonl", '{"prompt": "a", "response": "b", "n": ' + "7" * 5000 + "}\n")),
+    Case("reward_server_repeats_a_key", remote(), words=("'scores' is given twice",), server=_RepeatsScores, timeout=300),
+    Case("plan_model_dir_longer_than_positions", ["plan", "--model", "policy"], words=("1024", "256 positions")),
+]  # fmt: skip
+
+# numbers from outside checked after the cast they must survive (float32)
+OUTSIDE_NUMBERS = [
+    Case("env_reward_1e39", env_run(env="env_e39:Env", prompts="prompts.jsonl"), words=("env_e39", "1e+39", "float32"),
+         setup=env_reward("env_e39", "1e39")),
+    Case("env_reward_10_pow_400", env_run(env="env_int:Env", prompts="prompts.jsonl"),
+         words=("env_int", "401 digits", "float32"), setup=env_reward("env_int", "10**400")),
+    Case("reward_server_1e39", remote(), words=("{url}", "1e+39", "float32"), server=_Huge, timeout=300),
+    Case("reward_fn_returns_1e39", grpo("--reward-fn", "rf_e39:score"), words=("rf_e39", "1e+39", "float32"),
+         setup=fn_module("rf_e39", "def score(completions, **kw):\n    return [1e39] * len(completions)\n")),
+    # new
+    Case("env_reward_minus_1e39_numpy", env_run(env="env_np:Env", prompts="prompts.jsonl"),
+         words=("env_np", "-1e+39", "float32"),
+         setup=env_module("env_np", "    def step(self, response):\n        import numpy\n\n"
+                                    "        return None, numpy.float64(-1e39), True\n")),
+    Case("reward_server_10_pow_400", remote(), words=("{url}", "401 digits"), server=_HugeInteger, timeout=300),
+    Case("reward_server_minus_1e39", remote(), words=("{url}", "-1e+39"), server=_HugeNegative, timeout=300),
+    Case("reward_server_1e400_is_inf", remote(), words=("{url}", "inf", "not a finite number"), server=_Overflows,
+         timeout=300),
+    Case("reward_fn_returns_10_pow_400", grpo("--reward-fn", "rf_int:score"), words=("rf_int", "401 digits", "float32"),
+         setup=fn_module("rf_int", "def score(completions, **kw):\n    return [10**400] * len(completions)\n")),
+    Case("reward_fn_returns_numpy_1e39", grpo("--reward-fn", "rf_np:score"), words=("rf_np", "1e+39", "float32"),
+         setup=fn_module("rf_np", "import numpy\n\n\ndef score(completions, **kw):\n"
+                                  "    return numpy.full(len(completions), 1e39)\n")),
+]  # fmt: skip
+
+# waits that are bounded: the reward client's timeout covers the whole request
+BOUNDED_WAITS = [
+    Case("reward_server_trickles_its_answer", remote(), words=("no answer within reward.remote.timeout 2 s",),
+         server=_Trickles, timeout=300),
+    # new
+    Case("reward_server_trickles_its_headers", remote(), words=("no answer within reward.remote.timeout 2 s",),
+         server=_TricklesHeaders, timeout=300),
+    Case("reward_server_trickles_its_health", remote(), words=("GET /health", "no answer within"),
+         server=_TricklesHealth, timeout=300),
+    Case("reward_server_trickles_chunks", remote(), words=("no answer within reward.remote.timeout 2 s",),
+         server=_TricklesChunks, timeout=300),
+]  # fmt: skip
+
+# the reward server's own input: every malformed body a 4xx (no traceback), a token off loopback
+SERVER_INPUT = [
+    Case("serve_rm_body_nested_200000_deep", serve(), code=0, words=("serving",),
+         probes=(Probe("POST", "/score", DEEP), Probe("GET", "/health", status=200)), timeout=300),
+    Case("serve_rm_off_loopback_requires_a_token", serve("--host", "0.0.0.0"), code=0, words=("token (",),
+         probes=(Probe("GET", "/health", status=401), Probe("POST", "/score", GOOD, status=401),
+                 Probe("POST", "/score", GOOD, 401, (("Authorization", "Bearer wrong"),)),
+                 Probe("POST", "/score", GOOD, 200, (("Authorization", "Bearer {token}"),))), timeout=300),
+    # new
+    Case("serve_rm_body_not_json", serve(), code=0, words=("serving",), probes=BAD_JSON, timeout=300),
+    Case("serve_rm_body_wrong_shapes", serve(), code=0, words=("serving",), probes=BAD_SHAPES, timeout=300),
+    Case("serve_rm_body_over_the_limit", serve("--max-body-mb", "0.01"), code=0, words=("serving",),
+         probes=(Probe("POST", "/score", b'{"prompts": ["' + b"a " * 20_000 + b'"]}', 413),
+                 Probe("POST", "/score", GOOD, 200)), timeout=300),
+    Case("serve_rm_token_from_env", serve("--token-env", "RLHF_CORPUS_TOKEN"), code=0, words=("bearer token required",),
+         env={"RLHF_CORPUS_TOKEN": TOKEN}, absent=(TOKEN,),
+         probes=(Probe("POST", "/score", GOOD, 401), Probe("POST", "/score", GOOD, 200, (("Authorization", f"Bearer {TOKEN}"),))),
+         timeout=300),
+    Case("serve_rm_token_env_unset", serve("--token-env", "RLHF_NO_SUCH_TOKEN"),
+         words=("--token-env RLHF_NO_SUCH_TOKEN", "not set", "Fix"), timeout=200),
+    Case("serve_rm_max_body_zero", serve("--max-body-mb", "0"), words=("--max-body-mb", "0"), timeout=200),
+    Case("reward_token_env_not_a_name", remote("--reward-token-env", "Bearer abc"),
+         words=("reward.remote.token_env", "not the name of an environment variable"), server=_Health, timeout=200),
+    Case("reward_token_env_unset", remote("--reward-token-env", "RLHF_NO_SUCH_TOKEN"),
+         words=("RLHF_NO_SUCH_TOKEN", "not set"), server=_Health, timeout=200),
+]  # fmt: skip
+
+# guesses on the wrong path: the warning of a step with nothing to learn from names what removed it
+WRONG_GUESSES = [
+    Case("dapo_no_informative_group_names_dynamic_sampling",
+         still_run("--reward-fn", "rf_flat:score", "--rollout.max_sampling_rounds", "2", preset="dapo"), code=0,
+         words=("dynamic sampling found no group", "--rollout.temperature"), absent=("raise --policy_optim.lr",),
+         setup=flat_reward(), timeout=300),
+    Case("truncated_drop_removes_every_row_names_max_new_tokens",
+         still_run("--reward-model", "rm", "--rollout.truncated", "drop", "--rollout.top_k", "1"), code=0,
+         words=("rollout.truncated drop removed every response", "--rollout.max_new_tokens"),
+         absent=("raise --policy_optim.lr",), timeout=300),
+    Case("grpo_one_reward_per_group_names_temperature", still_run("--reward-fn", "rf_flat:score"), code=0,
+         words=("every group scored one reward", "--rollout.temperature", "rollout.max_new_tokens", "policy_optim.lr"),
+         setup=flat_reward(), timeout=300),
+    # new
+    Case("rloo_one_reward_per_group_names_temperature", still_run("--reward-fn", "rf_flat:score", preset="rloo"),
+         code=0, words=("every group scored one reward", "--rollout.temperature"), setup=flat_reward(), timeout=300),
+    Case("dapo_truncated_drop_names_max_new_tokens",
+         still_run("--reward-model", "rm", "--rollout.truncated", "drop", "--rollout.top_k", "1",
+                   "--rollout.max_sampling_rounds", "2", preset="dapo"), code=0,
+         words=("rollout.truncated drop removed every response",), absent=("raise --policy_optim.lr",), timeout=300),
+    Case("grpo_one_reward_with_a_reward_model_names_temperature",
+         still_run("--reward-model", "rm", "--reward.model_weight", "0", "--reward-fn", "rf_flat:score"), code=0,
+         words=("every group scored one reward",), setup=flat_reward(), timeout=300),
+    Case("ppo_tiny_lr_still_blames_the_lr",
+         train("--policy_optim.lr", "1e-12", "--train.iterations", "4", "--log.sinks", "[jsonl,console]"), code=0,
+         words=("policy_optim.lr 1e-12 is too small",), absent=("every group", "dynamic sampling"), timeout=300),
+]  # fmt: skip
+
 GROUPS = {
     "named": NAMED, "new": NEW, "issue16": ISSUE_16, "pass153": PASS_153, "corpus30": CORPUS_30,
-    "pass127": PASS_127, "surfaces": SURFACES, **CLASSES,
+    "pass127": PASS_127, "surfaces": SURFACES,
+    "input_formats": INPUT_FORMATS, "outside_numbers": OUTSIDE_NUMBERS, "bounded_waits": BOUNDED_WAITS,
+    "server_input": SERVER_INPUT, "wrong_guesses": WRONG_GUESSES, **CLASSES,
 }  # fmt: skip
 
 CASES = [case for group in GROUPS.values() for case in group]
@@ -1337,6 +1591,59 @@ def _start_server(handler: type):
     return server
 
 
+def _probe_server(
+    args: list[str], work: Path, env: dict[str, str], probes: tuple[Probe, ...], timeout: float
+) -> tuple[int | None, str, str, list[str]]:
+    """Start the server command, send each probe once it says where it serves, stop it with SIGTERM:
+    (exit code, output, "", the probes that got another status than theirs)."""
+    import http.client
+    import re
+
+    process = subprocess.Popen([sys.executable, "-m", "rlhf", *args], cwd=work, env=env, text=True,
+                               errors="replace", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline, url, wrong = time.monotonic() + timeout, None, []
+    while url is None and time.monotonic() < deadline and process.poll() is None:
+        url = next(
+            (m.group(1) for line in list(lines) if (m := re.search(r" on (http://\S+) \(", line))), None
+        )
+        time.sleep(0.1)
+    token = next((line.rsplit(" ", 1)[-1].strip() for line in list(lines) if line.startswith("token (")), "")
+    if url is None:
+        wrong.append("the server never said where it serves")
+    else:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        host = "127.0.0.1" if host in ("0.0.0.0", "[::]") else host.strip("[]")
+        for i, probe in enumerate(probes):
+            connection = http.client.HTTPConnection(host, int(port), timeout=60)
+            headers = {
+                "Content-Type": "application/json",
+                **{k: v.replace("{token}", token) for k, v in probe.headers},
+            }
+            try:
+                connection.request(probe.method, probe.path, body=probe.body, headers=headers)
+                response = connection.getresponse()
+                status, answer = response.status, response.read()[:200]
+            except (OSError, http.client.HTTPException) as err:
+                status, answer = None, repr(err).encode()
+            finally:
+                connection.close()
+            if status != probe.status:
+                wrong.append(
+                    f"probe {i} ({probe.method} {probe.path}): HTTP {status} {answer!r}, not {probe.status}"
+                )
+    process.send_signal(signal.SIGTERM)
+    try:
+        code = process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        code = None
+    reader.join(timeout=10)
+    return code, "".join(lines), "", wrong
+
+
 def _with_address(args: list[str], port: int | None) -> list[str]:
     if port is None:
         return list(args)
@@ -1349,8 +1656,8 @@ def run_case(
     """Run `case` in a fresh copy of `inputs` under `scratch`: a subprocess as a user runs it, or
     `in_process` (faster, for the test suite: no interpreter start; `env` cases need a process)."""
     reason = case.skip() if case.skip else None
-    if in_process and case.env:
-        reason = "needs its own process (environment variables)"
+    if in_process and (case.env or case.probes):
+        reason = "needs its own process (environment variables, a server)"
     if reason:
         return Outcome(case, skipped=reason)
     work = scratch / case.name
@@ -1370,6 +1677,8 @@ def run_case(
         if in_process:
             with _alarm(timeout):
                 code, stdout, stderr = _in_process(args, work)
+        elif case.probes:
+            code, stdout, stderr, wrong = _probe_server(args, work, env, case.probes, timeout)
         else:
             try:
                 run = subprocess.run([sys.executable, "-m", "rlhf", *args], cwd=work, env=env, capture_output=True,
@@ -1384,6 +1693,9 @@ def run_case(
     outcome = Outcome(case, code=code, seconds=time.monotonic() - start)
     output = stdout + stderr
     outcome.missing = [w for w in _with_address(list(case.words), port) if w not in output]
+    outcome.missing += [f"(absent) {w}" for w in case.absent if w in output]
+    if case.probes:
+        outcome.missing += wrong
     outcome.traceback = "Traceback (most recent call last)" in output
     after = snapshot(work)
     keep = before if case.unchanged == ALL else {

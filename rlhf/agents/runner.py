@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import importlib
 import inspect
-import math
 import numbers
 import sys
 import threading
@@ -35,6 +34,7 @@ from rlhf.agents.batcher import Backend, Batcher
 from rlhf.agents.server import ChatServer, Episode, Settings
 from rlhf.agents.trajectory import State
 from rlhf.config import AgentConfig, ConfigError
+from rlhf.config.outside import outside_number
 from rlhf.data.collate import left_pad
 from rlhf.envs import Episodes
 from rlhf.envs.protocol import working_directory_importable
@@ -270,19 +270,32 @@ def _rewards(r: _Run, state: State | None) -> list[float] | None:
         return None
     turns = len(state.turn_ends)
     value = r.outcome
-    if _number(value):
-        return [0.0] * (turns - 1) + [float(value)]
-    if isinstance(value, (list, tuple)) and value and all(_number(v) for v in value):
-        if len(value) != turns:
-            r.error = f"returned {len(value)} per-turn rewards for {turns} turns of its trajectory"
-            return None
-        return [float(v) for v in value]
+    try:
+        if _number(value):
+            return [0.0] * (turns - 1) + [_reward(value)]
+        if isinstance(value, (list, tuple)) and value and all(_number(v) for v in value):
+            if len(value) != turns:
+                r.error = f"returned {len(value)} per-turn rewards for {turns} turns of its trajectory"
+                return None
+            return [_reward(v) for v in value]
+    except _Unusable as err:  # NaN, inf, or beyond float32 (1e39, 10**400)
+        r.error = str(err).split(". Fix:")[0]
+        return None
     r.error = f"returned {value!r} ({type(value).__name__}), not a number or a list of per-turn numbers"
     return None
 
 
+class _Unusable(ValueError):
+    pass
+
+
 def _number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _reward(value: Any) -> float:
+    """A reward the agent returned, through the one check of outside numbers (rlhf/config/outside.py)."""
+    return outside_number(value, "returned the reward", "return finite rewards on a sane scale", _Unusable)
 
 
 def _assemble(runs: list[_Run], tokenizer: Any, config: AgentConfig, return_logprobs: bool) -> AgentEpisodes:

@@ -25,6 +25,8 @@ from typing import Any
 from rlhf.agents.batcher import Batcher, Sampled, Sampling
 from rlhf.agents.chat import Message, RequestError, ToolCall, normalize_messages, parse_tool_calls
 from rlhf.agents.trajectory import Prepared, Trajectory
+from rlhf.config.outside import JSONInputError
+from rlhf.config.outside import loads as read_json
 
 # one answer: (content, tool calls, finish_reason, the tokens' log-probs for `logprobs: true`)
 Choice = tuple[str, tuple[ToolCall, ...], str, list[dict[str, Any]] | None]
@@ -147,11 +149,11 @@ class ChatServer:
             episode.errors += 1
             return error(410, "this episode is over (it ended, or ran past agent.timeout_s)")
         try:
-            body = json.loads(raw or b"{}")
+            body = read_json(raw or b"{}")  # a repeated key or a 200,000-deep nesting: a 400 too
             if not isinstance(body, dict):
                 raise RequestError("the body must be a JSON object")
             return 200, self.complete(body, episode)
-        except (RequestError, json.JSONDecodeError) as err:
+        except (RequestError, JSONInputError) as err:
             if episode is not None:
                 episode.errors += 1
             return error(400, str(err))

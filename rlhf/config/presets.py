@@ -13,6 +13,9 @@ PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 PRESETS = ("vanilla_ppo", "ppo_max", "apa", "awr", "grpo", "rloo", "reinforce_pp", "dapo", "gspo", "cispo")
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _DuplicateKey(Exception):
     def __init__(self, key, first: int, again: int):
         super().__init__(key)
@@ -21,12 +24,15 @@ class _DuplicateKey(Exception):
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load, but a key given twice in one mapping is an error: YAML keeps the last silently, so
-    a second `optim:` block would drop every key of the first."""
+    a second `optim:` block would drop every key of the first. Merge keys (`<<: *anchor`) read as
+    safe_load reads them: the mapping's own keys override the merged ones, which is no duplicate."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
             seen: dict = {}
             for key_node, _ in node.value:
+                if key_node.tag == MERGE_TAG:
+                    continue
                 key = self.construct_object(key_node, deep=True)
                 try:
                     if key in seen:

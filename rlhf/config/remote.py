@@ -4,6 +4,7 @@ trainer's (`log.mismatch`, docs/monitors.md)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -32,10 +33,20 @@ class RemoteRewardConfig:
     backoff: float = setting(0.5, ">= 0", unit="seconds", when=WITH_URL)
     # responses sent in one request (a rollout is split into several)
     rows_per_request: int = setting(256, ">= 1", unit="responses", when=WITH_URL)
+    # the NAME of the environment variable holding the server's bearer token (`rlhf serve-rm
+    # --token-env`); the token itself is never in a config; "": send none
+    token_env: str = setting("", when=WITH_URL)
 
     def validate(self, prefix: str) -> None:
         if self.url:
             check_url(self.url, f"{prefix}url")
+        if self.token_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.token_env):
+            refuse(
+                f"{prefix}token_env {self.token_env!r} is not the name of an environment variable. Fix: "
+                f"give the variable's name, not the token (e.g. --reward-token-env RLHF_REWARD_TOKEN after "
+                "export RLHF_REWARD_TOKEN=...).",
+                f"{prefix}token_env",
+            )
 
 
 def check_url(url: str, key: str) -> None:

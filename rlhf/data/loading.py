@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlhf.config.outside import JSONInputError
+from rlhf.config.outside import loads as read_json
 from rlhf.data.errors import DataError, Source
 from rlhf.data.examples import KINDS, Example, prompt_key
 from rlhf.data.formats import FORMATS, detect_format, parse_record
@@ -292,18 +294,12 @@ def _jsonl_records(file: Path) -> Iterator[tuple[Source, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line.rstrip("\r\n"))
-                except RecursionError:
-                    yield source, DataError(source, "the JSON is nested too deeply to read", _SKIP_FIX)
-                    continue
-                except json.JSONDecodeError as error:
-                    table = _not_json_lines(file, line) if number == 1 else None
+                    record = read_json(line.rstrip("\r\n"))
+                except JSONInputError as error:
+                    table = _not_json_lines(file, line) if number == 1 and error.key is None else None
                     if table is not None:
                         raise table from None
-                    yield (
-                        source,
-                        DataError(source, f"invalid JSON: {error.msg} (column {error.pos + 1})", _SKIP_FIX),
-                    )
+                    yield source, _json_error(source, error, _SKIP_FIX)
                     continue
                 yield source, record
     except (OSError, EOFError, zlib.error) as error:  # a truncated or corrupt .gz
@@ -327,21 +323,12 @@ def _json_records(file: Path) -> Iterator[tuple[Source, Any]]:
             "give a JSON (or JSON Lines) file saved as UTF-8; binary files are not data files",
         ) from None
     try:
-        document = json.loads(text)
-    except RecursionError:
-        raise DataError(
-            Source(str(file)),
-            "the JSON is nested too deeply to read",
-            "write the records as a flat list of objects",
-        ) from None
-    except json.JSONDecodeError as error:
-        if error.msg == "Extra data":  # several top-level values: this is JSON Lines named .json
+        document = read_json(text)
+    except JSONInputError as error:
+        if error.reason == "Extra data":  # several top-level values: this is JSON Lines named .json
             yield from _jsonl_records(file)
             return
-        source = Source(str(file), error.lineno)
-        raise DataError(
-            source, f"invalid JSON: {error.msg} (column {error.colno})", "fix the JSON syntax"
-        ) from error
+        raise _json_error(Source(str(file), error.line), error, "fix the JSON syntax") from None
     start = _skip_space(text, 0)
     if isinstance(document, dict) and isinstance(document.get("data"), list):
         start = _value_position(text, start, "data")
@@ -353,6 +340,20 @@ def _json_records(file: Path) -> Iterator[tuple[Source, Any]]:
             "wrap the records in a list, or write JSON Lines (.jsonl, one record a line)",
         )
     yield from _array_items(text, start, str(file))
+
+
+def _json_error(source: Source, error: JSONInputError, fix: str) -> DataError:
+    """The DataError of text that is not JSON (a duplicated key: JSON would keep one value silently)."""
+    if error.key is not None:
+        return DataError(
+            source,
+            f"key {error.key!r} is given twice in one object (column {error.column}); JSON readers keep "
+            "one of the values silently",
+            f"keep one {error.key!r} per object; {fix}",
+        )
+    if error.reason.startswith("the JSON is nested too deeply"):
+        return DataError(source, error.reason, "write the records as flat objects; " + fix)
+    return DataError(source, f"invalid JSON: {error.reason} (column {error.column})", fix)
 
 
 def _skip_space(text: str, index: int) -> int:
@@ -368,7 +369,7 @@ def _value_position(text: str, index: int, wanted: str) -> int:
     while True:
         key, index = decoder.raw_decode(text, index)
         index = _skip_space(text, _skip_space(text, index) + 1)  # past ":"
-        if key == wanted:  # the last duplicate wins in json.loads; the first suffices for real files
+        if key == wanted:  # keys are unique: read_json refused the file otherwise
             return index
         _, index = decoder.raw_decode(text, index)
         index = _skip_space(text, _skip_space(text, index) + 1)  # past ","

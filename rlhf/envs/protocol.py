@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 import numbers
 import sys
 import traceback
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from rlhf.config import ConfigError
+from rlhf.config.outside import outside_number
 
 KEY = "env.name"
 
@@ -138,8 +138,8 @@ def check_step_result(result: object, where: str) -> tuple[str | None, float, bo
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
         raise EnvError(f"{where} returned the reward {reward!r} ({type(reward).__name__}). Fix: {shape}; "
                        "the reward is a number.")  # fmt: skip
-    if not math.isfinite(float(reward)):
-        raise EnvError(f"{where} returned the reward {reward!r}. Fix: return a finite number.")
+    reward = outside_number(reward, f"{where} returned the reward", "return a finite number on a sane scale "
+                            "(e.g. between -10 and 10)", EnvError)  # fmt: skip
     if not isinstance(done, bool) and type(done).__name__ != "bool_":  # numpy's bool too
         raise EnvError(f"{where} returned done {done!r} ({type(done).__name__}). Fix: {shape}; "
                        "done is True when the episode is over.")  # fmt: skip

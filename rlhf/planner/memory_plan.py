@@ -39,6 +39,7 @@ class Shape:
     intermediate: int
     vocab: int
     tied_embeddings: bool = False
+    positions: int | None = None  # max_position_embeddings: the longest sequence it reads (None: unknown)
 
     @property
     def head_dim(self) -> int:
@@ -58,12 +59,14 @@ class Shape:
 
 # Llama / Qwen shapes by size (public model configs: Qwen2.5-0.5B/1.5B, Llama-2-7B/13B/70B)
 NAMED_SHAPES = {
-    "0.5b": Shape("0.5b (Qwen2.5-0.5B)", 896, 24, 14, 2, 4864, 151936, tied_embeddings=True),
-    "1.5b": Shape("1.5b (Qwen2.5-1.5B)", 1536, 28, 12, 2, 8960, 151936, tied_embeddings=True),
-    "7b": Shape("7b (Llama-2-7B)", 4096, 32, 32, 32, 11008, 32000),
-    "13b": Shape("13b (Llama-2-13B)", 5120, 40, 40, 40, 13824, 32000),
-    "70b": Shape("70b (Llama-2-70B)", 8192, 80, 64, 8, 28672, 32000),
-    "smollm2-135m": Shape("smollm2-135m", 576, 30, 9, 3, 1536, 49152, tied_embeddings=True),
+    "0.5b": Shape("0.5b (Qwen2.5-0.5B)", 896, 24, 14, 2, 4864, 151936, tied_embeddings=True, positions=32768),
+    "1.5b": Shape(
+        "1.5b (Qwen2.5-1.5B)", 1536, 28, 12, 2, 8960, 151936, tied_embeddings=True, positions=32768
+    ),
+    "7b": Shape("7b (Llama-2-7B)", 4096, 32, 32, 32, 11008, 32000, positions=4096),
+    "13b": Shape("13b (Llama-2-13B)", 5120, 40, 40, 40, 13824, 32000, positions=4096),
+    "70b": Shape("70b (Llama-2-70B)", 8192, 80, 64, 8, 28672, 32000, positions=4096),
+    "smollm2-135m": Shape("smollm2-135m", 576, 30, 9, 3, 1536, 49152, tied_embeddings=True, positions=8192),
     "m84": Shape("m84 (bench/memory/gpu_memory.py)", 1024, 8, 16, 16, 2048, 4000),
 }
 
@@ -91,6 +94,7 @@ def shape_of(model: str) -> Shape:
             intermediate=int(c["intermediate_size"]),
             vocab=int(c["vocab_size"]),
             tied_embeddings=bool(c.get("tie_word_embeddings", False)),
+            positions=_positions(c),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(
@@ -98,6 +102,15 @@ def shape_of(model: str) -> Shape:
             f"config.json (hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size), "
             f"or a named shape: {', '.join(NAMED_SHAPES)}."
         ) from None
+
+
+def _positions(config: dict) -> int | None:
+    """The positions a config.json says its model reads (as rlhf.models.backbone.model_context)."""
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        value = config.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def parse_bytes(text: str) -> int:
@@ -177,6 +190,14 @@ class Job:
         for name in ("ranks", "micro_batch", "rollout_rows", "prompt_tokens", "response_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        positions = self.shape.positions
+        if positions is not None and self.prompt_tokens + self.response_tokens > positions:
+            raise ValueError(
+                f"--prompt-tokens {self.prompt_tokens} + --response-tokens {self.response_tokens} = "
+                f"{self.prompt_tokens + self.response_tokens} tokens a sequence, more than the {positions} positions "
+                f"of --model {self.shape.name} (max_position_embeddings): it cannot read them. Fix: lower the two so "
+                f"that they sum to at most {positions}."
+            )
 
 
 @dataclass

@@ -65,6 +65,7 @@ def rollout_metrics(
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
         "response/eos_rate": float(rollout.ended_with_eos.float().mean()),
+        "rollout/kept_fraction": float(kept.mean()) if len(kept) else 0.0,  # rollout.truncated drop
         "response/distinct2": distinct_n(rollout.response_ids, rollout.response_mask, n=2),
         "advantage/mean": float(masked_mean(e.advantages, mask)),
         "advantage/std": float(masked_var(e.advantages, mask, unbiased=False).sqrt()),

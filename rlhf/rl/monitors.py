@@ -31,9 +31,7 @@ class RunMonitors:
     def __init__(self, config: RLConfig, tokenizer: Any) -> None:
         self.detector = collapse_detector(config)
         # a policy that does not move (a learning rate far too small): said once, with the fix
-        self.still_check = StillPolicyCheck(
-            config.policy_optim.lr, lora=config.model.lora.enabled, start=warmup_iterations(config)
-        )
+        self.still_check = StillPolicyCheck.of(config, start=warmup_iterations(config))
         self.mismatch = MismatchMonitor(config)  # sampler vs trainer log-probs of the same tokens
         self.samples = SampleLog(config, tokenizer)  # samples.jsonl rows of the logged iterations
 

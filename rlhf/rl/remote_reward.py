@@ -19,16 +19,22 @@ tokenizes the texts.
 
 The client uses the standard library (http.client; no proxy), retries a refused, reset or timed-out
 request and HTTP 429/5xx with exponential backoff, and checks every answer: a score per row, each a
-finite number. Whatever fails stops the run with a `RewardServerError` (exit 2) naming the URL.
+number float32 holds (rlhf/config/outside.py). `reward.remote.timeout` bounds each attempt whole
+(connect, send and every read: a server trickling its answer a byte at a time times out too). With
+`reward.remote.token_env` it sends `Authorization: Bearer <that variable's value>`; the token is read
+from the environment when the client is built and is never written anywhere. Whatever fails stops
+the run with a `RewardServerError` (exit 2) naming the URL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
-import math
+import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +43,8 @@ from urllib.parse import urlsplit
 import torch
 
 from rlhf.config import ConfigError
+from rlhf.config.outside import JSONInputError, outside_number
+from rlhf.config.outside import loads as read_json
 from rlhf.config.remote import RemoteRewardConfig
 from rlhf.models.sampling import Rollout
 from rlhf.models.tokenizer_match import tokenizer_signature
@@ -91,14 +99,11 @@ def check_scores(answer: object, rows: int, url: str) -> torch.Tensor:
         raise RewardServerError(
             f"the reward server {url} answered {len(scores)} scores for {rows} responses. Fix: {fix}."
         )
-    for i, value in enumerate(scores):
-        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-        if number is None or not math.isfinite(number):
-            raise RewardServerError(
-                f"the reward server {url} answered score {value!r} for response {i} of {rows}, not a finite "
-                f"number. Fix: {fix}; a NaN or inf score means the server's model is broken."
-            )
-    return torch.tensor(scores, dtype=torch.float32)
+    fix += "; a NaN, inf or huge score means the server's model is broken"
+    said = f"the reward server {url} answered score"
+    checked = [outside_number(v, said, fix, RewardServerError, after=f" for response {i} of {rows}")
+               for i, v in enumerate(scores)]  # fmt: skip
+    return torch.tensor(checked, dtype=torch.float32)
 
 
 class RemoteReward:
@@ -121,6 +126,9 @@ class RemoteReward:
         self.host = parts.hostname or ""
         self.port = parts.port
         self.base_path = parts.path.rstrip("/")
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if settings.token_env:
+            self.headers["Authorization"] = f"Bearer {bearer_token(settings.token_env)}"
 
     def health(self) -> dict[str, Any]:
         """GET /health (retried as every request); RewardServerError unless the server says "ok"."""
@@ -172,11 +180,7 @@ class RemoteReward:
                 if status not in RETRIED_STATUS:
                     raise RewardServerError(
                         f"the reward server {self.url} refused {method} {path} with {failure}. Fix: "
-                        + (
-                            "serve the wire format of docs/reward_server.md"
-                            if status in (404, 405)
-                            else FIX_DOWN
-                        )
+                        + _fix_for(status, self.settings.token_env)
                         + "."
                     )
             if attempt + 1 < attempts:
@@ -187,29 +191,83 @@ class RemoteReward:
         )
 
     def _send(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
+        """(status, body) of one attempt, within `timeout` seconds in all: a timer shuts the socket
+        down at the deadline, which ends whatever read or write is waiting (a socket timeout alone
+        bounds each read, and a server sending a byte a second would never time out)."""
         kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        connection = kind(self.host, self.port, timeout=self.settings.timeout)
+        timeout = self.settings.timeout
+        connection = kind(self.host, self.port, timeout=timeout)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            if connection.sock is not None:
+                with contextlib.suppress(OSError):
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(timeout, expire)
+        timer.daemon = True
+        timer.start()
         try:
-            headers = {"Content-Type": "application/json", "Accept": "application/json"}
-            connection.request(method, self.base_path + path, body=data, headers=headers)
+            connection.connect()
+            if expired.is_set():  # the connect itself took the whole time
+                raise TimeoutError
+            connection.request(method, self.base_path + path, body=data, headers=self.headers)
             response = connection.getresponse()
-            return response.status, response.read()
+            status, body = response.status, response.read()
+            if expired.is_set():  # the body may be cut short by the shutdown
+                raise TimeoutError
+            return status, body
+        except (OSError, http.client.HTTPException):
+            if expired.is_set():
+                raise TimeoutError from None
+            raise
         finally:
+            timer.cancel()
             connection.close()
 
     def _json(self, raw: bytes, method: str, path: str) -> object:
         try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            return read_json(raw)
+        except JSONInputError as err:
             raise RewardServerError(
-                f"the reward server {self.url} answered {method} {path} with {raw[:200]!r}, not JSON. "
-                "Fix: answer with a JSON body (docs/reward_server.md)."
+                f"the reward server {self.url} answered {method} {path} with {raw[:200]!r}, not JSON "
+                f"({err}). Fix: answer with a JSON body (docs/reward_server.md), each key once per object."
             ) from None
+
+
+def bearer_token(variable: str) -> str:
+    """The token in the environment variable `variable` (reward.remote.token_env); the error names
+    the variable, never a value."""
+    token = os.environ.get(variable, "")
+    if not token:
+        raise RewardServerError(
+            f"reward.remote.token_env names the environment variable {variable}, which is "
+            f"{'empty' if variable in os.environ else 'not set'}. Fix: export {variable}=<the token "
+            "`rlhf serve-rm` printed or was given>, or drop --reward-token-env for a server without a token."
+        )
+    if any(c in token for c in "\r\n") or not token.isascii():
+        raise RewardServerError(
+            f"the token in the environment variable {variable} holds a line break or a non-ASCII "
+            "character. Fix: export the token alone, as `rlhf serve-rm` printed it."
+        )
+    return token
+
+
+def _fix_for(status: int, token_env: str) -> str:
+    if status in (404, 405):
+        return "serve the wire format of docs/reward_server.md"
+    if status in (401, 403):
+        if token_env:
+            return (f"export {token_env} with the token the server was started with "
+                    "(`rlhf serve-rm --token-env NAME`, or the one it printed)")  # fmt: skip
+        return "the server requires a token: export it in a variable and pass --reward-token-env NAME"
+    return FIX_DOWN
 
 
 def _describe(err: BaseException, timeout: float) -> str:
     if isinstance(err, (TimeoutError, socket.timeout)):
-        return f"no answer within reward.remote.timeout {timeout:g} s"
+        return f"no answer within reward.remote.timeout {timeout:g} s"  # the whole request: connect, send, answer
     if isinstance(err, ConnectionRefusedError):
         return "connection refused: nothing listens there"
     if isinstance(err, socket.gaierror):
@@ -220,8 +278,8 @@ def _describe(err: BaseException, timeout: float) -> str:
 def _error_text(raw: bytes) -> str:
     """The server's error message: the "error" of a JSON body, else the body's start."""
     try:
-        answer = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        answer = read_json(raw)
+    except JSONInputError:
         return raw[:200].decode(errors="replace") or "(empty body)"
     return str(answer.get("error", answer))[:300] if isinstance(answer, dict) else str(answer)[:300]
 

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from rlhf.config import ConfigError
+from rlhf.config.outside import outside_number
 from rlhf.envs.protocol import working_directory_importable
 from rlhf.models.sampling import Rollout
 
@@ -339,7 +340,17 @@ def call_reward_function(
             ) from None
     try:
         values = torch.as_tensor(out, dtype=torch.float64).detach().cpu()
-    except (TypeError, ValueError, RuntimeError, OverflowError):
+    except OverflowError:  # a Python int beyond float64 (10**400): named by the check of each value
+        items = list(out) if isinstance(out, (list, tuple)) else []
+        values = torch.tensor([_float64(v) for v in items], dtype=torch.float64)
+        if values.shape != (size,):
+            raise RewardFunctionError(
+                f"reward function {reward.name} returned {type(out).__name__} holding a number beyond float64 "
+                f"({where}{size} responses). {fix}"
+            ) from None
+        for i, value in enumerate(out):
+            _check_value(reward, value, i, prompts, responses, where, first_row=first_row)
+    except (TypeError, ValueError, RuntimeError):
         raise RewardFunctionError(
             f"reward function {reward.name} returned {type(out).__name__}, not numbers ({where}{size} responses). {fix}"
         ) from None
@@ -352,6 +363,30 @@ def call_reward_function(
     return values.float()
 
 
+def _float64(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (OverflowError, TypeError, ValueError):
+        return math.inf
+
+
+def _check_value(
+    reward: RewardFunction,
+    value: object,
+    i: int,
+    prompts: list[str],
+    responses: list[str],
+    where: str,
+    tail: str = "",
+    first_row: int = 0,
+) -> float:
+    """One value through the check of every number from outside (rlhf/config/outside.py)."""
+    context = f" ({where}response {responses[i][:60]!r} to prompt {prompts[i][:60]!r}{tail})"
+    return outside_number(value, f"reward function {reward.name} returned",
+                          "return rewards on a sane scale (e.g. between -10 and 10); stopped before training on it",
+                          RewardFunctionError, after=f" for row {first_row + i}", context=context)  # fmt: skip
+
+
 def _require_finite(
     reward: RewardFunction,
     values: torch.Tensor,
@@ -361,7 +396,7 @@ def _require_finite(
     fix: str,
     first_row: int = 0,
 ) -> None:
-    """Each value finite, and still finite in float32 once weighted (the dtype the loss uses)."""
+    """Each value finite in float32 (the dtype the loss uses), and still so once weighted."""
     weighted = reward.weight * values.float()
     nonfinite = ~torch.isfinite(values) | ~torch.isfinite(values.float()) | ~torch.isfinite(weighted)
     bad = nonfinite.nonzero().flatten().tolist()
@@ -369,17 +404,12 @@ def _require_finite(
         return
     i = bad[0]
     value = float(values[i])
-    if not math.isfinite(value):
-        why = ""
-    elif not math.isfinite(float(values.float()[i])):
-        why = f", beyond float32 (the loss's dtype: at most {torch.finfo(torch.float32).max:.2e} in size)"
-        fix = "Fix: return rewards on a sane scale (e.g. between -10 and 10); stopped before training on it."
-    else:
-        why = f", which times its weight {reward.weight:g} is beyond float32 (the loss's dtype)"
-        fix = "Fix: lower its weight or the scale of its rewards; stopped before training on it."
+    _check_value(reward, value, i, prompts, responses, where, f"; {len(bad)} unusable in all", first_row)
     raise RewardFunctionError(
-        f"reward function {reward.name} returned {value} for row {first_row + i}{why} ({where}response "
-        f"{responses[i][:60]!r} to prompt {prompts[i][:60]!r}; {len(bad)} unusable in all). {fix}"
+        f"reward function {reward.name} returned {value} for row {first_row + i}, which times its weight "
+        f"{reward.weight:g} is beyond float32 (the loss's dtype) ({where}response {responses[i][:60]!r} to prompt "
+        f"{prompts[i][:60]!r}; {len(bad)} unusable in all). Fix: lower its weight or the scale of its rewards; "
+        "stopped before training on it."
     )
 
 

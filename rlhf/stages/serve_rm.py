@@ -1,8 +1,8 @@
 """`rlhf serve-rm`: a reward model's scores over HTTP, in the wire format of rlhf/rl/remote_reward.py
 (docs/reward_server.md).
 
-    rlhf serve-rm --reward-model runs/rm [--host 127.0.0.1] [--port 8000]
-    rlhf train ... --reward-url http://127.0.0.1:8000
+    rlhf serve-rm --reward-model runs/rm [--host 127.0.0.1] [--port 8000] [--token-env NAME]
+    rlhf train ... --reward-url http://127.0.0.1:8000 [--reward-token-env NAME]
 
 An aiohttp server (the `serve` extra) answers GET /health and POST /score. Scoring runs on one
 worker thread that takes every request waiting when it frees up, up to `max_batch_rows` rows, as
@@ -10,14 +10,22 @@ one batch (`micro_batch_size` rows per forward): concurrent clients share forwar
 loop never blocks on the model. Rows are laid out as the trainer lays out a rollout (left-padded
 prompt block, right-padded response block) and scored by the same RewardModel role, so ids sent
 with the reward model's own tokenizer fingerprint give the local reward model's numbers.
+
+What a request holds is the client's: a body that is not JSON, nests too deep, repeats a key, has
+the wrong types or shapes, or is larger than `max_body_bytes` (413) gets a 4xx with {"error": why},
+and nothing in the server's log. Off loopback every request must carry `Authorization: Bearer
+TOKEN` (401 otherwise, compared in constant time); on loopback only when a token is given.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import json
+import hmac
+import ipaddress
+import os
 import queue
+import secrets
 import socket
 import sys
 import threading
@@ -28,6 +36,9 @@ from typing import Any
 import torch
 
 from rlhf.config import ConfigError
+from rlhf.config.outside import JSONInputError
+from rlhf.config.outside import loads as read_json
+from rlhf.models.backbone import model_context
 from rlhf.models.device import resolve_device
 from rlhf.models.loading import load_tokenizer, prepare_tokenizer
 from rlhf.models.precision import Precision
@@ -37,7 +48,8 @@ from rlhf.rl.experience import Scoring
 from rlhf.rl.remote_reward import WIRE_VERSION, tokenizer_fingerprint
 from rlhf.rl.roles.frozen import RewardModel
 
-MAX_BODY_BYTES = 256 * 2**20  # a request body larger than this is refused (HTTP 413)
+MAX_BODY_MB = 64  # a request body larger than this is refused (HTTP 413; --max-body-mb)
+TOKEN_HELP = "docs/reward_server.md#tokens"
 
 
 class BadRequest(ValueError):
@@ -69,6 +81,7 @@ class Scorer:
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.vocab = len(self.tokenizer)
         self.device = next(self.role.model.parameters()).device
+        self.positions = model_context(self.role.model)  # None: the config does not say
 
     def health(self) -> dict:
         return {
@@ -94,9 +107,14 @@ class Scorer:
             )
         if len(prompts) > self.max_rows:
             raise BadRequest(f"{len(prompts)} rows in one request, more than this server's {self.max_rows}")
-        for i, ids in enumerate(prompts):
+        for i, (ids, response) in enumerate(zip(prompts, responses)):
             if not ids:
                 raise BadRequest(f"prompt {i} is empty: a row needs at least one prompt token")
+            if self.positions is not None and len(ids) + len(response) > self.positions:
+                raise BadRequest(
+                    f"row {i} holds {len(ids) + len(response)} tokens, more than the reward model's "
+                    f"{self.positions} positions"
+                )
         return list(zip(prompts, responses))
 
     def _encode(self, text: str) -> list[int]:
@@ -203,31 +221,61 @@ def _settle(future: asyncio.Future, result: list[float], error: BaseException | 
         future.set_result(result)
 
 
-def build_app(scorer: Scorer, batcher: Batcher):
-    """The aiohttp application: GET /health and POST /score."""
+def build_app(
+    scorer: Scorer, batcher: Batcher, *, token: str | None = None, max_body_bytes: int = MAX_BODY_MB * 2**20
+):
+    """The aiohttp application: GET /health and POST /score; every request carries `token` as
+    `Authorization: Bearer TOKEN` when one is given (401 otherwise)."""
     web = require_aiohttp()
+    expected = f"Bearer {token}".encode() if token else None
+
+    @web.middleware
+    async def authorize(request, handler):
+        if expected is not None:
+            given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+            if not hmac.compare_digest(given, expected):  # constant time: no timing oracle on the token
+                return web.json_response(
+                    {"error": "this server requires a bearer token (Authorization: Bearer TOKEN); "
+                              f"the request had {'a wrong one' if given else 'none'} ({TOKEN_HELP})"},
+                    status=401, headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return await handler(request)
 
     async def health(request):
         return web.json_response(
             {**scorer.health(), "requests": batcher.requests, "batches": batcher.batches}
         )
 
+    def too_large(size: str):
+        return web.json_response(
+            {"error": f"the body ({size}) is larger than this server's limit of {max_body_bytes} bytes "
+                      "(rlhf serve-rm --max-body-mb): send fewer rows per request (reward.remote.rows_per_request)"},
+            status=413)  # fmt: skip
+
     async def score(request):
+        if request.content_length is not None and request.content_length > max_body_bytes:
+            return too_large(f"{request.content_length} bytes")
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return too_large("over the limit")
+        try:
+            rows = scorer.rows(read_json(raw))
+        except JSONInputError as err:
             return web.json_response({"error": f"the body is not JSON: {err}"}, status=400)
-        try:
-            rows = scorer.rows(body)
         except BadRequest as err:
             return web.json_response({"error": str(err)}, status=400)
+        except Exception as err:  # noqa: BLE001 (whatever the body holds is the client's: never a 500)
+            return web.json_response(
+                {"error": f"the body does not follow the wire format ({type(err).__name__}: {err})"[:500]},
+                status=400,
+            )
         try:
             scores = await batcher.score(rows)
         except Exception as err:  # noqa: BLE001 (the model failed: the client hears why)
             return web.json_response({"error": f"scoring failed: {type(err).__name__}: {err}"}, status=500)
         return web.json_response({"scores": scores})
 
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[authorize])
     app.router.add_get("/health", health)
     app.router.add_post("/score", score)
     return app
@@ -236,8 +284,18 @@ def build_app(scorer: Scorer, batcher: Batcher):
 class RewardServer:
     """`build_app` served on host:port (0: a free port) by an event loop on a thread of its own."""
 
-    def __init__(self, scorer: Scorer, host: str = "127.0.0.1", port: int = 8000, max_batch_rows: int = 256):
+    def __init__(
+        self,
+        scorer: Scorer,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        max_batch_rows: int = 256,
+        *,
+        token: str | None = None,
+        max_body_bytes: int = MAX_BODY_MB * 2**20,
+    ):
         self.scorer, self.host = scorer, host
+        self.token, self.max_body_bytes = token, max_body_bytes
         self.socket = bind(host, port)
         self.port = self.socket.getsockname()[1]
         self.batcher = Batcher(scorer.score, max_batch_rows)
@@ -245,6 +303,11 @@ class RewardServer:
         self.ready = threading.Event()
         self.failure: BaseException | None = None
         self.thread = threading.Thread(target=self._serve, name="rlhf-serve-rm-http", daemon=True)
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this machine can reach the server (127.0.0.0/8, ::1)."""
+        return ipaddress.ip_address(self.socket.getsockname()[0].split("%")[0]).is_loopback
 
     @property
     def url(self) -> str:
@@ -261,7 +324,8 @@ class RewardServer:
     def _serve(self) -> None:
         web = require_aiohttp()
         asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(build_app(self.scorer, self.batcher), access_log=None)
+        app = build_app(self.scorer, self.batcher, token=self.token, max_body_bytes=self.max_body_bytes)
+        self.runner = web.AppRunner(app, access_log=None)
         try:
             self.loop.run_until_complete(self.runner.setup())
             self.loop.run_until_complete(web.SockSite(self.runner, self.socket).start())
@@ -312,6 +376,31 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def require_token_off_loopback(server: RewardServer) -> None:
+    """A server other machines can reach never runs open: without --token-env it gets a token,
+    made here and printed once (stdout), which every request must then send."""
+    if server.token is None and not server.loopback:
+        server.token = secrets.token_urlsafe(32)
+        print(f"token (every request must send `Authorization: Bearer TOKEN`; on the client: export "
+              f"RLHF_REWARD_TOKEN=TOKEN, then rlhf train --reward-token-env RLHF_REWARD_TOKEN): {server.token}",
+              flush=True)  # fmt: skip
+
+
+def token_from_env(variable: str) -> str:
+    """The bearer token in the environment variable `variable` (--token-env); errors name the
+    variable, never a value."""
+    token = os.environ.get(variable, "")
+    if len(token) < 16 or not token.isascii() or not token.isprintable() or " " in token:
+        state = "not set" if variable not in os.environ else "empty" if not token else "not a usable token"
+        raise ConfigError(
+            f"--token-env {variable}: the environment variable is {state} (a token is 16 or more printable "
+            f"ASCII characters, no spaces). Fix: export {variable}=\"$(python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))')\", or leave --token-env out off loopback for a token made "
+            "and printed at start."
+        )
+    return token
+
+
 def load_scorer(
     directory: str, *, device: str = "auto", dtype: str = "auto", micro_batch_size: int = 16
 ) -> Scorer:
@@ -335,14 +424,22 @@ def run_serve_rm(args) -> int:
         if value < low or (flag == "--port" and value > 65535):
             raise ConfigError(f"{flag} must be {'in [0, 65535]' if flag == '--port' else '>= 1'}, got {value}. "
                               f"Fix: {flag} {8000 if flag == '--port' else 16}.")  # fmt: skip
+    if not args.max_body_mb > 0:
+        raise ConfigError(
+            f"--max-body-mb must be > 0, got {args.max_body_mb}. Fix: --max-body-mb {MAX_BODY_MB}."
+        )
     if not args.reward_model:
         raise ConfigError("missing --reward-model. Fix: pass the --out directory of `rlhf rm`.")
+    token = token_from_env(args.token_env) if args.token_env else None  # before the model loads
     scorer = load_scorer(
         args.reward_model, device=args.device, dtype=args.dtype, micro_batch_size=args.batch_size
     )
-    server = RewardServer(scorer, args.host, args.port, max_batch_rows=args.max_batch_rows).start()
-    print(f"serving the reward model {args.reward_model} on {server.url} (GET /health, POST /score); "
-          "Ctrl-C stops", flush=True)  # fmt: skip
+    server = RewardServer(scorer, args.host, args.port, max_batch_rows=args.max_batch_rows,
+                          token=token, max_body_bytes=int(args.max_body_mb * 2**20))  # fmt: skip
+    require_token_off_loopback(server)
+    server.start()
+    print(f"serving the reward model {args.reward_model} on {server.url} (GET /health, POST /score"
+          f"{'; bearer token required' if server.token else ''}); Ctrl-C stops", flush=True)  # fmt: skip
     try:
         threading.Event().wait()
     except (KeyboardInterrupt, Terminated):

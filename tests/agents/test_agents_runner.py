@@ -38,6 +38,8 @@ def run(chat, agent: str, rows, **config):
         ("hanging_agent", {"timeout_s": 0.3}, "still running after 0.3 s (agent.timeout_s)"),
         ("hanging_async_agent", {"timeout_s": 0.3}, "still running after 0.3 s (agent.timeout_s)"),
         ("wordy_agent", {}, "returned 'great' (str), not a number or a list of per-turn numbers"),
+        ("huge_agent", {}, "returned the reward 1e+39, beyond float32"),
+        ("huge_integer_agent", {}, "(an integer of 401 digits), beyond float32"),
     ],
 )
 def test_a_failing_agent_stops_the_run_naming_the_function_and_its_error(chat, agent, config, error):

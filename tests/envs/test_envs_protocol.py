@@ -66,7 +66,9 @@ def test_a_failing_step_names_the_row_the_turn_and_the_response():
         ((3, 1.0, True), "the reply 3 (int)"),
         (("x", "1", True), "the reward '1' (str)"),
         (("x", True, True), "the reward True (bool)"),
-        (("x", math.nan, True), "the reward nan. Fix: return a finite number"),
+        (("x", math.nan, True), "the reward nan, not a finite number. Fix: return a finite number"),
+        (("x", 1e39, True), "the reward 1e+39, beyond float32"),  # finite, until cast to float32
+        (("x", 10**400, True), "(an integer of 401 digits), beyond float32"),  # beyond even float64
         (("x", 1.0, 1), "done 1 (int)"),
     ],
 )

@@ -306,3 +306,19 @@ def test_the_critic_free_new_presets_plan_no_critic(preset, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["job"]["critic"] == "none"
     assert [r["role"] for r in out["roles"]] == ["policy", "reference", "reward_model"]
+
+
+def test_a_sequence_longer_than_the_models_positions_is_refused_naming_both(tmp_path, capsys):
+    from rlhf.cli import main
+
+    config = hf_model(TINY).config
+    config.max_position_embeddings = 64
+    config.save_pretrained(tmp_path)
+    assert shape_of(str(tmp_path)).positions == 64 and NAMED_SHAPES["7b"].positions == 4096
+    assert main(["plan", "--model", str(tmp_path), "--prompt-tokens", "40", "--response-tokens", "24"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--model", str(tmp_path), "--prompt-tokens", "40", "--response-tokens", "25"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt-tokens 40 + --response-tokens 25 = 65" in err and "64 positions" in err and "Fix:" in err
+    assert main(["plan", "--model", "7b", "--prompt-tokens", "4000", "--response-tokens", "512"]) == 2
+    assert "4096 positions" in capsys.readouterr().err

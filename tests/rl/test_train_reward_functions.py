@@ -110,7 +110,7 @@ def _call(name: str):
         ),
         (
             "tests.support.reward_fns_testing:nan_at_row_two",
-            r"nan_at_row_two returned nan for row 2 .*'the third'",
+            r"nan_at_row_two returned nan for row 2, not a finite number .*'the third'",
         ),
         (
             "tests.support.reward_fns_testing:text",
@@ -264,5 +264,5 @@ def test_raw_values_unweighted_and_rows_counted_from_first_row():
     assert parts["tests.support.reward_fns_testing:constant"].tolist() == [0.5, 0.5]
     assert total.tolist() == [1.5, 3.5] and raw["tests.support.reward_fns_testing:bonus"].tolist() == [1, 3]
     (nan,) = load_reward_functions(["tests.support.reward_fns_testing:nan_at_row_two"])
-    with pytest.raises(RewardFunctionError, match=r"returned nan for row 34 "):  # a batch from row 32 on
+    with pytest.raises(RewardFunctionError, match=r"returned nan for row 34, "):  # a batch from row 32 on
         weighted_reward([nan], None, 1.0, ["p"] * 3, ["r"] * 3, [[1]] * 3, [{}] * 3, first_row=32)

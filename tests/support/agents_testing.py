@@ -172,6 +172,18 @@ def wordy_agent(row: dict, base_url: str, model: str) -> str:
     return "great"
 
 
+def huge_agent(row: dict, base_url: str, model: str) -> float:
+    """Answers a reward finite in float64 and not in float32 (the dtype rewards are computed in)."""
+    openai_client(base_url).chat.completions.create(model=model, messages=[{"role": "user", "content": "a"}])
+    return 1e39
+
+
+def huge_integer_agent(row: dict, base_url: str, model: str) -> int:
+    """Answers a reward beyond even float64."""
+    openai_client(base_url).chat.completions.create(model=model, messages=[{"role": "user", "content": "a"}])
+    return 10**400
+
+
 def row_agent(row: dict, base_url: str, model: str) -> float:
     """Fails on the rows whose `fail` field is set, else one request and reward 1."""
     if row.get("fail"):

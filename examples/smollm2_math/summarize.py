@@ -14,10 +14,19 @@ import json
 import re
 from pathlib import Path
 
+import yaml
+
 from rlhf.evaluation.accuracy import paired_difference
 
 VERIFIER = "rlhf.rl.verifiers:numeric_answer"
-TRAIN_KEYS = ("reward/raw_mean", "kl/k3", "response/length_mean", "policy/clip_fraction")
+TRAIN_KEYS = (
+    "reward/raw_mean",
+    "group/zero_std_fraction",
+    "kl/ref",
+    "response/length_mean",
+    "policy/clip_fraction",
+    "time/iteration",
+)
 
 
 def stage_cost(time_file: Path) -> dict | None:
@@ -66,11 +75,34 @@ def training_curve(run_dir: Path) -> dict | None:
     }
 
 
+def settings(run_dir: Path) -> dict:
+    """The settings of an RL run that this recipe changes (its config.yaml)."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    pick = {
+        "rollout": (
+            "batch_size",
+            "samples_per_prompt",
+            "max_new_tokens",
+            "temperature",
+            "max_sampling_rounds",
+        ),
+        "train": ("iterations", "minibatches"),
+        "policy_optim": ("lr",),
+        "critic_optim": ("lr",),
+    }
+    out = {"seed": config.get("seed")}
+    for section, keys in pick.items():
+        for key in keys:
+            if key in config.get(section, {}):
+                out[f"{section}.{key}"] = config[section][key]
+    return out
+
+
 def summarize(out: Path, verifier: str = VERIFIER) -> dict:
     base = accuracy(out / "sft" / "eval_test.json", verifier)
     result: dict = {"verifier": verifier, "sft": base[0] if base else None, "rl": {}, "stages": {}}
     for run_dir in sorted(p for p in out.iterdir() if (p / "config.yaml").is_file() and p.name != "sft"):
-        entry: dict = {"training": training_curve(run_dir)}
+        entry: dict = {"settings": settings(run_dir), "training": training_curve(run_dir)}
         after = accuracy(run_dir / "eval_test.json", verifier)
         if after is not None:
             entry["test"] = after[0]

@@ -88,8 +88,8 @@ def test_the_configs_are_valid_and_raise_the_rates_of_the_presets(method):
     config = load_config(
         RLConfig, preset=method, overrides=yaml.safe_load((EXAMPLE / f"{method}.yaml").read_text())
     )
-    assert config.policy_optim.lr == 2e-5 > preset.policy_optim.lr
-    assert config.rollout.temperature == 0.7 and config.rollout.max_new_tokens == 16
+    assert config.policy_optim.lr == 5e-6 > preset.policy_optim.lr
+    assert config.rollout.temperature == 1.0 and config.rollout.max_new_tokens == 16
     assert (
         config.rollout.batch_size * config.rollout.samples_per_prompt == 64
     )  # the same answers per iteration

@@ -129,3 +129,11 @@ def test_summary_reads_accuracy_paired_difference_and_stage_costs(tmp_path):
         grpo["training"]["first"]["reward/raw_mean"] == 0.25 and grpo["training"]["reward_last3_mean"] == 0.5
     )
     assert result["stages"]["sft"] == {"wall_s": 3723.0, "cpu_s": 11.0, "peak_rss_mib": 2}
+
+
+def test_equation_value_reads_the_left_side_of_the_sft_format_only():
+    summarize = load("summarize")
+    assert summarize.equation_value("43 - 21 = 18") == 22.0  # the equation is right, its result wrong
+    assert summarize.equation_value("(15 + 4) / 2 = 10") == 9.5
+    assert summarize.equation_value("The answer is 5") is None
+    assert summarize.equation_value("9 ** 9 = 1") is None and summarize.equation_value("1 / 0 = 1") is None

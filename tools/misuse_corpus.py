@@ -5,9 +5,9 @@
     python tools/misuse_corpus.py --list
     python tools/misuse_corpus.py --group surfaces --in-process   # one group, without interpreter starts
 
-Groups (GROUPS): `named` and `new` (issue 28's corpus), then issue 40's reruns of the older passes
-case by case (`issue16`, `pass153`, `corpus30`, `pass127`: the cases each pass names that the groups
-before did not have) and `surfaces` (environments, DAPO, the reward server and its client,
+Groups (GROUPS): `named` and `new` (the first corpus), then the cases of earlier reviews that the
+groups before did not have (`run_dir_and_resume`, `files_and_rows`, `inputs_and_sinks`, `out_paths`)
+and `surfaces` (environments, DAPO, the reward server and its client,
 verifiers, eval --pairs, token budgets, sampler engines, plan), then classes of input and server
 mistakes, each its named cases and new ones (`input_formats`: valid input refused or invalid input
 accepted; `outside_numbers`: numbers checked after their cast; `bounded_waits`; `server_input`: a
@@ -548,7 +548,7 @@ NEW = [
     ),  # fmt: skip
 ]
 
-# -- the older passes, rerun case by case (issue 40's "Done when") -----------------------------------
+# -- the cases of earlier reviews, rerun case by case -----------------------------------
 # Each group holds the cases of one earlier pass that the groups above did not have yet: the pass's
 # own list is in its issue (16, 28, 40), where only the cases it names can be read back; a case of
 # it already above (e.g. `config_is_directory`) is not repeated.
@@ -726,11 +726,11 @@ USER_FILES = ("policy", "rm", "sft.jsonl", "pairs.jsonl", "prompts.jsonl")
 FINISHED_RUN = ("run/config.yaml", "run/run_inputs.json", "run/metrics.jsonl", "run/model.safetensors",
                 "run/config.json")  # fmt: skip
 
-# issue 16 (the reliability issue): its ~25 cases; the ones that need a second process, a signal or a
+# the run directory, resume and signals: the ones that need a second process, a signal or a
 # full disk are the reliability suite's own tests (tests/reliability: test_run_dir_lock,
 # test_sigterm, test_signal_during_write; ENOSPC simulated in test_cli_error_path) and those of
 # rlhf/rundir (tests/rundir: test_rundir_lock, test_rundir_termination, test_rundir_checkpoint_export)
-ISSUE_16 = [
+RUN_DIR_AND_RESUME = [
     *(Case(f"resume_override_{name}", ["train", "--resume", "run", *flag], words=(key, "Fix"),
            setup=built("train2")) for name, flag, key in [
         ("kl_beta", ["--kl.beta", "0.5"], "kl.beta"),
@@ -791,8 +791,8 @@ ISSUE_16 = [
          setup=lambda w: (w / "packed.jsonl").write_bytes(__import__("gzip").compress(SFT_TEXT.encode()))),
 ]  # fmt: skip
 
-# issue 28's pass of 153 cases: the cases it names
-PASS_153 = [
+# files, rows and token budgets
+FILES_AND_ROWS = [
     Case("rm_rows_longer_than_positions",
          rm("--data.max_prompt_tokens", "4000", "--data.max_response_tokens", "4000", data="long.jsonl"),
          words=("long.jsonl", "positions", "Fix"), setup=write("long.jsonl", LONG_PAIRS)),
@@ -853,8 +853,8 @@ PASS_153 = [
     Case("dpo_out_is_model", dpo(out="policy"), words=("--out policy", "--model")),
 ]  # fmt: skip
 
-# issue 40's corpus of 30 cases: the 7 it found failing (the others are in the groups above)
-CORPUS_30 = [
+# inputs, sinks and judges
+INPUTS_AND_SINKS = [
     Case("resume_fewer_iterations_than_done", ["train", "--resume", "run", "--train.iterations", "1"],
          words=("train.iterations 1", "2 iterations"), setup=built("train2")),
     Case("wandb_sink_without_package", sft("--sinks", "[console,wandb]"), words=("wandb", "pip install"),
@@ -866,8 +866,8 @@ CORPUS_30 = [
     Case("eval_n_zero", evaluate("--n", "0"), words=("n must be >= 1",)),
 ]  # fmt: skip
 
-# issue 40's pass of 127 cases: the cases it names
-PASS_127 = [
+# --out paths and what they hold
+OUT_PATHS = [
     Case("dpo_out_holds_its_config", dpo("--config", "proj/config.yaml", out="proj"),
          words=("--out proj", "--config", "Fix"),
          setup=steps(write("proj/config.yaml", "train:\n  max_steps: 1\n"), write("proj/report.html", "<p>mine</p>\n"))),
@@ -901,7 +901,7 @@ PASS_127 = [
 ]  # fmt: skip
 
 
-# -- the newest surfaces (issue 40's "30 new cases of your own") --------------------------------------
+# -- the newest surfaces --------------------------------------
 class _Health(__import__("http.server").server.BaseHTTPRequestHandler):
     """A reward server's /health; POST /score answered by `score` (overridden below)."""
 
@@ -1458,8 +1458,8 @@ WRONG_GUESSES = [
 ]  # fmt: skip
 
 GROUPS = {
-    "named": NAMED, "new": NEW, "issue16": ISSUE_16, "pass153": PASS_153, "corpus30": CORPUS_30,
-    "pass127": PASS_127, "surfaces": SURFACES,
+    "named": NAMED, "new": NEW, "run_dir_and_resume": RUN_DIR_AND_RESUME, "files_and_rows": FILES_AND_ROWS, "inputs_and_sinks": INPUTS_AND_SINKS,
+    "out_paths": OUT_PATHS, "surfaces": SURFACES,
     "input_formats": INPUT_FORMATS, "outside_numbers": OUTSIDE_NUMBERS, "bounded_waits": BOUNDED_WAITS,
     "server_input": SERVER_INPUT, "wrong_guesses": WRONG_GUESSES, **CLASSES,
 }  # fmt: skip

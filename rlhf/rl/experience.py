@@ -85,7 +85,7 @@ class Experience:
         used = picked["response_mask"].sum(0) > 0
         columns = torch.arange(used.shape[0], device=used.device)
         last_used = torch.where(used, columns, -1).max()  # -1: no response column is used
-        # both read in one transfer (each read is a host-device sync on a GPU: bench/host_syncs.py)
+        # both read in one transfer (each read is a host-device sync on a GPU)
         lead, last = torch.stack([lead_columns, last_used]).tolist()
         width = last + 1 if last >= 0 else 1  # all-padding response columns trimmed (one kept)
         out = {}

@@ -1,4 +1,4 @@
-"""`rlhf ablate --out` and `rlhf demo --out` own their folder (issue 40): a fresh --out that holds
+"""`rlhf ablate --out` and `rlhf demo --out` own their folder: a fresh --out that holds
 anything an earlier run of the same command did not leave (a model, a project folder, the folder of
 the --config file) or that is an existing file is refused before any work, touching nothing. (An
 ablation's own folder taken over: tests/rundir/test_rundir_outputs.py.)"""

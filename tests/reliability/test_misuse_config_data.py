@@ -1,4 +1,4 @@
-"""Trust under misuse (issue 28), config and data files: every mistake a user can make in the
+"""Trust under misuse, config and data files: every mistake a user can make in the
 --config file or a data file exits with code 2 and one message naming the file (line, key), the
 value and the fix: no traceback, no "bug in rlhf", and the user's files as they were."""
 

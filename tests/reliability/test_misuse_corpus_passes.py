@@ -1,5 +1,5 @@
-"""tools/misuse_corpus.py's groups of issue 40: the older passes rerun case by case (issue 16's
-corpus, issue 28's 153-case pass, issue 40's 30-case corpus and 127-case pass) and the newest
+"""tools/misuse_corpus.py's groups: the cases of earlier reviews rerun case by case (run directory
+and resume, files and rows, inputs and sinks, --out paths) and the newest
 surfaces (environments, DAPO, the reward server, verifiers, eval --pairs, token budgets, sampler
 engines, plan). The cases that stop before any training run here in this process, each in a fresh
 copy of the tiny inputs (exit code, message words, no traceback, every file of the user's
@@ -19,14 +19,14 @@ REPO = Path(__file__).resolve().parents[2]
 # refusals that load no model or stop at the first check (about a second each on an idle machine);
 # the first of each group run in `make test-fast`, the rest (MORE) with the slow tests
 FAST = [
-    # issue 16
+    # the run directory and resume
     "log_every_zero", "sft_micro_batch_zero", "stop_at_eos_false_truncated_drop", "negative_iterations",
     "sft_batch_size_zero", "report_on_a_folder_that_is_no_run", "data_error_names_a_flag_that_exists",
     "data_csv_behind_jsonl", "model_pickle_weights_refused", "model_auto_map_refused",
-    # issue 28's 153-case pass
+    # files and rows
     "eval_out_read_only", "data_json_nested_deep", "data_check_gzip_garbage", "sft_out_inside_model",
     "rm_out_is_model",
-    # issue 40's 30-case corpus and 127-case pass
+    # inputs, sinks and --out paths
     "sft_data_and_data_path", "demo_seeds_zero", "rm_eval_n_zero", "eval_n_zero", "dpo_out_holds_its_config",
     "sft_out_is_another_model", "plan_gpu_memory_without_unit", "dpo_data_is_a_fifo", "ablate_out_project_folder",
     "ablate_out_holds_its_config", "ablate_out_existing_file", "train_policy_and_model_policy",
@@ -67,7 +67,9 @@ def inputs(corpus, tmp_path_factory):
 
 def test_every_pass_has_its_group_and_the_surfaces_30_cases(corpus):
     groups = corpus.GROUPS
-    assert {"issue16", "pass153", "corpus30", "pass127", "surfaces"} <= set(groups)
+    assert {"run_dir_and_resume", "files_and_rows", "inputs_and_sinks", "out_paths", "surfaces"} <= set(
+        groups
+    )
     assert len(groups["surfaces"]) >= 30
     names = [case.name for case in corpus.CASES]
     assert len(names) == len(set(names)) and set(FAST + SLOW) <= set(names) and FIRST <= set(FAST)

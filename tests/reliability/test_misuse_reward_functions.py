@@ -1,4 +1,4 @@
-"""Trust under misuse (issue 28), reward functions: whatever the user's module does wrong, at import
+"""Trust under misuse, reward functions: whatever the user's module does wrong, at import
 or at call (a syntax error, ImportError, exit(), KeyboardInterrupt, a value finite in float64 but
 not in float32, NaN), `rlhf train` exits with code 2 and one message naming `module:function`, with
 no traceback and the user's files as they were; a real Ctrl-C stays exit code 130. Functions in

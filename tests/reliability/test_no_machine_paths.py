@@ -23,7 +23,7 @@ def offenders(files, pattern) -> list[str]:
 def test_code_names_no_machine_path():
     code = [
         *ROOT.glob("rlhf/**/*.py"),
-        *ROOT.glob("bench/*.py"),
+        *ROOT.glob("bench/**/*.py"),
         *ROOT.glob("tools/**/*.py"),
         ROOT / "Makefile",
     ]

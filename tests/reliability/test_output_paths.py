@@ -1,6 +1,6 @@
 """An --out a run must not write is refused before any work, exit 2, with nothing of the user's
 changed: the model directory the run reads (sft/rm/dpo --model, train --policy/--reward-model), a
-folder inside it, or an existing file (issue 28's destroyed files)."""
+folder inside it, or an existing file."""
 
 from __future__ import annotations
 

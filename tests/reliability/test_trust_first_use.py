@@ -1,4 +1,4 @@
-"""Issue 40: every mistake a user can make ends at the start with one message (exit 2, the key, the
+"""Every mistake a user can make ends at the start with one message (exit 2, the key, the
 value, the fix), nothing of the user's is written over, and a resume never rewrites the past."""
 
 from __future__ import annotations

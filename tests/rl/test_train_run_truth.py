@@ -1,4 +1,4 @@
-"""A run tells the truth on its console (issue 28): each phase counted in its own units with the
+"""A run tells the truth on its console: each phase counted in its own units with the
 part of a step under way named, a policy that does not move reported once with the fix (and as an
 event in metrics.jsonl), the KL led by a non-negative estimate, and what the run directory keeps."""
 

@@ -12,7 +12,8 @@ minibatch step's own logic, the five a reader follows for the policy (the traine
 engine, core/losses, core/stats; the critic's role a sixth when `--roles` names it); the **seam**
 (runtime/local.py) routes each learner's `train_step` by name and computes nothing of the step (with
 the critic, it schedules the two learners' steps side by side); the **model** files are the
-forwards (log-probs, entropy, values); the **containers** hold the minibatch and the roles' lookup.
+forwards (log-probs, entropy, values); the **containers** hold the minibatch and the roles' lookup;
+the **guards** run after the steps (the skipped-step streak, the mean of the steps' stats).
 
     python bench/tools/trace_minibatch.py [--preset vanilla_ppo] [--roles policy] [--functions]
 
@@ -51,6 +52,8 @@ KINDS = {
         "models/grad_checkpointing.py",
     ),
     "containers": ("rl/experience.py", "rl/roles/assemble.py", "data/length_grouping.py"),
+    # after the step: the run's guard on skipped steps and the mean of the steps' stats
+    "guards": ("rl/run_guards.py", "train/guards.py", "rl/metrics.py"),
 }
 WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
 

@@ -155,8 +155,8 @@ class LogConfig:
     collapse: CollapseConfig = field(default_factory=CollapseConfig)  # PPO paper §5.2 signature
     # evaluate on held-out prompts every N iterations; 0: off
     eval_every: int = setting(0, ">= 0", unit="iterations")
-    # responses kept per evaluation in samples.jsonl
-    samples_to_log: int = setting(4, ">= 0", unit="responses", when=When("eval_every", ">0"))
+    # responses of each logged iteration's rollout kept in samples.jsonl (rlhf/rl/sample_log.py); 0: none
+    samples_to_log: int = setting(4, ">= 0", unit="responses")
     mismatch: MismatchConfig = field(default_factory=MismatchConfig)  # sampler vs trainer log-probs
 
 

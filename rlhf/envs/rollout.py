@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhf.config.outside import outside_number
 from rlhf.data.collate import left_pad
-from rlhf.envs.protocol import EnvironmentClass
+from rlhf.envs.protocol import EnvError, EnvironmentClass
 from rlhf.models.sampling import Rollout
 
 
@@ -159,12 +160,20 @@ def _assemble(episodes, tokenizer, decode_steps: int, return_logprobs: bool, dev
         rollout = Rollout(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in vars(rollout).items()})
     return Episodes(
         rollout=rollout,
-        rewards=torch.tensor([sum(e.turn_rewards) for e in episodes], device=device),
+        rewards=torch.tensor([episode_total(e) for e in episodes], device=device),
         turn_rewards=turn_rewards.to(device) if device is not None else turn_rewards,
         turns=torch.tensor([len(e.turn_rewards) for e in episodes], device=device),
         done=torch.tensor([e.done for e in episodes], device=device),
         transcripts=[tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes],
     )
+
+
+def episode_total(episode: _Episode) -> float:
+    """The sum of an episode's turn rewards, checked as every number from outside is: each turn's
+    reward fits float32 and so must their sum (two turns of 3e38 do not)."""
+    return outside_number(sum(episode.turn_rewards), f"the environment's turn rewards of row {episode.index} summed to",
+                          "return turn rewards whose sum over an episode is on a sane scale (e.g. between -10 and "
+                          "10)", EnvError)  # fmt: skip
 
 
 def place_turn_rewards(

@@ -64,7 +64,9 @@ class RunGuards:
                     step=iteration,
                     code=NONFINITE_GRADIENTS,
                 )
-            self.skipped_streak.update(role, skipped, iteration, self.nonfinite_fix())
+            # only an update that skipped every step can stop the run
+            fix = self.nonfinite_fix() if skipped >= 1.0 else ""
+            self.skipped_streak.update(role, skipped, iteration, fix)
 
     def nonfinite_fix(self) -> str:
         c = self.config

@@ -75,6 +75,7 @@ class RLTrainer:
         self.rollouts = rollout_source(c, runtime, prompts, self.scorer, self.monitors.mismatch, prompt_rows)
         self.guards = RunGuards(c, runtime.tokenizer)
         self.shuffle_generator = torch.Generator().manual_seed(c.seed + 2)
+        self.whole_groups = estimator_spec(c.advantage.estimator).needs_group  # grpo: a group per minibatch
         self.ptx_note = use_ptx(runtime, ptx_batches, c)
         r = c.reward  # score reparameterization: scaling / normalization / clipping (PPO paper §5.3.1)
         self.score_processor = ScoreProcessor(scale=r.scale, normalize=r.normalize, clip=r.clip,
@@ -191,9 +192,8 @@ class RLTrainer:
         async_metrics: dict[str, float] = {}
         if self.asynchronous:  # decoupled PPO: the sampler's policy was `behind` updates old (§34)
             assert rollout.logprobs is not None  # submitted with them (AsyncRollouts.submit)
-            is_weights, async_metrics = decoupled_is_weights(
-                old_logp, rollout.logprobs, mask, c.policy.is_truncation
-            )
+            behaviour, truncation = rollout.logprobs, c.policy.is_truncation
+            is_weights, async_metrics = decoupled_is_weights(old_logp, behaviour, mask, truncation)
             async_metrics["async/staleness"] = scored.behind
         is_weights, correction_metrics = corrected_weights(  # sampler -> trainer (§44)
             c.rollout.correction, is_weights, old_logp, rollout.logprobs, mask, self.asynchronous)  # fmt: skip
@@ -246,12 +246,10 @@ class RLTrainer:
     def update(self, experience: Experience, *, train_policy: bool = True) -> Metrics:
         """`ppo_epochs` passes of shuffled minibatches, one optimizer step of each learner per minibatch."""
         c = self.config
-        # an estimator comparing the rows of one prompt (grpo, rloo, ...) keeps each group in one minibatch
-        whole_groups = estimator_spec(c.advantage.estimator).needs_group
         minibatches = []
         for _ in range(c.train.ppo_epochs):
             for minibatch in experience.minibatches(
-                c.train.minibatches, self.shuffle_generator, whole_groups=whole_groups
+                c.train.minibatches, self.shuffle_generator, whole_groups=self.whole_groups
             ):
                 # advantage normalization and clipping, per minibatch (PPO paper §5.3.1)
                 minibatch.advantages = minibatch_advantages(

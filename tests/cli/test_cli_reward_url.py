@@ -21,9 +21,9 @@ from tests.support.reliability_testing import start
 TINY_GRPO = [
     "--preset", "grpo", "--train.iterations", "1", "--rollout.batch_size", "3",
     "--rollout.samples_per_prompt", "2", "--rollout.max_new_tokens", "4", "--train.micro_batch_size", "6",
-    "--policy_optim.lr", "0.001", "--log.sinks", "jsonl", "--reward.remote.retries", "1",
-    "--reward.remote.backoff", "0",
+    "--policy_optim.lr", "0.001", "--log.sinks", "jsonl",
 ]  # fmt: skip
+REMOTE = ["--reward.remote.retries", "1", "--reward.remote.backoff", "0"]  # with --reward-url only
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,7 @@ def train(models, files, out: Path, *source: str) -> int:  # noqa: F811
             str(out),
             *source,
             *TINY_GRPO,
+            *(REMOTE if "--reward-url" in source else []),
         ]
     )
 

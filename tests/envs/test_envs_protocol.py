@@ -109,3 +109,13 @@ def test_the_guessing_game_says_higher_or_lower():
     assert env.step("hmm") == ("say a number", 0.0, False)
     assert env.step("11") == (None, 1.0, True) and env.guesses == 3
     assert all(1 <= r["target"] <= 16 for r in guess_rows(30, seed=0))
+
+
+def test_an_episodes_summed_turn_rewards_are_checked_after_the_cast_too():
+    from types import SimpleNamespace
+
+    from rlhf.envs.rollout import episode_total
+
+    assert episode_total(SimpleNamespace(turn_rewards=[1.0, 2.5], index=0)) == 3.5  # type: ignore[arg-type]
+    with pytest.raises(EnvError, match=r"turn rewards of row 4 summed to 6e\+38, beyond float32.*Fix:"):
+        episode_total(SimpleNamespace(turn_rewards=[3e38, 3e38], index=4))  # type: ignore[arg-type]

@@ -79,14 +79,14 @@ def test_every_resumable_key_may_change_and_no_other(run):
                "runtime": {"overlap_critic": False, "split_forwards": False, "keep_freed_memory": False,
                            "pack_weights": False},
                # where the roles run: local or Ray, any ray.* key (the same numbers either way)
-               "dist": {"runtime": "ray"}, "ray": {"placement": "separate", "policy": {"num_actors": 2}},
-               # where the reward server runs and how it is asked
-               "reward": {"remote": {"timeout": 5.0}}}  # fmt: skip
+               "dist": {"runtime": "ray"}, "ray": {"placement": "separate", "policy": {"num_actors": 2}}}  # fmt: skip
+    # reward.remote.* (where the reward server runs and how it is asked) applies only to a run scored
+    # by --reward-url; this run has a reward model, so setting one is refused as doing nothing
     config = resume_config(run, overrides=allowed)
     assert (config.train.iterations, config.checkpoint.keep, config.log.sinks) == (9, 4, ["jsonl", "console"])
     assert config.runtime.overlap_critic is False and config.runtime.pack_weights is False
     assert (config.dist.runtime, config.ray.placement, config.ray.policy.num_actors) == ("ray", "separate", 2)
-    assert config.reward.remote.timeout == 5.0 and config.log.mismatch.every == 3
+    assert config.log.mismatch.every == 3
     assert len(RESUMABLE_KEYS) == 15
     refusals = ({"seed": 5}, {"train": {"ppo_epochs": 3}}, {"log": {"collapse": {"window": 9}}},
                 {"dist": {"strategy": "fsdp2"}}, {"rollout": {"max_staleness": 1}})  # fmt: skip

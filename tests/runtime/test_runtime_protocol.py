@@ -54,8 +54,8 @@ def test_the_type_checker_holds_every_runtime_and_the_trainer_to_the_protocol(tm
     (tmp_path / "trainer_reading_roles.py").write_text(
         broken_copy(
             trainer,
-            "self.samples = SampleLog(c, self.runtime.tokenizer)",
-            "self.samples = SampleLog(c, self.runtime.roles.tokenizer)",
+            "self.monitors = RunMonitors(c, runtime.tokenizer)",
+            "self.monitors = RunMonitors(c, runtime.roles.tokenizer)",
         )  # fmt: skip
     )
     broken = tmp_path / "broken_conformance.py"

@@ -32,8 +32,20 @@ DATA_PARALLEL_CASE = {
     "critic": {"pretrain_iterations": 1},
     "policy_optim": {"lr": 1e-3, "max_grad_norm": 0.05},  # the clip acts (needs the global norm)
     "critic_optim": {"lr": 1e-3, "max_grad_norm": 0.05},
-    "data": {"ptx_batch_size": 3},
 }
+
+
+def with_ptx(layers: list[dict], ptx_file: str | None) -> list[dict]:
+    """The config layers with data.ptx naming the PPO-ptx file (data.ptx_batch_size applies only
+    with it), or without data.ptx_batch_size when there is no file."""
+    if ptx_file:
+        return [layers[0], {"data": {"ptx": ptx_file, "ptx_batch_size": 3}}, *layers[1:]]
+    stripped = []
+    for layer in layers:
+        data = {k: v for k, v in layer.get("data", {}).items() if k != "ptx_batch_size"}
+        layer = {k: v for k, v in layer.items() if k != "data"}
+        stripped.append({**layer, "data": data} if data else layer)
+    return stripped
 
 
 def each_case(run, cases: list[tuple]) -> list:
@@ -95,7 +107,7 @@ def ppo_run(run_dir: str, preset: str, layers: list[dict], ptx_file: str | None 
     case = DATA_PARALLEL_CASE
     if preset in CRITIC_FREE:  # critic settings are errors there
         case = {k: v for k, v in case.items() if k not in ("critic", "critic_optim")}
-    config = rl_config(preset, case, *layers, out=run_dir)
+    config = rl_config(preset, *with_ptx([case, *layers], ptx_file), out=run_dir)
     trainer = trainer_of(config, Path(run_dir), ptx_file=ptx_file)
     last = trainer.train()
     roles = trainer.runtime.roles
@@ -150,7 +162,7 @@ def sharding_accounting(run_dir: str) -> dict:
     """An fsdp2 PPO-max run (2 decoder layers per model) watched by LargestTensors: per role, the
     whole and this rank's parameter elements between uses and the AdamW moments' elements; per
     phase (rollout, forwards, optimizer steps), the largest tensor any op created."""
-    case = {k: v for k, v in DATA_PARALLEL_CASE.items() if k != "data"}
+    case = DATA_PARALLEL_CASE
     config = rl_config(
         "ppo_max", case, {"dist": {"strategy": "fsdp2"}, "train": {"iterations": 1}}, out=run_dir
     )
@@ -403,10 +415,14 @@ def run_whole_and_interrupted(root: str, ptx_file: str, strategy: str = "ddp") -
     from rlhf.parallel.peers import current_peers
 
     layer = {"dist": {"strategy": strategy}}
-    config = rl_config("ppo_max", DATA_PARALLEL_CASE, RESUME_CASE, layer, out=f"{root}/whole")
+    config = rl_config(
+        "ppo_max", *with_ptx([DATA_PARALLEL_CASE, RESUME_CASE, layer], ptx_file), out=f"{root}/whole"
+    )
     trainer_of(config, Path(root) / "whole", ptx_file=ptx_file).train()
     split = Path(root) / "split"
-    config = rl_config("ppo_max", DATA_PARALLEL_CASE, RESUME_CASE, layer, out=str(split))
+    config = rl_config(
+        "ppo_max", *with_ptx([DATA_PARALLEL_CASE, RESUME_CASE, layer], ptx_file), out=str(split)
+    )
     first = trainer_of(config, split, ptx_file=ptx_file)
     original = first.step
 

@@ -2,7 +2,7 @@
 arithmetic task (rlhf/worlds/arithmetic.py; examples/arithmetic/run.py: a tiny Llama, the verifier
 as the only reward, GRPO without its KL term).
 
-    nice -n 10 .venv/bin/python bench/entropy_cov.py [--out runs/entropy_cov] [--iterations 30]
+    nice -n 10 .venv/bin/python bench/studies/entropy_cov.py [--out runs/entropy_cov] [--iterations 30]
 
 The task and the SFT warm-up are built once; then `grpo`, `grpo` + clip_cov and `grpo` + kl_cov run
 from the same SFT model and seed. The paper's share of selected tokens (2e-4) picks one token of
@@ -18,7 +18,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 
 

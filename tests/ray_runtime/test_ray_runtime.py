@@ -306,8 +306,11 @@ def test_an_evaluator_reaches_the_roles_through_ray_as_through_the_local_runtime
             "critic": {"pretrain_iterations": 0},
             "log": {"eval_every": 1, "sinks": ["jsonl"]},
             "dist": {"runtime": runtime},
-            "ray": {group: {"num_cpus": 0.5} for group in ("policy", "critic", "reference", "reward_model")},
         }
+        if runtime == "ray":  # ray.* applies under dist.runtime ray only
+            layers["ray"] = {
+                group: {"num_cpus": 0.5} for group in ("policy", "critic", "reference", "reward_model")
+            }
         runs[runtime] = []
         run_rl(
             load_config(RLConfig, preset="ppo_max", overrides=layers),

@@ -488,9 +488,8 @@ def dpo_resume(run_dir: str, data_path: str) -> None:
 
 
 def resume_run(run_dir: str, ptx_file: str, strategy: str = "ddp") -> None:
-    config = rl_config(
-        "ppo_max", DATA_PARALLEL_CASE, RESUME_CASE, {"dist": {"strategy": strategy}}, out=run_dir
-    )
+    layers = with_ptx([DATA_PARALLEL_CASE, RESUME_CASE, {"dist": {"strategy": strategy}}], ptx_file)
+    config = rl_config("ppo_max", *layers, out=run_dir)
     trainer_of(config, Path(run_dir), resume=True, ptx_file=ptx_file).train()
 
 

@@ -63,14 +63,18 @@ def number_text(value: Fraction) -> str:
     return f"{float(value):.2f}".rstrip("0").rstrip(".")
 
 
-def sft_response(row: dict) -> str | None:
-    """'56 * 9 = 504' for a training row; None when its equation does not give its answer."""
+def sft_response(row: dict, answer_format: str = "expression") -> str | None:
+    """A training row's response: its equation as arithmetic ("56 * 9", the format `expression`) or
+    written out with its result ("56 * 9 = 504", `equation`); None when the equation does not give
+    the row's answer."""
     try:
         text, value = infix(row["equation"])
     except (ValueError, ZeroDivisionError, IndexError):
         return None
     answer = number_text(value)
-    return f"{text} = {answer}" if answer == row["answer"] else None
+    if answer != row["answer"]:
+        return None
+    return text if answer_format == "expression" else f"{text} = {answer}"
 
 
 def read(path: Path) -> list[dict]:
@@ -88,12 +92,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=HERE / "data", help="train.jsonl.gz and test.jsonl.gz")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0, help="order of the SFT examples")
+    parser.add_argument(
+        "--format",
+        choices=["expression", "equation"],
+        default="expression",
+        help="the SFT answer: the arithmetic alone (56 * 9) or with its result (56 * 9 = 504)",
+    )
     args = parser.parse_args(argv)
     train, test = read(args.data / "train.jsonl.gz"), read(args.data / "test.jsonl.gz")
     sft = [
         {"prompt": prompt_text(r["question"]), "response": response}
         for r in train
-        if (response := sft_response(r)) is not None
+        if (response := sft_response(r, args.format)) is not None
     ]
     random.Random(args.seed).shuffle(sft)
     args.out.mkdir(parents=True, exist_ok=True)

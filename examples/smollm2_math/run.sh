@@ -19,7 +19,7 @@ GGUF_FILE="${GGUF_FILE:-}"                   # e.g. SmolLM2-135M-Instruct.Q4_1.g
 OUT="${OUT:-runs/smollm2_math}"
 RLHF="${RLHF:-rlhf}"                         # e.g. RLHF="python -m rlhf.cli" from a checkout
 PYTHON="${PYTHON:-python}"
-VERIFIER="${VERIFIER:-rlhf.rl.verifiers:numeric_answer}"  # 1 if the response's last number is the answer
+VERIFIER="${VERIFIER:-rlhf.rl.verifiers:expression_answer}"  # 1 if the response's arithmetic has the answer's value
 SFT_STEPS="${SFT_STEPS:-40}"                 # x 8 training problems
 ITERATIONS="${ITERATIONS:-8}"               # RL iterations of every method (x 8 problems)
 METHODS="${METHODS:-grpo dapo ppo_max}"      # each from the same SFT model, with its $HERE/<method>.yaml

@@ -18,7 +18,7 @@ import yaml
 
 from rlhf.evaluation.accuracy import paired_difference
 
-VERIFIER = "rlhf.rl.verifiers:numeric_answer"
+VERIFIER = "rlhf.rl.verifiers:expression_answer"
 TRAIN_KEYS = (
     "reward/raw_mean",
     "group/zero_std_fraction",
@@ -45,36 +45,6 @@ def stage_cost(time_file: Path) -> dict | None:
         "cpu_s": round(cpu, 1),
         "peak_rss_mib": round(int(rss.group(1)) / 1024) if rss else None,
     }
-
-
-EQUATION = re.compile(r"\s*([\d\s.+\-*/()]+)=\s*(-?[\d.]+)\.?\s*")
-
-
-def equation_value(response: str) -> float | None:
-    """The value of the left side of a response "a op b = c" (digits, + - * / and parentheses; no
-    power), None for any other response or one that does not evaluate."""
-    match = EQUATION.fullmatch(response)
-    if match is None or "**" in match[1]:
-        return None
-    try:
-        return float(eval(match[1], {"__builtins__": {}}))  # noqa: S307 - the regex admits arithmetic only
-    except (SyntaxError, ZeroDivisionError, TypeError, ValueError):
-        return None
-
-
-def equation_right(eval_file: Path, answers: list[str]) -> tuple[dict, list[float]]:
-    """How many answers have the SFT format "a op b = c", and how many of those write an equation
-    whose value is the answer (whatever result they state: the operation chosen right); with the
-    per-problem 0/1 of the latter."""
-    samples = json.loads(eval_file.read_text())["samples"]
-    values = [equation_value(s["policy_response"]) for s in samples]
-    right = [float(v is not None and abs(v - float(a)) < 1e-6) for v, a in zip(values, answers)]
-    figures = {
-        "format": sum(v is not None for v in values),
-        "equation_right": int(sum(right)),
-        "n": len(samples),
-    }
-    return figures, right
 
 
 def accuracy(eval_file: Path, verifier: str) -> tuple[dict, list[float]] | None:
@@ -130,25 +100,12 @@ def settings(run_dir: Path) -> dict:
 
 def summarize(out: Path, verifier: str = VERIFIER) -> dict:
     base = accuracy(out / "sft" / "eval_test.json", verifier)
-    test_file = out / "data" / "test_prompts.jsonl"
-    answers = (
-        [json.loads(line)["answer"] for line in test_file.read_text().splitlines()]
-        if test_file.is_file()
-        else None
-    )
     result: dict = {"verifier": verifier, "sft": base[0] if base else None, "rl": {}, "stages": {}}
-    base_equations = None
-    if base is not None and answers is not None:
-        result["sft"]["equations"], base_equations = equation_right(out / "sft" / "eval_test.json", answers)
     for run_dir in sorted(p for p in out.iterdir() if (p / "config.yaml").is_file() and p.name != "sft"):
         entry: dict = {"settings": settings(run_dir), "training": training_curve(run_dir)}
         after = accuracy(run_dir / "eval_test.json", verifier)
         if after is not None:
             entry["test"] = after[0]
-            if answers is not None:
-                entry["test"]["equations"], equations = equation_right(run_dir / "eval_test.json", answers)
-                if base_equations is not None:
-                    entry["equations_difference_to_sft"] = paired_difference(equations, base_equations)
             if base is not None:
                 entry["difference_to_sft"] = paired_difference(after[1], base[1])
                 entry["interval_above_sft"] = after[0]["ci95"][0] > base[0]["ci95"][1]

@@ -4,6 +4,8 @@ convention of docs/algorithms.md §31; the page docs/verifiable_rewards.md).
     exact_answer         1 if the response's final answer is the prompt file's `answer`, as text
     numeric_answer       1 if the last number in the response equals the last number in `answer`
                          (1,000 = 1000, $5 = 5, 5.0 = 5; -3 negative); 0 when the response has none
+    expression_answer    1 if the response is arithmetic ("(76 - 25) * 2") whose value is `answer`:
+                         the model writes the computation, the verifier computes it (PAL)
     math_answer          1 if it equals `answer` mathematically (sympy: 1/2 = 0.5 = \\frac{1}{2}); the
                          optional extra `pip install 'rlhf[math]'`
     answer_tag_format    1 if the response holds exactly one <answer>...</answer> block
@@ -17,6 +19,7 @@ else its last number; None when there is none (the response scores 0).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from fractions import Fraction
@@ -105,6 +108,100 @@ def numeric_answer(completions: Sequence[str], answer: Sequence[object], **kwarg
         if value is None:
             raise ValueError(f"the answer field of row {row} ({str(expected)[:60]!r}) holds no number")
         out.append(float(last_number(response) == value))
+    return out
+
+
+ARITHMETIC = re.compile(r"\s*(?:\d+(?:\.\d+)?|\.\d+|[-+*/()])")
+
+
+def evaluate_arithmetic(text: str) -> Fraction | None:
+    """The exact value of `text` if it is arithmetic over decimal numbers with + - * / and parentheses
+    (unary minus allowed; at most 200 characters and 40 numbers), else None (also for a division by
+    zero). A recursive-descent parser: nothing of the text is executed."""
+    text = text.strip()
+    if not text or len(text) > 200:
+        return None
+    tokens, position = [], 0
+    while position < len(text):
+        match = ARITHMETIC.match(text, position)
+        if match is None or not match.group().strip():
+            return None
+        tokens.append(match.group().strip())
+        position = match.end()
+    if sum(t[0].isdigit() or t[0] == "." for t in tokens) > 40:
+        return None
+    at = 0
+
+    def peek() -> str | None:
+        return tokens[at] if at < len(tokens) else None
+
+    def take() -> str:
+        nonlocal at
+        at += 1
+        return tokens[at - 1]
+
+    def expression() -> Fraction:
+        value = term()
+        while peek() in ("+", "-"):
+            value = value + term() if take() == "+" else value - term()
+        return value
+
+    def term() -> Fraction:
+        value = factor()
+        while peek() in ("*", "/"):
+            operator, right = take(), factor()
+            value = value * right if operator == "*" else value / right  # ZeroDivisionError below
+        return value
+
+    def factor() -> Fraction:
+        token = peek()
+        if token == "-":
+            take()
+            return -factor()
+        if token == "(":
+            take()
+            value = expression()
+            if peek() != ")":
+                raise ValueError("unclosed parenthesis")
+            take()
+            return value
+        if token is None or not (token[0].isdigit() or token[0] == "."):
+            raise ValueError("a number expected")
+        return Fraction(take())
+
+    try:
+        value = expression()
+    except (ValueError, ZeroDivisionError, RecursionError):
+        return None
+    return value if at == len(tokens) else None
+
+
+def _stated_decimals(text: str) -> int:
+    """How many decimals the last number of `text` is written with (2.67 -> 2, 51 -> 0)."""
+    found = WRITTEN_NUMBER.findall(text)
+    return len(found[-1].split(".")[1]) if found and "." in found[-1] else 0
+
+
+def expression_answer(completions: Sequence[str], answer: Sequence[object], **kwargs: object) -> list[float]:
+    """1.0 where the response's arithmetic has the `answer` field's value, else 0.0 (PAL, Gao et al.
+    2022: the policy writes the computation, the verifier computes it). The arithmetic is the
+    response's first line up to any "=" (so "76 - 25 = 51" counts its left side), a final period
+    dropped; its exact value, rounded to as many decimals as `answer` states (8/3 is 2.67), must equal
+    `answer`'s last number. A response that is not such arithmetic scores 0."""
+    _check_lengths(completions, answer)
+    out = []
+    for row, (response, expected) in enumerate(zip(completions, answer)):
+        value = last_number(str(expected))
+        if value is None:
+            raise ValueError(f"the answer field of row {row} ({str(expected)[:60]!r}) holds no number")
+        lines = response.strip().splitlines()
+        stated = evaluate_arithmetic(lines[0].split("=")[0].strip().rstrip(".")) if lines else None
+        decimals = _stated_decimals(str(expected))
+        if stated is not None and decimals:  # half away from zero, as answers are rounded
+            scale = 10**decimals
+            sign = -1 if stated < 0 else 1
+            stated = Fraction(sign * math.floor(abs(stated) * scale + Fraction(1, 2)), scale)
+        out.append(float(stated == value))
     return out
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import builtins
+import random
+import re
 from fractions import Fraction
 
 import pytest
@@ -13,7 +15,9 @@ from rlhf.rl.reward_functions import call_reward_function, load_reward_functions
 from rlhf.rl.verifiers import (
     answer_tag_format,
     equivalent,
+    evaluate_arithmetic,
     exact_answer,
+    expression_answer,
     final_answer,
     last_number,
     length_penalty,
@@ -152,3 +156,58 @@ def test_length_penalty() -> None:
     ids = [[1] * 5, [1] * 150, []]
     assert length_penalty(ids) == pytest.approx([-0.05, -1.5, 0.0])
     assert length_penalty(ids, max_tokens=[10, 50, None]) == pytest.approx([0.0, -1.0, 0.0])
+
+
+def _random_arithmetic(rng: random.Random, depth: int = 0) -> str:
+    if depth > 2 or rng.random() < 0.3:
+        return str(rng.choice([rng.randint(0, 99), round(rng.uniform(0, 9), 1)]))
+    left, right = _random_arithmetic(rng, depth + 1), _random_arithmetic(rng, depth + 1)
+    text = f"{left} {rng.choice('+-*/')} {right}"
+    return f"({text})" if rng.random() < 0.5 else text
+
+
+def test_evaluate_arithmetic_equals_pythons_value_on_random_expressions() -> None:
+    rng, checked = random.Random(0), 0
+    for _ in range(400):
+        text = _random_arithmetic(rng)
+        try:
+            # the plain reference: Python's own arithmetic over exact fractions (test-built text only)
+            expected = eval(re.sub(r"(\d+(?:\.\d+)?)", r"Fraction('\1')", text), {"Fraction": Fraction})
+        except ZeroDivisionError:
+            assert evaluate_arithmetic(text) is None
+            continue
+        assert evaluate_arithmetic(text) == expected, text
+        checked += 1
+    assert checked > 300
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "2 +", "(1 + 2", "1 + 2)", "2 ** 3", "__import__('os')", "1e9", "1 / 0", "3 4", "2 % 3", "(" * 300],
+)
+def test_evaluate_arithmetic_refuses_what_is_not_arithmetic(text: str) -> None:
+    assert evaluate_arithmetic(text) is None
+
+
+def test_expression_answer_computes_the_responses_arithmetic() -> None:
+    responses = [
+        "(76 - 25)",
+        "76 - 25 = 99",
+        "8 / 3",
+        "8/3.",
+        "10 - (2 + 3)\nso 5",
+        "-(2 - 5)",
+        "51",
+        "x + 1",
+        "",
+    ]
+    answers = ["51", "51", "2.67", "2.7", "5", "3", "51", "1", "1"]
+    assert expression_answer(responses, answers) == [1, 1, 1, 1, 1, 1, 1, 0, 0]
+    # rounding to the answer's decimals is half away from zero; an integer answer is matched exactly
+    assert expression_answer(
+        ["2.675 * 1", "-2.675 * 1", "51.4", "0.125"], ["2.68", "-2.68", "51", "0.13"]
+    ) == [1, 1, 0, 1]
+    with pytest.raises(ValueError, match="row 1"):
+        expression_answer(["1", "2"], ["1", "none"])
+    with pytest.raises(ValueError, match="2 completions for 1 answers"):
+        expression_answer(["1", "2"], ["1"])

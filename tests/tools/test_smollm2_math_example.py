@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from rlhf.config import RLConfig, load_config
-from rlhf.rl.verifiers import numeric_answer
+from rlhf.rl.verifiers import expression_answer, numeric_answer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2_math"
 VERIFIER = "rlhf.rl.verifiers:numeric_answer"
@@ -54,10 +54,12 @@ def test_prefix_equations_become_infix_with_their_exact_value(prepare):
         prepare.infix("+ 1 2 3")
 
 
-def test_sft_answers_end_with_the_answer_and_mismatched_rows_are_dropped(prepare):
+def test_sft_answers_are_the_arithmetic_and_mismatched_rows_are_dropped(prepare):
     good = {"question": "q", "answer": "504", "equation": "* 56 9"}
-    assert prepare.sft_response(good) == "56 * 9 = 504"
-    assert numeric_answer([prepare.sft_response(good)], ["504"]) == [1.0]
+    assert prepare.sft_response(good) == "56 * 9"
+    assert expression_answer([prepare.sft_response(good)], ["504"]) == [1.0]
+    assert prepare.sft_response(good, "equation") == "56 * 9 = 504"
+    assert numeric_answer([prepare.sft_response(good, "equation")], ["504"]) == [1.0]
     assert prepare.sft_response({**good, "answer": "505"}) is None  # the equation does not give it
     assert prepare.sft_response({**good, "equation": "* 56"}) is None  # malformed
 
@@ -73,9 +75,7 @@ def test_prepare_writes_prompts_with_answers(prepare, tmp_path):
             f.writelines(json.dumps(r) + "\n" for r in rows)
     prepare.main(["--data", str(data), "--out", str(tmp_path / "out")])
     read = lambda name: [json.loads(x) for x in (tmp_path / "out" / name).read_text().splitlines()]  # noqa: E731
-    assert read("sft.jsonl") == [
-        {"prompt": prepare.prompt_text(train[0]["question"]), "response": "2 + 3 = 5"}
-    ]
+    assert read("sft.jsonl") == [{"prompt": prepare.prompt_text(train[0]["question"]), "response": "2 + 3"}]
     assert [r["answer"] for r in read("train_prompts.jsonl")] == ["5", "7"]
     assert read("test_prompts.jsonl") == [
         {"prompt": "\n\nHuman: C has 4 and loses 1. How many?\n\nAssistant:", "answer": "3"}
@@ -88,7 +88,7 @@ def test_the_configs_are_valid_and_raise_the_rates_of_the_presets(method):
     config = load_config(
         RLConfig, preset=method, overrides=yaml.safe_load((EXAMPLE / f"{method}.yaml").read_text())
     )
-    assert config.policy_optim.lr == 5e-6 > preset.policy_optim.lr
+    assert config.policy_optim.lr == 1e-5 > preset.policy_optim.lr
     assert config.rollout.temperature == 1.0 and config.rollout.max_new_tokens == 16
     assert (
         config.rollout.batch_size * config.rollout.samples_per_prompt == 64
@@ -129,11 +129,3 @@ def test_summary_reads_accuracy_paired_difference_and_stage_costs(tmp_path):
         grpo["training"]["first"]["reward/raw_mean"] == 0.25 and grpo["training"]["reward_last3_mean"] == 0.5
     )
     assert result["stages"]["sft"] == {"wall_s": 3723.0, "cpu_s": 11.0, "peak_rss_mib": 2}
-
-
-def test_equation_value_reads_the_left_side_of_the_sft_format_only():
-    summarize = load("summarize")
-    assert summarize.equation_value("43 - 21 = 18") == 22.0  # the equation is right, its result wrong
-    assert summarize.equation_value("(15 + 4) / 2 = 10") == 9.5
-    assert summarize.equation_value("The answer is 5") is None
-    assert summarize.equation_value("9 ** 9 = 1") is None and summarize.equation_value("1 / 0 = 1") is None

@@ -6,12 +6,13 @@ tests/reliability, tests/gpu and tests/tools beside them. The folders are packag
 `tests.stages.test_train_sft`, ...); helpers live in `tests.support`. A fixture used by more than one
 folder is a plugin listed here, so every test sees it without sys.path edits: the trainer fixtures
 (`tok`, `prompts`, `models`, `make_trainer`) of tests/rl, tests/stages, tests/train, tests/runtime
-and others. A folder's own fixtures stay in its conftest.py.
+and others; the misuse corpus's (`misuse_corpus`, `misuse_inputs`) of tests/reliability and
+tests/tools. A folder's own fixtures stay in its conftest.py.
 """
 
 import torch
 
-pytest_plugins = ["tests.support.train_fixtures"]
+pytest_plugins = ["tests.support.train_fixtures", "tests.support.misuse"]
 
 # Tests use tiny models: one intra-op thread is fastest, and with other processes sharing the
 # cores, OpenMP spin-waiting makes two threads up to 100x slower.

@@ -1,24 +1,13 @@
 """The `rlhf` command. Each stage lives in its own module; this file only parses and dispatches.
 
-    rlhf sft   --model MODEL_DIR --data sft.jsonl --out runs/sft
-    rlhf rm    --model runs/sft --data pairs.jsonl --out runs/rm
-    rlhf dpo   --model runs/sft --data pairs.jsonl --out runs/dpo [--checkpoint.every 100]
-    rlhf dpo   --resume runs/dpo
-    rlhf train --preset ppo_max --policy runs/sft --reward-model runs/rm --prompts prompts.jsonl --out runs/ppo
-    rlhf train --resume runs/ppo
-    rlhf eval  --policy runs/ppo --baseline runs/sft --judge runs/rm --prompts test.jsonl
-    rlhf eval  --policy runs/ppo --baseline runs/sft --pairs test_pairs.jsonl
-    rlhf eval  --policy runs/grpo --reward-fn rlhf.rl.verifiers:numeric_answer --prompts test.jsonl
-    rlhf rm-eval --reward-model runs/rm --data test_pairs.jsonl
-    rlhf serve-rm --reward-model runs/rm --port 8000    # then: rlhf train ... --reward-url http://127.0.0.1:8000
+    rlhf sft | rm | dpo | train | eval | rm-eval | serve-rm | report | plan | data | config | demo | ablate
 
 Every stage also takes `--config FILE.yaml` and dotted overrides of any config field
 (`--train.iterations 20`, `--kl.beta 0.05`, `--seed 1`); a named flag (`--policy`, `--n`) sets the
-config key it names (rlhf/config/).
+config key it names (rlhf/config/). Every command with examples: docs/usage.md.
 
 Model directories are data: their Python code never runs and their pickle weights are never read
-unless `--trust-remote-code` / `--allow-pickle` say so (rlhf/models/trust.py).
-"""
+unless `--trust-remote-code` / `--allow-pickle` say so (rlhf/models/trust.py)."""
 
 from __future__ import annotations
 

@@ -48,8 +48,8 @@ DEFAULT_EQUIVALENTS = "docs/mutation.md"
 TEST_MAP: dict[str, list[str]] = {
     "rlhf/core/*.py": ["tests/core/test_core_{stem}*.py", "tests/core/test_core_*.py"],
     "rlhf/rl/experience.py": [
-        "tests/rl/test_train_experience.py",
-        "tests/rl/test_train_internals.py",
+        "tests/rl/test_experience_slicing.py",
+        "tests/rl/test_trainer_plumbing.py",
     ],
 }
 STEM_ALIASES = {"advantages": "gae"}  # {stem} in TEST_MAP for a module whose tests are named otherwise

@@ -35,23 +35,8 @@ mkdir -p "$OUT/logs"
 gguf=()
 [ -n "$GGUF_FILE" ] && gguf=(--gguf_file "$GGUF_FILE")
 
-stage() {  # stage NAME DONE_FILE CMD...: run CMD unless DONE_FILE exists; time it
-  local name="$1" done_file="$2"
-  shift 2
-  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
-  if [ -e "$done_file" ]; then
-    echo "== $name: done ($done_file)"
-    if [ "$name" = "$UNTIL" ]; then exit 0; fi
-    return
-  fi
-  echo "== $name: $*"
-  if [ -x /usr/bin/time ]; then
-    /usr/bin/time -v -o "$OUT/logs/$name.time" "$@" 2>&1 | tee "$OUT/logs/$name.log"
-  else
-    "$@" 2>&1 | tee "$OUT/logs/$name.log"
-  fi
-  if [ "$name" = "$UNTIL" ]; then echo "== stopping after $name (UNTIL)"; exit 0; fi
-}
+# shellcheck source=../lib/stages.sh
+source "$HERE/../lib/stages.sh"  # stage NAME DONE_FILE CMD...
 
 # 1. data: SFT examples and RL prompts from the training split, the test split's prompts
 stage prepare "$OUT/data/test_prompts.jsonl" $PYTHON "$HERE/prepare.py" --data "$DATA" --out "$OUT/data"

@@ -1,15 +1,12 @@
 """OpenAI chat messages <-> the policy's chat template: normalized messages, prompts rendered with
-the template (tools included), and tool calls parsed out of the policy's text.
-
-Tool calls are read in the formats of the common chat templates, one parser for all:
+the template (tools included), and tool calls parsed out of the policy's text, one parser for all:
 
     Qwen2.5, Hermes    <tool_call>{"name": "f", "arguments": {...}}</tool_call>   (one block per call)
     SmolLM2            <tool_call>[{"name": "f", "arguments": {...}}, ...]</tool_call>
     Llama 3.x          {"name": "f", "parameters": {...}}   (the whole turn, after an optional <|python_tag|>)
 
 Tools are rendered by the template's own `tools=` argument when the template reads `tools`; else
-(SmolLM2's template has no tools) they are listed in a system message with the `<tool_call>` format.
-"""
+they are listed in a system message with the `<tool_call>` format."""
 
 from __future__ import annotations
 

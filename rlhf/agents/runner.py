@@ -1,16 +1,13 @@
 """`--agent module:function`: the user's agent run for a batch of episodes against the server, and
-its recorded trajectories assembled into the trainer's rollout layout (the one `--env` gives,
-rlhf/envs/rollout.py): per row the prompt of the episode's first request, then its turns and the
-tool/user context between them, `response_mask` 1 on the policy's sampled tokens alone.
+its recorded trajectories assembled into the trainer's rollout layout (the one `--env` gives):
+`response_mask` 1 on the policy's sampled tokens alone.
 
     function(row: dict, base_url: str, model: str) -> float | list[float]     (or `async def`)
 
-Up to `agent.concurrency` episodes run at once, sync functions each on a thread of its own,
-`async def` ones as tasks of one event loop; this thread runs the sampler over their pending
-requests (rlhf/agents/batcher.py). An episode that raises, runs past `agent.timeout_s`, returns no
-number, or sent no request has failed: reward `agent.failure_reward` (or dropped when null), its
-message kept; more than `agent.max_failure_fraction` of a batch failing stops the run (exit 2).
-"""
+Up to `agent.concurrency` episodes at once (threads, or tasks of one event loop); this thread runs
+the sampler over their requests (rlhf/agents/batcher.py). An episode that raises, times out, returns
+no number or sent no request has failed: reward `agent.failure_reward` (dropped when null); more than
+`agent.max_failure_fraction` of a batch failing stops the run (exit 2)."""
 
 from __future__ import annotations
 

@@ -4,12 +4,10 @@
     POST {base}/chat/completions   messages, tools, temperature, top_p, max_tokens, stop, n, logprobs
     GET  {base}/models             the one model
 
-`base` is `/e/{episode}/v1` for an episode of a training batch (the address its agent is given:
-its requests are recorded, rlhf/agents/trajectory.py) or `/v1` (answered, nothing recorded).
-Non-streaming only; `stream: true` is refused with a 400, as is any field of the wrong type.
-Every request is sampled through the batcher (rlhf/agents/batcher.py), together with the
-requests of the other episodes.
-"""
+`base` is `/e/{episode}/v1` for an episode of a training batch (its requests are recorded,
+rlhf/agents/trajectory.py) or `/v1` (answered, nothing recorded). Non-streaming only; `stream: true`
+and any field of the wrong type get a 400. Every request is sampled through the batcher
+(rlhf/agents/batcher.py), together with the other episodes' requests."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """Token-exact trajectories of one episode: what the policy sampled, turn by turn, and the context
 between its turns, matched against each new request of the agent.
 
-A *state* is the trajectory after an answered request: the prompt's tokens, then per turn the
-context tokens (policy 0) and the sampled tokens (policy 1, with the sampler's log-probs), and the
-conversation as the server answered it. A new request whose messages begin with a state's
-conversation (its assistant messages equal to the answers given: `Message.same_turn`) continues that
-state: its tool and user turns become context tokens, the difference between the chat template's
-rendering of the new request and of the state's conversation, so an assistant turn is never
-tokenized again. A request no state explains (the agent edited or dropped an earlier turn, or
-started over) starts a new *segment* from its own rendered prompt.
-
-The episode's trajectory is the state of its last answered request (its first choice when `n` > 1).
-"""
+A *state* is the trajectory after an answered request: the prompt's tokens, then per turn the context
+tokens (policy 0) and the sampled tokens (policy 1, with the sampler's log-probs). A new request whose
+messages begin with a state's conversation (`Message.same_turn`) continues it, its new turns tokenized
+as the difference of the chat template's two renderings, so an assistant turn is never tokenized
+again; a request no state explains starts a new *segment* from its own rendered prompt. The episode's
+trajectory is the state of its last answered request (its first choice when `n` > 1)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,13 @@
 """Configuration: one dataclass per stage, YAML presets, dotted command-line overrides.
 
-    errors.py        ConfigError
-    fields.py        choices read from a field's type (Literal, registries), `coerce`
-    keys.py          each key's range, unit and condition, declared beside its field (`setting`)
-    checks.py        the helpers of the rules that tie several keys (each group's `validate(prefix)`)
-    common.py        optimizer, LoRA and data-parallel groups every stage shares
-    supervised.py    what sft, rm and dpo share (data, train, stage), specialized in sft.py, rm.py, dpo.py
-    rollout.py       rlhf train's sampling (and the PPO paper's, `rollout.sampling: paper`)
-    rl_algorithm.py  score processing, KL, advantages, policy loss, critic: the PPO tricks
-    rl.py            rlhf train's models, data, run plumbing and the stage config
-    eval.py          rlhf eval;  rm_eval.py: rlhf rm-eval;  ray.py: `dist.runtime ray`
-    presets.py       the shipped presets (rlhf/presets/*.yaml) and the YAML reader
-    loader.py        overrides, layering, from_dict/to_dict, load_config, save_config
-    stages.py        the config class of each command;  listing.py: `rlhf config STAGE`
+    fields.py, keys.py, checks.py   choices, each key's range/unit/condition, cross-key rules
+    common.py, supervised.py        groups every stage shares; what sft, rm and dpo share
+    rollout.py, rl_algorithm.py, rl.py   rlhf train: sampling, the PPO tricks, the stage config
+    eval.py, rm_eval.py, ray.py     rlhf eval, rlhf rm-eval, `dist.runtime ray`
+    presets.py, loader.py           the shipped presets; overrides, layering, load/save
+    stages.py, listing.py           the config class of each command; `rlhf config STAGE`
 
-Every field has a default and a one-line comment (the doc `rlhf config` shows); a numeric one declares
-its range, and a key that applies only under a condition declares it (`setting(...)`, keys.py).
-"""
+Every field has a default and a one-line comment (the doc `rlhf config` shows)."""
 
 from __future__ import annotations
 

@@ -2,21 +2,12 @@
 
     beta: float = setting(0.1, "(0, 100]")  # strength of the reference anchor ...
     max_turns: int = setting(4, ">= 1", unit="turns", when=When("name", "set", says="--env MODULE:Class"))
-    ray: RayConfig = setting(factory=RayConfig, when=When("dist.runtime", "ray", root=True))
 
-`setting` is `dataclasses.field` with a `Spec` in its metadata: the key's range (`Range`: "> 0",
-">= 1", "[0, 1)", "(0, 1]", or "any" with the reason a number of any sign means something), its
-unit, and the conditions under which it applies (`When`: on a group field, for every key inside).
-From the declaration come
-
-- `check_ranges(config)`: each stage's `validate` starts with it (a value outside its range, or
-  non-finite, is refused naming the key, its bound and a fix);
-- `refuse_inapplicable(config, layers)`: a key set explicitly (a --config file, the command line)
-  where it cannot apply is refused naming the key, the condition and the fix; a preset's or a
-  default's value stays silent (the loader passes only the explicit layers);
-- `describe(cls)`: the rows of `rlhf config STAGE` (type, default, range, condition, doc), the doc
-  read from the comment beside the field in the source (`field_docs`), so it has one source.
-"""
+`setting` is `dataclasses.field` with a `Spec` in its metadata: the key's range (`Range`), its unit
+and the conditions under which it applies (`When`). From it come `check_ranges(config)` (a value
+outside its range or non-finite is refused), `refuse_inapplicable(config, layers)` (a key set
+explicitly where it cannot apply is refused; a preset's or default's value stays silent) and
+`describe(cls)` (the rows of `rlhf config STAGE`, the doc read from the comment beside the field)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
 """Advantage estimators: a registry (gae, grpo, dr_grpo, rloo, reinforce_pp) of pure functions.
 
-Every estimator maps the token rewards ``[B, T]`` of a rollout (``token_rewards``: ``-beta * kl`` on
-each valid token, the processed score added at the last one) to ``(advantages, returns)``, both
-``[B, T]`` and 0 at masked positions (docs/algorithms.md §10 and §27-30):
-
-    gae           needs values: Generalized Advantage Estimation (Schulman et al. 2016)
-    grpo          needs groups: (R - group mean) / (group std + eps)   (Shao et al. 2024, DeepSeekMath)
-    dr_grpo       needs groups: R - group mean                          (Liu et al. 2025, Dr. GRPO)
-    rloo          needs groups: R - mean of the group's other rows      (Ahmadian et al. 2024)
-    reinforce_pp  discounted return-to-go, whitened over the batch      (Hu 2025, REINFORCE++)
-
-`R` of a row is the sum of its token rewards (its score minus ``beta`` times its summed KL),
-broadcast to its valid tokens. `group` holds one integer id per row, equal for the rows sampled
-from one prompt. A row with no valid token (a dropped response) is no member of its group: it
-moves no group statistic and gets 0. A group with fewer than two members has no baseline and its
-rows get advantage 0, as do the rows of a group whose rewards are all equal.
-"""
+Every estimator maps the token rewards ``[B, T]`` of a rollout to ``(advantages, returns)``, both
+``[B, T]`` and 0 at masked positions (docs/algorithms.md §10 and §27-30; `estimate_advantages`
+lists them with their papers). `gae` needs values; the
+group estimators need `group` (one integer id per row, equal for the rows of one prompt) and read a
+row's R, the sum of its token rewards, broadcast to its valid tokens. A row with no valid token is
+no member of its group and gets 0; so do the rows of a group of fewer than two members or of equal
+rewards."""
 
 from __future__ import annotations
 
@@ -99,7 +90,14 @@ def estimate_advantages(
     **params: object,
 ) -> EstimatorOutput:
     """``(advantages, returns)`` ``[B, T]`` by estimator `name` ("gae", "grpo", "dr_grpo", "rloo",
-    "reinforce_pp", or one added with ``register_estimator``); 0 at masked positions."""
+    "reinforce_pp", or one added with ``register_estimator``); 0 at masked positions.
+
+    gae           needs values: Generalized Advantage Estimation (Schulman et al. 2016)
+    grpo          needs groups: (R - group mean) / (group std + eps)   (Shao et al. 2024, DeepSeekMath)
+    dr_grpo       needs groups: R - group mean                          (Liu et al. 2025, Dr. GRPO)
+    rloo          needs groups: R - mean of the group's other rows      (Ahmadian et al. 2024)
+    reinforce_pp  discounted return-to-go, whitened over the batch      (Hu 2025, REINFORCE++)
+    """
     spec = estimator_spec(name)
     unknown = sorted(set(params) - set(_keyword_params(spec.fn)))
     if unknown:

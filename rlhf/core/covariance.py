@@ -1,16 +1,12 @@
-"""Clip-Cov and KL-Cov's token selection (Cui et al. 2025, "The Entropy Mechanism of Reinforcement
-Learning for Reasoning Language Models", arXiv 2505.22617 §4.3; docs/algorithms.md §43).
-
-The entropy change of a softmax policy under policy gradient follows the covariance of a token's
-log-prob and its advantage (the paper's §3); a few tokens of high covariance drive the entropy down.
+"""Clip-Cov and KL-Cov's token selection (Cui et al. 2025, arXiv 2505.22617 §4.3; docs/algorithms.md
+§43): a few tokens of high covariance between log-prob and advantage drive the entropy down (§3).
 Each token's centred covariance, over the N valid tokens of the batch:
 
     cov_t = (logp_t - mean logp) * (A_t - mean A)
 
     "clip_cov": n = max(1, floor(ratio * N)) tokens drawn uniformly from those with low < cov_t < high;
                 their gradient is detached (rlhf/core/losses.py `ppo_loss` cov_detach)
-    "kl_cov":   the n tokens of largest cov_t; they get a |logp - old_logp| penalty (`ppo_loss` cov_kl)
-"""
+    "kl_cov":   the n tokens of largest cov_t; they get a |logp - old_logp| penalty (`ppo_loss` cov_kl)"""
 
 from __future__ import annotations
 

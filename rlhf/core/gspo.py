@@ -1,17 +1,13 @@
-"""GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv 2507.18071 §4.1, eq. 5-7;
-docs/algorithms.md §41): PPO's clipped surrogate on one importance ratio per response, the geometric
-mean of its token ratios, instead of one per token.
-
-For row i with n_i >= 1 valid tokens:
+"""GSPO (Zheng et al. 2025, arXiv 2507.18071 §4.1, eq. 5-7; docs/algorithms.md §41): PPO's clipped
+surrogate on one importance ratio per response, the geometric mean of its token ratios. For row i
+with n_i >= 1 valid tokens:
 
     A_i = mean of its advantages over its valid tokens  (GRPO's advantage: the same on each token)
     s_i = exp(mean over its valid tokens of (logp - old_logp))
     L_i = max(-A_i * s_i, -A_i * clip(s_i, 1 - clip_eps, 1 + clip_eps_high))
 
-and the loss is the mean of L_i over the rows with a valid token (its unit is "rows": the trainer
-divides by the minibatch's count of such rows, rlhf/rl/roles/policy.py). The gradient flows through
-s_i, so each token of row i gets (s_i / n_i) * A_i * d logp: the same weight on every token of a row.
-"""
+The loss is the mean of L_i over the rows with a valid token (unit "rows", rlhf/rl/roles/policy.py);
+the gradient flows through s_i, so each token of row i gets (s_i / n_i) * A_i * d logp."""
 
 from __future__ import annotations
 

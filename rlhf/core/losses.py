@@ -3,28 +3,10 @@ the per-token KL estimators (docs/algorithms.md §7) that the losses use as a te
 
 Every loss is a token mean over the whole batch it is given (docs/algorithms.md §12-15) and
 returns ``(loss, stats)``; stats are detached 0-d tensors (call ``float()`` to log them). Values at
-masked positions are never read: they change neither the loss nor its gradient.
-
-Gradient accumulation over micro-batches
-----------------------------------------
-A minibatch of N valid tokens split into micro-batches of n_i tokens has the token-mean loss
-``S / N = sum_i (n_i / N) * (S_i / n_i)``. So the trainer does::
-
-    total = int(minibatch.mask.sum())                       # tokens of the whole minibatch
-    for micro in minibatch.split(micro_batch_size):
-        loss, stats = policy_loss("ppo", ..., micro.mask)   # token mean over the micro-batch
-        (loss * micro_batch_weight(micro.mask, total)).backward()
-    optimizer.step()
-
-and gets exactly the gradient of the whole minibatch, however unequal the token counts (a plain
-average of micro-batch means would over-weight short micro-batches). Data-parallel ranks do the
-same with ``total`` summed over ranks and the gradients summed (not averaged) across ranks.
-``token_weighted_accumulate`` combines per-micro-batch token means (losses or stats such as the clip
-fraction) into the minibatch token mean for logging. Quantities that are not token means must be
-computed on the whole minibatch before splitting: advantage whitening (``minibatch_advantages`` in rl/trainer.py),
-explained variance; maxima combine with ``max``. Why the weight is the micro-batch's token share:
-docs/algorithms.md#18-token-mean-accumulation-over-micro-batches.
-"""
+masked positions are never read: they change neither the loss nor its gradient. A micro-batch's
+loss times ``micro_batch_weight`` (its token share of the minibatch) gives exactly the minibatch's
+gradient (docs/algorithms.md#18-token-mean-accumulation-over-micro-batches);
+``token_weighted_accumulate`` combines micro-batch token means for logging."""
 
 from __future__ import annotations
 

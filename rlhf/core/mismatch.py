@@ -1,16 +1,12 @@
-"""The gap between the sampler's log-probs and the trainer's for the same tokens.
-
-The sampler (a KV-cached decode, possibly another kernel, dtype or engine) and the trainer (one
-full forward) compute log pi(token) for the same sampled tokens; with equal weights the two differ
-only by numerics. With r = trainer_logp - sampler_logp on each valid response token:
+"""The gap between the sampler's log-probs and the trainer's for the same tokens (numerics only, with
+equal weights). With r = trainer_logp - sampler_logp on each valid response token:
 
     mismatch/kl             token mean of exp(r) - 1 - r: the k3 estimate of KL(sampler || trainer)
                             from tokens the sampler drew (>= 0; ~r^2/2 for a small gap)
     mismatch/max_ratio      exp(max |r|): the largest pi_trainer/pi_sampler or its inverse (>= 1)
     mismatch/mean_abs_diff  token mean of |r|
 
-(docs/monitors.md#sampler-trainer-mismatch; NeMo-RL, prime-rl and slime log the same gap.)
-"""
+(docs/monitors.md#sampler-trainer-mismatch; NeMo-RL, prime-rl and slime log the same gap.)"""
 
 from __future__ import annotations
 

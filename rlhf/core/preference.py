@@ -1,21 +1,11 @@
 """Preference losses over response log-probs (DPO and its relatives; docs/algorithms.md §32).
 
 Each takes [B] sequence log-probs of the chosen and rejected responses under the policy and the
-reference, and returns ``(loss, stats)``: the loss is the batch mean, stats are detached 0-d
-tensors. With the implicit reward ``r = beta * (logp - ref_logp)`` and the margin
-``h = (chosen_logp - ref_chosen_logp) - (rejected_logp - ref_rejected_logp)``:
-
-    sigmoid  -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)       DPO (Rafailov et al.
-             2023, eq. 7); eps > 0 is conservative DPO (label smoothing, Mitchell 2023)
-    ipo      (h - 1 / (2 beta))^2                                            IPO (Azar et al. 2023, eq. 17)
-    robust   ((1 - eps)(-log sigmoid(beta h)) + eps log sigmoid(-beta h)) / (1 - 2 eps)
-             robust DPO (Chowdhury et al. 2024, eq. 8): unbiased under labels flipped with rate eps
-    simpo    -(1 - eps) log sigmoid(beta h - gamma) - eps log sigmoid(-(beta h - gamma))
-             SimPO (Meng et al. 2024, eq. 6): reference-free (no ref log-probs: r = beta * logp), on
-             each response's *mean* token log-prob, with a target reward margin gamma
-
-An empty batch gives a zero loss and zero stats (never NaN).
-"""
+reference, and returns ``(loss, stats)``: the loss is the batch mean, stats are detached 0-d tensors.
+With ``h = (chosen_logp - ref_chosen_logp) - (rejected_logp - ref_rejected_logp)``: `sigmoid` (DPO;
+label smoothing eps), `ipo`, `robust` (robust DPO) and `simpo` (reference-free, on mean token
+log-probs, with a target margin gamma); `preference_loss`'s docstring gives each formula.
+An empty batch gives a zero loss and zero stats (never NaN)."""
 
 from __future__ import annotations
 
@@ -64,7 +54,19 @@ def preference_loss(
     rejected responses (`chosen_reward`, `rejected_reward`), their `margin`, the `accuracy`
     (chosen reward above the rejected one) and the mean policy log-probs (`chosen_logp`,
     `rejected_logp`). A reference-free loss (`REFERENCE_FREE`: simpo) takes None for both reference
-    log-probs and each response's mean token log-prob; `gamma` is SimPO's target reward margin."""
+    log-probs and each response's mean token log-prob; `gamma` is SimPO's target reward margin.
+
+    With the implicit reward ``r = beta * (logp - ref_logp)`` and the margin ``h`` (module docstring):
+
+        sigmoid  -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)       DPO (Rafailov et al.
+                 2023, eq. 7); eps > 0 is conservative DPO (label smoothing, Mitchell 2023)
+        ipo      (h - 1 / (2 beta))^2                                            IPO (Azar et al. 2023, eq. 17)
+        robust   ((1 - eps)(-log sigmoid(beta h)) + eps log sigmoid(-beta h)) / (1 - 2 eps)
+                 robust DPO (Chowdhury et al. 2024, eq. 8): unbiased under labels flipped with rate eps
+        simpo    -(1 - eps) log sigmoid(beta h - gamma) - eps log sigmoid(-(beta h - gamma))
+                 SimPO (Meng et al. 2024, eq. 6): reference-free (r = beta * logp) on each response's
+                 *mean* token log-prob
+    """
     if name not in _LOSSES:
         raise ValueError(f"unknown preference loss {name!r}; one of {', '.join(PREFERENCE_LOSSES)}")
     if not beta > 0:

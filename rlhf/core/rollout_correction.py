@@ -1,17 +1,13 @@
 """Rollout correction: importance weights from the sampler's numerics to the trainer's (docs/algorithms.md
-§44; truncated importance sampling of Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
-Off-Policy RL Training", and its masked and sequence-level variants in verl and slime).
-
-The sampler (a KV-cached decode, another kernel or dtype or engine) draws tokens from pi_sampler; the
-trainer's loss assumes pi_trainer's. With d = trainer_logp - sampler_logp on the valid tokens:
+§44; truncated importance sampling of Yao et al. 2025 and its masked and sequence-level variants).
+With d = trainer_logp - sampler_logp on the valid tokens:
 
     level "token":    w_t = exp(d_t)
     level "sequence": w_i = exp(sum over the row's valid tokens of d_t), on each of its valid tokens
     mode "truncate":  min(w, cap)                                   (truncated IS: bias for variance)
     mode "mask":      w where 1/cap <= w <= cap, else 0             (masked IS: such tokens/rows dropped)
 
-0 at padding; no gradient (the weights multiply the advantages, as decoupled PPO's do).
-"""
+0 at padding; no gradient (the weights multiply the advantages, as decoupled PPO's do)."""
 
 from __future__ import annotations
 

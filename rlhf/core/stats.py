@@ -1,18 +1,12 @@
 """Masked statistics over response tokens and running moments of a stream.
 
-Conventions (docs/algorithms.md#1-notation; "mean" = masked token mean over the whole batch):
-- a mean is ``sum over valid tokens / number of valid tokens``, never a mean of per-row means;
-- values at masked positions are never read (the mask helpers below): they may be anything, NaN included;
-- an empty selection (fully masked input) gives 0, never NaN: ``masked_mean`` -> 0,
-  ``masked_var`` -> 0, ``masked_whiten`` -> zeros, ``explained_variance`` -> 0.
+Conventions (docs/algorithms.md#1-notation): a mean is ``sum over valid tokens / number of valid
+tokens``, never a mean of per-row means; values at masked positions are never read (NaN included);
+an empty selection gives 0, never NaN.
 
 The mask helpers (`as_bool_mask`, `fill_masked`, `check_same_shape`) are shared by every core
-function. The rule that keeps padding out of the math: the inputs are *filled* (``torch.where``) with 0 at
-masked positions before any arithmetic. Multiplying by the mask is not enough: ``NaN * 0`` and
-``inf * 0`` are NaN, and even when the forward value is masked out by ``torch.where`` afterwards, the
-backward pass multiplies a zero gradient by a NaN derivative. Filling first makes outputs *and*
-gradients independent of whatever sits at padded positions.
-"""
+function: inputs are *filled* (``torch.where``) with 0 at masked positions before any arithmetic,
+since multiplying by the mask lets ``NaN * 0`` through, in the forward and in the backward."""
 
 from __future__ import annotations
 

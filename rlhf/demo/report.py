@@ -1,60 +1,11 @@
 """The self-contained `report.html` of a demo: every figure embedded as a base64 PNG, inline CSS,
 no scripts and no external assets (it opens offline and can be mailed as one file).
 
-Input contract
-==============
-
     write_report(path, summary, runs, title="rlhf demo report", notes=None, *,
                  metric_keys=DEFAULT_METRIC_KEYS, max_samples=5, reward_buckets=6) -> Path
 
-`summary` (dict; every key optional, extra keys allowed and ignored unless listed here):
-
-    {
-      "world": str | dict,                        # what was trained on, shown in the overview
-      "sft": {"gold_mean", "gold_std", "proxy_mean"},
-      "reward_model": {"label_accuracy", "gold_accuracy"},          # fractions in [0, 1]
-      "runs": [{"algorithm", "seed",
-                "final": {"proxy", "gold", "kl", "ppl", "length", "distinct2"},
-                "peak_gold", "collapse_detected", "iterations", "seconds"}],
-      "findings": [{"claim": str, "holds": bool, "evidence": str}],
-      "equal_kl": {"kl_budget": float, "algorithms": {algorithm: {
-                    "gold_gain_at_kl", "gold_gain_end", "kl_end": {"mean", "ci95"},
-                    "reached_kl_budget": "k/n"}}},
-    }
-
-A run without iterations (DPO) has "steps" in place of "iterations" and "collapse_detected": None
-(no detector watched it).
-
-`runs` (list, one dict per algorithm x seed; only "algorithm" is required):
-
-    {
-      "algorithm": str, "seed": int,
-      "x_axis": str,                              # what "eval" is recorded against: "iteration"
-                                                  # (default), or e.g. "optimizer step" (DPO)
-      "metrics": [{"iteration": int, "reward/proxy_mean": .., "eval/gold": .., "kl/ref": ..,
-                   "policy_ppl": .., "response_length": .., "eval/distinct2": .., ...}],
-      "eval": [{"iteration", "proxy", "gold", "kl", "ppl", "length", "distinct2"}],
-      "reward_samples": [{"iteration": int, "scores": [float, ...]}],
-      "samples": {"start": [{"prompt", "response", "proxy", "gold"}], "end": [...]},
-      "warnings": [{"iteration": int, "message": str}],
-    }
-
-- "metrics" are the per-iteration training records (as in metrics.jsonl); `metric_keys` maps the
-  names proxy, gold, kl, ppl, length, distinct2 to their keys (defaults above).
-- The curves come from "eval"; a run without "eval" falls back to its "metrics" through `metric_keys`.
-  A record's x is its "iteration" (else its "step"); runs of another "x_axis" get a figure of their own.
-- Curves are the mean over seeds with a min-max band; collapse warnings are dashed vertical lines.
-- The final-figures table uses summary["runs"]; without it, each run's last evaluation.
-- A prompt may be a string or a list of chat messages {"role", "content"}. All text is HTML-escaped.
-- None (NaN in jsonl) and missing values are skipped; a missing piece leaves a note in its section.
-
-Sections (h2, always present, in this order; `SECTIONS`): the verdict first (Findings: the runs,
-the findings with PASS/FAIL, the SFT and reward-model figures; Final figures; Curves), then Gold
-reward against KL, Training monitors, Reward distribution over training, Sample responses, Collapse
-warnings, and the Settings last, folded (<details>). Figures: the curves (also written beside the
-html as `report_overview.png`), the per-iteration training monitors (if any "metrics"), gold
-against KL (if gold and KL were recorded), the reward distribution (if any "reward_samples").
-"""
+The input contract (`summary`, `runs`) and the sections, always present in the order `SECTIONS`,
+are in `write_report`'s docstring."""
 
 from __future__ import annotations
 
@@ -423,7 +374,56 @@ def write_report(
     max_samples: int = 5,
     reward_buckets: int = 6,
 ) -> Path:
-    """Write the self-contained report to `path` and `report_overview.png` beside it; see the module docstring."""
+    """Write the self-contained report to `path` and `report_overview.png` beside it.
+
+    `summary` (dict; every key optional, extra keys allowed and ignored unless listed here):
+
+        {
+          "world": str | dict,                        # what was trained on, shown in the overview
+          "sft": {"gold_mean", "gold_std", "proxy_mean"},
+          "reward_model": {"label_accuracy", "gold_accuracy"},          # fractions in [0, 1]
+          "runs": [{"algorithm", "seed",
+                    "final": {"proxy", "gold", "kl", "ppl", "length", "distinct2"},
+                    "peak_gold", "collapse_detected", "iterations", "seconds"}],
+          "findings": [{"claim": str, "holds": bool, "evidence": str}],
+          "equal_kl": {"kl_budget": float, "algorithms": {algorithm: {
+                        "gold_gain_at_kl", "gold_gain_end", "kl_end": {"mean", "ci95"},
+                        "reached_kl_budget": "k/n"}}},
+        }
+
+    A run without iterations (DPO) has "steps" in place of "iterations" and "collapse_detected": None
+    (no detector watched it).
+
+    `runs` (list, one dict per algorithm x seed; only "algorithm" is required):
+
+        {
+          "algorithm": str, "seed": int,
+          "x_axis": str,                              # what "eval" is recorded against: "iteration"
+                                                      # (default), or e.g. "optimizer step" (DPO)
+          "metrics": [{"iteration": int, "reward/proxy_mean": .., "eval/gold": .., "kl/ref": ..,
+                       "policy_ppl": .., "response_length": .., "eval/distinct2": .., ...}],
+          "eval": [{"iteration", "proxy", "gold", "kl", "ppl", "length", "distinct2"}],
+          "reward_samples": [{"iteration": int, "scores": [float, ...]}],
+          "samples": {"start": [{"prompt", "response", "proxy", "gold"}], "end": [...]},
+          "warnings": [{"iteration": int, "message": str}],
+        }
+
+    - "metrics" are the per-iteration training records (as in metrics.jsonl); `metric_keys` maps the
+      names proxy, gold, kl, ppl, length, distinct2 to their keys (defaults above).
+    - The curves come from "eval"; a run without "eval" falls back to its "metrics" through `metric_keys`.
+      A record's x is its "iteration" (else its "step"); runs of another "x_axis" get a figure of their own.
+    - Curves are the mean over seeds with a min-max band; collapse warnings are dashed vertical lines.
+    - The final-figures table uses summary["runs"]; without it, each run's last evaluation.
+    - A prompt may be a string or a list of chat messages {"role", "content"}. All text is HTML-escaped.
+    - None (NaN in jsonl) and missing values are skipped; a missing piece leaves a note in its section.
+
+    Sections (h2, always present, in this order; `SECTIONS`): the verdict first (Findings: the runs,
+    the findings with PASS/FAIL, the SFT and reward-model figures; Final figures; Curves), then Gold
+    reward against KL, Training monitors, Reward distribution over training, Sample responses, Collapse
+    warnings, and the Settings last, folded (<details>). Figures: the curves (also written beside the
+    html as `report_overview.png`), the per-iteration training monitors (if any "metrics"), gold
+    against KL (if gold and KL were recorded), the reward distribution (if any "reward_samples").
+    """
     _validate(summary, runs)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

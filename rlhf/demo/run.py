@@ -2,14 +2,11 @@
 
 1. build the world and a tiny Llama model; SFT it on base responses;
 2. train the proxy reward model on the world's noisy preference pairs (held-out label and gold accuracy);
-3. run PPO-max (or, with --compare, vanilla PPO, PPO-max, APA, AWR, GRPO and RLOO, over --seeds seeds;
-   --compare-only NAMES trains only those of them and DPO, e.g. ppo_max,dpo)
-   against the proxy, every run sampling the same number of responses per iteration, evaluating proxy and gold reward, KL, perplexity, length and distinct-2 on held-out prompts;
-   with --compare also DPO (docs/algorithms.md §32) per seed, from the same SFT model on the same
-   noisy pairs the proxy was trained on, evaluated the same way every `dpo_eval_every` optimizer steps;
+3. run PPO-max (with --compare: vanilla PPO, PPO-max, APA, AWR, GRPO, RLOO and DPO over --seeds seeds;
+   --compare-only NAMES for some of them) against the proxy, evaluating proxy and gold reward, KL,
+   perplexity, length and distinct-2 on held-out prompts;
 4. write report.html and summary.json (with --compare also the gold gain where each run's KL first
-   reaches `kl_budget`, as `rlhf ablate` reads it), print a one-screen summary.
-"""
+   reaches `kl_budget`, as `rlhf ablate` reads it), print a one-screen summary."""
 
 from __future__ import annotations
 

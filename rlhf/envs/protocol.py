@@ -1,18 +1,13 @@
 """The environment protocol and its loading (`--env module:Class`, docs/environments.md).
 
-An environment is a Python class a user names as `module:Class`, as a reward function is named:
-
     class Class:
         def __init__(self, row: dict): ...     # one episode per prompt row (the prompt file's fields)
         def step(self, response: str) -> tuple[str | None, float, bool]:
-            '''The policy's turn -> (the reply appended as the next turn, or None; this turn's
-            reward; done).'''
+            '''The policy's turn -> (the reply appended as the next turn, or None; reward; done).'''
 
-Nothing is imported unless the user names it. Whatever goes wrong in the user's code (a malformed
-name, an import that fails, a class without `step`, an exception in `__init__` or `step`, a step
-that returns the wrong types or a reward that is not finite) stops the run with one message that
-names the key, the value and the fix: a ConfigError, exit code 2.
-"""
+Nothing is imported unless the user names it. Whatever goes wrong in the user's code (a bad name,
+a failed import, no `step`, an exception, wrong types, a non-finite reward) stops the run with one
+message naming the key, the value and the fix: a ConfigError, exit code 2."""
 
 from __future__ import annotations
 

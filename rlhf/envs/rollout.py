@@ -1,19 +1,12 @@
 """Multi-turn rollouts: episodes that alternate policy turns and environment replies
 (docs/environments.md), sampled through the ordinary one-turn `generate` call.
 
-Each turn, the contexts of every live episode (prompt, earlier turns, replies) go to ONE batched
-`generate` call; an episode whose environment said done, or that reached `max_turns` or the token
-budget, leaves the batch. The result is a Rollout in the trainer's layout: the response block of a
-row is the token sequence [turn 1, reply 1, turn 2, ...] after its prompt, with
-
-    attention_mask  1 on every real token (the policy's and the environment's): the model reads all
-    response_mask   1 on the policy's tokens only: environment tokens carry no action, so every
-                    loss, KL, advantage and metric masked by it leaves them out
-
-An episode always ends with a policy turn (a reply after the last turn is not appended), so the
-last valid token of the response mask is the last real token of the row: a reward model scores
-there and `token_rewards` puts the score there.
-"""
+Each turn, the contexts of every live episode go to ONE batched `generate` call; an episode that is
+done, or reached `max_turns` or the token budget, leaves the batch. A row's response block is
+[turn 1, reply 1, turn 2, ...] after its prompt: `attention_mask` 1 on every real token,
+`response_mask` 1 on the policy's tokens only (every loss, KL, advantage and metric leaves the
+environment's out). An episode always ends with a policy turn, so a reward model scores, and
+`token_rewards` puts the score, at the last real token of the row."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
-"""A judge-free verdict from held-out human labels (docs/algorithms.md §38): on preference pairs no
-model was trained on, did the policy P raise the log-likelihood of the response people chose, relative
-to a reference B, more than that of the one they rejected?
+"""A judge-free verdict from held-out human labels (docs/algorithms.md §38, which gives the formulas):
+on preference pairs no model was trained on, did the policy P raise the log-likelihood of the response
+people chose, relative to a reference B, more than that of the one they rejected?
 
-For pair i with prompt x, chosen y_c and rejected y_r (summed log-probs of the response tokens, EOS
-included, given the prompt):
-
-    r_P(y) = log pi_P(y | x) - log pi_B(y | x)          the log-ratio of a response
-    m_i    = r_P(y_c) - r_P(y_r)                         the pair's margin (nats)
-
-DPO's implicit reward is beta * r_P(y), so the share of pairs with m_i > 0 is DPO's implicit-reward
-accuracy; it is defined for every policy that shares B's tokenizer (PPO, DPO, anything), with B its
-reference. A tie (m_i == 0 exactly, as when P is B) counts half: a policy that did not move scores
-0.5, chance. `accuracy` comes with a 95% Wilson interval, the margin with a 95% normal interval.
-
-`per_token_accuracy` repeats the count on the per-token log-ratios r_P(y) / |y| (a longer response
-sums more tokens: this one asks the same question at equal lengths).
-"""
+Per pair, the margin m_i = r_P(y_c) - r_P(y_r) with r_P(y) = log pi_P(y | x) - log pi_B(y | x) (summed
+response log-probs, EOS included). `accuracy`: the share of pairs with m_i > 0, a tie counting half,
+with a 95% Wilson interval; the margin with a 95% normal interval; `per_token_accuracy` on r_P(y) / |y|."""
 
 from __future__ import annotations
 

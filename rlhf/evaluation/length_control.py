@@ -2,24 +2,10 @@
 explain, for `rlhf eval` (a judge's preferences between two policies) and `rlhf rm-eval` (a reward
 model's preferences between the chosen and the rejected responses).
 
-- `length_controlled_win_rate`: the length-controlled win rate of length-controlled AlpacaEval
-  (Dubois et al. 2024, "Length-Controlled AlpacaEval: A Simple Way to Debias Automatic
-  Evaluators", arXiv 2404.04475): a logistic regression of the judge's preference (win 1, loss 0,
-  tie 1/2) on the length difference d of the two answers, through its feature tanh(d / sd(d)),
-  read at d = 0: sigmoid(intercept), the win rate the judge would give two answers of one length.
-  Its 95% interval is the percentile bootstrap over prompts (a fixed seed). Unlike AlpacaEval's
-  fit there is no instruction-difficulty or model term (two policies, one judge), and a ridge of
-  `RIDGE` on the length coefficient keeps the fit finite for a judge that always prefers the
-  longer answer (the data are then separable: the maximum-likelihood coefficient is infinite).
-- `length_matched_win_rate`: the plain win rate over the pairs whose lengths differ by at most
-  `MATCH_TOLERANCE`, with its Wilson interval.
-- `length_bias_warning`: a sentence when the judge's preference follows length.
-- `shorter_wins_baseline` and `margin_length_correlation`: the same question asked of a reward
-  model on preference pairs.
-
-Every function is pure: lists of numbers in, floats and dicts out (JSON-ready; None where a
-quantity does not exist, e.g. a correlation with a constant).
-"""
+`length_controlled_win_rate` (length-controlled AlpacaEval, Dubois et al. 2024, arXiv 2404.04475,
+with a ridge of `RIDGE`), `length_matched_win_rate`, `length_bias_warning`, and for a reward model
+`shorter_wins_baseline` and `margin_length_correlation`. Every function is pure: lists of numbers
+in, floats and dicts out (JSON-ready; None where a quantity does not exist)."""
 
 from __future__ import annotations
 

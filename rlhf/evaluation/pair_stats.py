@@ -1,16 +1,11 @@
 """Statistics of a reward model on preference pairs, from the margins m = r(chosen) - r(rejected).
 
-- accuracy: the share of pairs with m > 0 (a tie, m == 0, is not correct, as in training's
-  eval/accuracy), with its 95% Wilson interval;
-- the margin distribution: quantiles and a histogram on bins symmetric around 0 (left of 0: pairs
-  ranked the wrong way);
-- calibration: read as a Bradley-Terry model, the reward model says its preferred response is the
-  better one with probability sigmoid(|m|). Pairs are binned by that confidence (0.5 to 1) and each
-  bin's mean confidence is set against its observed accuracy (a tie counts as half right): the
-  reliability table. The expected calibration error is the pair-weighted mean gap |accuracy -
-  confidence| over the bins;
-- the worst pairs: the most negative margins.
-"""
+- accuracy: the share of pairs with m > 0 (a tie is not correct), with its 95% Wilson interval;
+- the margin distribution: quantiles and a histogram on bins symmetric around 0;
+- calibration: read as a Bradley-Terry model, the preferred response is better with probability
+  sigmoid(|m|); pairs binned by that confidence give the reliability table, and the expected
+  calibration error is the pair-weighted mean |accuracy - confidence| (a tie counts half right);
+- the worst pairs: the most negative margins."""
 
 from __future__ import annotations
 

@@ -6,10 +6,7 @@
     worker.py     the actor: builds its roles, runs the local/data-parallel runtime over them
     runtime.py    the driver's runtime: the loop's calls by name, sent to the groups
 
-The loop (rlhf/rl/trainer.py) is the one every runtime runs; the actors of a group with several
-members form a torch.distributed group of their own and run the torchrun runtime's data-parallel
-code (rlhf/runtime/distributed.py) inside.
-"""
+The loop (rlhf/rl/trainer.py) is the one every runtime runs."""
 
 from rlhf.ray_runtime.runtime import RayRuntime
 

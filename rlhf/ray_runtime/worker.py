@@ -1,14 +1,10 @@
 """The Ray actor of a role group: it builds the roles it serves (the others' models stay on the meta
-device) and runs the local runtime over them, or, with several actors in the group, the torchrun
-runtime's data-parallel code over a torch.distributed group of their own. Every call takes and
-returns plain data (token ids, tensors, dataclasses of tensors, dicts): no callable crosses. Its
-process's global random state goes into the run's checkpoints (`rng_state`) and back on resume.
-
-Under `dist.strategy fsdp2` a group of several actors shards its roles per layer as the torchrun
-runtime does (rlhf/runtime/distributed.py; a rollout group keeps whole copies: it samples and is
-sent the policy's weights). Whatever needs a whole model gathers it on every actor of the group
-(each call runs on all of them: a collective) and rank 0 alone writes or answers with it; the
-checkpoint's weights are every actor's DCP shards under `groups/<group>/` (`group_shards`)."""
+device) and runs the local runtime over them, or, with several actors, the torchrun runtime's
+data-parallel code over a torch.distributed group of their own (per-layer shards under
+`dist.strategy fsdp2`; a rollout group keeps whole copies). Every call takes and returns plain data.
+A call that needs a whole model gathers it on every actor (a collective) and rank 0 alone writes or
+answers with it; checkpoints hold every actor's DCP shards under `groups/<group>/` and its process's
+random state (`rng_state`)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
-"""The record of a sampled batch that every scoring layer reads: each row's prompt, then its
-response block as token segments, each the policy's (a turn) or the environment's (a reply), and
-the budget of response tokens the episode had (docs/environments.md).
-
-A single-turn response is an episode of one policy turn whose budget is `rollout.max_new_tokens`;
-a multi-turn episode (`--env`, rlhf/envs/rollout.py) has `response_budget(env, max_new_tokens)`
-(`env.max_tokens`, or `env.max_turns` x `rollout.max_new_tokens`), replies included. The layers:
+"""The record of a sampled batch that every scoring layer reads: each row's prompt, then its response
+block as token segments, each the policy's (a turn) or the environment's (a reply), and the
+episode's budget of response tokens (docs/environments.md): `rollout.max_new_tokens` for a single
+turn, `response_budget(env, max_new_tokens)` for an episode (`--env`), replies included.
 
     reward model, remote reward   every real token: prompt + every turn + every reply (`token_rows`)
     overlong penalty (DAPO §3.4)  the policy's own tokens against the episode's budget
-                                  (`policy_lengths`, `budget`; docs/algorithms.md §37)
-"""
+                                  (`policy_lengths`, `budget`; docs/algorithms.md §37)"""
 
 from __future__ import annotations
 

@@ -1,30 +1,13 @@
 """A reward from a server over HTTP: `rlhf train --reward-url URL` (`reward.remote`), served by
-`rlhf serve-rm` or by any server that speaks this format (docs/reward_server.md).
-
-Wire format, version 1 (JSON over HTTP/1.1):
-
-    GET  /health -> 200 {"status": "ok", "wire": 1, "tokenizer": FINGERPRINT or null, ...}
-    POST /score     {"prompts": [str], "responses": [str],
-                     "prompt_ids": [[int]], "response_ids": [[int]], "tokenizer": FINGERPRINT}
-                 -> 200 {"scores": [float]}     one finite number per row, in the rows' order
-                 -> 4xx/5xx {"error": str}      (4xx: not retried; 429 and 5xx: retried)
-
-A row is what the policy read and wrote: the prompt exactly as tokenized (chat template rendered,
-special tokens kept as text) and the response's tokens (its EOS, when it stopped, kept as text; a
-multi-turn episode's every turn and environment reply, the sequence the local reward model reads).
-`prompt_ids` / `response_ids` are the same rows as token ids of the policy's tokenizer, whose
-`tokenizer_fingerprint` is sent along: a server whose tokenizer has that fingerprint scores the
-ids as they are (`rlhf serve-rm` then gives the local reward model's numbers); any other server
-tokenizes the texts.
+`rlhf serve-rm` or by any server that speaks the wire format of docs/reward_server.md (version 1:
+GET /health, POST /score with the rows as texts and as the policy tokenizer's ids).
 
 The client uses the standard library (http.client; no proxy), retries a refused, reset or timed-out
 request and HTTP 429/5xx with exponential backoff, and checks every answer: a score per row, each a
 number float32 holds (rlhf/config/outside.py). `reward.remote.timeout` bounds each attempt whole
-(connect, send and every read: a server trickling its answer a byte at a time times out too). With
-`reward.remote.token_env` it sends `Authorization: Bearer <that variable's value>`; the token is read
-from the environment when the client is built and is never written anywhere. Whatever fails stops
-the run with a `RewardServerError` (exit 2) naming the URL.
-"""
+(connect, send and every read). A bearer token is read from `reward.remote.token_env` when the
+client is built and never written anywhere. Whatever fails stops the run with a `RewardServerError`
+(exit 2) naming the URL."""
 
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
 """Rewards computed by Python functions (`--reward-fn module:function`, `reward.functions`), alone or
-added to a reward model's score (docs/algorithms.md#31-reward-functions).
-
-A reward function is called by keyword, as TRL calls its reward functions:
-
-    fn(prompts: list[str], completions: list[str], completion_ids: list[list[int]], **fields)
-        -> one float per response (a list, tuple, 1-D array or tensor of length B)
-
-It takes the arguments it names: `prompts`, `completions` (alias `responses`), `completion_ids`
-(alias `response_token_ids`: each response's real tokens, its EOS included when it ended with one),
-`rows` (the prompt file's records, one per response), and any field of the prompt file's lines
-(e.g. `answer`), as a list over the batch; a function with `**kwargs` receives `prompts`,
-`completions`, `completion_ids` and every field.
+added to a reward model's score (docs/algorithms.md#31-reward-functions, which gives the calling
+convention: by keyword, as TRL calls its reward functions, one float per response).
 
 The total reward is ``model_weight * RM score + sum_k weight_k * fn_k``; every part is logged.
-Nothing is imported unless the user names it. Whatever goes wrong in the user's module (a syntax
-error, an ImportError, SystemExit or KeyboardInterrupt at import or call, an exception, the wrong
-number of values, a value that is not finite in float32, the dtype of the loss) stops the run with
-one message naming `module:function` (and the row), exit code 2.
-"""
+Nothing is imported unless the user names it. Whatever goes wrong in the user's module (an import
+error, SystemExit or KeyboardInterrupt, an exception, the wrong number of values, a value that is
+not finite in float32) stops the run with one message naming `module:function` (and the row), exit
+code 2."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """Rollout sources: where the loop's batches come from, sampled and scored.
 
-A source hands the loop one `Scored` batch per `next_batch` (rlhf/rl/dapo.py: the rollout, its rows'
-group ids, raw and shaped scores, rows kept, how many updates behind its sampler was, its metrics).
-The sources of a run (rlhf/rl/sources.py picks them from the config):
+A source hands the loop one `Scored` batch per `next_batch` (rlhf/rl/dapo.py). The sources
+(rlhf/rl/sources.py picks them from the config): `SampledRollouts` (synchronous), `AsyncRollouts`
+(sampled ahead, at most rollout.max_staleness behind; docs/algorithms.md §34), `EpisodeRollouts`
+(`--env`), `AgentRollouts` (`--agent`) and `DynamicSampling` (DAPO's, §36).
 
-    SampledRollouts     synchronous: the next prompts, sampled now by the current policy
-    AsyncRollouts       sampled ahead by the rollout actors, at most rollout.max_staleness behind (§34)
-    EpisodeRollouts     multi-turn episodes against `--env` (docs/environments.md)
-    AgentRollouts       the user's agent's episodes against a server over the sampler (`--agent`)
-    DynamicSampling     DAPO's: another source drawn again until the groups carry a signal (§36)
-
-A new source (an agent endpoint's episodes, online DPO's pairs) is one class with the four methods
-of `RolloutSource`; it scores its batches with the run's Scorer (rlhf/rl/scorer.py) so that every
-shaping of the run applies to them.
-"""
+A new source is one class with the four methods of `RolloutSource`; it scores its batches with the
+run's Scorer (rlhf/rl/scorer.py) so that every shaping of the run applies to them."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """The sample responses of an RL run: the first `log.samples_to_log` rows of each logged iteration's
-rollout (prompt, response, reward-model score, whether it ended with EOS, and the gold reward when the
-prompts come from a built-in world) go to `samples.jsonl` in the run directory, where
+rollout (prompt, response, score, whether it ended with EOS, and the gold reward when the prompts
+come from a built-in world whose `world.json` sits beside them) go to `samples.jsonl`, where
 `rlhf report RUN` shows those of the first and the last iteration.
 
     samples = SampleLog(config, tokenizer)
     samples.keep(rollout, raw_scores)          # every rollout; costs nothing until written
-    samples.write(logger, iteration)           # on the iterations written to metrics.jsonl
-
-The gold reward is read from the world whose `world.json` sits beside the prompts file (the layout
-`World.write` produces, e.g. the data of `rlhf demo`); other prompts get no gold column.
-"""
+    samples.write(logger, iteration)           # on the iterations written to metrics.jsonl"""
 
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
-"""The RL loop: PPO, PPO-max, APA and AWR in one trainer.
-
-One iteration (docs/internals.md#data-flow-of-one-rl-iteration):
+"""The RL loop: PPO, PPO-max, APA, AWR and the critic-free estimators in one trainer. One iteration
+(docs/internals.md#data-flow-of-one-rl-iteration):
 
     rollout   a batch sampled and scored by the rollout source            policy, reward model
     forward   old log-probs, reference log-probs, values                  policy, reference, critic
     advantage processed scores -> token rewards with KL -> GAE (or a critic-free estimator)
     update    epochs x minibatches of policy loss + value loss (+ entropy, + ptx)
 
-The loop is given its collaborators, each a module of rlhf/rl/: the rollout source (rollout_source.py:
-synchronous, asynchronous, episodes, dynamic sampling) that scores with the scorer (scorer.py), the
-guards (run_guards.py) and the monitors (monitors.py). It talks to the roles (rlhf/rl/roles/) through
-a runtime (rlhf/runtime/); every trick of the PPO paper is a named line switched by its own config
-field: those of the experience below, those of the update in the policy's step (rlhf/rl/roles/policy.py).
-"""
+It talks to the roles (rlhf/rl/roles/) through a runtime; every trick of the PPO paper is a named line
+switched by its own config field, those of the update in the policy's step (rlhf/rl/roles/policy.py)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
-"""Ready reward functions for verifiable rewards (`--reward-fn rlhf.rl.verifiers:NAME`; the calling
-convention of docs/algorithms.md §31; the page docs/verifiable_rewards.md).
-
-    exact_answer         1 if the response's final answer is the prompt file's `answer`, as text
-    numeric_answer       1 if the last number in the response equals the last number in `answer`
-                         (1,000 = 1000, $5 = 5, 5.0 = 5; -3 negative); 0 when the response has none
-    expression_answer    1 if the response is arithmetic ("(76 - 25) * 2") whose value is `answer`:
-                         the model writes the computation, the verifier computes it (PAL)
-    math_answer          1 if it equals `answer` mathematically (sympy: 1/2 = 0.5 = \\frac{1}{2}); the
-                         optional extra `pip install 'rlhf[math]'`
-    answer_tag_format    1 if the response holds exactly one <answer>...</answer> block
-    think_answer_format  1 if the response is <think>...</think> then <answer>...</answer> (R1's format)
-    length_penalty       -(tokens beyond `max_tokens`, default 0) / 100, per response
+r"""Ready reward functions for verifiable rewards (`--reward-fn rlhf.rl.verifiers:NAME`; the calling
+convention of docs/algorithms.md §31; the page docs/verifiable_rewards.md): `exact_answer`,
+`numeric_answer` (1,000 = 1000, $5 = 5, 5.0 = 5), `expression_answer` (the response's arithmetic,
+computed: PAL), `math_answer` (sympy, the `math` extra),
+`answer_tag_format`, `think_answer_format` (R1's format) and `length_penalty`; each function's
+docstring says what scores 1.
 
 The final answer of a response (`final_answer`) is, in this order: the content of its last
-<answer>...</answer> block, of its last \\boxed{...}, the text after its last "####" or "answer:",
-else its last number; None when there is none (the response scores 0).
-"""
+<answer>...</answer> block, of its last \boxed{...}, the text after its last "####" or "answer:",
+else its last number; None when there is none (the response scores 0)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """Checkpoints: atomic, safetensors + JSON, never pickle.
 
-A training state is a nested structure of dicts, lists, numbers, strings and tensors (optimizer
-and scheduler `state_dict()`s, RNG states, counters). `save_state` splits it into one
+`save_state` splits a training state (nested dicts, lists, numbers, strings and tensors) into one
 safetensors file holding every tensor and one JSON skeleton that refers to them by name;
-`load_state` puts it back together. A checkpoint directory is written under a temporary name
-and renamed into place, so an interrupted save never leaves a half-written checkpoint behind.
-
-Its `DONE` file, written last, records the iteration and every file's size and sha256
-(`write_done`); `verify` checks them on load, so a checkpoint damaged after it was written (a
-truncated file, an edited state) is found and `latest_verified` falls back to the previous one.
-"""
+`load_state` puts it back together. A checkpoint is written under a temporary name and renamed into
+place. Its `DONE` file, written last, records the iteration and every file's size and sha256
+(`write_done`); `verify` checks them on load, and `latest_verified` falls back to the previous
+checkpoint when one was damaged after it was written."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """What a run read, recorded so that `rlhf train --resume` never continues on something else.
 
-`RUN_DIR/run_inputs.json` holds, from the start of the run:
-- the sha256 and size of every file of every model the run reads (`model.policy`, which is also the
-  frozen reference and may start the critic, and `model.reward_model`, which scores and may start
-  the critic): their weights, configs and tokenizer files (`rlhf.models.files.model_files`);
-- the sha256 of the run's `config.yaml` as the run wrote it, and the values it holds.
-
-On resume, a model file that changed (a reference directory re-exported, a reward model retrained
-in place) would silently give another KL, another reward and a critic trained on other scores:
-`check_models` stops naming the file, unless `--resume-allow-changed-models` accepts the change
-(recorded, with the iteration, under `accepted_changes`). A `config.yaml` edited by hand would make
-the record lie about the run: `check_config_unedited` stops naming the changed keys. `write_config`
-rewrites `config.yaml` only when its text changes (a resume that changes nothing leaves it as it was).
-"""
+`RUN_DIR/run_inputs.json` holds the sha256 and size of every file of every model the run reads
+(`model.policy`, `model.reward_model`: weights, configs, tokenizer files) and the sha256 and values of
+the run's `config.yaml`. On resume, `check_models` stops naming a changed model file unless
+`--resume-allow-changed-models` accepts it (recorded under `accepted_changes`);
+`check_config_unedited` stops naming the keys of a hand-edited `config.yaml`. `write_config` rewrites
+`config.yaml` only when its text changes."""
 
 from __future__ import annotations
 

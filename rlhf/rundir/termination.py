@@ -1,18 +1,11 @@
 """SIGTERM, what SLURM and Kubernetes send before they preempt a job, ends a run as Ctrl-C does;
 neither cuts a checkpoint or an export short.
 
-Python's default SIGTERM kills the process at once: no message, no resume line. `handle_sigterm`
-turns it into `Terminated` (a KeyboardInterrupt), so the command ends the way Ctrl-C ends it: the
-step under way is abandoned (its half-done update is never saved), the run's records are closed and
-the command that resumes it is printed, with exit code 143 (128 + SIGTERM).
-
-A Ctrl-C (SIGINT) or SIGTERM that arrives while a checkpoint or an export is being written
-(`finish_first`, which `checkpoint.atomic_directory` and `atomic_export` hold) waits until that
-write is complete, then is delivered to the handler it would have reached (KeyboardInterrupt,
-`Terminated`, or the default action), so the checkpoint that was due is kept and the resume line
-names it. A second Ctrl-C during the write stops at once (the write is atomic: the previous
-checkpoint or export stays whole).
-"""
+`handle_sigterm` turns SIGTERM into `Terminated` (a KeyboardInterrupt): the step under way is
+abandoned, the run's records are closed and the resume command is printed, exit code 143. A Ctrl-C
+or SIGTERM that arrives during a checkpoint or export write (`finish_first`) waits until the write is
+complete, then is delivered where it would have gone, so the checkpoint that was due is kept; a
+second Ctrl-C during the write stops at once (the write is atomic)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,13 @@
 """Direct preference optimization (`rlhf dpo`): the SFT model trained on preference pairs against
 itself, frozen, as the reference (docs/algorithms.md §32; `dpo.loss` sigmoid | ipo | robust), or
-against no reference at all (`dpo.loss simpo`, on each response's mean token log-prob: no reference
-is built, scored or cached).
+against no reference at all (`dpo.loss simpo`: no reference is built, scored or cached).
 
-Pairs are read and encoded as `rlhf rm` reads them (every pair format: prompt/chosen/rejected, HH
-dialogues, chat messages). The reference is a frozen copy of the starting model, or, for a LoRA
-policy, the same weights with the adapter switched off (no second copy). Its summed log-probs of
-each pair are computed once before training (`dpo.precompute_reference`, the default: each rank
-scores its share and the shares are joined) or in every step. The step runs in the supervised
-skeleton (rlhf/train/supervised/): the loss is the mean over the step's pairs however the
-micro-batches and ranks split them. Under `dist.strategy fsdp2` the policy and the reference's copy
-are sharded per layer (the copy without optimizer; the adapter-off reference is the policy's own
-shards), every rank running as many micro-batches (rlhf/train/learner.py).
-
-Resume (`rlhf dpo --resume DIR`, `checkpoint.every`): a checkpoint also holds the cached reference
-log-probs of every pair (not computed again) and a digest of the encoded pairs, so that a resume on
-other data stops instead of pairing the cache with other rows. Under fsdp2 each rank writes its shards
-of the weights and AdamW moments (rlhf/train/supervised/checkpoint.py), resumable at any number of ranks.
-"""
+Pairs are read as `rlhf rm` reads them. The reference is a frozen copy, or a LoRA policy's own
+weights with the adapter off; its log-probs are computed once before training
+(`dpo.precompute_reference`) or in every step. The step runs in the supervised skeleton
+(rlhf/train/supervised/), sharded per layer under fsdp2. A checkpoint (`checkpoint.every`, `--resume`)
+also holds the cached reference log-probs and a digest of the encoded pairs, so that a resume on
+other data stops."""
 
 from __future__ import annotations
 

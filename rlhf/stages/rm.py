@@ -1,15 +1,11 @@
-"""Reward-model training (`rlhf rm`): pairwise ranking loss + beta_rm * LM loss on the chosen response.
+"""Reward-model training (`rlhf rm`): pairwise ranking loss + lm_coef * LM loss on the chosen response.
 
     L_rank = -mean log sigmoid(r(x, y_w) - r(x, y_l))          (PPO paper §4)
     L_RM   = L_rank + lm_coef * L_LM(chosen)                    (token-mean next-token CE)
 
-The reward is read at the last real token (the EOS) from the attention mask. Pairs are batched by
-count or by token budget (the paper's dynamic batches); the best checkpoint by held-out accuracy
-is the one left in the run directory.
-
-Devices and precision as in SFT (sft.py): model and batches on `train.device`, forwards under the
-`dtype` policy, the scalar head and every loss in float32, checkpoints saved in float32.
-"""
+The reward is read at the last real token (the EOS). Pairs are batched by count or by token budget;
+the best checkpoint by held-out accuracy is the one left in the run directory. Devices and precision
+as in SFT (sft.py): the scalar head and every loss in float32, checkpoints saved in float32."""
 
 from __future__ import annotations
 

@@ -2,17 +2,11 @@
 
     rlhf rm-eval --reward-model runs/rm --data pairs.jsonl [--out rm_eval.json] [--skip-invalid]
 
-Its settings are an `RMEvalConfig` (rlhf/config/rm_eval.py): the named flags, dotted overrides and
-`--config FILE.yaml`, as every command.
-
-Pairs are read and encoded as `rlhf rm` does (`encode_pairs`, the prompt and response budgets of the
-reward model's own config.yaml unless `--data.max_prompt_tokens` / `--data.max_response_tokens`
-say otherwise) and scored in the training layout (chosen and rejected rows of one batch, reward
-at the last real token). The statistics are those of `pair_stats`, and the reward model's length
-bias (`length_control.reward_model_length_bias`: the accuracy of "the shorter response wins" on the
-same pairs and the correlations of the margin with the length difference, in response tokens);
-the JSON holds them, the worst pairs with their texts and every pair's two scores.
-"""
+Settings: `RMEvalConfig` (rlhf/config/rm_eval.py). Pairs are encoded as `rlhf rm` does (with the
+reward model's own prompt and response budgets unless overridden) and scored in the training layout.
+The JSON holds the statistics of `pair_stats`, the reward model's length bias
+(`length_control.reward_model_length_bias`), the worst pairs with their texts and every pair's two
+scores."""
 
 from __future__ import annotations
 

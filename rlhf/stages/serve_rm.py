@@ -1,21 +1,12 @@
 """`rlhf serve-rm`: a reward model's scores over HTTP, in the wire format of rlhf/rl/remote_reward.py
 (docs/reward_server.md).
 
-    rlhf serve-rm --reward-model runs/rm [--host 127.0.0.1] [--port 8000] [--token-env NAME]
-    rlhf train ... --reward-url http://127.0.0.1:8000 [--reward-token-env NAME]
-
-An aiohttp server (the `serve` extra) answers GET /health and POST /score. Scoring runs on one
-worker thread that takes every request waiting when it frees up, up to `max_batch_rows` rows, as
-one batch (`micro_batch_size` rows per forward): concurrent clients share forwards, and the event
-loop never blocks on the model. Rows are laid out as the trainer lays out a rollout (left-padded
-prompt block, right-padded response block) and scored by the same RewardModel role, so ids sent
-with the reward model's own tokenizer fingerprint give the local reward model's numbers.
-
-What a request holds is the client's: a body that is not JSON, nests too deep, repeats a key, has
-the wrong types or shapes, or is larger than `max_body_bytes` (413) gets a 4xx with {"error": why},
-and nothing in the server's log. Off loopback every request must carry `Authorization: Bearer
-TOKEN` (401 otherwise, compared in constant time); on loopback only when a token is given.
-"""
+An aiohttp server (the `serve` extra) answers GET /health and POST /score. One worker thread scores
+every request waiting when it frees up, up to `max_batch_rows` rows, as one batch, laid out and scored
+as the trainer does (ids sent with the reward model's own tokenizer fingerprint give the local
+numbers). A malformed, too deep, duplicated-key or oversized body gets a 4xx with {"error": why} and
+nothing in the server's log. Off loopback every request must carry `Authorization: Bearer TOKEN`
+(401 otherwise, compared in constant time); on loopback only when a token is given."""
 
 from __future__ import annotations
 

@@ -2,22 +2,12 @@
 
     task = build_arithmetic(ArithmeticConfig(seed=0))
     task.write("runs/arith/task")     # tokenizer/, prompts_train.jsonl, prompts_test.jsonl, sft_train.jsonl
-    task.correct(["7"], ["7"])        # [1.0]: the verifier
+    task.correct(["7"], ["7"])        # [1.0]: the verifier (`--reward-fn rlhf.worlds.arithmetic:correct`)
 
-A problem adds two numbers in 0..max_operand, phrased by one of a few templates ("3 + 4 =", "tom has
-3 apples and gets 4 more . how many apples ?"); its answer is the sum, one word, so one token of the
-task's word-level tokenizer. Every (a, b) pair appears in training under most templates; the test
-problems are the pairs under the templates held out for that pair: held-out phrasings of sums the
-policy must get right from the numbers alone. `sft_train.jsonl` is a noisy warm-up: its answers are
-right with probability `sft_correct_rate` (default 0.5) and otherwise a uniformly random number of
-the answer range, so a short SFT teaches the format and a weak prior (0: the format alone, right by
-chance, 1 in 2 * max_operand + 1); what the policy learns beyond that comes from the reward.
-
-`correct(completions, answer)` is the reward function of the task (`--reward-fn
-rlhf.worlds.arithmetic:correct`, docs/algorithms.md §31): 1.0 when the response, stripped, is the
-answer, else 0.0; `answer_of(prompt)` re-derives the answer from a prompt the task wrote. See
-docs/verifiable_rewards.md for the whole pipeline and its measured gain.
-"""
+A problem adds two numbers in 0..max_operand under one of a few templates; its answer, the sum, is one
+token. The test problems are held-out phrasings of sums seen in training; `sft_train.jsonl` is right
+with probability `sft_correct_rate`, so SFT teaches the format and a weak prior and the rest comes from
+the reward (`ArithmeticConfig`; the pipeline and its measured gain: docs/verifiable_rewards.md)."""
 
 from __future__ import annotations
 

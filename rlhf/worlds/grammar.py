@@ -1,16 +1,13 @@
-"""The stochastic grammar of the built-in world: prompts, base responses, and which word transitions are fluent.
-
-A base response is one or more sentences; a sentence is clauses joined by conjunctions and
-closed by ".". Clause kinds, by word class (SUBJ is a topic or an aspect noun, [INTENS] optional):
+"""The stochastic grammar of the built-in world: prompts, base responses, and which word transitions are
+fluent. A base response is sentences of clauses joined by conjunctions and closed by "."; clause kinds, by
+word class (SUBJ is a topic or an aspect noun, [INTENS] optional):
 
     copula     DET SUBJ VERB [INTENS] ADJ                   the book was really great
     aspect_of  DET ASPECT OF DET TOPIC VERB [INTENS] ADJ    the price of the book seemed fair
     pronoun    IT VERB [INTENS] ADJ                         it felt cozy
     found      I FOUND DET SUBJ [INTENS] ADJ                i found the staff friendly
 
-Fluency is defined by this grammar: a transition between word classes is fluent when the
-grammar can produce it (`FLUENT_TRANSITIONS`, derived from the clause kinds below).
-"""
+A transition between word classes is fluent when the grammar can produce it (`FLUENT_TRANSITIONS`)."""
 
 from __future__ import annotations
 

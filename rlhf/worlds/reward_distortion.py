@@ -1,19 +1,12 @@
 """The proxy reward model's scores as RL sees them in a world with `rm_*` options: a scale that
-drifts over the run and heavy-tailed errors. The gold reward is untouched, so a run that chases the
-distorted scores shows it in gold.
-
-Why: on the default world the scores are well scaled, so the PPO paper's reward normalization and
-clipping (PPO paper §5.3.1) have nothing to correct. A drifting scale changes the effective step size of
-an unnormalized run as it goes; Cauchy outliers give single responses huge advantages unless the
-scores are clipped.
+drifts over the run and heavy-tailed errors, which reward normalization and clipping (PPO paper
+§5.3.1) exist to correct. The gold reward is untouched, so a run that chases them shows it in gold.
 
     s'_i = rm_scale * (1 + rm_scale_drift * iteration) * s_i + o_i
     o_i  = rm_outlier_scale * tan(pi * (v_i - 1/2))  with probability rm_outlier_rate, else 0
 
-The draws (u_i for "is an outlier", v_i for its size) come from a generator seeded by the world
-seed, the run seed and the iteration: the same iteration of two runs with the same seeds gets the
-same outliers, whatever else differs (paired comparisons of PPO tricks).
-"""
+The draws come from a generator seeded by the world seed, the run seed and the iteration: the same
+iteration of two runs with the same seeds gets the same outliers (paired comparisons of PPO tricks)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from rlhf.config import (
 )
 
 # Every switch docs/algorithms.md names, with a non-default value (the behaviour of each is tested in
-# tests/rl: test_train_switches_*.py, test_train_update_math.py and test_train_resume.py).
+# tests/rl: test_reward_switches.py, test_update_switches.py, test_update_math.py and test_resume.py).
 SWITCHES = {
     "reward.scale": True,
     "reward.normalize": True,

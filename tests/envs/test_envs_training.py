@@ -10,7 +10,7 @@ import torch
 
 from rlhf.rl.roles.policy import value_micro_loss
 from rlhf.train.learner import MicroBatch, StepStats
-from tests.rl.test_train_resume import Interrupted, interrupt_at
+from tests.rl.test_resume import Interrupted, interrupt_at
 from tests.support.train_testing import metric_rows, rl_config
 
 ECHO = {"name": "tests.support.envs_testing:Echo", "max_turns": 3}

@@ -42,10 +42,13 @@ REWARD_FN_ONLY = ["--reward-fn", "tests.support.reward_fns_testing:letters", "--
 @pytest.fixture(scope="module")
 def cluster():
     """One local Ray for the module (the runtime joins it rather than starting its own)."""
-    # Ray's memory monitor off: on a shared machine it kills the actors when others fill the memory
+    # Ray's memory monitor off: on a shared machine it kills the actors when others fill the memory.
+    # Actors at the test's own priority: Ray starts its workers at niceness 15 by default, and on a
+    # busy machine (the other pytest worker, other jobs) such actors get a few percent of a core
+    # while the driver waits on them.
     ray.init(
         num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
-        _system_config={"memory_monitor_refresh_ms": 0},
+        _system_config={"memory_monitor_refresh_ms": 0, "worker_niceness": 0},
     )  # fmt: skip
     yield
     ray.shutdown()

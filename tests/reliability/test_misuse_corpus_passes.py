@@ -8,13 +8,7 @@ unchanged); a few that train or resume are `slow`. The whole corpus: `python too
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-from tests.support.misuse import build_inputs, load_corpus
-
-REPO = Path(__file__).resolve().parents[2]
 
 # refusals that load no model or stop at the first check (about a second each on an idle machine);
 # the first of each group run in `make test-fast`, the rest (MORE) with the slow tests
@@ -55,60 +49,52 @@ SLOW = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus()
-
-
-@pytest.fixture(scope="module")
-def inputs(corpus, tmp_path_factory):
-    return build_inputs(corpus, tmp_path_factory)
-
-
-def test_every_pass_has_its_group_and_the_surfaces_30_cases(corpus):
-    groups = corpus.GROUPS
+def test_every_pass_has_its_group_and_the_surfaces_30_cases(misuse_corpus):
+    groups = misuse_corpus.GROUPS
     assert {"run_dir_and_resume", "files_and_rows", "inputs_and_sinks", "out_paths", "surfaces"} <= set(
         groups
     )
     assert len(groups["surfaces"]) >= 30
-    names = [case.name for case in corpus.CASES]
+    names = [case.name for case in misuse_corpus.CASES]
     assert len(names) == len(set(names)) and set(FAST + SLOW) <= set(names) and FIRST <= set(FAST)
-    assert all(case.code in (0, 2) for case in corpus.CASES)  # exit 1 is a bug, never an expectation
-    assert all(case.words or case.code == 0 for case in corpus.CASES)  # a refusal says something
-    assert all(case.timeout <= 300 for case in corpus.CASES)  # nothing may wait forever
+    assert all(case.code in (0, 2) for case in misuse_corpus.CASES)  # exit 1 is a bug, never an expectation
+    assert all(case.words or case.code == 0 for case in misuse_corpus.CASES)  # a refusal says something
+    assert all(case.timeout <= 300 for case in misuse_corpus.CASES)  # nothing may wait forever
 
 
-def _run(corpus, inputs, tmp_path, name):
-    case = next(c for c in corpus.CASES if c.name == name)
-    outcome = corpus.run_case(case, inputs, tmp_path, in_process=True)
-    assert outcome.ok, corpus.table([outcome])
+def _run(misuse_corpus, misuse_inputs, tmp_path, name):
+    case = next(c for c in misuse_corpus.CASES if c.name == name)
+    outcome = misuse_corpus.run_case(case, misuse_inputs, tmp_path, in_process=True)
+    assert outcome.ok, misuse_corpus.table([outcome])
 
 
 @pytest.mark.parametrize(
     "name", [name if name in FIRST else pytest.param(name, marks=pytest.mark.slow) for name in FAST]
 )
-def test_a_mistake_of_an_older_pass_or_a_new_surface_is_one_clear_exit_2(corpus, inputs, tmp_path, name):
-    _run(corpus, inputs, tmp_path, name)
+def test_a_mistake_of_an_older_pass_or_a_new_surface_is_one_clear_exit_2(
+    misuse_corpus, misuse_inputs, tmp_path, name
+):
+    _run(misuse_corpus, misuse_inputs, tmp_path, name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW)
-def test_a_case_that_loads_or_trains_holds(corpus, inputs, tmp_path, name):
-    _run(corpus, inputs, tmp_path, name)
+def test_a_case_that_loads_or_trains_holds(misuse_corpus, misuse_inputs, tmp_path, name):
+    _run(misuse_corpus, misuse_inputs, tmp_path, name)
 
 
 @pytest.mark.slow  # about 3 s a class; one case of each runs in the fast suite (below)
 @pytest.mark.parametrize("name", ["inapplicable", "range", "wrong_way"])
-def test_each_class_of_config_mistake_is_closed(corpus, inputs, tmp_path, name):
+def test_each_class_of_config_mistake_is_closed(misuse_corpus, misuse_inputs, tmp_path, name):
     """The classes of config mistakes (tools/misuse_corpus.py CLASSES), each proven by the cases its
     brief named and more of its own: every case a clear exit 2, in this process."""
-    cases = corpus.CLASSES[name]
+    cases = misuse_corpus.CLASSES[name]
     assert len(cases) >= 5  # the named ones and at least three more
-    outcomes = [corpus.run_case(case, inputs, tmp_path, in_process=True) for case in cases]
+    outcomes = [misuse_corpus.run_case(case, misuse_inputs, tmp_path, in_process=True) for case in cases]
     failed = [o for o in outcomes if not o.ok]
-    assert failed == [], corpus.table(failed)
+    assert failed == [], misuse_corpus.table(failed)
 
 
 @pytest.mark.parametrize("name", ["ray_actors_without_ray", "dpo_beta_huge", "dpo_resume_of_a_train_run"])
-def test_a_case_of_each_class_of_config_mistake(corpus, inputs, tmp_path, name):
-    _run(corpus, inputs, tmp_path, name)
+def test_a_case_of_each_class_of_config_mistake(misuse_corpus, misuse_inputs, tmp_path, name):
+    _run(misuse_corpus, misuse_inputs, tmp_path, name)

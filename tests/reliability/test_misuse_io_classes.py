@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.misuse import build_inputs, load_corpus
-
 CLASSES = {
     "input_formats": ["data_jsonl_duplicate_key", "yaml_merge_key_loads", "plan_sequence_longer_than_positions"],
     "outside_numbers": ["env_reward_1e39", "env_reward_10_pow_400", "reward_server_1e39", "reward_fn_returns_1e39"],
@@ -29,35 +27,25 @@ SLOW = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus()
-
-
-@pytest.fixture(scope="module")
-def inputs(corpus, tmp_path_factory):
-    return build_inputs(corpus, tmp_path_factory)
-
-
-def test_each_class_holds_its_named_cases_and_three_new_ones(corpus):
+def test_each_class_holds_its_named_cases_and_three_new_ones(misuse_corpus):
     for group, named in CLASSES.items():
-        names = [case.name for case in corpus.GROUPS[group]]
+        names = [case.name for case in misuse_corpus.GROUPS[group]]
         assert names[: len(named)] == named and len(names) >= len(named) + 3, group
-    assert all(case.code in (0, 2) and (case.words or case.code == 0) for case in corpus.CASES)
-    probed = [case for case in corpus.GROUPS["server_input"] if case.probes]
+    assert all(case.code in (0, 2) and (case.words or case.code == 0) for case in misuse_corpus.CASES)
+    probed = [case for case in misuse_corpus.GROUPS["server_input"] if case.probes]
     assert len(probed) >= 4 and all(case.timeout <= 300 for case in probed)
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_a_case_that_stops_before_training_holds(corpus, inputs, tmp_path, name):
-    case = next(c for c in corpus.CASES if c.name == name)
-    outcome = corpus.run_case(case, inputs, tmp_path, in_process=True)
-    assert outcome.ok and not outcome.skipped, corpus.table([outcome])
+def test_a_case_that_stops_before_training_holds(misuse_corpus, misuse_inputs, tmp_path, name):
+    case = next(c for c in misuse_corpus.CASES if c.name == name)
+    outcome = misuse_corpus.run_case(case, misuse_inputs, tmp_path, in_process=True)
+    assert outcome.ok and not outcome.skipped, misuse_corpus.table([outcome])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW)
-def test_a_case_of_each_other_class_holds_in_its_own_process(corpus, inputs, tmp_path, name):
-    case = next(c for c in corpus.CASES if c.name == name)
-    outcome = corpus.run_case(case, inputs, tmp_path)
-    assert outcome.ok and not outcome.skipped, corpus.table([outcome])
+def test_a_case_of_each_other_class_holds_in_its_own_process(misuse_corpus, misuse_inputs, tmp_path, name):
+    case = next(c for c in misuse_corpus.CASES if c.name == name)
+    outcome = misuse_corpus.run_case(case, misuse_inputs, tmp_path)
+    assert outcome.ok and not outcome.skipped, misuse_corpus.table([outcome])

@@ -15,7 +15,6 @@ from tests.support.reliability_testing import (
     assert_user_error,
     iterations,
     records,
-    rlhf,
     start,
     train_args,
 )
@@ -37,7 +36,8 @@ def test_second_writer_is_refused_and_sigint_says_how_to_resume(files, tmp_path,
         before = (out / "metrics.jsonl").read_text()
         config_before = (out / "config.yaml").read_bytes()
 
-        second = rlhf(*train_args(files, out, "--train.iterations", "2", "--kl.beta", "0.3"))
+        # the second writer in this process: the lock is the first process's either way
+        second = InProcess(capsys, *train_args(files, out, "--train.iterations", "2", "--kl.beta", "0.3"))
         assert_user_error(second, str(out), f"pid {first.pid}", "--out")
         assert first.poll() is None  # the first run was never disturbed
         assert (out / "config.yaml").read_bytes() == config_before  # the second wrote nothing

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from rlhf.rundir import checkpoint as ckpt
-from tests.support.reliability_testing import assert_ok, env, iterations, rlhf, train_args
+from tests.support.reliability_testing import InProcess, assert_ok, env, iterations, train_args
 
 # a child process whose first write of a checkpoint (or of an export) sends the process SIGNAL half
 # way through: after the state file, before DONE and the rename (before the tokenizer, for an export)
@@ -63,7 +63,9 @@ def child(how: str, where: str, *args) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how, code", [("SIGINT", 130), ("SIGTERM", 143)])
-def test_a_signal_during_a_train_checkpoint_keeps_it_and_the_run_resumes_from_it(files, tmp_path, how, code):
+def test_a_signal_during_a_train_checkpoint_keeps_it_and_the_run_resumes_from_it(
+    files, tmp_path, capsys, how, code
+):
     out = tmp_path / "run"
     run = child(
         how, "checkpoint", *train_args(files, out, "--train.iterations", "4", "--checkpoint.every", "2")
@@ -75,12 +77,12 @@ def test_a_signal_during_a_train_checkpoint_keeps_it_and_the_run_resumes_from_it
     assert not list((out / "checkpoints").glob(".iter_*"))  # no temporary left
     assert f"at iteration 2; resume with: rlhf train --resume {out}" in run.stderr, run.stderr[-2000:]
     assert "(from its checkpoint" not in run.stderr  # the checkpoint holds every iteration done
-    assert_ok(rlhf("train", "--resume", out))
+    assert_ok(InProcess(capsys, "train", "--resume", out))  # the resume itself needs no process of its own
     assert iterations(out) == [0, 1, 2, 3]
 
 
 @pytest.mark.slow
-def test_a_sigterm_during_a_dpo_checkpoint_keeps_it_and_says_how_to_resume(files, tmp_path):
+def test_a_sigterm_during_a_dpo_checkpoint_keeps_it_and_says_how_to_resume(files, tmp_path, capsys):
     out = tmp_path / "dpo"
     args = ["dpo", "--model", files["policy"], "--data", files["pairs"], "--out", out,
             "--train.max_steps", "4", "--train.batch_size", "4", "--checkpoint.every", "2", "--sinks", "jsonl"]  # fmt: skip
@@ -91,7 +93,7 @@ def test_a_sigterm_during_a_dpo_checkpoint_keeps_it_and_says_how_to_resume(files
         f"terminated (SIGTERM); the newest checkpoint holds the first 2 steps. Resume with: rlhf dpo --resume {out}"
         in run.stderr
     )
-    assert_ok(rlhf("dpo", "--resume", out))
+    assert_ok(InProcess(capsys, "dpo", "--resume", out))
 
 
 @pytest.mark.slow

@@ -185,19 +185,21 @@ def test_ray_started_here_fits_the_machine_and_explicit_values_are_kept():
 
 # -- resume never rewrites the past -----------------------------------------------------------------
 @pytest.mark.slow
-def test_resume_with_fewer_iterations_than_done_is_refused_and_changes_nothing(files, tmp_path):
+def test_resume_with_fewer_iterations_than_done_is_refused_and_changes_nothing(files, tmp_path, capsys):
     run = tmp_path / "run"
-    assert_ok(rlhf(*train_args(files, run, "--train.iterations", "2", "--checkpoint.every", "1")))
+    assert_ok(
+        InProcess(capsys, *train_args(files, run, "--train.iterations", "2", "--checkpoint.every", "1"))
+    )
     before = file_bytes(run)
     result = rlhf("train", "--resume", run, "--train.iterations", "1")
     assert_user_error(result, "train.iterations 1 is fewer than the 2 iterations the run already did", "Fix:")
     assert file_bytes(run) == before and iterations(run) == [0, 1]
-    assert_ok(rlhf("train", "--resume", run, "--train.iterations", "2"))  # all done: a no-op
+    assert_ok(InProcess(capsys, "train", "--resume", run, "--train.iterations", "2"))  # all done: a no-op
     assert (run / "config.yaml").read_bytes() == before["config.yaml"]
 
 
 @pytest.mark.slow
-def test_dpo_resume_checks_the_model_it_started_from(files, tmp_path):
+def test_dpo_resume_checks_the_model_it_started_from(files, tmp_path, capsys):
     model = tmp_path / "sft"
     shutil.copytree(files["policy"], model)
     run = tmp_path / "dpo"
@@ -211,7 +213,7 @@ def test_dpo_resume_checks_the_model_it_started_from(files, tmp_path):
         "--sinks",
         "[jsonl]",
     ]
-    assert_ok(rlhf("dpo", "--model", model, "--out", run, *args))
+    assert_ok(InProcess(capsys, "dpo", "--model", model, "--out", run, *args))
     assert "model" in json.loads((run / "run_inputs.json").read_text())["models"]
     (model / "config.json").write_text((model / "config.json").read_text() + "\n")
     assert_user_error(

@@ -1,5 +1,7 @@
-"""The misuse corpus (tools/misuse_corpus.py) loaded as a module, and its shared tiny inputs, for the
-tests that run its cases in this process (tests/tools, tests/reliability)."""
+"""The misuse corpus (tools/misuse_corpus.py) as session fixtures, a plugin of tests/conftest.py:
+`misuse_corpus` (the tool loaded as a module) and `misuse_inputs` (its shared tiny inputs, built once
+per session and worker), for the tests that run its cases in this process (tests/tools,
+tests/reliability)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,8 +23,15 @@ def load_corpus():
     return module
 
 
-def build_inputs(corpus, tmp_path_factory) -> Path:
+@pytest.fixture(scope="session")
+def misuse_corpus():
+    return load_corpus()
+
+
+@pytest.fixture(scope="session")
+def misuse_inputs(misuse_corpus, tmp_path_factory) -> Path:
+    """Read-only for the tests: each case copies it into its own work folder."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("misuse_inputs")
-    corpus.build_inputs(root)
+    misuse_corpus.build_inputs(root)
     return root

@@ -1,16 +1,11 @@
-"""tools/misuse_corpus.py: a fast subset of the misuse corpus, run in this process (each case in a
-fresh copy of the tiny inputs): the exit code, the words of the message, no traceback and every file
+"""tools/misuse_corpus.py: a fast subset of the misuse misuse_corpus, run in this process (each case in a
+fresh copy of the tiny misuse_inputs): the exit code, the words of the message, no traceback and every file
 of the user's unchanged; and the runner itself reports a case that does not hold."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.support.misuse import build_inputs, load_corpus
-
-REPO = Path(__file__).resolve().parents[2]
 # cases that stop before any training (the whole corpus: `python tools/misuse_corpus.py`)
 FAST = [
     "config_is_directory", "out_is_existing_file", "sft_out_is_model", "data_check_invalid_exit_2",
@@ -21,43 +16,33 @@ FAST = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus()
-
-
-@pytest.fixture(scope="module")
-def inputs(corpus, tmp_path_factory):
-    return build_inputs(corpus, tmp_path_factory)
-
-
-def test_the_corpus_is_well_formed(corpus):
-    names = [case.name for case in corpus.CASES]
+def test_the_corpus_is_well_formed(misuse_corpus):
+    names = [case.name for case in misuse_corpus.CASES]
     assert len(names) == len(set(names)) and set(FAST) <= set(names)
-    assert len(corpus.NEW) >= 30
-    assert all(case.code in (0, 2) for case in corpus.CASES)  # exit 1 is a bug, never an expectation
-    assert all(case.words or case.code == 0 for case in corpus.CASES)  # a refusal says something
+    assert len(misuse_corpus.NEW) >= 30
+    assert all(case.code in (0, 2) for case in misuse_corpus.CASES)  # exit 1 is a bug, never an expectation
+    assert all(case.words or case.code == 0 for case in misuse_corpus.CASES)  # a refusal says something
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_a_user_mistake_is_one_clear_exit_2_and_touches_nothing(corpus, inputs, tmp_path, name):
-    case = next(c for c in corpus.CASES if c.name == name)
-    outcome = corpus.run_case(case, inputs, tmp_path, in_process=True)
-    assert outcome.ok, corpus.table([outcome])
+def test_a_user_mistake_is_one_clear_exit_2_and_touches_nothing(misuse_corpus, misuse_inputs, tmp_path, name):
+    case = next(c for c in misuse_corpus.CASES if c.name == name)
+    outcome = misuse_corpus.run_case(case, misuse_inputs, tmp_path, in_process=True)
+    assert outcome.ok, misuse_corpus.table([outcome])
 
 
-def test_the_runner_reports_a_case_that_does_not_hold(corpus, inputs, tmp_path, monkeypatch):
-    wrong = corpus.Case("expects_success", ["sft", "--model", "policy", "--out", "policy"], code=0)
-    outcome = corpus.run_case(wrong, inputs, tmp_path, in_process=True)
-    assert not outcome.ok and outcome.code == 2 and "FAIL: exit 2" in corpus.table([outcome])
+def test_the_runner_reports_a_case_that_does_not_hold(misuse_corpus, misuse_inputs, tmp_path, monkeypatch):
+    wrong = misuse_corpus.Case("expects_success", ["sft", "--model", "policy", "--out", "policy"], code=0)
+    outcome = misuse_corpus.run_case(wrong, misuse_inputs, tmp_path, in_process=True)
+    assert not outcome.ok and outcome.code == 2 and "FAIL: exit 2" in misuse_corpus.table([outcome])
 
     def clobber(args, work):  # a command that overwrites a file of the user's and says nothing
         (work / "sft.jsonl").write_text("gone\n")
         return 2, "", "Traceback (most recent call last):\n"
 
-    monkeypatch.setattr(corpus, "_in_process", clobber)
-    outcome = corpus.run_case(
-        corpus.Case("clobbers", ["sft"], words=("Fix",)), inputs, tmp_path, in_process=True
+    monkeypatch.setattr(misuse_corpus, "_in_process", clobber)
+    outcome = misuse_corpus.run_case(
+        misuse_corpus.Case("clobbers", ["sft"], words=("Fix",)), misuse_inputs, tmp_path, in_process=True
     )
     assert outcome.changed == ["sft.jsonl"] and outcome.traceback and outcome.missing == ["Fix"]
     assert not outcome.ok

@@ -18,7 +18,7 @@ from rlhf.config import RLConfig, load_config
 from rlhf.rl.verifiers import expression_answer, numeric_answer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2_math"
-VERIFIER = "rlhf.rl.verifiers:numeric_answer"
+VERIFIER = "rlhf.rl.verifiers:expression_answer"
 
 
 def load(name: str):

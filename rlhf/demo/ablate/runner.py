@@ -1,17 +1,12 @@
 """Run an ablation: the demo's world, SFT model and proxy reward model once, then every variant of
 the preset (tricks.py) over seeds, in parallel worker processes, resumable.
 
-Layout of the output directory (`--out`):
+    world/ sft/ rm/  stage.json               the demo's stage 1-2 and the settings it was built with
+    runs/<variant>-seed<k>/                   one RL run; result.json once it has finished
+    ablation.json report.html ablation.md     the table over seeds, its forest plot (report.py)
 
-    world/ sft/ rm/           the demo's stage 1-2 (rlhf/demo/run.py, prepare_stage)
-    stage.json                the settings it was built with and the SFT / reward-model summaries
-    runs/<variant>-seed<k>/   one RL run; result.json once it has finished
-    ablation.json report.html ablation.md   the table over seeds, its forest plot (report.py)
-
-Resume: rerunning the command skips the stage when the world, model, SFT and reward-model settings
-are the same (else it refuses), and every run with a result.json of the same run settings (preset,
-RL settings, iterations); any other run starts again from scratch (its directory is cleared).
-"""
+Resume: the stage is reused when its settings are the same (else refused), every run with a
+result.json of the same run settings is kept, any other run starts again from scratch."""
 
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
-"""The policy role: samples responses, gives their log-probs, trains on the policy loss.
-
-Its optimizer step (`train_step`) is the policy side of one PPO/APA/AWR update on a minibatch, the
-paper's terms each behind its own switch, read in one place below:
+"""The policy role: samples responses, gives their log-probs, trains on the policy loss. Its
+`train_step` is the policy side of one update on a minibatch, each term behind its own switch:
 
     policy loss      ratio and clip (or APA, AWR) of `policy.loss`           rlhf/core/losses.py
     entropy          - entropy_coef * H, or the gate around entropy_target   PPO paper §5.3.2, app. B.3
     KL in the loss   + kl_loss_coef * KL(pi || ref)   (GRPO's placement)     docs/algorithms.md §28
-    value loss       + value_coef * clipped value loss (a head on the policy's own trunk,
-                     `model.critic_mode shared`)                             docs/algorithms.md §15
+    value loss       + value_coef * clipped value loss (`critic_mode shared`) docs/algorithms.md §15
     PPO-ptx          + ptx_coef * the SFT loss on other rows                 docs/algorithms.md §17
 
-The micro-batches, their token weights, the data-parallel passes and the optimizer step with its
-clipping and NaN guard are the learner's engine (rlhf/train/learner.py `Learner.step`).
-"""
+Micro-batches, token weights, clipping and the NaN guard: the learner's engine (rlhf/train/learner.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from rlhf.core import kl_estimate, masked_mean
 from rlhf.rl.experience import Experience, concat_experiences
 from rlhf.rl.prompts import PromptStream
 from rlhf.rundir import checkpoint as ckpt
-from tests.rl.test_train_resume import Interrupted, interrupt_at
+from tests.rl.test_resume import Interrupted, interrupt_at
 from tests.support.train_testing import metric_rows, perturb, rl_config
 
 GRPO = {

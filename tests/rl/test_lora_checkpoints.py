@@ -12,7 +12,7 @@ from safetensors import safe_open
 from rlhf.config import ConfigError
 from rlhf.rl.roles.assemble import assemble_roles
 from rlhf.rundir import checkpoint as ckpt
-from tests.rl.test_train_resume import Interrupted, interrupt_at
+from tests.rl.test_resume import Interrupted, interrupt_at
 from tests.support.train_testing import metric_rows, rl_config
 
 ITERATIONS = 4

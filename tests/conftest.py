@@ -1,7 +1,7 @@
 """Session-wide test settings, and the fixtures shared between test folders.
 
 `tests/` mirrors `rlhf/`: a folder per package folder (tests/rl for rlhf/rl, ...), tests/cli for
-rlhf/cli.py, tests/project for the repository-wide checks (layers, docs, dependencies), and
+rlhf/cli/, tests/project for the repository-wide checks (layers, docs, dependencies), and
 tests/reliability, tests/gpu and tests/tools beside them. The folders are packages (imported as
 `tests.stages.test_train_sft`, ...); helpers live in `tests.support`. A fixture used by more than one
 folder is a plugin listed here, so every test sees it without sys.path edits: the trainer fixtures

@@ -25,7 +25,7 @@ directory (the working directory of the command) in its own process, as a user w
 
 A case passes when the exit code is the expected one, every word is in the output, no traceback is
 printed, and no file that had to stay is changed or gone. Exit 1 (a bug: "This is a bug in rlhf")
-is never an expected code: every user mistake is exit 2 (rlhf/cli_errors.py).
+is never an expected code: every user mistake is exit 2 (rlhf/cli/errors.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Its groups use `rlhf train`'s names where they mean the same (`data.prompts`,
 `data.max_prompt_tokens`, `rollout.max_new_tokens`, `rollout.sampling`, ...); the command's named
-flags (`--prompts`, `--n`, `--max-new-tokens`, `--temperature`, ...) set them (rlhf/cli.py).
+flags (`--prompts`, `--n`, `--max-new-tokens`, `--temperature`, ...) set them (rlhf/cli/eval.py).
 """
 
 from __future__ import annotations

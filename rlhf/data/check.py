@@ -28,7 +28,7 @@ from rlhf.data.tokenize import (
     plain_chat_text,
 )
 
-BAD_DATA = 2  # the user-error exit code of every command (rlhf/cli_errors.py USER_ERROR)
+BAD_DATA = 2  # the user-error exit code of every command (rlhf/cli/errors.py USER_ERROR)
 
 
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:

@@ -136,7 +136,7 @@ def agreed_on_rank0(check: Callable[[], T]) -> T | None:
 
 
 def _is_user_mistake(err: Exception) -> bool:
-    """The errors the command line reports as the user's (exit 2; rlhf/cli_errors.is_user_error)."""
+    """The errors the command line reports as the user's (exit 2; rlhf/cli/errors.py is_user_error)."""
     from rlhf.data.errors import DataError
     from rlhf.models.loading import ModelLoadingError
 

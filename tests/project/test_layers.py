@@ -11,8 +11,8 @@ from tests.core.test_core_layering import rlhf_imports
 # lowest first; a module may import its own layer and those before it
 LAYERS = (
     "core",
-    "planner",  # `rlhf plan`'s memory model: pure arithmetic over shapes
     "config",
+    "planner",  # `rlhf plan`'s memory model over shapes, and its job from a preset's roles (config)
     "models",
     "data",  # data/check.py (`rlhf data check`) reads a model directory's tokenizer
     "worlds",
@@ -28,7 +28,7 @@ LAYERS = (
     "ray_runtime",
     "stages",
     "demo",
-    "cli",  # rlhf/cli.py, cli_errors.py, report_command.py, __main__.py, __init__.py
+    "cli",  # rlhf/cli/ (the `rlhf` command), __main__.py, __init__.py
 )
 PACKAGE = Path(rlhf.__file__).parent
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 
-from rlhf import cli
 from rlhf.cli import main
 from tests.support.reliability_testing import InProcess, assert_user_error
 
@@ -30,7 +29,7 @@ def test_an_internal_error_leaves_its_traceback_in_the_run_directory(files, tmp_
 
 
 def test_an_internal_error_before_a_run_directory_goes_to_a_temporary_log(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "run_report_command", lambda args, rest, ctx: 1 / 0)
+    monkeypatch.setattr("rlhf.cli.report.run_report_command", lambda args, rest, ctx: 1 / 0)
     assert main(["report", "anywhere"]) == 1
     err = capsys.readouterr().err
     path = err.split("the traceback is in ")[1].split(" ")[0]

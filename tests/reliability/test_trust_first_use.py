@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlhf.config import ConfigError, RLConfig, load_config
-from rlhf.preflight import check_input_file, check_ray_address, fit_ray_to_machine
+from rlhf.ray_runtime.machine_fit import fit_ray_to_machine
+from rlhf.rundir.preflight import check_input_file, check_ray_address
 from rlhf.stages.result_files import refuse_foreign_file, write_result
 from tests.support.reliability_testing import (
     InProcess,
@@ -137,7 +138,7 @@ def test_a_ray_address_that_does_not_answer_is_refused_in_seconds():
 
 
 def test_a_missing_optional_package_is_refused_with_the_config(files, tmp_path, capsys, monkeypatch):
-    import rlhf.preflight as preflight
+    import rlhf.rundir.preflight as preflight
 
     monkeypatch.setattr(preflight, "installed", lambda module: module not in ("wandb", "tensorboard"))
     out = tmp_path / "o"

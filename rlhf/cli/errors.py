@@ -7,6 +7,7 @@
   scheduler's preemption) the same, exit code 143 (rlhf/rundir/termination.py);
 - anything else is a bug: a one-line summary plus the path of a log file holding the traceback,
   exit code 1.
+`run_with_one_error_path` runs a command and turns each of these into its message.
 """
 
 from __future__ import annotations
@@ -14,27 +15,19 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import tempfile
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf.monitor.logger import METRICS_FILE
+from rlhf.rundir.open_run import RunContext
 
 USER_ERROR = 2
 INTERNAL_ERROR = 1
 INTERRUPTED = 130
 TERMINATED = 143  # SIGTERM: 128 + 15, as a shell reports it
 ERROR_LOG = "error.log"
-
-
-@dataclass
-class RunContext:
-    """What the error path needs to know about the command being run."""
-
-    stage: str
-    run_dir: Path | None = None  # set once the run directory is known (and locked)
-    resumable: bool = False  # `rlhf train`: a checkpoint can be continued with --resume
 
 
 def is_user_error(err: BaseException) -> bool:
@@ -145,4 +138,59 @@ def internal_error_message(ctx: RunContext, err: BaseException) -> str:
     return (
         f"internal error ({type(err).__name__}{': ' + summary if summary else ''}). "
         f"This is a bug in rlhf, not in your input; the traceback is in {log} (include it in a report)."
+    )
+
+
+def run_with_one_error_path(stage: str, command) -> int:
+    """`command(ctx)`, every failure ending as one message on stderr and an exit code."""
+    from rlhf.parallel.process_group import is_lost_peer, lost_peer_message, rank_label
+    from rlhf.rundir.termination import Terminated, handle_sigterm
+
+    ctx = RunContext(stage=stage)
+    try:
+        with handle_sigterm():  # SIGTERM (a scheduler's preemption) ends the run as Ctrl-C does
+            return command(ctx)
+    except Terminated:
+        how = "terminated (SIGTERM)"
+        message = resumable_supervised_interrupt(ctx, how) or interrupted_message(ctx, how)
+        code = TERMINATED
+    except KeyboardInterrupt:
+        message = resumable_supervised_interrupt(ctx) or interrupted_message(ctx)
+        code = INTERRUPTED
+    except BrokenPipeError:  # the reader of our output closed it (`rlhf plan | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            raise  # argparse's own exits (--help, usage errors) keep their code
+        message, code = str(stop.code), USER_ERROR
+    except Exception as err:  # noqa: BLE001 (the one place that turns every failure into a message)
+        if is_user_error(err):
+            message, code = str(err), USER_ERROR
+        elif is_lost_peer(err):  # torchrun: another rank died or hung; its own message names it
+            message, code = lost_peer_message(err, ctx.run_dir if ctx.resumable else None), INTERNAL_ERROR
+        elif is_no_space(err):
+            message, code = no_space_message(ctx, err), USER_ERROR
+        else:
+            message, code = internal_error_message(ctx, err), INTERNAL_ERROR
+    # one write: the ranks of a torchrun job share stderr, and print's separate newline could land
+    # inside another rank's message
+    sys.stderr.write(f"rlhf {stage}{rank_label()}: {message}\n")
+    sys.stderr.flush()
+    return code
+
+
+def resumable_supervised_interrupt(ctx: RunContext, how: str = "interrupted") -> str | None:
+    """Ctrl-C (or SIGTERM) in `rlhf dpo` after a checkpoint: the command that continues the run (None
+    otherwise: `interrupted_message`, which says the run cannot resume)."""
+    from rlhf.rundir.run_config import RESUMABLE_SUPERVISED
+
+    if ctx.stage not in RESUMABLE_SUPERVISED or ctx.run_dir is None:
+        return None
+    steps = _last_checkpoint(ctx.run_dir)
+    if steps is None:
+        return None
+    return (
+        f"{how}; the newest checkpoint holds the first {steps} steps. Resume with: "
+        f"rlhf {ctx.stage} --resume {ctx.run_dir}"
     )

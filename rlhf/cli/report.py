@@ -5,7 +5,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlhf.cli.flags import refuse_extra
+
 DEMO_FILES = ("summary.json", "runs.json")
+
+
+def add_parser(sub, description: str) -> None:
+    report = sub.add_parser("report", help=description, description=description)
+    report.add_argument(
+        "directory", help="the --out directory of `rlhf sft`, `rlhf rm`, `rlhf train` or `rlhf demo`"
+    )
+
+
+def run_report_command(args, rest, ctx) -> int:
+    refuse_extra(rest, "report")
+    return run_report(args.directory)
 
 
 def run_report(directory: str) -> int:

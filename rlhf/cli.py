@@ -125,6 +125,10 @@ EVAL_FLAGS = {
     "dtype": "dtype",
     "chat_template": "data.chat_template",
     "skip_invalid": "data.skip_invalid",
+    "judge_url": "llm_judge.url",
+    "judge_model": "llm_judge.model",
+    "judge_key_env": "llm_judge.key_env",
+    "judge_template": "llm_judge.template",
 }
 RM_EVAL_FLAGS = {
     "reward_model": "reward_model",
@@ -154,6 +158,10 @@ TRAIN_FLAGS = {
     "out": "--out",
     "data.skip_invalid": "--skip-invalid",
     "reward.remote.token_env": "--reward-token-env",
+    "reward.llm_judge.url": "--judge-url",
+    "reward.llm_judge.model": "--judge-model",
+    "reward.llm_judge.key_env": "--judge-key-env",
+    "reward.llm_judge.template": "--judge-template",
 }
 
 
@@ -297,6 +305,7 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         help="the environment variable holding the reward server's bearer token (reward.remote.token_env; "
         "the name is recorded, never the token)",
     )
+    _add_llm_judge_flags(train, "a score: a reward source beside the others", "reward.llm_judge")
     train.add_argument(
         "--env",
         metavar="MODULE:CLASS",
@@ -317,6 +326,28 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     )
     _add_allow_changed_flag(train)
     return train
+
+
+def _add_llm_judge_flags(parser: argparse.ArgumentParser, asked: str, group: str) -> None:
+    """--judge-url/-model/-key-env/-template of train and eval (rlhf/config/llm_judge.py)."""
+    parser.add_argument(
+        "--judge-url",
+        metavar="URL",
+        help=f"an LLM judge: an OpenAI-compatible server's base URL (http://HOST:PORT/v1) asked for {asked} "
+        f"({group}.url; docs/usage.md#llm-judge)",
+    )
+    parser.add_argument("--judge-model", metavar="NAME", help=f"the judge server's model ({group}.model)")
+    parser.add_argument(
+        "--judge-key-env",
+        metavar="NAME",
+        help=f"the environment variable holding the judge server's API key ({group}.key_env; the name is "
+        "recorded, never the key)",
+    )
+    parser.add_argument(
+        "--judge-template",
+        metavar="FILE",
+        help=f"the judge's prompt template; default built in ({group}.template)",
+    )
 
 
 def _add_allow_changed_flag(parser: argparse.ArgumentParser) -> None:
@@ -354,6 +385,7 @@ def _eval_parser(sub) -> argparse.ArgumentParser:
         "(Wilson for a 0/1 verifier: the accuracy), with --baseline the paired difference; added to the "
         "--judge's score (reward_functions)",
     )
+    _add_llm_judge_flags(ev, "a verdict on each pair of answers, asked twice in swapped order", "llm_judge")
     ev.add_argument("--prompts", help="held-out prompts file (data.prompts)")
     ev.add_argument(
         "--pairs",
@@ -632,6 +664,10 @@ def run_train_command(args, rest, ctx) -> int:
         "model.reward_model": args.reward_model,
         "reward.remote.url": args.reward_url,
         "reward.remote.token_env": args.reward_token_env,
+        "reward.llm_judge.url": args.judge_url,
+        "reward.llm_judge.model": args.judge_model,
+        "reward.llm_judge.key_env": args.judge_key_env,
+        "reward.llm_judge.template": args.judge_template,
         "data.prompts": args.prompts,
         "env.name": args.env,
         "agent.name": args.agent,
@@ -663,10 +699,11 @@ def run_train_command(args, rest, ctx) -> int:
     _require(
         config.model.reward_model
         or config.reward.remote.url
+        or config.reward.llm_judge.url
         or config.reward.functions
         or config.env.name
         or config.agent.name,
-        "--reward-model (or --reward-url, --reward-fn, --env or --agent)",
+        "--reward-model (or --reward-url, --judge-url, --reward-fn, --env or --agent)",
     )
     _require(config.data.prompts, "--prompts")
     _refuse_reward_model_as_policy(config.model.policy)

@@ -54,6 +54,7 @@ def check_optional_packages(config) -> None:
         if sink in sinks and not installed(OPTIONAL_PACKAGES[sink][0]):
             kept = [s for s in sinks if s != sink]
             raise _missing(sink, sinks_key, list(sinks), f"--{sinks_key} '[{','.join(kept)}]'")
+    check_llm_judge(config)
     dist = getattr(config, "dist", None)
     if getattr(dist, "runtime", "local") == "ray" and not installed("ray"):
         raise _missing("ray", "dist.runtime", "ray", "--dist.runtime local")
@@ -162,10 +163,28 @@ def preflight(config) -> None:
     for spec in [getattr(config, "judge", None), *(getattr(config, "extra_judges", None) or [])]:
         if isinstance(spec, str):
             check_world_judge(spec)
+    check_llm_judge(config)
     dist = getattr(config, "dist", None)
     if getattr(dist, "runtime", "local") == "ray" and dataclasses.is_dataclass(getattr(config, "ray", None)):
         check_ray_address(config.ray.address)
     check_packing(config)
+
+
+def check_llm_judge(config) -> None:
+    """`rlhf train`'s reward weights against its sources (--reward-fn is added after the config's
+    checks), and the LLM judge's template (eval: pairwise, train: pointwise) before any model loads."""
+    from rlhf.config.reward_sources import check_reward_weights
+    from rlhf.rl.llm_judge import load_template
+
+    reward = getattr(config, "reward", None)
+    if reward is not None and hasattr(reward, "weights"):
+        check_reward_weights(config)
+    for judge, mode in (
+        (getattr(reward, "llm_judge", None), "pointwise"),
+        (getattr(config, "llm_judge", None), "pairwise"),
+    ):
+        if judge is not None and judge.url:
+            load_template(judge.template, mode)
 
 
 def machine_cpus() -> int:

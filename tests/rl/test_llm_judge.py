@@ -6,7 +6,6 @@ logged and past the threshold refused naming the URL, the model and a reply; the
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 
@@ -89,7 +88,7 @@ def test_templates_are_checked_naming_the_file(tmp_path):
     assert load_template("", "pointwise") == POINTWISE_TEMPLATE
     assert load_template("", "pairwise") == PAIRWISE_TEMPLATE
     good = tmp_path / "good.txt"
-    good.write_text("Judge {prompt} / {response} as JSON {{\"score\": N}}")
+    good.write_text('Judge {prompt} / {response} as JSON {{"score": N}}')
     assert render(load_template(str(good), "pointwise"), prompt="p {x}", response="r") == (
         'Judge p {x} / r as JSON {"score": N}'  # a brace in the filled text stays as it is
     )
@@ -148,7 +147,9 @@ def test_the_key_is_sent_from_the_variable_and_never_written(server, monkeypatch
 def test_5xx_and_429_are_retried_with_backoff_4xx_is_not(server):
     sleeps: list[float] = []
     server.failures[:] = [(503, b'{"error": "loading"}'), (429, b'{"error": "busy"}')]
-    assert client(server.url, sleeps=sleeps, retries=2, backoff=0.5, concurrency=1).scores(["p"], ["a b"]) == [2.0]
+    assert client(server.url, sleeps=sleeps, retries=2, backoff=0.5, concurrency=1).scores(
+        ["p"], ["a b"]
+    ) == [2.0]
     assert sleeps == [0.5, 1.0] and len(server.requests) == 3
     server.failures[:] = [(404, b'{"error": "model not found"}')]
     with pytest.raises(JudgeServerError) as raised:
@@ -193,7 +194,10 @@ def test_unparsable_replies_are_counted_logged_and_refused_past_the_threshold(se
         got = judge.verdicts(["p"] * 4, ["GOOD", "GOOD", "two", "three"], ["x"] * 4)
     assert got == ["A", "A", None, None]  # 2 of 4: at the threshold, dropped by the caller
     assert judge.unparsable == 2 and judge.replies == 4
-    assert caplog.text.count("gave a reply without a verdict (dropped)") == 2 and "I prefer neither." in caplog.text
+    assert (
+        caplog.text.count("gave a reply without a verdict (dropped)") == 2
+        and "I prefer neither." in caplog.text
+    )
     with pytest.raises(JudgeServerError) as raised:
         judge.verdicts(["p"] * 3, ["GOOD", "two", "three"], ["x"] * 3, where="LLM judge, prompts 1-3: ")
     said = str(raised.value)
@@ -205,4 +209,8 @@ def test_unparsable_replies_are_counted_logged_and_refused_past_the_threshold(se
 def test_the_pairwise_template_shows_both_answers(server):
     server.reply = longer_wins
     judge = client(server.url, "pairwise")
-    assert judge.verdicts(["p", "p", "p"], ["long answer", "a", "same"], ["short", "longer", "same"]) == ["A", "B", "tie"]
+    assert judge.verdicts(["p", "p", "p"], ["long answer", "a", "same"], ["short", "longer", "same"]) == [
+        "A",
+        "B",
+        "tie",
+    ]

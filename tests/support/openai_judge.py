@@ -58,7 +58,11 @@ class OpenAIJudge:
                     self.send(404, b'{"error": "not found"}')
                 else:
                     content = body["messages"][-1]["content"]
-                    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": judge.reply(content)}}]}
+                    answer = {
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": judge.reply(content)}}
+                        ]
+                    }
                     self.send(200, json.dumps(answer).encode())
 
             def send(self, status: int, data: bytes) -> None:
@@ -80,4 +84,3 @@ class OpenAIJudge:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-

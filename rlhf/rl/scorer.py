@@ -142,7 +142,7 @@ class Scorer:
         total, parts = weighted_reward(
             self.reward_functions,
             model_scores,
-            self.weights.get("reward_model", 1.0),
+            self.weights.get("reward_model", self.config.reward.model_weight),  # an RM given in code: its own
             prompts,
             responses,
             token_ids,

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import string
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -171,7 +172,6 @@ class LLMJudge:
                 alone="as the provider gave it",
             )
             headers["Authorization"] = f"Bearer {token}"
-        extra = {"sleep": sleep} if sleep is not None else {}
         self.client = JsonClient(
             base,
             timeout=settings.timeout,
@@ -185,7 +185,7 @@ class LLMJudge:
             fix_for=self._fix_for,
             timeout_key=f"{key}.timeout",
             wire="the OpenAI chat completions schema",
-            **extra,
+            sleep=sleep or time.sleep,
         )
         self.replies = 0  # replies read so far
         self.unparsable = 0  # of them, without a score or verdict

@@ -129,7 +129,7 @@ class Scorer:
         records = [dict(self.prompt_rows[i]) if self.prompt_rows else {} for i in rows for _ in range(n)]
         prompts, responses, token_ids = rollout_texts(self.runtime.tokenizer, record.rollout)
         sources: dict[str, torch.Tensor] = {}
-        others = {}
+        others: dict[str, tuple[torch.Tensor, float]] = {}
         if model_scores is not None:
             sources["reward_model"] = model_scores.detach().float().cpu()
         if self.judge is not None:

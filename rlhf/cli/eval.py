@@ -11,6 +11,7 @@ from rlhf.cli.flags import (
     add_flags,
     flag,
     flag_names,
+    llm_judge_flags,
     named_values,
     overrides,
     scalar,
@@ -40,6 +41,7 @@ EVAL = (
         "(Wilson for a 0/1 verifier: the accuracy), with --baseline the paired difference; added to the "
         "--judge's score (reward_functions)",
     ),
+    *llm_judge_flags("a verdict on each pair of answers, asked twice in swapped order", "llm_judge"),
     flag("--prompts", key="data.prompts", help="held-out prompts file (data.prompts)"),
     flag(
         "--pairs",

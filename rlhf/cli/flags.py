@@ -167,3 +167,36 @@ DEVICE_FLAGS = (  # the `device` and `dtype` keys of eval's and rm-eval's config
         help="auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 (autocast) | bfloat16-pure",
     ),
 )
+
+
+def llm_judge_flags(asked: str, group: str) -> tuple[Flag, ...]:
+    """--judge-url/-model/-key-env/-template of train and eval, setting `group`'s keys
+    (rlhf/config/llm_judge.py; docs/usage.md#llm-judge)."""
+    return (
+        flag(
+            "--judge-url",
+            key=f"{group}.url",
+            metavar="URL",
+            help=f"an LLM judge: an OpenAI-compatible server's base URL (http://HOST:PORT/v1) asked for {asked} "
+            f"({group}.url; docs/usage.md#llm-judge)",
+        ),
+        flag(
+            "--judge-model",
+            key=f"{group}.model",
+            metavar="NAME",
+            help=f"the judge server's model ({group}.model)",
+        ),
+        flag(
+            "--judge-key-env",
+            key=f"{group}.key_env",
+            metavar="NAME",
+            help=f"the environment variable holding the judge server's API key ({group}.key_env; the name is "
+            "recorded, never the key)",
+        ),
+        flag(
+            "--judge-template",
+            key=f"{group}.template",
+            metavar="FILE",
+            help=f"the judge's prompt template; default built in ({group}.template)",
+        ),
+    )

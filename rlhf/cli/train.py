@@ -3,7 +3,14 @@ environment or an agent (the body: rlhf/stages/train.py; the run opened by rlhf/
 
 from __future__ import annotations
 
-from rlhf.cli.flags import ALLOW_CHANGED_MODELS, SKIP_INVALID, add_flags, config_overrides, flag
+from rlhf.cli.flags import (
+    ALLOW_CHANGED_MODELS,
+    SKIP_INVALID,
+    add_flags,
+    config_overrides,
+    flag,
+    llm_judge_flags,
+)
 from rlhf.cli.flags import safety_flags as safety
 
 TRAIN = (
@@ -33,6 +40,7 @@ TRAIN = (
         help="the environment variable holding the reward server's bearer token (reward.remote.token_env; "
         "the name is recorded, never the token)",
     ),
+    *llm_judge_flags("a score: a reward source beside the others", "reward.llm_judge"),
     flag(
         "--env",
         key="env.name",

@@ -13,6 +13,7 @@ from typing import Any
 from rlhf.config.checks import refuse, required, validate_groups
 from rlhf.config.fields import ChatTemplate, Dtype, Sampling, SystemPrompt
 from rlhf.config.keys import When, check_ranges, setting
+from rlhf.config.llm_judge import LLMJudgeConfig
 from rlhf.config.rollout import PAPER_SAMPLING
 
 WITH_PAIRS = When("pairs", "set", says="--pairs FILE is given ({key})", fix="--pairs FILE")
@@ -79,6 +80,9 @@ class EvalConfig:
     # Python reward functions, "module:function" or {name, weight}, added to the judge's score
     # (--reward-fn, repeatable; docs/algorithms.md §31)
     reward_functions: list[Any] = field(default_factory=list)
+    # an LLM judge over HTTP: each pair of answers judged twice, positions swapped (--judge-url;
+    # eval.json's "llm_judge", docs/algorithms.md §33)
+    llm_judge: LLMJudgeConfig = field(default_factory=LLMJudgeConfig)
     out: str = ""  # where eval.json is written; "": in the --policy directory (--out)
     seed: int = setting(0, "any", why="every integer seeds the generators")  # sampling seed (--seed)
     device: str = "auto"  # "auto" (CUDA when available, else CPU) | "cpu" | "cuda" | "cuda:N" (--device)
@@ -104,22 +108,23 @@ class EvalConfig:
                 "human labels)",
             )
         validate_groups(self, prefix)
-        if not self.data.prompts and (self.judge or self.reward_functions):
+        llm = self.llm_judge.url
+        if not self.data.prompts and (self.judge or self.reward_functions or llm):
             refuse(
-                "--judge / --reward-fn score the answers to --prompts, and no --prompts is given (--pairs "
-                "needs no judge). Fix: add --prompts FILE, or drop --judge and --reward-fn.",
+                "--judge / --judge-url / --reward-fn score the answers to --prompts, and no --prompts is given "
+                "(--pairs needs no judge). Fix: add --prompts FILE, or drop --judge, --judge-url and --reward-fn.",
                 "judge",
             )
-        if not self.baseline and (self.judge or self.data.pairs):
+        if not self.baseline and (self.judge or self.data.pairs or llm):
+            flag = "--judge" if self.judge else "--judge-url" if llm else "--pairs"
             refuse(
-                f"{'--judge' if self.judge else '--pairs'} compares the policy with a --baseline, and no "
-                "--baseline is given. Fix: add --baseline DIR, or drop "
-                f"{'--judge' if self.judge else '--pairs'} to score the answers with --reward-fn alone.",
+                f"{flag} compares the policy with a --baseline, and no --baseline is given. Fix: add --baseline "
+                f"DIR, or drop {flag} to score the answers with --reward-fn alone.",
                 f"{prefix}baseline",
             )
-        if self.data.prompts and not (self.judge or self.reward_functions):
+        if self.data.prompts and not (self.judge or self.reward_functions or llm):
             refuse(
-                "--judge is missing (and no --reward-fn is given): nothing would score the responses. "
-                "Fix: --judge RM_DIR (or world:DIR), and/or --reward-fn module:function.",
+                "--judge is missing (and no --judge-url or --reward-fn is given): nothing would score the "
+                "responses. Fix: --judge RM_DIR (or world:DIR), --judge-url URL, and/or --reward-fn module:function.",
                 "judge",
             )

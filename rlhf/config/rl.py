@@ -18,6 +18,7 @@ from rlhf.config.fields import ChatTemplate, DataFormat, Dtype, SystemPrompt
 from rlhf.config.keys import When, check_ranges, setting
 from rlhf.config.ray import RayConfig, RLDistConfig
 from rlhf.config.remote import MismatchConfig
+from rlhf.config.reward_sources import check_reward_weights
 from rlhf.config.rl_algorithm import (
     AdvantageConfig,
     CriticConfig,
@@ -245,6 +246,7 @@ class RLConfig:
                 "Fix: pass one of --reward-model and --reward-url.",
                 f"{prefix}reward.remote.url",
             )
+        check_reward_weights(self, prefix)
         self._validate_dapo(prefix)
         self._validate_correction(prefix)
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from rlhf.config.checks import refuse, require, validate_groups, warn
 from rlhf.config.fields import AdvantageEstimator, KLEstimator, PolicyLossName
 from rlhf.config.keys import When, setting
+from rlhf.config.llm_judge import LLMJudgeConfig
 from rlhf.config.remote import RemoteRewardConfig
 from rlhf.core.advantages import ESTIMATORS
 from rlhf.core.losses import POLICY_LOSS_SOURCES
@@ -30,6 +31,11 @@ class RewardProcessingConfig:
     # weight of the reward model's score in the sum (with reward functions)
     model_weight: float = setting(1.0, "any", why="negative turns the score into a penalty")
     remote: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)  # a reward server (--reward-url)
+    llm_judge: LLMJudgeConfig = field(default_factory=LLMJudgeConfig)  # an LLM judge's score (--judge-url)
+    # one weight per reward source, in the order reward model (or --reward-url), LLM judge, then
+    # reward.functions (TRL's reward_weights); []: model_weight and each function's own weight
+    # (docs/algorithms.md §31)
+    weights: list[float] = field(default_factory=list)
     # DAPO soft overlong punishment (DAPO paper §3.4, eq. 13; docs/algorithms.md §37): the share of
     # rollout.max_new_tokens over which the penalty ramps, L_cache = max(1, round(share * budget));
     # a response gets factor * 0 up to budget - L_cache tokens, then linear to -factor at the budget.

@@ -218,20 +218,25 @@ def compare_scores(a: torch.Tensor, b: torch.Tensor, tie_tolerance: float = TIE_
     }
 
 
-def paired_samples(prompts, sources, texts: dict, scores: dict) -> list[dict]:
+def paired_samples(prompts, sources, texts: dict, scores: dict | None) -> list[dict]:
     """One record per prompt: its source and text, both responses, both scores and the winner.
-    `texts` and `scores` map "policy" and "baseline" to aligned lists / tensors."""
-    won = winners(scores["policy"], scores["baseline"])
-    names = {"a": "policy", "b": "baseline", "tie": "tie"}
-    return [
+    `texts` and `scores` map "policy" and "baseline" to aligned lists / tensors (scores None: no
+    scoring judge, the records without scores)."""
+    samples = [
         {
             "source": str(sources[i]) if sources[i] is not None else None,
             "prompt": prompts[i],
             "policy_response": texts["policy"][i],
             "baseline_response": texts["baseline"][i],
-            "policy_score": float(scores["policy"][i]),
-            "baseline_score": float(scores["baseline"][i]),
-            "winner": names[won[i]],
         }
         for i in range(len(prompts))
     ]
+    if scores is None:
+        return samples
+    won = winners(scores["policy"], scores["baseline"])
+    names = {"a": "policy", "b": "baseline", "tie": "tie"}
+    for i, sample in enumerate(samples):
+        sample["policy_score"] = float(scores["policy"][i])
+        sample["baseline_score"] = float(scores["baseline"][i])
+        sample["winner"] = names[won[i]]
+    return samples

@@ -353,6 +353,17 @@ def _other_judge(name: str, figures: Any) -> str:
     return text + (_length_paragraph(length) if isinstance(length, Mapping) else "")
 
 
+def _llm_judge_paragraph(llm: Mapping[str, Any]) -> str:
+    """eval.json's `llm_judge` (docs/algorithms.md §33): the position-swapped pairwise win rate."""
+    counts = " / ".join(esc(fmt(llm.get(k))) for k in ("wins", "ties", "losses"))
+    return (
+        f"<p><b>LLM judge</b> {esc(llm.get('model', '?'))}: win rate of the policy (ties and verdicts "
+        f"contradicted on swapping half) {esc(_rate_text(llm))} over {esc(fmt(llm.get('n')))} pairs, each "
+        f"judged in both orders; wins / ties / losses {counts}; {esc(fmt(llm.get('inconsistent')))} "
+        f"contradicted; {esc(fmt(llm.get('unparsable')))} unparsable replies</p>"
+    )
+
+
 def _label_pairs_paragraph(pairs: Mapping[str, Any]) -> str:
     """eval.json's `pairs` (docs/algorithms.md §38): the verdict of held-out human labels."""
 
@@ -436,6 +447,9 @@ def _evaluation(evaluation: Mapping[str, Any]) -> str:
     length = evaluation.get("length")
     if isinstance(length, Mapping):
         parts.append(_length_paragraph(length))
+    llm = evaluation.get("llm_judge")
+    if isinstance(llm, Mapping):
+        parts.append(_llm_judge_paragraph(llm))
     pairs = evaluation.get("pairs")
     if isinstance(pairs, Mapping) and num(pairs.get("accuracy")) is not None:
         parts.append(_label_pairs_paragraph(pairs))

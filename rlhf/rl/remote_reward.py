@@ -89,6 +89,112 @@ def check_scores(answer: object, rows: int, url: str) -> torch.Tensor:
     return torch.tensor(checked, dtype=torch.float32)
 
 
+class JsonClient:
+    """JSON over HTTP to one server, the one client of every server a run calls (a reward server, an
+    LLM judge): `request(method, path, body)` retried with exponential backoff on what may pass
+    (refused, reset, timed out, HTTP 429/5xx), each attempt bounded whole by `timeout`; whatever
+    fails raises `error` naming `server` (e.g. "the reward server http://...") and a fix."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float,
+        retries: int,
+        backoff: float,
+        headers: dict[str, str],
+        server: str,
+        error: type[ConfigError],
+        fix_down: str,
+        fix_for: Callable[[int], str],
+        timeout_key: str,
+        wire: str = "docs/reward_server.md",
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.wire = wire  # where the server's format is written (for the messages)
+        self.url = url.rstrip("/")
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
+        self.server = f"{server} {self.url}"  # how messages name it
+        self.error, self.fix_down, self.fix_for, self.timeout_key = error, fix_down, fix_for, timeout_key
+        self.sleep = sleep
+        parts = urlsplit(self.url)
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or ""
+        self.port = parts.port
+        self.base_path = parts.path.rstrip("/")
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> object:
+        """The JSON answer of one request, retried with exponential backoff on what may pass (refused,
+        reset, timed out, HTTP 429/5xx); `error` naming the URL otherwise or at the last try."""
+        attempts = self.retries + 1
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in range(attempts):
+            try:
+                status, raw = self._send(method, path, data)
+            except (OSError, http.client.HTTPException) as err:  # refused, reset, timed out, bad status line
+                failure = _describe(err, self.timeout, self.timeout_key)
+            else:
+                if status == 200:
+                    return self._json(raw, method, path)
+                failure = f"HTTP {status}: {_error_text(raw)}"
+                if status not in RETRIED_STATUS:
+                    raise self.error(
+                        f"{self.server} refused {method} {path} with {failure}. Fix: {self.fix_for(status)}."
+                    )
+            if attempt + 1 < attempts:
+                self.sleep(self.backoff * 2**attempt)
+        raise self.error(
+            f"{self.server} did not answer {method} {path} after {attempts} attempt"
+            f"{'s' if attempts > 1 else ''} ({failure}). Fix: {self.fix_down}."
+        )
+
+    def _send(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
+        """(status, body) of one attempt, within `timeout` seconds in all: a timer shuts the socket
+        down at the deadline, which ends whatever read or write is waiting (a socket timeout alone
+        bounds each read, and a server sending a byte a second would never time out)."""
+        kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        timeout = self.timeout
+        connection = kind(self.host, self.port, timeout=timeout)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            if connection.sock is not None:
+                with contextlib.suppress(OSError):
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            connection.connect()
+            if expired.is_set():  # the connect itself took the whole time
+                raise TimeoutError
+            connection.request(method, self.base_path + path, body=data, headers=self.headers)
+            response = connection.getresponse()
+            status, body = response.status, response.read()
+            if expired.is_set():  # the body may be cut short by the shutdown
+                raise TimeoutError
+            return status, body
+        except (OSError, http.client.HTTPException):
+            if expired.is_set():
+                raise TimeoutError from None
+            raise
+        finally:
+            timer.cancel()
+            connection.close()
+
+    def _json(self, raw: bytes, method: str, path: str) -> object:
+        try:
+            return read_json(raw)
+        except JSONInputError as err:
+            raise self.error(
+                f"{self.server} answered {method} {path} with {raw[:200]!r}, not JSON ({err}). Fix: "
+                f"answer with a JSON body ({self.wire}), each key once per object."
+            ) from None
+
+
 class RemoteReward:
     """Scores of a reward server for a rollout's responses ([B] float32, on the CPU)."""
 
@@ -103,15 +209,22 @@ class RemoteReward:
         self.url = settings.url.rstrip("/")
         self.tokenizer = tokenizer
         self.fingerprint = tokenizer_fingerprint(tokenizer)
-        self.sleep = sleep
-        parts = urlsplit(self.url)
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname or ""
-        self.port = parts.port
-        self.base_path = parts.path.rstrip("/")
-        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        headers = {}
         if settings.token_env:
-            self.headers["Authorization"] = f"Bearer {bearer_token(settings.token_env)}"
+            headers["Authorization"] = f"Bearer {bearer_token(settings.token_env)}"
+        self.client = JsonClient(
+            self.url,
+            timeout=settings.timeout,
+            retries=settings.retries,
+            backoff=settings.backoff,
+            headers=headers,
+            server="the reward server",
+            error=RewardServerError,
+            fix_down=FIX_DOWN,
+            fix_for=lambda status: _fix_for(status, settings.token_env),
+            timeout_key="reward.remote.timeout",
+            sleep=sleep,
+        )
 
     def health(self) -> dict[str, Any]:
         """GET /health (retried as every request); RewardServerError unless the server says "ok"."""
@@ -147,92 +260,31 @@ class RemoteReward:
         return torch.cat(parts) if parts else torch.zeros(0)
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> object:
-        """The JSON answer of one request, retried with exponential backoff on what may pass (refused,
-        reset, timed out, HTTP 429/5xx); RewardServerError naming the URL otherwise or at the last try."""
-        attempts = self.settings.retries + 1
-        data = None if body is None else json.dumps(body).encode()
-        for attempt in range(attempts):
-            try:
-                status, raw = self._send(method, path, data)
-            except (OSError, http.client.HTTPException) as err:  # refused, reset, timed out, bad status line
-                failure = _describe(err, self.settings.timeout)
-            else:
-                if status == 200:
-                    return self._json(raw, method, path)
-                failure = f"HTTP {status}: {_error_text(raw)}"
-                if status not in RETRIED_STATUS:
-                    raise RewardServerError(
-                        f"the reward server {self.url} refused {method} {path} with {failure}. Fix: "
-                        + _fix_for(status, self.settings.token_env)
-                        + "."
-                    )
-            if attempt + 1 < attempts:
-                self.sleep(self.settings.backoff * 2**attempt)
-        raise RewardServerError(
-            f"the reward server {self.url} did not answer {method} {path} after {attempts} attempt"
-            f"{'s' if attempts > 1 else ''} ({failure}). Fix: {FIX_DOWN}."
-        )
-
-    def _send(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
-        """(status, body) of one attempt, within `timeout` seconds in all: a timer shuts the socket
-        down at the deadline, which ends whatever read or write is waiting (a socket timeout alone
-        bounds each read, and a server sending a byte a second would never time out)."""
-        kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        timeout = self.settings.timeout
-        connection = kind(self.host, self.port, timeout=timeout)
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            if connection.sock is not None:
-                with contextlib.suppress(OSError):
-                    connection.sock.shutdown(socket.SHUT_RDWR)
-
-        timer = threading.Timer(timeout, expire)
-        timer.daemon = True
-        timer.start()
-        try:
-            connection.connect()
-            if expired.is_set():  # the connect itself took the whole time
-                raise TimeoutError
-            connection.request(method, self.base_path + path, body=data, headers=self.headers)
-            response = connection.getresponse()
-            status, body = response.status, response.read()
-            if expired.is_set():  # the body may be cut short by the shutdown
-                raise TimeoutError
-            return status, body
-        except (OSError, http.client.HTTPException):
-            if expired.is_set():
-                raise TimeoutError from None
-            raise
-        finally:
-            timer.cancel()
-            connection.close()
-
-    def _json(self, raw: bytes, method: str, path: str) -> object:
-        try:
-            return read_json(raw)
-        except JSONInputError as err:
-            raise RewardServerError(
-                f"the reward server {self.url} answered {method} {path} with {raw[:200]!r}, not JSON "
-                f"({err}). Fix: answer with a JSON body (docs/reward_server.md), each key once per object."
-            ) from None
+        """The JSON answer of one request (JsonClient.request)."""
+        return self.client.request(method, path, body)
 
 
-def bearer_token(variable: str) -> str:
-    """The token in the environment variable `variable` (reward.remote.token_env); the error names
-    the variable, never a value."""
+def bearer_token(
+    variable: str,
+    key: str = "reward.remote.token_env",
+    given: str = "the token `rlhf serve-rm` printed or was given",
+    flag: str = "--reward-token-env",
+    error: type[ConfigError] = RewardServerError,
+    alone: str = "as `rlhf serve-rm` printed it",
+) -> str:
+    """The token in the environment variable `variable` (named by `key`); the error names the
+    variable, never a value."""
     token = os.environ.get(variable, "")
     if not token:
-        raise RewardServerError(
-            f"reward.remote.token_env names the environment variable {variable}, which is "
-            f"{'empty' if variable in os.environ else 'not set'}. Fix: export {variable}=<the token "
-            "`rlhf serve-rm` printed or was given>, or drop --reward-token-env for a server without a token."
+        raise error(
+            f"{key} names the environment variable {variable}, which is "
+            f"{'empty' if variable in os.environ else 'not set'}. Fix: export {variable}=<{given}>, or "
+            f"drop {flag} for a server without a token."
         )
     if any(c in token for c in "\r\n") or not token.isascii():
-        raise RewardServerError(
+        raise error(
             f"the token in the environment variable {variable} holds a line break or a non-ASCII "
-            "character. Fix: export the token alone, as `rlhf serve-rm` printed it."
+            f"character. Fix: export the token alone, {alone}."
         )
     return token
 
@@ -248,9 +300,9 @@ def _fix_for(status: int, token_env: str) -> str:
     return FIX_DOWN
 
 
-def _describe(err: BaseException, timeout: float) -> str:
+def _describe(err: BaseException, timeout: float, key: str) -> str:
     if isinstance(err, (TimeoutError, socket.timeout)):
-        return f"no answer within reward.remote.timeout {timeout:g} s"  # the whole request: connect, send, answer
+        return f"no answer within {key} {timeout:g} s"  # the whole request: connect, send, answer
     if isinstance(err, ConnectionRefusedError):
         return "connection refused: nothing listens there"
     if isinstance(err, socket.gaierror):

@@ -414,13 +414,17 @@ def weighted_reward(
     where: str = "",
     raw: dict[str, torch.Tensor] | None = None,
     first_row: int = 0,
+    others: dict[str, tuple[torch.Tensor, float]] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(total [B], {part name: its weighted values [B]}): ``model_weight * RM + sum weight_k * fn_k``;
+    """(total [B], {part name: its weighted values [B]}): ``model_weight * RM + sum weight_k * fn_k``,
+    plus ``weight * values`` of each of `others` ({name: (values [B], weight)}, e.g. the LLM judge);
     `raw`, when given, receives each function's own values (unweighted, by name); a message counts
     the rows from `first_row`."""
     parts: dict[str, torch.Tensor] = {}
     if model_scores is not None:
         parts["reward_model"] = model_weight * model_scores.detach().float().cpu()
+    for name, (values, weight) in (others or {}).items():
+        parts[name] = weight * values.detach().float().cpu()
     for reward in functions:
         values = call_reward_function(
             reward, prompts, responses, response_token_ids, rows, where=where, first_row=first_row
@@ -429,7 +433,7 @@ def weighted_reward(
         if raw is not None:
             raw[reward.name] = values
     total = torch.stack(list(parts.values())).sum(0)
-    if functions and not bool(torch.isfinite(total).all()):  # each part finite, their sum not
+    if not bool(torch.isfinite(total).all()):  # each part finite, their sum (or a weight times one) not
         i = int((~torch.isfinite(total)).nonzero()[0])
         raise RewardFunctionError(
             f"the reward parts ({', '.join(parts)}) sum to {float(total[i])} for row {first_row + i} ({where}response "

@@ -1,26 +1,29 @@
 """The scorer of a sampled batch: raw scores from the reward model (or a reward server, `--reward-url`),
-the reward functions and the environment, then the shaping every raw score gets: the truncation
-policy and DAPO's overlong penalty (docs/algorithms.md §5, §31, §37).
+an LLM judge (`--judge-url`), the reward functions and the environment, then the shaping every raw
+score gets: the truncation policy and DAPO's overlong penalty (docs/algorithms.md §5, §31, §37).
 
-    raw       reward model | reward server, + weighted reward functions, + the environment's rewards
+    raw       weighted sum of the sources (reward model | reward server, LLM judge, reward functions;
+              `reward.weights`), + the environment's rewards; a response the judge gave no score is dropped
     hook      `raw_scores_hook(raw, iteration)`: the scores RL sees instead (the demo's worlds distort them)
     shaping   truncation policy (keep / penalize / drop), then the overlong penalty (DAPO §3.4)
-
 Every layer reads one EpisodeRecord (rlhf/rl/episode_record.py): a multi-turn episode is scored on its
 whole token sequence and measured on its own budget.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from rlhf.config import RLConfig
+from rlhf.config.reward_sources import check_reward_weights, function_weights, source_weights
 from rlhf.models.truncation import apply_truncation_policy
 from rlhf.rl.dapo import overlong_buffer_tokens, shaped_scores
 from rlhf.rl.episode_record import EpisodeRecord
+from rlhf.rl.llm_judge import LLMJudge
 from rlhf.rl.remote_reward import remote_reward
 from rlhf.rl.reward_functions import load_reward_functions, part_metrics, rollout_texts, weighted_reward
 from rlhf.runtime.protocol import Runtime
@@ -31,7 +34,8 @@ RawScoresHook = Callable[[torch.Tensor, int], torch.Tensor]  # (raw scores [B], 
 
 class Scorer:
     """`score(record, rows, iteration)` -> (raw scores, scores after shaping, rows kept); `parts`: the
-    last batch's reward parts (`reward/<function>`, `reward/overlong_penalty`) for the metrics."""
+    last batch's reward parts (`reward/part/<source>` weighted, `reward/source/<source>` raw,
+    `judge/unparsable`, `reward/overlong_penalty`) for the metrics."""
 
     def __init__(
         self,
@@ -43,8 +47,18 @@ class Scorer:
     ) -> None:
         self.config, self.runtime = config, runtime
         self.prompt_rows = prompt_rows  # the prompt file's records, for reward functions
+        check_reward_weights(config)  # again: --reward-fn adds functions after the config's checks
         self.reward_functions = load_reward_functions(config.reward.functions)  # only those named
+        weights = function_weights(config)  # reward.weights, when given, instead of each function's own
+        if weights is not None:
+            self.reward_functions = [
+                dataclasses.replace(f, weight=w) for f, w in zip(self.reward_functions, weights)
+            ]
+        self.weights = source_weights(config)  # the reward model's and the judge's
         self.remote = remote_reward(config.reward.remote, runtime.tokenizer)  # None: no --reward-url
+        judge = config.reward.llm_judge
+        self.judge = LLMJudge(judge, "pointwise") if judge.url else None  # None: no --judge-url
+        self.judged = torch.ones(0, dtype=torch.bool)  # the last batch's rows the judge scored
         self.raw_scores_hook = raw_scores_hook
         self.status = status  # shows "scoring" on the console line while it scores
         self.parts: dict[str, float] = {}
@@ -68,6 +82,8 @@ class Scorer:
             policy=c.rollout.truncated,
             penalty=c.rollout.truncation_penalty,
         )
+        if self.judge is not None:  # a response the judge gave no score trains nothing
+            keep = keep & self.judged.to(keep.device)
         if c.reward.overlong_buffer > 0:  # soft overlong punishment (DAPO §3.4; docs/algorithms.md §37)
             buffer = overlong_buffer_tokens(c.reward.overlong_buffer, record.budget)
             scores, penalty = shaped_scores(scores, record.policy_lengths, record.budget,
@@ -94,31 +110,51 @@ class Scorer:
             )
         if self.remote is not None:  # a reward server's scores, checked (docs/reward_server.md)
             raw_scores = self.remote.score(rollout).to(rollout.response_mask.device)
-        # Python reward functions, weighted, added to the RM's score (docs/algorithms.md §31)
-        if self.reward_functions:
-            raw_scores = self.function_rewards(record, rows, iteration, raw_scores)
+        # the sources weighted and summed (docs/algorithms.md §31); a reward model alone: its score
+        if self.reward_functions or self.judge is not None or self.config.reward.weights:
+            raw_scores = self.weighted_sources(record, rows, iteration, raw_scores)
         if env_rewards is not None:  # the environment's rewards, summed over the turns, added
             env = env_rewards.to(rollout.response_mask.device)
             raw_scores = env if raw_scores is None else raw_scores + env
         assert raw_scores is not None
         return raw_scores
 
-    def function_rewards(
+    def weighted_sources(
         self, record: EpisodeRecord, rows: list[int], iteration: int, model_scores: torch.Tensor | None
     ) -> torch.Tensor:
-        """``reward.model_weight * RM + sum_k weight_k * fn_k`` [B]; each part's mean kept for the metrics."""
+        """``w_RM * RM + w_judge * judge + sum_k w_k * fn_k`` [B]; each part's mean (weighted) and each
+        source's (raw) kept for the metrics."""
         n = self.config.rollout.samples_per_prompt
         records = [dict(self.prompt_rows[i]) if self.prompt_rows else {} for i in rows for _ in range(n)]
         prompts, responses, token_ids = rollout_texts(self.runtime.tokenizer, record.rollout)
+        sources: dict[str, torch.Tensor] = {}
+        others: dict[str, tuple[torch.Tensor, float]] = {}
+        if model_scores is not None:
+            sources["reward_model"] = model_scores.detach().float().cpu()
+        if self.judge is not None:
+            found = self.judge.scores(prompts, responses, where=f"iteration {iteration}: ")
+            self.judged = torch.tensor([v is not None for v in found], dtype=torch.bool)
+            judged = torch.tensor([0.0 if v is None else v for v in found])  # 0: a dropped row's part
+            sources["llm_judge"] = judged
+            others["llm_judge"] = (judged, self.weights["llm_judge"])
+        raw: dict[str, torch.Tensor] = {}
         total, parts = weighted_reward(
             self.reward_functions,
             model_scores,
-            self.config.reward.model_weight,
+            self.weights.get("reward_model", self.config.reward.model_weight),  # an RM given in code: its own
             prompts,
             responses,
             token_ids,
             records,
             where=f"iteration {iteration}, ",
+            raw=raw,
+            others=others,
         )
         self.parts = part_metrics(parts)
-        return total
+        for name, values in {**sources, **raw}.items():
+            if name == "llm_judge":  # over the rows the judge scored
+                values = values[self.judged]
+            self.parts[f"reward/source/{name}"] = float(values.mean()) if len(values) else 0.0
+        if self.judge is not None:
+            self.parts["judge/unparsable"] = float((~self.judged).sum())
+        return total.to(record.rollout.response_mask.device)

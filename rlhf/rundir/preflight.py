@@ -161,7 +161,25 @@ def preflight(config) -> None:
     for spec in [getattr(config, "judge", None), *(getattr(config, "extra_judges", None) or [])]:
         if isinstance(spec, str):
             check_world_judge(spec)
+    check_llm_judge(config)
     dist = getattr(config, "dist", None)
     if getattr(dist, "runtime", "local") == "ray" and dataclasses.is_dataclass(getattr(config, "ray", None)):
         check_ray_address(config.ray.address)
     check_packing(config)
+
+
+def check_llm_judge(config) -> None:
+    """`rlhf train`'s reward weights against its sources (--reward-fn is added after the config's
+    checks), and the LLM judge's template (eval: pairwise, train: pointwise) before any model loads."""
+    from rlhf.config.judge_template import load_template
+    from rlhf.config.reward_sources import check_reward_weights
+
+    reward = getattr(config, "reward", None)
+    if reward is not None and hasattr(reward, "weights"):
+        check_reward_weights(config)
+    for judge, mode in (
+        (getattr(reward, "llm_judge", None), "pointwise"),
+        (getattr(config, "llm_judge", None), "pairwise"),
+    ):
+        if judge is not None and judge.url:
+            load_template(judge.template, mode)

@@ -79,10 +79,11 @@ def check_fresh_inputs(stage: str, config) -> None:
         require(
             config.model.reward_model
             or config.reward.remote.url
+            or config.reward.llm_judge.url
             or config.reward.functions
             or config.env.name
             or config.agent.name,
-            "--reward-model (or --reward-url, --reward-fn, --env or --agent)",
+            "--reward-model (or --reward-url, --judge-url, --reward-fn, --env or --agent)",
         )
         require(config.data.prompts, "--prompts")
         refuse_reward_model_as_policy(config.model.policy)

@@ -38,6 +38,7 @@ from rlhf.models.tokenizer_match import check_same_tokenizer
 from rlhf.monitor import print_summary
 from rlhf.monitor.progress import WorkProgress, announce
 from rlhf.monitor.run_files import recorded_data_settings
+from rlhf.stages.eval_llm_judge import judge_pairs, llm_judge, print_llm_judge_summary
 from rlhf.stages.prompt_files import prompt_rows
 from rlhf.stages.result_files import refuse_foreign_file, refuse_replacing_other_result, write_result
 from rlhf.train.context_check import check_prompts_fit
@@ -55,6 +56,7 @@ def run_eval(config: EvalConfig) -> dict:
     check_result_path(config)  # before any work: --out is a new file or an earlier eval.json
     tokenizer = prepare_tokenizer(load_tokenizer(config.policy, gguf_file=config.gguf_file))
     _check_tokenizers(config, tokenizer)
+    judge_client = llm_judge(config)  # its API key read before any model loads
     pairs = _read_label_pairs(config, tokenizer) if data.pairs else None  # a bad file stops before models
     prompts_run = _prepare_prompts(config, tokenizer, precision) if data.prompts else None
     texts, pair_logps, kl_logps = {}, {}, {}
@@ -85,8 +87,10 @@ def run_eval(config: EvalConfig) -> dict:
         judges, scores = prompts_run["judges"], prompts_run["scores"]
         paths = {"policy": config.policy, "baseline": config.baseline}
         per_judge = {name: judged(paths, texts, scores[name], name, config.seed) for name in judges}
-        judge_name = next(iter(judges))
-        results = {**per_judge[judge_name], "judges": per_judge}  # the first judge's figures on top
+        judge_name = next(iter(judges), None)  # None: the LLM judge's verdicts alone
+        sides = {side: {"path": str(paths[side])} for side in paths}
+        top = per_judge[judge_name] if judge_name is not None else {**sides, "judge": None}
+        results = {**top, "judges": per_judge}  # the first judge's figures on top
         results["prompts"] = str(data.prompts)
         results["truncation"] = prompts_run["truncation"].as_dict()
         results["system_prompt"] = prompts_run["system_prompt"]
@@ -96,10 +100,18 @@ def run_eval(config: EvalConfig) -> dict:
         results["kl"] = sample_kl(kl_logps["policy"], kl_logps["baseline"], lengths, results["sampling"])
         examples, prompts = prompts_run["examples"], prompts_run["prompts"]
         results["samples"] = paired_samples(
-            [ex.prompt for ex in examples], [ex.source for ex in examples], texts, scores[judge_name]
+            [ex.prompt for ex in examples],
+            [ex.source for ex in examples],
+            texts,
+            scores[judge_name] if judge_name is not None else None,
         )
         for sample, ids in zip(results["samples"], prompts):  # the prompt as the models saw it
             sample["prompt_seen"] = tokenizer.decode(ids)
+        if judge_client is not None:  # each pair judged twice, positions swapped (§33)
+            shown = [judge_prompt(ex.prompt, ids, tokenizer) for ex, ids in zip(examples, prompts)]
+            results["llm_judge"] = judge_pairs(judge_client, shown, texts["policy"], texts["baseline"])
+            for sample, verdict in zip(results["samples"], results["llm_judge"]["verdicts"]):
+                sample["llm_judge_verdict"] = verdict
         values = prompts_run["function_values"]
         if values["policy"]:
             results["reward_functions"] = {
@@ -126,6 +138,8 @@ def run_eval(config: EvalConfig) -> dict:
             _print_eval_summary(
                 config, {**results["judges"][name], "kl": results["kl"]}, name, out, results["truncation"]
             )
+    if "llm_judge" in results:
+        print_llm_judge_summary(config, results["llm_judge"], out)
     if "reward_functions" in results:
         _print_accuracy_summary(config, results, out)
     if pairs is not None:
@@ -162,6 +176,12 @@ def _accuracy_result(config: EvalConfig, run: dict, texts: list[str], tokenizer)
     }
 
 
+def judge_prompt(prompt, ids: list[int], tokenizer) -> str:
+    """The prompt an LLM judge reads: the file's text, or a dialogue as the policy read it (special
+    tokens left out)."""
+    return prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
 def sampling_record(sampling: SamplingConfig) -> dict:
     """eval.json's "sampling": how the answers were drawn (do_sample false: greedy)."""
     return {k: getattr(sampling, k) for k in ("temperature", "top_p", "repetition_penalty", "do_sample")}
@@ -196,7 +216,8 @@ def _prepare_prompts(config: EvalConfig, tokenizer, precision: Precision) -> dic
         rows = prompt_rows(data.prompts, sources)
         check_row_fields(functions, rows, str(data.prompts))
     judges = {}  # judge name -> judge factory; every judge scores the same answers
-    for spec in [config.judge, *config.extra_judges] if config.judge else [None]:
+    specs = [config.judge, *config.extra_judges] if config.judge else [None] if reward_fns else []
+    for spec in specs:  # none: the LLM judge's verdicts alone (--judge-url)
         judge = None
         if spec:
             with announce(f"loading the judge {spec}"):

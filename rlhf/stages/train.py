@@ -157,7 +157,12 @@ def kl_first(shown: dict[str, Any]) -> dict[str, Any]:
 
 def check_reward_server(config: RLConfig) -> None:
     """A --reward-url server answers GET /health before any model loads (exit 2 naming the URL
-    otherwise); a note when it will score the texts with a tokenizer other than the policy's."""
+    otherwise); a note when it will score the texts with a tokenizer other than the policy's. An LLM
+    judge's key variable is read now too (exit 2 naming it when unset)."""
+    if config.reward.llm_judge.url:
+        from rlhf.rl.llm_judge import LLMJudge
+
+        LLMJudge(config.reward.llm_judge, "pointwise")
     if not config.reward.remote.url:
         return
     from rlhf.rl.remote_reward import RemoteReward

@@ -66,7 +66,8 @@ def test_train_needs_a_reward_model_or_a_function(sft, files, tmp_path, capsys):
     args = ["train", "--policy", sft, "--prompts", files["prompts"], "--out", str(tmp_path / "x"), *TINY_GRPO]
     assert main(args) == 2
     assert (
-        "missing --reward-model (or --reward-url, --reward-fn, --env or --agent)" in capsys.readouterr().err
+        "missing --reward-model (or --reward-url, --judge-url, --reward-fn, --env or --agent)"
+        in capsys.readouterr().err
     )
 
 
@@ -84,4 +85,4 @@ def test_eval_judged_by_a_reward_function(sft, files, tmp_path):  # noqa: F811
 
 def test_eval_without_a_judge_or_a_function_exits_2(sft, files, capsys):  # noqa: F811
     assert main(["eval", "--policy", sft, "--baseline", sft, "--prompts", files["test"]]) == 2
-    assert "--judge is missing (and no --reward-fn is given)" in capsys.readouterr().err
+    assert "--judge is missing (and no --judge-url or --reward-fn is given)" in capsys.readouterr().err

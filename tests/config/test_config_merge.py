@@ -63,6 +63,9 @@ COMPANIONS = {
     "policy.cov_control": {"policy.loss": "ppo"},  # Clip-Cov / KL-Cov act on the ppo loss's tokens
     "policy.loss_aggregation": {"policy.loss": "ppo"},  # a token denominator (gspo's is rows)
     "policy.cispo_clip_eps_low": {"policy.loss": "cispo", "policy.clip_eps_high": 4.0},  # cispo needs its cap
+    "reward.llm_judge.url": {"reward.llm_judge.model": "m"},  # a judge server needs the model to ask
+    "llm_judge.url": {"llm_judge.model": "m"},
+    "reward.weights": {"model.reward_model": "rm"},  # one weight per reward source
 }
 
 
@@ -83,6 +86,9 @@ def leaves(config, prefix: str = "") -> list[tuple[str, typing.Any, typing.Any]]
 OTHER = {
     "histogram_bins": 12,
     "reward.remote.url": "http://127.0.0.1:8000",
+    "reward.llm_judge.url": "http://127.0.0.1:8000/v1",
+    "llm_judge.url": "http://127.0.0.1:8000/v1",
+    "reward.weights": [1.0],
     "device": "cpu",
     "train.device": "cpu",
     "rollout.correction.cap": 3.0,

@@ -111,4 +111,4 @@ def test_a_score_float32_cannot_hold_is_refused_naming_the_url(scores, said):
 
 def test_an_answer_repeating_a_key_is_not_taken():
     with pytest.raises(RewardServerError, match=r"key 'scores' is given twice"):
-        client("http://127.0.0.1:9")._json(b'{"scores": [1.0], "scores": [2.0]}', "POST", "/score")
+        client("http://127.0.0.1:9").client._json(b'{"scores": [1.0], "scores": [2.0]}', "POST", "/score")

@@ -437,12 +437,13 @@ def load_roles(config: RLConfig, on_meta: bool = False, hosted: frozenset[str] |
         config.model.reward_model
         or config.reward.functions
         or config.reward.remote.url
+        or config.reward.llm_judge.url
         or config.env.name
         or config.agent.name
     ):
         raise ValueError(
-            "model.reward_model is empty and no reward function, server or environment is named. Fix: "
-            "--reward-model DIR (the reward-model run directory), --reward-url URL and/or --reward-fn "
+            "model.reward_model is empty and no reward function, server, judge or environment is named. Fix: "
+            "--reward-model DIR (the reward-model run directory), --reward-url URL, --judge-url URL and/or --reward-fn "
             "module:function, or --env module:Class, or --agent module:function."
         )
     policy_meta, rm_meta = on_meta, on_meta

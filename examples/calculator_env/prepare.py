@@ -55,14 +55,17 @@ def transcript(tok, row: dict, rng: random.Random, tool_share: float) -> tuple[l
     return ids, mask
 
 
-def warm_start(model, tok, rows: list[dict], *, steps: int, tool_share: float, seed: int) -> float:
-    """Plain next-token training on transcripts (the policy's tokens only); the last loss."""
+def warm_start(
+    model, tok, rows: list[dict], *, steps: int, tool_share: float, seed: int, make=transcript
+) -> float:
+    """Plain next-token training on transcripts (`make(tok, row, rng, tool_share)`: token ids and
+    loss mask; the policy's tokens only trained on); the last loss."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     model.train()
     loss = torch.tensor(0.0)
     for _ in range(steps):
-        batch = [transcript(tok, rng.choice(rows), rng, tool_share) for _ in range(64)]
+        batch = [make(tok, rng.choice(rows), rng, tool_share) for _ in range(64)]
         width = max(len(ids) for ids, _ in batch)
         ids = torch.full((64, width), tok.pad_token_id)
         attention = torch.zeros(64, width, dtype=torch.long)

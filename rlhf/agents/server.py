@@ -54,6 +54,13 @@ class Settings:
     episodes: dict[str, Episode] = field(default_factory=dict)
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    # the listen backlog: every running episode may connect at once (the standard library's 5
+    # refuses connections when a batch of episodes starts on a busy machine)
+    request_queue_size = 1024
+
+
 class ChatServer:
     """The server, started on construction (a daemon thread); `close()` stops it."""
 
@@ -88,8 +95,7 @@ class ChatServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.http.daemon_threads = True
+        self.http = _HTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.http.serve_forever, name="rlhf-agent-server", daemon=True)
         self.thread.start()
 

@@ -262,13 +262,6 @@ class RLConfig:
                 f"be 1). Fix: --{prefix}rollout.logprobs_from_sampler false, or --{key} false.",
                 key,
             )
-        for flag, name in (("env", self.env.name), ("agent", self.agent.name)):
-            if name:
-                refuse(
-                    f"{key} needs the sampler's log-probs of single-turn rollouts; {prefix}{flag}.name "
-                    f"{name!r} runs multi-turn episodes. Fix: --{key} false with --{flag}.",
-                    key,
-                )
 
     def _validate_dapo(self, prefix: str) -> None:
         """Dynamic sampling compares the responses to one prompt, in the synchronous loop."""

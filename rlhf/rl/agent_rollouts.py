@@ -32,7 +32,7 @@ class AgentRollouts(SampledRollouts):
         c = self.config
         started = time.perf_counter()
         _, group, rows = self.draw_prompts()  # the agent renders its own prompts from the rows
-        episodes = self.episodes = self.run_agent(rows)
+        episodes = self.episodes = self.run_agent(rows, iteration)
         for failure in (episodes.failures or [])[:SHOWN_FAILURES]:
             logger.warning("iteration %d: agent %s: episode of %s", iteration, self.agent.name, failure)
         sampled = time.perf_counter()
@@ -45,7 +45,7 @@ class AgentRollouts(SampledRollouts):
         metrics.update({"time/generate": sampled - started, "time/score": time.perf_counter() - sampled})
         return Scored(group, episodes.rollout, raw_scores, scores, keep, 0, episodes.turn_rewards, metrics)
 
-    def run_agent(self, rows: list[int]) -> AgentEpisodes:
+    def run_agent(self, rows: list[int], iteration: int) -> AgentEpisodes:
         c = self.config
         indices = [i for i in rows for _ in range(c.rollout.samples_per_prompt)]
         context = self.runtime.policy_context
@@ -59,5 +59,5 @@ class AgentRollouts(SampledRollouts):
             max_tokens=agent_budget(c.agent, c.rollout.max_new_tokens),
             model=c.model.policy or "policy",
             max_context=None if context is None else context - c.rollout.max_new_tokens,
-            return_logprobs=c.rollout.logprobs_from_sampler,
+            return_logprobs=self.sampler_logprobs(iteration),
         )

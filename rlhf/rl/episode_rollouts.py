@@ -31,7 +31,7 @@ class EpisodeRollouts(SampledRollouts):
         c = self.config
         started = time.perf_counter()
         prompts, group, rows = self.draw_prompts()
-        episodes = self.episodes = self.run_episodes(prompts, rows)
+        episodes = self.episodes = self.run_episodes(prompts, rows, iteration)
         sampled = time.perf_counter()
         # the episode's budget: turns and replies (rlhf/envs/rollout.py); the overlong penalty's L_max (§37)
         record = EpisodeRecord(episodes.rollout, response_budget(c.env, c.rollout.max_new_tokens))
@@ -40,13 +40,14 @@ class EpisodeRollouts(SampledRollouts):
         metrics.update({"time/generate": sampled - started, "time/score": time.perf_counter() - sampled})
         return Scored(group, episodes.rollout, raw_scores, scores, keep, 0, episodes.turn_rewards, metrics)
 
-    def run_episodes(self, prompts: list[list[int]], rows: list[int]) -> Episodes:
+    def run_episodes(self, prompts: list[list[int]], rows: list[int], iteration: int) -> Episodes:
         """One episode of the environment per prompt row, to its end (rlhf/envs/rollout.py)."""
         c = self.config
         indices = [i for i in rows for _ in range(c.rollout.samples_per_prompt)]
+        logprobs = self.sampler_logprobs(iteration)
         envs = [self.environment.episode(self.prompt_rows[i] if self.prompt_rows else {}, i) for i in indices]
         return run_episodes(
-            lambda contexts: self.runtime.generate(contexts, c.rollout.logprobs_from_sampler),
+            lambda contexts: self.runtime.generate(contexts, logprobs),
             self.runtime.tokenizer,
             prompts,
             envs,
@@ -54,5 +55,5 @@ class EpisodeRollouts(SampledRollouts):
             max_turns=c.env.max_turns,
             max_tokens=response_budget(c.env, c.rollout.max_new_tokens),
             rows=indices,
-            return_logprobs=c.rollout.logprobs_from_sampler,
+            return_logprobs=logprobs,
         )

@@ -69,12 +69,15 @@ class SampledRollouts:
     def next_batch(self, iteration: int) -> Scored:
         started = time.perf_counter()
         prompts, group, rows = self.draw_prompts()
-        # the sampler's log-probs: trained on (rollout.logprobs_from_sampler), corrected against
-        # (rollout.correction, §44) or measured (mismatch/*)
-        r = self.config.rollout
-        from_sampler = r.logprobs_from_sampler or r.correction.enabled or self.mismatch.due(iteration)
-        rollout = self.runtime.generate(prompts, from_sampler)
+        rollout = self.runtime.generate(prompts, self.sampler_logprobs(iteration))
         return self.score(group, rows, rollout, iteration, started)
+
+    def sampler_logprobs(self, iteration: int) -> bool:
+        """Whether the sampler keeps its log-probs: trained on (rollout.logprobs_from_sampler),
+        corrected against (rollout.correction, §44) or measured (mismatch/*). In episodes they are
+        the policy's turns' (0 on the context, which the response mask leaves out)."""
+        r = self.config.rollout
+        return r.logprobs_from_sampler or r.correction.enabled or self.mismatch.due(iteration)
 
     def score(
         self,

@@ -344,3 +344,33 @@ def test_train_compile_in_the_role_actors_gives_the_local_runs_numbers(models, l
     assert main(train_args(models, out, "--dist.runtime", "ray", *HALF_A_CPU, *compile)) == 0
     assert compiled_in_actors() > before
     assert_same_rows(metric_rows(local_run), metric_rows(out), tolerance=1e-6)
+
+
+def test_agent_episodes_are_decoded_by_the_rollout_actor(models, cluster, tmp_path, monkeypatch):
+    """`--agent` under Ray: the episodes' requests are sampled by the rollout group (its copy of the
+    policy synced after each update), the agent's server and the loop on the driver."""
+    from rlhf.ray_runtime.runtime import RayRuntime
+
+    first, calls = RayRuntime._first, []
+
+    def counted(self, group, method, *args, **kwargs):
+        calls.append((group, method))
+        return first(self, group, method, *args, **kwargs)
+
+    monkeypatch.setattr(RayRuntime, "_first", counted)
+    out = tmp_path / "agent"
+    args = [
+        "train", "--preset", "grpo", "--policy", models["sft"], "--prompts", models["prompts"],
+        "--out", str(out), "--agent", "tests.support.agents_testing:chat_agent", "--train.iterations", "2",
+        "--rollout.batch_size", "3", "--rollout.samples_per_prompt", "2", "--rollout.max_new_tokens", "4",
+        "--train.micro_batch_size", "6", "--log.sinks", "jsonl", "--dist.runtime", "ray",
+        "--ray.policy.num_cpus=0.5", "--ray.reference.num_cpus=0.5", "--ray.rollout.num_actors=1",
+        "--ray.rollout.num_cpus=0.5",
+    ]  # fmt: skip
+    assert main(args) == 0
+    rows = metric_rows(out)
+    assert len(rows) == 2 and all(
+        r["agent/turns_mean"] == 2 and r["agent/failed_fraction"] == 0 for r in rows
+    )
+    sampled = [group for group, method in calls if method == "generate"]
+    assert sampled and set(sampled) == {"rollout"}  # every turn of every episode, on the rollout actor

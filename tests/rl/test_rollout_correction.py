@@ -3,6 +3,7 @@ staleness weights, and `rollout.correction.enabled` reaching the Experience and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -71,3 +72,61 @@ def test_the_switch_reaches_the_experience_and_the_metrics(make_trainer):
     assert math.isfinite(trainer.update(experience)["policy/loss"])
     experience.is_weights = torch.zeros_like(weights)  # the update multiplies the advantages by them
     assert trainer.update(experience)["policy/loss"] == 0
+
+
+def plain_correction(trainer_logp, sampler_logp, mask, level: str, mode: str, cap: float) -> torch.Tensor:
+    """The weights by a float64 loop over each row's tokens, the masked ones (context) skipped."""
+    out = torch.zeros(mask.shape, dtype=torch.float64)
+    for i in range(mask.shape[0]):
+        valid = [t for t in range(mask.shape[1]) if mask[i, t] > 0]
+        d = {t: float(trainer_logp[i, t]) - float(sampler_logp[i, t]) for t in valid}
+        row_sum = sum(d.values())
+        for t in valid:
+            w = math.exp(row_sum if level == "sequence" else d[t])
+            out[i, t] = min(w, cap) if mode == "truncate" else (w if 1 / cap <= w <= cap else 0.0)
+    return out
+
+
+@pytest.mark.parametrize("source", ["agent", "env"])
+def test_episodes_are_corrected_over_the_policys_turns_alone(make_trainer, source, monkeypatch):
+    """Multi-turn episodes (`--agent`, `--env`) keep the sampler's log-probs of the policy's turns: the
+    weights are the plain loop's over those tokens alone; the tool/user tokens between the turns get
+    weight 0 and add nothing to a row's sequence-level sum (the trainer's log-probs there are real)."""
+    episodes = (
+        {"agent": {"name": "tests.support.agents_testing:chat_agent", "batch_window_ms": 2000}}
+        if source == "agent"
+        else {"env": {"name": "tests.support.envs_testing:Echo", "max_turns": 3}}
+    )
+    correction = {"enabled": True, "level": "sequence", "mode": "truncate", "cap": 1.5}
+    trainer = make_trainer(rl_config("grpo", episodes, rollout={"batch_size": 2, "samples_per_prompt": 2,
+                                                                 "correction": correction}))  # fmt: skip
+    generate = trainer.runtime.generate
+
+    def skewed(prompts, return_logprobs):  # a sampler whose numerics differ from the trainer's
+        rollout = generate(prompts, return_logprobs)
+        assert return_logprobs and rollout.logprobs is not None
+        skew = 0.3 * ((rollout.response_ids % 3) - 1).float() * rollout.response_mask
+        return dataclasses.replace(rollout, logprobs=rollout.logprobs + skew)
+
+    monkeypatch.setattr(trainer.runtime, "generate", skewed)
+    experience, metrics = trainer.make_experience()
+    rollout = trainer.rollouts.episodes.rollout
+    mask = experience.response_mask
+    context = experience.attention_mask[:, experience.prompt_length :].bool() & ~mask.bool()
+    assert context.any() and experience.old_logp[context].abs().min() > 0  # real log-probs there
+    sampler = rollout.logprobs
+    expected = plain_correction(experience.old_logp, sampler, mask, "sequence", "truncate", 1.5)
+    assert torch.allclose(experience.is_weights.double(), expected, atol=1e-5)
+    assert not experience.is_weights[context].any()
+    assert not torch.allclose(expected[mask.bool()], torch.ones(int(mask.sum()), dtype=torch.float64))
+    raw = plain_correction(experience.old_logp, sampler, mask, "sequence", "truncate", math.inf)
+    rows = [raw[i][mask[i].bool()][0] for i in range(len(raw)) if mask[i].any()]  # a row's one weight
+    truncated = sum(float(w) > 1.5 for w in rows) / len(rows)
+    assert metrics["rollout_correction/truncated_fraction"] == pytest.approx(truncated)
+    for level in ("token", "sequence"):  # the other settings on the same episodes
+        for mode in ("truncate", "mask"):
+            settings = RolloutCorrectionConfig(enabled=True, level=level, mode=mode, cap=1.5)
+            weights, _ = corrected_weights(settings, torch.ones_like(mask), experience.old_logp, sampler,
+                                           mask, False)  # fmt: skip
+            want = plain_correction(experience.old_logp, sampler, mask, level, mode, 1.5)
+            assert torch.allclose(weights.double(), want, atol=1e-5), (level, mode)

@@ -53,6 +53,7 @@ from rlhf.config.rl_algorithm import (
     AdvantageConfig,
     CriticConfig,
     KLConfig,
+    OnlineDPOConfig,
     PolicyLossConfig,
     RewardProcessingConfig,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "KLConfig",
     "LogConfig",
     "LoraConfig",
+    "OnlineDPOConfig",
     "OptimConfig",
     "PolicyLossConfig",
     "RLConfig",

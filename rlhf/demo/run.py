@@ -3,7 +3,7 @@
 1. build the world and a tiny Llama model; SFT it on base responses;
 2. train the proxy reward model on the world's noisy preference pairs (held-out label and gold accuracy);
 3. run PPO-max (or, with --compare, vanilla PPO, PPO-max, APA, AWR, GRPO and RLOO, over --seeds seeds;
-   --compare-only NAMES trains only those of them and DPO, e.g. ppo_max,dpo)
+   --compare-only NAMES trains only those of them, DPO and online DPO, e.g. ppo_max,dpo,online_dpo)
    against the proxy, every run sampling the same number of responses per iteration, evaluating proxy and gold reward, KL, perplexity, length and distinct-2 on held-out prompts;
    with --compare also DPO (docs/algorithms.md §32) per seed, from the same SFT model on the same
    noisy pairs the proxy was trained on, evaluated the same way every `dpo_eval_every` optimizer steps;
@@ -65,6 +65,7 @@ from rlhf.train.supervised import SupervisedRun, run_supervised
 from rlhf.worlds import WorldConfig, build_world
 
 ALGORITHMS = ("vanilla_ppo", "ppo_max", "apa", "awr", "grpo", "rloo")
+NAMED_ONLY = ("online_dpo",)  # RL runs of --compare-only (or `algorithms`) only, not of a plain --compare
 REPORT_KEYS = {
     "proxy": "reward/raw_mean",
     "gold": "eval/gold",
@@ -138,6 +139,8 @@ PRESET_DEMO = {
     # critic-free: groups of 4 responses per prompt; GRPO's KL is in its loss (same coefficient)
     "grpo": {"rollout": {"samples_per_prompt": 4}, "policy": {"kl_loss_coef": 0.1}},
     "rloo": {"rollout": {"samples_per_prompt": 4}, "kl": {"beta": 0.1}},
+    # pairs sampled by the current policy; DPO's loss with the beta of the offline DPO runs (dpo_beta 0.1)
+    "online_dpo": {"policy": {"dpo": {"beta": 0.1}}},
 }
 CRITIC_GROUPS = ("critic", "critic_optim")  # settings that only runs with a critic take
 
@@ -230,7 +233,8 @@ def run_demo(
     sft_summary, rm_summary = stage.sft_summary, stage.rm_summary
 
     # 3. RL runs ---------------------------------------------------------------------------------
-    algorithms = [a for a in ALGORITHMS if only is None or a in only] if compare else list(cfg.algorithms)
+    listed = (*ALGORITHMS, *NAMED_ONLY)
+    algorithms = [a for a in listed if a in (only or ALGORITHMS)] if compare else list(cfg.algorithms)
     runs, run_summaries = [], []
     total = len(algorithms) * seeds
     for k, (algorithm, seed) in enumerate((a, s) for a in algorithms for s in range(seeds)):
@@ -272,7 +276,7 @@ def check_compare_only(names: list[str] | None) -> list[str] | None:
     """`--compare-only`: the subset of --compare's runs (ALGORITHMS and "dpo") to train, or None (all)."""
     if names is None:
         return None
-    known = (*ALGORITHMS, "dpo")
+    known = (*ALGORITHMS, *NAMED_ONLY, "dpo")
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise ConfigError(

@@ -51,18 +51,20 @@ def finished(out: Path, command: list[str]) -> bool:
     return done and json.loads(marker.read_text()) == command
 
 
-def partial_figures(out: Path, world: int) -> tuple[dict, list[dict]]:
-    """(the SFT and reward-model figures, one row per finished RL run) of a demo still running."""
+def partial_figures(out: Path, world: int, sft: dict | None = None) -> tuple[dict, list[dict]]:
+    """(the SFT and reward-model figures, one row per finished RL run) of a demo still running;
+    `sft`: the SFT baseline of a finished demo of the same world (else evaluated here)."""
     from rlhf.demo.ablate.report import run_numbers
     from rlhf.demo.run import DemoConfig, _sft_baseline, eval_prompts
     from rlhf.models.scalar_head import ScalarHeadModel
     from rlhf.worlds import WorldConfig, build_world
 
     cfg = DemoConfig(world=WorldConfig(seed=world))
-    built = build_world(cfg.world)
-    reward_model = ScalarHeadModel.from_pretrained(out / "rm").eval()
-    texts, ids = eval_prompts(cfg, out / "world", built.tokenizer)
-    sft = _sft_baseline(built, reward_model, out, texts, ids)
+    if sft is None:
+        built = build_world(cfg.world)
+        reward_model = ScalarHeadModel.from_pretrained(out / "rm").eval()
+        texts, ids = eval_prompts(cfg, out / "world", built.tokenizer)
+        sft = _sft_baseline(built, reward_model, out, texts, ids)
     rows = []
     for run_dir in sorted((out / "runs").glob("*-seed*")):
         algorithm, seed = run_dir.name.rsplit("-seed", 1)
@@ -85,14 +87,19 @@ def partial_figures(out: Path, world: int) -> tuple[dict, list[dict]]:
 def read_partial(root: Path, world: int) -> tuple[list[dict], list[dict], list[str]]:
     """(figures, rows, the demo directories read) of every demo under root/world{world}_*."""
     figures, rows, read = [], [], []
-    for out in sorted(root.glob(f"world{world}_*")):
-        if (out / "summary.json").is_file() and (out / "runs.json").is_file():
-            algorithms = tuple(sorted({r["algorithm"] for r in json.loads((out / "runs.json").read_text())}))
-            world_fig, world_rows = world_figures(out, world, algorithms)
-        elif (out / "rm" / "config.json").is_file():
-            world_fig, world_rows = partial_figures(out, world)
-        else:
+    demos = sorted(root.glob(f"world{world}_*"))
+    done = [out for out in demos if (out / "summary.json").is_file() and (out / "runs.json").is_file()]
+    for out in done:
+        algorithms = tuple(sorted({r["algorithm"] for r in json.loads((out / "runs.json").read_text())}))
+        world_fig, world_rows = world_figures(out, world, algorithms)
+        figures.append(world_fig)
+        rows += world_rows
+        read.append(str(out))
+    sft = figures[0]["sft"] if figures else None  # one SFT model per world: its baseline evaluated once
+    for out in demos:
+        if out in done or not (out / "rm" / "config.json").is_file():
             continue
+        world_fig, world_rows = partial_figures(out, world, sft)
         figures.append(world_fig)
         rows += world_rows
         read.append(str(out))

@@ -91,5 +91,6 @@ def pair_weighted(
     )
     rows = loss_unit_count(mask, "rows")
     advantages = (-rows * slope)[:, None] * mask
+    stats["pairs_per_step"] = stats.pop("pairs")  # online_dpo/pairs: the rollout's (`decisive_pairs`)
     metrics = {"policy/loss": float(loss), **{f"online_dpo/{k}": float(v) for k, v in stats.items()}}
     return dataclasses.replace(minibatch, advantages=advantages), metrics

@@ -73,7 +73,7 @@ def test_the_step_is_dpos_loss_on_the_sampled_pairs_for_any_micro_batch_split(ma
         policy = make_trainer(config, run_dir=trainer.run_dir.parent / f"split{size}").runtime.roles.policy
         got, stats = _gradients(policy, experience)
         assert stats["policy/loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
-        assert stats["online_dpo/pairs"] == 3
+        assert stats["online_dpo/pairs_per_step"] == 3
         assert got.keys() == expected.keys()
         for name in expected:
             torch.testing.assert_close(got[name].double(), expected[name].double(), rtol=1e-4, atol=1e-6)

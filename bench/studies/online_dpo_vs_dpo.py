@@ -72,6 +72,8 @@ def partial_figures(out: Path, world: int, sft: dict | None = None) -> tuple[dic
             continue
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         evals = [r for r in records if "eval/gold" in r and "event" not in r]
+        if not evals:  # a DPO run: its evaluations are kept in the demo's memory only
+            continue
         trajectory = [{"kl": r["eval/kl"], "gold": r["eval/gold"]} for r in evals]
         last = evals[-1]
         final = {k: last[f"eval/{k}"] for k in ("proxy", "gold", "kl", "ppl", "length", "distinct2")}

@@ -34,6 +34,7 @@ from rlhf.demo.ablate.stats import mean_ci, verdict
 
 ALGORITHMS = ("ppo_max", "dpo")
 METRICS = ("gold_gain_end", "gold_gain_at_kl", "kl_end", "proxy_end")
+NAMES = {"ppo_max": "PPO-max", "dpo": "DPO", "online_dpo": "online DPO"}
 
 
 def demo_command(world: int, seeds: int, out: Path, overrides: list[str]) -> list[str]:
@@ -54,8 +55,8 @@ def finished(out: Path, command: list[str], seeds: int) -> bool:
     return runs == {(a, s) for a in ALGORITHMS for s in range(seeds)}
 
 
-def world_figures(out: Path, world: int) -> tuple[dict, list[dict]]:
-    """(the world's SFT and reward-model figures, one row per run) from a finished demo."""
+def world_figures(out: Path, world: int, algorithms: tuple[str, ...] = ALGORITHMS) -> tuple[dict, list[dict]]:
+    """(the world's SFT and reward-model figures, one row per run) from a finished demo of `algorithms`."""
     summary = json.loads((out / "summary.json").read_text())
     runs = json.loads((out / "runs.json").read_text())
     sft = summary["sft"]
@@ -85,7 +86,7 @@ def world_figures(out: Path, world: int) -> tuple[dict, list[dict]]:
             }
         )
     # the demo's own table must read the same means (nothing recomputed differently here)
-    for algorithm in ALGORITHMS:
+    for algorithm in algorithms:
         for key in ("gold_gain_at_kl", "gold_gain_end", "kl_end"):
             ours = mean_ci([r[key] for r in rows if r["algorithm"] == algorithm])["mean"]
             theirs = summary["equal_kl"]["algorithms"][algorithm][key]["mean"]
@@ -100,23 +101,32 @@ def world_figures(out: Path, world: int) -> tuple[dict, list[dict]]:
     return figures, rows
 
 
-def aggregate(rows: list[dict]) -> dict:
-    """Per algorithm mean [95% t] over the rows, and PPO-max minus DPO paired by (world, seed)."""
+def aggregate(
+    rows: list[dict],
+    algorithms: tuple[str, ...] = ALGORITHMS,
+    pairs: tuple[tuple[str, str], ...] = (("ppo_max", "dpo"),),
+) -> dict:
+    """Per algorithm mean [95% t] over the rows, and for each (a, b) of `pairs` a minus b paired by
+    (world, seed) under "a_minus_b"."""
     table: dict = {}
-    for algorithm in ALGORITHMS:
+    for algorithm in algorithms:
         mine = [r for r in rows if r["algorithm"] == algorithm]
         table[algorithm] = {key: mean_ci([r[key] for r in mine]) for key in METRICS}
         table[algorithm]["reached_kl_budget"] = f"{sum(r['reached_kl_budget'] for r in mine)}/{len(mine)}"
     by = {(r["world"], r["seed"], r["algorithm"]): r for r in rows}
-    pairs = sorted({(r["world"], r["seed"]) for r in rows})
-    difference = {}
-    for key in METRICS:
-        diff = mean_ci([by[(w, s, "ppo_max")][key] - by[(w, s, "dpo")][key] for w, s in pairs])
-        diff["verdict"] = {"higher": "PPO-max higher", "lower": "PPO-max lower"}.get(
-            verdict(diff), "no measurable difference"
-        )
-        difference[key] = diff
-    table["ppo_max_minus_dpo"] = difference
+    for a, b in pairs:
+        both = sorted({(w, s) for w, s, _ in by if (w, s, a) in by and (w, s, b) in by})
+        if not both:  # a partial study: no seed ran both
+            continue
+        difference = {}
+        for key in METRICS:
+            diff = mean_ci([by[(w, s, a)][key] - by[(w, s, b)][key] for w, s in both])
+            name = NAMES.get(a, a)
+            diff["verdict"] = {"higher": f"{name} higher", "lower": f"{name} lower"}.get(
+                verdict(diff), "no measurable difference"
+            )
+            difference[key] = diff
+        table[f"{a}_minus_{b}"] = difference
     return table
 
 

@@ -71,3 +71,22 @@ def test_a_world_counts_as_finished_only_for_the_same_command_and_every_seed(tmp
     assert finished(out, command, 1)
     assert not finished(out, demo_command(1, 1, out, ["--iterations", "30"]), 1)
     assert not finished(out, command, 2)  # seed 1 missing
+
+
+def test_any_pairs_of_algorithms_and_a_partial_study(tmp_path):
+    """bench/studies/online_dpo_vs_dpo.py's use: three algorithms, differences to two of them; a pair
+    without a common seed is left out."""
+    rows = [
+        {"world": 0, "seed": s, "algorithm": a, "gold_gain_end": g, "gold_gain_at_kl": g / 2, "kl_end": 1.0,
+         "proxy_end": 0.0, "reached_kl_budget": True}
+        for (a, s), g in {("online_dpo", 0): 3.0, ("online_dpo", 1): 5.0, ("dpo", 0): 1.0, ("dpo", 1): 2.0,
+                          ("ppo_max", 2): 9.0}.items()
+    ]  # fmt: skip
+    table = aggregate(
+        rows, ("online_dpo", "dpo", "ppo_max"), (("online_dpo", "dpo"), ("online_dpo", "ppo_max"))
+    )
+    diff = table["online_dpo_minus_dpo"]
+    assert diff["gold_gain_end"]["mean"] == pytest.approx(2.5) and diff["gold_gain_at_kl"]["mean"] == 1.25
+    assert diff["gold_gain_end"]["verdict"] in ("online DPO higher", "no measurable difference")
+    assert "online_dpo_minus_ppo_max" not in table  # no seed ran both
+    assert table["ppo_max"]["gold_gain_end"]["mean"] == 9.0

@@ -44,6 +44,7 @@ from rlhf.config.rl_algorithm import (
     AdvantageConfig,
     CriticConfig,
     KLConfig,
+    OnlineDPOConfig,
     PolicyLossConfig,
     RewardProcessingConfig,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "KLConfig",
     "LogConfig",
     "LoraConfig",
+    "OnlineDPOConfig",
     "OptimConfig",
     "PolicyLossConfig",
     "RLConfig",

@@ -10,7 +10,19 @@ import yaml
 from rlhf.config.errors import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
-PRESETS = ("vanilla_ppo", "ppo_max", "apa", "awr", "grpo", "rloo", "reinforce_pp", "dapo", "gspo", "cispo")
+PRESETS = (
+    "vanilla_ppo",
+    "ppo_max",
+    "apa",
+    "awr",
+    "grpo",
+    "rloo",
+    "reinforce_pp",
+    "dapo",
+    "gspo",
+    "cispo",
+    "online_dpo",
+)
 
 
 MERGE_TAG = "tag:yaml.org,2002:merge"

@@ -232,6 +232,7 @@ class RLConfig:
                 f"{prefix}kl.horizon",
             )
         self._validate_estimator(prefix)
+        self._validate_online_dpo(prefix)
         self._validate_staleness(prefix)
         if self.env.name and self.agent.name:
             refuse(
@@ -310,6 +311,30 @@ class RLConfig:
                 f"{key} corrects stale rollouts with decoupled PPO, which needs {prefix}policy.loss ppo, got "
                 f"{self.policy.loss!r}. Fix: --{prefix}policy.loss ppo, or --{key} 0.",
                 key,
+            )
+
+    def _validate_online_dpo(self, prefix: str) -> None:
+        """Online DPO trains on pairs ranked by their scores alone (docs/algorithms.md §45)."""
+        loss, a, n = self.policy.loss, self.advantage.estimator, self.rollout.samples_per_prompt
+        if loss == "online_dpo" and a != "pairwise":
+            refuse(
+                f"{prefix}policy.loss online_dpo ranks the two responses of each prompt by their advantage "
+                f"sign, which {prefix}advantage.estimator pairwise gives; got {a!r}. "
+                f"Fix: --{prefix}advantage.estimator pairwise (or --preset online_dpo).",
+                f"{prefix}advantage.estimator",
+            )
+        if a == "pairwise" and n != 2:
+            refuse(
+                f"{prefix}advantage.estimator pairwise compares the two responses of a prompt, but "
+                f"{prefix}rollout.samples_per_prompt is {n}. Fix: --{prefix}rollout.samples_per_prompt 2.",
+                f"{prefix}rollout.samples_per_prompt",
+            )
+        if loss == "online_dpo" and self.kl.beta != 0:
+            refuse(
+                f"{prefix}policy.loss online_dpo keeps the policy near the reference through its own loss "
+                f"({prefix}policy.dpo.beta) and ranks each pair by the score alone, but {prefix}kl.beta is "
+                f"{self.kl.beta} (a KL penalty in the reward). Fix: --{prefix}kl.beta 0.",
+                f"{prefix}kl.beta",
             )
 
     def _validate_estimator(self, prefix: str) -> None:

@@ -115,9 +115,25 @@ class AdvantageConfig:
 
 
 @dataclass
+class OnlineDPOConfig:
+    """Online DPO's preference loss on each sampled pair (docs/algorithms.md §45)."""
+
+    # sigmoid: DPO | ipo: IPO | robust: robust DPO (rlhf.core.preference_loss, docs/algorithms.md §32)
+    loss: Literal["sigmoid", "ipo", "robust"] = "sigmoid"
+    # strength of the reference anchor (TRL's OnlineDPOConfig default, the DPO paper's dialogue value)
+    beta: float = setting(
+        0.1, "(0, 100]", why="it scales the loss's logits: above 100 one token saturates it"
+    )
+    # eps: the rate of flipped preferences assumed (sigmoid: cDPO's smoothing; robust: its noise rate)
+    label_smoothing: float = setting(0.0, "[0, 0.5)", when=When("loss", ("sigmoid", "robust")))
+
+
+@dataclass
 class PolicyLossConfig:
-    # "ppo" | "apa" | "awr" | "gspo" | "cispo" | any loss registered in rlhf.core.losses
+    # "ppo" | "apa" | "awr" | "gspo" | "cispo" | "online_dpo" | any loss registered in rlhf.core.losses
     loss: PolicyLossName = "ppo"
+    # online_dpo: the pairs' preference loss (docs/algorithms.md §45)
+    dpo: OnlineDPOConfig = setting(factory=OnlineDPOConfig, when=When("loss", "online_dpo"))
     # PPO ratio clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] (below 1: a lower bound above 0)
     clip_eps: float = setting(0.2, "(0, 1)", when=read_by(_loss_sources, "clip_eps", "ppo"))
     # the upper bound's epsilon; None: clip_eps. DAPO's clip-higher 0.28 (DAPO paper §3.1; docs/algorithms.md §35)

@@ -37,6 +37,7 @@ from rlhf.core.losses import (
     token_weighted_accumulate,
     value_loss,
 )
+from rlhf.core.online_dpo import ONLINE_DPO_LOSSES, online_dpo_loss, pair_preference, preference_pairs
 from rlhf.core.preference import PREFERENCE_LOSSES, REFERENCE_FREE, preference_loss
 from rlhf.core.rewards import ScoreProcessor, token_rewards
 from rlhf.core.rollout_correction import rollout_correction
@@ -58,6 +59,7 @@ __all__ = [
     "POLICY_LOSSES",
     "POLICY_LOSS_SOURCES",
     "POLICY_LOSS_UNITS",
+    "ONLINE_DPO_LOSSES",
     "PREFERENCE_LOSSES",
     "REFERENCE_FREE",
     "decoupled_is_weights",
@@ -87,6 +89,8 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "online_dpo_loss",
+    "pair_preference",
     "micro_batch_weight",
     "overlong_penalty",
     "policy_loss",
@@ -94,6 +98,7 @@ __all__ = [
     "policy_loss_unit",
     "ppo_loss",
     "preference_loss",
+    "preference_pairs",
     "register_estimator",
     "register_policy_loss",
     "rollout_correction",

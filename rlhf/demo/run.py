@@ -2,9 +2,9 @@
 
 1. build the world and a tiny Llama model; SFT it on base responses;
 2. train the proxy reward model on the world's noisy preference pairs (held-out label and gold accuracy);
-3. run PPO-max (with --compare: vanilla PPO, PPO-max, APA, AWR, GRPO, RLOO and DPO over --seeds seeds;
-   --compare-only NAMES for some of them) against the proxy, evaluating proxy and gold reward, KL,
-   perplexity, length and distinct-2 on held-out prompts;
+3. run PPO-max (or, with --compare, vanilla PPO, PPO-max, APA, AWR, GRPO, RLOO and DPO over --seeds
+   seeds; --compare-only NAMES trains only those of them, DPO and online DPO, e.g. ppo_max,dpo,online_dpo)
+   against the proxy, evaluating proxy and gold reward, KL, perplexity, length and distinct-2 on held-out prompts;
 4. write report.html and summary.json (with --compare also the gold gain where each run's KL first
    reaches `kl_budget`, as `rlhf ablate` reads it), print a one-screen summary."""
 
@@ -62,6 +62,7 @@ from rlhf.train.supervised import SupervisedRun, run_supervised
 from rlhf.worlds import WorldConfig, build_world
 
 ALGORITHMS = ("vanilla_ppo", "ppo_max", "apa", "awr", "grpo", "rloo")
+NAMED_ONLY = ("online_dpo",)  # RL runs of --compare-only (or `algorithms`) only, not of a plain --compare
 REPORT_KEYS = {
     "proxy": "reward/raw_mean",
     "gold": "eval/gold",
@@ -135,6 +136,8 @@ PRESET_DEMO = {
     # critic-free: groups of 4 responses per prompt; GRPO's KL is in its loss (same coefficient)
     "grpo": {"rollout": {"samples_per_prompt": 4}, "policy": {"kl_loss_coef": 0.1}},
     "rloo": {"rollout": {"samples_per_prompt": 4}, "kl": {"beta": 0.1}},
+    # pairs sampled by the current policy; DPO's loss with the beta of the offline DPO runs (dpo_beta 0.1)
+    "online_dpo": {"policy": {"dpo": {"beta": 0.1}}},
 }
 CRITIC_GROUPS = ("critic", "critic_optim")  # settings that only runs with a critic take
 
@@ -227,7 +230,8 @@ def run_demo(
     sft_summary, rm_summary = stage.sft_summary, stage.rm_summary
 
     # 3. RL runs ---------------------------------------------------------------------------------
-    algorithms = [a for a in ALGORITHMS if only is None or a in only] if compare else list(cfg.algorithms)
+    listed = (*ALGORITHMS, *NAMED_ONLY)
+    algorithms = [a for a in listed if a in (only or ALGORITHMS)] if compare else list(cfg.algorithms)
     runs, run_summaries = [], []
     total = len(algorithms) * seeds
     for k, (algorithm, seed) in enumerate((a, s) for a in algorithms for s in range(seeds)):
@@ -269,7 +273,7 @@ def check_compare_only(names: list[str] | None) -> list[str] | None:
     """`--compare-only`: the subset of --compare's runs (ALGORITHMS and "dpo") to train, or None (all)."""
     if names is None:
         return None
-    known = (*ALGORITHMS, "dpo")
+    known = (*ALGORITHMS, *NAMED_ONLY, "dpo")
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise ConfigError(

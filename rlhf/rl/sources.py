@@ -12,6 +12,7 @@ from rlhf.rl.async_rollouts import AsyncRollouts
 from rlhf.rl.dapo import DynamicSampling
 from rlhf.rl.episode_rollouts import EpisodeRollouts
 from rlhf.rl.mismatch import MismatchMonitor
+from rlhf.rl.online_dpo import PreferencePairs
 from rlhf.rl.prompts import PromptStream
 from rlhf.rl.rollout_source import RolloutSource, SampledRollouts
 from rlhf.rl.scorer import Scorer
@@ -27,7 +28,8 @@ def rollout_source(
     prompt_rows: list[dict[str, Any]] | None = None,
 ) -> RolloutSource:
     """Episodes under `env.name` or `agent.name`, asynchronous under `rollout.max_staleness` > 0, else synchronous;
-    wrapped in DAPO's dynamic sampling under `rollout.dynamic_sampling`."""
+    wrapped in online DPO's pairs under `policy.loss online_dpo` and in DAPO's dynamic sampling under
+    `rollout.dynamic_sampling`."""
     c = config.rollout
     args = (config, runtime, PromptStream(prompts, seed=config.seed), scorer, mismatch)
     source: RolloutSource
@@ -41,6 +43,8 @@ def rollout_source(
         source = AsyncRollouts(*args)
     else:
         source = SampledRollouts(*args)
+    if config.policy.loss == "online_dpo":  # each prompt's two responses: a pair, or dropped on a tie (§45)
+        source = PreferencePairs(source)
     if c.dynamic_sampling:  # groups of equal scores dropped and refilled (DAPO §3.2; §36)
         source = DynamicSampling(
             source, c.batch_size, c.max_sampling_rounds, runtime.tokenizer.pad_token_id or 0

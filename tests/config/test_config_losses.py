@@ -28,7 +28,9 @@ def test_every_parameter_of_a_built_in_loss_is_a_policy_loss_config_field(name):
 def test_an_unknown_loss_names_the_registry_choices():
     with pytest.raises(ConfigError) as error:
         load_config(RLConfig, overrides={"policy": {"loss": "dpo"}})
-    assert "policy.loss must be one of 'ppo', 'apa', 'awr', 'cispo', 'gspo', got 'dpo'" in str(error.value)
+    assert "policy.loss must be one of 'ppo', 'apa', 'awr', 'cispo', 'gspo', 'online_dpo', got 'dpo'" in str(
+        error.value
+    )
 
 
 def test_a_loss_registered_later_is_a_valid_choice():
@@ -40,7 +42,8 @@ def test_a_loss_registered_later_is_a_valid_choice():
         config = load_config(RLConfig, overrides={"policy": {"loss": "test_later", "clip_eps": 0.3}})
         assert policy_loss_params(config.policy.loss, config.policy) == {"clip_eps": 0.3}
         with pytest.raises(
-            ConfigError, match="one of 'ppo', 'apa', 'awr', 'cispo', 'gspo', 'test_later', got 'dpo'"
+            ConfigError,
+            match="one of 'ppo', 'apa', 'awr', 'cispo', 'gspo', 'online_dpo', 'test_later', got 'dpo'",
         ):
             load_config(RLConfig, overrides={"policy": {"loss": "dpo"}})
     finally:

@@ -46,7 +46,7 @@ REQUIRED = {
 # Cross-field rules of `validate`: a key that cannot change alone, and what it needs beside it.
 COMPANIONS = {
     "reward.discounted": {"reward.scale": True, "reward.normalize": False},
-    "kl.adaptive": {"kl.beta": 0.05},  # vanilla_ppo has beta 0
+    "kl.adaptive": {"kl.beta": 0.05, "policy.loss": "ppo"},  # vanilla_ppo has beta 0; online DPO none
     "dist.offload": {"dist.strategy": "fsdp2"},  # offloads fsdp2's shards
     "dist.rollout_gather": {"dist.strategy": "fsdp2"},  # gathers fsdp2's shards per layer
     # samples on a Ray rollout group, corrected by decoupled PPO
@@ -57,8 +57,9 @@ COMPANIONS = {
         "policy.loss": "ppo",
         "rollout.dynamic_sampling": False,
     },
-    # the first other choice is a group estimator with no critic (and so no critic pre-training)
-    "advantage.estimator": {"rollout.samples_per_prompt": 2},
+    # the first other choice is a group estimator with no critic (and so no critic pre-training);
+    # online DPO reads the pairwise estimator's signs (the online_dpo preset)
+    "advantage.estimator": {"rollout.samples_per_prompt": 2, "policy.loss": "ppo"},
     "rollout.dynamic_sampling": {"rollout.samples_per_prompt": 2},  # keeps groups of 2 or more responses
     "policy.cov_control": {"policy.loss": "ppo"},  # Clip-Cov / KL-Cov act on the ppo loss's tokens
     "policy.loss_aggregation": {"policy.loss": "ppo"},  # a token denominator (gspo's is rows)
@@ -66,6 +67,19 @@ COMPANIONS = {
     "reward.llm_judge.url": {"reward.llm_judge.model": "m"},  # a judge server needs the model to ask
     "llm_judge.url": {"llm_judge.model": "m"},
     "reward.weights": {"model.reward_model": "rm"},  # one weight per reward source
+    # online DPO ranks the two responses of a prompt by the pairwise estimator's sign, KL-free
+    "policy.loss=online_dpo": {
+        "advantage.estimator": "pairwise",
+        "rollout.samples_per_prompt": 2,
+        "kl.beta": 0.0,
+    },
+    "kl.beta": {
+        "policy.loss": "ppo"
+    },  # a KL penalty in the reward: not with online DPO (the online_dpo preset)
+    "rollout.samples_per_prompt": {
+        "policy.loss": "ppo",
+        "advantage.estimator": "grpo",
+    },  # pairwise: groups of 2
 }
 
 
@@ -157,8 +171,9 @@ def companions(cls, key: str) -> dict:
     which it applies (rlhf.config.keys) with those conditions' own companions."""
     met = meeting(cls, key)
     found: dict = {}
-    for condition in met:
+    for condition, value in met.items():
         found.update(COMPANIONS.get(condition, {}))
+        found.update(COMPANIONS.get(f"{condition}={value}", {}))  # a rule of one value of the condition
     return {**found, **met, **COMPANIONS.get(key, {})}
 
 
@@ -285,6 +300,7 @@ PAPER_RATES = {
     "dapo": (1e-6, None, 0.0),  # DAPO paper §4.1 (its 20-step warm-up: not set, as grpo's)
     "gspo": (1e-6, None, 0.0),  # GRPO's (the GSPO paper states no rate)
     "cispo": (1e-6, None, 0.0),  # GRPO's
+    "online_dpo": (5e-7, None, 0.0),  # TRL's OnlineDPOConfig
 }
 
 

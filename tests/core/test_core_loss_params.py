@@ -82,7 +82,7 @@ def test_a_registered_loss_declares_its_sources_and_errors_name_the_fix():
         POLICY_LOSS_SOURCES.pop("test_scaled")
         POLICY_LOSS_UNITS.pop("test_scaled")
     with pytest.raises(
-        ValueError, match="unknown policy loss 'grpo': choose one of apa, awr, cispo, gspo, ppo"
+        ValueError, match="unknown policy loss 'grpo': choose one of apa, awr, cispo, gspo, online_dpo, ppo"
     ):
         policy_loss_params("grpo", SOURCE)
 

@@ -385,7 +385,7 @@ def test_registry_extension_and_errors() -> None:
         POLICY_LOSSES.pop("test_reinforce")
     data = random_tokens(0)
     with pytest.raises(
-        ValueError, match="unknown policy loss 'grpo': choose one of apa, awr, cispo, gspo, ppo"
+        ValueError, match="unknown policy loss 'grpo': choose one of apa, awr, cispo, gspo, online_dpo, ppo"
     ):
         policy_loss("grpo", **data)
     with pytest.raises(

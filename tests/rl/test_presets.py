@@ -44,6 +44,12 @@ PER_LOSS = {
     "awr": ("policy/weight_mean", "policy/weight_max", "policy/weight_clip_fraction"),
     "gspo": ("policy/clip_fraction", "policy/ratio_mean", "policy/ratio_min", "policy/ratio_max"),
     "cispo": ("policy/weight_clip_fraction", "policy/clip_fraction_high", "policy/ratio_mean"),
+    "online_dpo": (
+        "online_dpo/tie_fraction",
+        "online_dpo/score_gap",
+        "online_dpo/accuracy",
+        "online_dpo/margin",
+    ),
 }
 
 

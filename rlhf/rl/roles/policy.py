@@ -6,7 +6,7 @@
     KL in the loss   + kl_loss_coef * KL(pi || ref)   (GRPO's placement)     docs/algorithms.md §28
     value loss       + value_coef * clipped value loss (`critic_mode shared`) docs/algorithms.md §15
     PPO-ptx          + ptx_coef * the SFT loss on other rows                 docs/algorithms.md §17
-
+    online DPO       the pairs' DPO loss, rows weighed on the whole minibatch docs/algorithms.md §45
 Micro-batches, token weights, clipping and the NaN guard: the learner's engine (rlhf/train/learner.py)."""
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from rlhf.models.sequences import Sequences
 from rlhf.parallel.parallel_plan import ParallelPlan
 from rlhf.parallel.peers import Peers
 from rlhf.rl.experience import Experience, scored_in_chunks, valid_tokens
+from rlhf.rl.online_dpo import pair_weighted
 from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
 from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
 
@@ -166,6 +167,11 @@ class Policy(Learner):
         self.model.train(False)  # dropout stays off: the first ratio is exactly 1
         total = self.loss_denominator(minibatch) if total_tokens is None else total_tokens
         minibatch = self.with_cov_selection(minibatch)
+        pair_metrics: dict[str, float] = {}
+        if self.loss.loss == "online_dpo":  # pairs weighed on the whole minibatch, before any split (§45)
+            minibatch, pair_metrics = pair_weighted(
+                minibatch, self.logprobs(minibatch.sequences), self.loss.dpo
+            )
         stats = StepStats()
         gate = self.entropy_gate(minibatch, total, stats)  # None: the plain entropy bonus
         # a loss that is a mean over rows (GSPO) is divided by the minibatch's rows with a valid token:
@@ -180,7 +186,7 @@ class Policy(Learner):
             losses.append(partial(self.value_term, stats=stats))
         then = [partial(self.ptx_term, stats)] if self.with_ptx else []
         _, grad_norm = self.step(minibatch, losses, valid_tokens, total, then=then)
-        return {**stats.result(self.peers), **step_metrics("policy", grad_norm)}
+        return {**stats.result(self.peers), **step_metrics("policy", grad_norm), **pair_metrics}
 
     def policy_terms(
         self,

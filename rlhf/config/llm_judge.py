@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from rlhf.config.checks import refuse
 from rlhf.config.keys import When, setting
+from rlhf.config.remote import check_url
 
 WITH_JUDGE_URL = When(
     "url",
@@ -66,15 +67,8 @@ class LLMJudgeConfig:
 
 def check_judge_url(url: str, key: str) -> None:
     """An http(s) base URL with a host, no query or fragment."""
-    from urllib.parse import urlsplit
-
-    fix = "--judge-url http://HOST:PORT/v1 (the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1)"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 (raises ValueError on a port that is not a number in 0-65535)
-    except ValueError as err:
-        refuse(f"{key} {url!r} is not a URL ({err}). Fix: {fix}.", key)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        refuse(f"{key} {url!r} is not an http:// or https:// URL with a host. Fix: {fix}.", key)
-    if parts.query or parts.fragment:
-        refuse(f"{key} {url!r} has a query or fragment; give the server's base URL. Fix: {fix}.", key)
+    check_url(
+        url,
+        key,
+        "--judge-url http://HOST:PORT/v1 (the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1)",
+    )

@@ -49,9 +49,10 @@ class RemoteRewardConfig:
             )
 
 
-def check_url(url: str, key: str) -> None:
-    """An http(s) URL with a host (and a valid port, if any)."""
-    fix = f"--{key} http://HOST:PORT (e.g. http://127.0.0.1:8000, where `rlhf serve-rm` listens)"
+def check_url(url: str, key: str, fix: str | None = None) -> None:
+    """An http(s) URL with a host (and a valid port, if any), no query or fragment; `fix` says what
+    to pass instead (default: a reward server's address)."""
+    fix = fix or f"--{key} http://HOST:PORT (e.g. http://127.0.0.1:8000, where `rlhf serve-rm` listens)"
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (raises ValueError on a port that is not a number in 0-65535)

@@ -1,7 +1,7 @@
 """The recipe's files from data/ (examples/smollm2_math/README.md):
 
     OUT/sft.jsonl            training problems as SFT examples: the question, and as the response its
-                             equation written out with its result ("56 * 9 = 504")
+                             equation as arithmetic ("56 * 9"; `--format equation`: "56 * 9 = 504")
     OUT/train_prompts.jsonl  training problems as RL prompts, with their `answer` (the verifier's field)
     OUT/test_prompts.jsonl   the test problems (SVAMP), the same way
 

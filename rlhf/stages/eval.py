@@ -47,8 +47,9 @@ from rlhf.train.context_check import check_prompts_fit
 def run_eval(config: EvalConfig) -> dict:
     """`rlhf eval`: both policies answer the same held-out prompts; the judge scores; paired comparison.
     With `reward_functions`, also each function's figures (docs/algorithms.md §40); with them alone and
-    no `baseline`, only the policy answers and those figures are the result. With `data.pairs`, also the verdict of held-out human labels (eval.json's "pairs",
-    docs/algorithms.md §38): both policies score the same preference pairs. Every model runs on
+    no `baseline`, only the policy answers and those figures are the result. With `data.pairs`, also
+    the verdict of held-out human labels (eval.json's "pairs", docs/algorithms.md §38): both policies
+    score the same preference pairs. Every model runs on
     `device` under the `dtype` policy. `config` is validated (load_config)."""
     data = config.data
     device = resolve_device(config.device, key="device")
@@ -59,6 +60,35 @@ def run_eval(config: EvalConfig) -> dict:
     judge_client = llm_judge(config)  # its API key read before any model loads
     pairs = _read_label_pairs(config, tokenizer) if data.pairs else None  # a bad file stops before models
     prompts_run = _prepare_prompts(config, tokenizer, precision) if data.prompts else None
+    texts, pair_logps, kl_logps, policy_rollouts = _answer_with_each_model(
+        config, tokenizer, precision, device, prompts_run, pairs
+    )
+    if prompts_run is not None and not config.baseline:
+        results = _accuracy_result(config, prompts_run, texts["policy"], tokenizer)
+    elif prompts_run is not None:
+        results = _comparison_result(
+            config, prompts_run, texts, kl_logps, policy_rollouts, tokenizer, judge_client
+        )
+    else:  # the label verdict alone: no judge, no prompts
+        results = {
+            "policy": {"path": str(config.policy)},
+            "baseline": {"path": str(config.baseline)},
+            "judge": None,
+            "judges": {},
+            "prompts": None,
+        }
+    if pairs is not None:
+        results["pairs"] = label_pairs_result(pairs, pair_logps["policy"], pair_logps["baseline"])
+    out = eval_result_path(config)
+    write_result(out, results)
+    _print_summaries(config, results, out, prompts_run)
+    return results
+
+
+def _answer_with_each_model(config: EvalConfig, tokenizer, precision, device, prompts_run, pairs):
+    """Load the policy (then the baseline), one at a time: its answers to the prompts and their
+    scores, its log-probs of the policy's answers (eval.json's "kl") and of the label pairs.
+    Returns (texts, pair log-probs, KL log-probs, the policy's rollouts), each keyed by side."""
     texts, pair_logps, kl_logps = {}, {}, {}
     policy_rollouts: list = []
     sides = [("policy", config.policy, config.gguf_file)]
@@ -80,59 +110,59 @@ def run_eval(config: EvalConfig) -> dict:
         if pairs is not None:
             pair_logps[name] = _pair_logprobs(name, path, model, pairs, tokenizer, config, precision)
         del model
-    results: dict = {}
-    if prompts_run is not None and not config.baseline:
-        results = _accuracy_result(config, prompts_run, texts["policy"], tokenizer)
-    elif prompts_run is not None:
-        judges, scores = prompts_run["judges"], prompts_run["scores"]
-        paths = {"policy": config.policy, "baseline": config.baseline}
-        per_judge = {name: judged(paths, texts, scores[name], name, config.seed) for name in judges}
-        judge_name = next(iter(judges), None)  # None: the LLM judge's verdicts alone
-        sides = {side: {"path": str(paths[side])} for side in paths}
-        top = per_judge[judge_name] if judge_name is not None else {**sides, "judge": None}
-        results = {**top, "judges": per_judge}  # the first judge's figures on top
-        results["prompts"] = str(data.prompts)
-        results["truncation"] = prompts_run["truncation"].as_dict()
-        results["system_prompt"] = prompts_run["system_prompt"]
-        results["sampling"] = sampling_record(prompts_run["sampling"])
-        results["max_prompt_tokens"] = prompts_run["budget"]
-        lengths = torch.cat([r.response_mask.sum(-1).cpu() for r in policy_rollouts])
-        results["kl"] = sample_kl(kl_logps["policy"], kl_logps["baseline"], lengths, results["sampling"])
-        examples, prompts = prompts_run["examples"], prompts_run["prompts"]
-        results["samples"] = paired_samples(
-            [ex.prompt for ex in examples],
-            [ex.source for ex in examples],
-            texts,
-            scores[judge_name] if judge_name is not None else None,
-        )
-        for sample, ids in zip(results["samples"], prompts):  # the prompt as the models saw it
-            sample["prompt_seen"] = tokenizer.decode(ids)
-        if judge_client is not None:  # each pair judged twice, positions swapped (§33)
-            shown = [judge_prompt(ex.prompt, ids, tokenizer) for ex, ids in zip(examples, prompts)]
-            results["llm_judge"] = judge_pairs(judge_client, shown, texts["policy"], texts["baseline"])
-            for sample, verdict in zip(results["samples"], results["llm_judge"]["verdicts"]):
-                sample["llm_judge_verdict"] = verdict
-        values = prompts_run["function_values"]
-        if values["policy"]:
-            results["reward_functions"] = {
-                fn: function_figures(values["policy"][fn].tolist(), values["baseline"][fn].tolist())
-                for fn in values["policy"]
-            }
-            for i, sample in enumerate(results["samples"]):
-                for side in ("policy", "baseline"):
-                    sample[f"{side}_function_scores"] = {fn: float(v[i]) for fn, v in values[side].items()}
-    else:  # the label verdict alone: no judge, no prompts
-        results = {
-            "policy": {"path": str(config.policy)},
-            "baseline": {"path": str(config.baseline)},
-            "judge": None,
-            "judges": {},
-            "prompts": None,
+    return texts, pair_logps, kl_logps, policy_rollouts
+
+
+def _comparison_result(
+    config: EvalConfig, prompts_run: dict, texts, kl_logps, policy_rollouts, tokenizer, judge_client
+) -> dict:
+    """eval.json of the policy against the baseline on the prompts: each judge's paired figures (the
+    first on top), the settings, the sample KL, every prompt's answers, the LLM judge's verdicts and
+    each reward function's paired figures."""
+    data = config.data
+    judges, scores = prompts_run["judges"], prompts_run["scores"]
+    paths = {"policy": config.policy, "baseline": config.baseline}
+    per_judge = {name: judged(paths, texts, scores[name], name, config.seed) for name in judges}
+    judge_name = next(iter(judges), None)  # None: the LLM judge's verdicts alone
+    sides = {side: {"path": str(paths[side])} for side in paths}
+    top = per_judge[judge_name] if judge_name is not None else {**sides, "judge": None}
+    results = {**top, "judges": per_judge}  # the first judge's figures on top
+    results["prompts"] = str(data.prompts)
+    results["truncation"] = prompts_run["truncation"].as_dict()
+    results["system_prompt"] = prompts_run["system_prompt"]
+    results["sampling"] = sampling_record(prompts_run["sampling"])
+    results["max_prompt_tokens"] = prompts_run["budget"]
+    lengths = torch.cat([r.response_mask.sum(-1).cpu() for r in policy_rollouts])
+    results["kl"] = sample_kl(kl_logps["policy"], kl_logps["baseline"], lengths, results["sampling"])
+    examples, prompts = prompts_run["examples"], prompts_run["prompts"]
+    results["samples"] = paired_samples(
+        [ex.prompt for ex in examples],
+        [ex.source for ex in examples],
+        texts,
+        scores[judge_name] if judge_name is not None else None,
+    )
+    for sample, ids in zip(results["samples"], prompts):  # the prompt as the models saw it
+        sample["prompt_seen"] = tokenizer.decode(ids)
+    if judge_client is not None:  # each pair judged twice, positions swapped (§33)
+        shown = [judge_prompt(ex.prompt, ids, tokenizer) for ex, ids in zip(examples, prompts)]
+        results["llm_judge"] = judge_pairs(judge_client, shown, texts["policy"], texts["baseline"])
+        for sample, verdict in zip(results["samples"], results["llm_judge"]["verdicts"]):
+            sample["llm_judge_verdict"] = verdict
+    values = prompts_run["function_values"]
+    if values["policy"]:
+        results["reward_functions"] = {
+            fn: function_figures(values["policy"][fn].tolist(), values["baseline"][fn].tolist())
+            for fn in values["policy"]
         }
-    if pairs is not None:
-        results["pairs"] = label_pairs_result(pairs, pair_logps["policy"], pair_logps["baseline"])
-    out = eval_result_path(config)
-    write_result(out, results)
+        for i, sample in enumerate(results["samples"]):
+            for side in ("policy", "baseline"):
+                sample[f"{side}_function_scores"] = {fn: float(v[i]) for fn, v in values[side].items()}
+    return results
+
+
+def _print_summaries(config: EvalConfig, results: dict, out, prompts_run) -> None:
+    """The one-screen summaries of what eval.json holds: per judge, the LLM judge, the reward
+    functions and the label pairs."""
     if prompts_run is not None and config.baseline:
         for name in prompts_run["judges"]:
             _print_eval_summary(
@@ -142,9 +172,8 @@ def run_eval(config: EvalConfig) -> dict:
         print_llm_judge_summary(config, results["llm_judge"], out)
     if "reward_functions" in results:
         _print_accuracy_summary(config, results, out)
-    if pairs is not None:
+    if "pairs" in results:
         _print_pairs_summary(config, results["pairs"], out)
-    return results
 
 
 def _accuracy_result(config: EvalConfig, run: dict, texts: list[str], tokenizer) -> dict:

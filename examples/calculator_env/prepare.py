@@ -83,30 +83,42 @@ def warm_start(
     return float(loss)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/calc", help="directory of the policy and the prompt files")
+def arguments(out: str, steps: int) -> argparse.Namespace:
+    """The command line of a calculator task's prepare step (this one's and examples/tool_agent's)."""
+    parser = argparse.ArgumentParser(description="a warm-started policy and the task's prompt files")
+    parser.add_argument("--out", default=out, help="directory of the policy and the prompt files")
     parser.add_argument(
-        "--steps", type=int, default=600, help="warm-start optimizer steps (64 transcripts each)"
+        "--steps", type=int, default=steps, help="warm-start optimizer steps (64 transcripts each)"
     )
     parser.add_argument(
         "--tool-share", type=float, default=0.25, help="share of warm-start transcripts that call the tool"
     )
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def prepare(args: argparse.Namespace, make_tokenizer, make=transcript) -> None:
+    """Write the question split's prompt files and the warm-started policy (`make_tokenizer(rows)`:
+    the tokenizer over every question; `make`: a transcript, as `warm_start` takes) under args.out."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train_rows, held_out = question_split(args.seed)
     for name, rows in (("train.jsonl", train_rows), ("heldout.jsonl", held_out)):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tok = word_tokenizer([" ".join(WORDS)])
+    tok = make_tokenizer(train_rows + held_out)
     model = tiny_causal_lm(tok, seed=args.seed, hidden_size=64, num_layers=2, num_heads=4)
-    loss = warm_start(model, tok, train_rows, steps=args.steps, tool_share=args.tool_share, seed=args.seed)
+    loss = warm_start(
+        model, tok, train_rows, steps=args.steps, tool_share=args.tool_share, seed=args.seed, make=make
+    )
     model.save_pretrained(out / "sft")
     tok.save_pretrained(out / "sft")
     print(
         f"warm-started policy: {out / 'sft'} (last loss {loss:.3f}); prompts: {out / 'train.jsonl'}, {out / 'heldout.jsonl'}"
     )
+
+
+def main() -> None:
+    prepare(arguments("runs/calc", 600), lambda rows: word_tokenizer([" ".join(WORDS)]))
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("policies", nargs="+", help="policy directories (the first is the baseline)")
     parser.add_argument("--prompts", required=True, help="held-out question rows (prompt, answer)")
-    parser.add_argument("--samples", type=int, default=2, help="episodes per held-out question")
+    parser.add_argument("--samples", type=int, default=4, help="episodes per held-out question")
     parser.add_argument(
         "--max-new-tokens", type=int, default=12, help="tokens per turn (as rollout.max_new_tokens)"
     )

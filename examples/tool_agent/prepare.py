@@ -14,7 +14,6 @@ the template's text are context (loss 0), as in RL.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import random
@@ -25,9 +24,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # calculator_agent.py, and calculator_env as a package
 
 from calculator_agent import TOOLS, calculator  # noqa: E402
-from calculator_env.prepare import question_split, warm_start  # noqa: E402
+from calculator_env.prepare import arguments, prepare  # noqa: E402
 
-from rlhf.models.tiny import tiny_causal_lm, word_tokenizer  # noqa: E402
+from rlhf.models.tiny import word_tokenizer  # noqa: E402
 
 # a Qwen2.5-like template (tools named in a system turn, calls in <tool_call> blocks, tool turns),
 # written with spaces between words so that the word tokenizer splits it
@@ -111,31 +110,7 @@ def chat_tokenizer(rows: list[dict]):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--out", default="runs/tool_agent", help="directory of the policy and the prompt files"
-    )
-    parser.add_argument(
-        "--steps", type=int, default=400, help="warm-start optimizer steps (64 transcripts each)"
-    )
-    parser.add_argument(
-        "--tool-share", type=float, default=0.25, help="share of transcripts that call the tool"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    train_rows, held_out = question_split(args.seed)
-    for name, rows in (("train.jsonl", train_rows), ("heldout.jsonl", held_out)):
-        (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tok = chat_tokenizer(train_rows + held_out)
-    model = tiny_causal_lm(tok, seed=args.seed, hidden_size=64, num_layers=2, num_heads=4)
-    loss = warm_start(model, tok, train_rows, steps=args.steps, tool_share=args.tool_share, seed=args.seed,
-                      make=chat_transcript)  # fmt: skip
-    model.save_pretrained(out / "sft")
-    tok.save_pretrained(out / "sft")
-    print(f"warm-started policy: {out / 'sft'} (last loss {loss:.3f}); prompts: {out / 'train.jsonl'}, "
-          f"{out / 'heldout.jsonl'}")  # fmt: skip
+    prepare(arguments("runs/tool_agent", 400), chat_tokenizer, make=chat_transcript)
 
 
 if __name__ == "__main__":

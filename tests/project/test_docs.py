@@ -5,8 +5,7 @@
   cited anywhere exists.
 - No citation says "sec. N": a section is "docs/algorithms.md §N" or "<paper> §N" (PPO paper §5.3.1),
   so the reader knows which document it means.
-- The preset table of the doc says what the preset YAML files and the config defaults say, and
-  every `field: value` its sources list names is the preset's.
+- Every `field: value` that the presets' sources list of the doc names is what the preset sets.
 - Every relative link of README.md and the docs/, bench/ and examples/ pages resolves, heading included;
   README.md stays a front door: at most 10 KB, opening with `make demo` and `make test`.
 """
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf.config import PRESETS, RLConfig, preset_dict, to_dict
+from rlhf.config import PRESETS, preset_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "algorithms.md"
@@ -199,35 +198,9 @@ def test_the_pending_relabelling_is_still_pending():
     assert not done, f"{done} no longer say 'sec. N': remove them from UNLABELLED_PENDING"
 
 
-def markdown_tables(text: str) -> list[tuple[str, list[list[str]]]]:
-    """(the last heading above it, rows of cells without the |---| line) of every table in `text`."""
-    found: list[tuple[str, list[list[str]]]] = []
-    heading, current = "", None
-    for line in text.splitlines():
-        if line.startswith("|"):
-            if current is None:
-                current = []
-                found.append((heading, current))
-            if not re.fullmatch(r"\|(\s*-+\s*\|)+", line.strip()):
-                current.append([c.strip() for c in line.strip().strip("|").split("|")])
-        else:
-            current = None
-            if line.startswith("#"):
-                heading = line.lstrip("#").strip()
-    return found
-
-
 def presets_section(doc: str) -> str:
     number = next(n for n, title in numbered_sections(doc).items() if title == "Presets")
     return section_text(doc, number)
-
-
-def preset_table(doc: str) -> tuple[list[str], dict[str, list[str]]]:
-    """(column names, {field: cells}) of the first table in the "Presets" section."""
-    _, rows = markdown_tables(presets_section(doc))[0]
-    cells = [[c.strip("`") for c in row] for row in rows]
-    header, body = cells[0], cells[1:]
-    return header[1:], {row[0]: row[1:] for row in body}
 
 
 MISSING = object()
@@ -240,35 +213,6 @@ def lookup(tree: dict, dotted: str):
             return MISSING
         tree = tree[part]
     return tree
-
-
-def test_preset_table_matches_the_preset_files_and_defaults(doc):
-    columns, table = preset_table(doc)
-    assert columns == [*PRESETS, "base default"]
-    defaults = to_dict(RLConfig())
-    for field, cells in table.items():
-        for column, cell in zip(columns, cells):
-            source = defaults if column == "base default" else preset_dict(column)
-            value = lookup(source, field)
-            if cell == "-":
-                assert value is MISSING, f"{column} sets {field} = {value!r}; the doc says it does not"
-            else:
-                assert value == yaml.safe_load(cell), f"{column}: {field} is {value!r}, the doc says {cell}"
-
-
-def test_preset_table_lists_every_field_the_presets_set(doc):
-    _, table = preset_table(doc)
-
-    def leaves(tree: dict, prefix: str = "") -> set[str]:
-        out = set()
-        for key, value in tree.items():
-            out |= leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key}
-        return out
-
-    set_by_presets = set().union(*(leaves(preset_dict(name)) for name in PRESETS))
-    assert set_by_presets <= set(table), (
-        f"fields missing from the table: {sorted(set_by_presets - set(table))}"
-    )
 
 
 LINKED_PAGES = ("README.md", "docs", "bench", "examples")

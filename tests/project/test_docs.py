@@ -5,7 +5,7 @@
   cited anywhere exists.
 - No citation says "sec. N": a section is "docs/algorithms.md §N" or "<paper> §N" (PPO paper §5.3.1),
   so the reader knows which document it means.
-- The preset table of the doc says what the preset YAML files and the config defaults say.
+- Every `field: value` that the presets' sources list of the doc names is what the preset sets.
 - Every relative link of README.md and the docs/, bench/ and examples/ pages resolves, heading included;
   README.md stays a front door: at most 10 KB, opening with `make demo` and `make test`.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf.config import PRESETS, RLConfig, preset_dict, to_dict
+from rlhf.config import PRESETS, preset_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "algorithms.md"
@@ -198,45 +198,9 @@ def test_the_pending_relabelling_is_still_pending():
     assert not done, f"{done} no longer say 'sec. N': remove them from UNLABELLED_PENDING"
 
 
-def markdown_tables(text: str) -> list[tuple[str, list[list[str]]]]:
-    """(the last heading above it, rows of cells without the |---| line) of every table in `text`."""
-    found: list[tuple[str, list[list[str]]]] = []
-    heading, current = "", None
-    for line in text.splitlines():
-        if line.startswith("|"):
-            if current is None:
-                current = []
-                found.append((heading, current))
-            if not re.fullmatch(r"\|(\s*-+\s*\|)+", line.strip()):
-                current.append([c.strip() for c in line.strip().strip("|").split("|")])
-        else:
-            current = None
-            if line.startswith("#"):
-                heading = line.lstrip("#").strip()
-    return found
-
-
 def presets_section(doc: str) -> str:
     number = next(n for n, title in numbered_sections(doc).items() if title == "Presets")
     return section_text(doc, number)
-
-
-def preset_table(doc: str) -> tuple[list[str], dict[str, list[str]]]:
-    """(column names, {field: cells}) of the first table in the "Presets" section."""
-    _, rows = markdown_tables(presets_section(doc))[0]
-    cells = [[c.strip("`") for c in row] for row in rows]
-    header, body = cells[0], cells[1:]
-    return header[1:], {row[0]: row[1:] for row in body}
-
-
-def source_tables(doc: str) -> dict[str, dict[str, dict[str, str]]]:
-    """{preset: {field: {"paper", "authors' code", "ours", "why": cell}}} of the per-preset source tables."""
-    out = {}
-    for heading, rows in markdown_tables(presets_section(doc))[1:]:
-        header = rows[0]
-        assert header == ["field", "paper", "authors' code", "ours", "why"], f"{heading}: columns {header}"
-        out[heading.strip("`")] = {row[0].strip("`"): dict(zip(header[1:], row[1:])) for row in rows[1:]}
-    return out
 
 
 MISSING = object()
@@ -249,35 +213,6 @@ def lookup(tree: dict, dotted: str):
             return MISSING
         tree = tree[part]
     return tree
-
-
-def test_preset_table_matches_the_preset_files_and_defaults(doc):
-    columns, table = preset_table(doc)
-    assert columns == [*PRESETS, "base default"]
-    defaults = to_dict(RLConfig())
-    for field, cells in table.items():
-        for column, cell in zip(columns, cells):
-            source = defaults if column == "base default" else preset_dict(column)
-            value = lookup(source, field)
-            if cell == "-":
-                assert value is MISSING, f"{column} sets {field} = {value!r}; the doc says it does not"
-            else:
-                assert value == yaml.safe_load(cell), f"{column}: {field} is {value!r}, the doc says {cell}"
-
-
-def test_preset_table_lists_every_field_the_presets_set(doc):
-    _, table = preset_table(doc)
-
-    def leaves(tree: dict, prefix: str = "") -> set[str]:
-        out = set()
-        for key, value in tree.items():
-            out |= leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key}
-        return out
-
-    set_by_presets = set().union(*(leaves(preset_dict(name)) for name in PRESETS))
-    assert set_by_presets <= set(table), (
-        f"fields missing from the table: {sorted(set_by_presets - set(table))}"
-    )
 
 
 LINKED_PAGES = ("README.md", "docs", "bench", "examples")
@@ -322,70 +257,36 @@ def test_readme_points_to_the_doc_from_presets_and_switches():
     assert section and "docs/algorithms.md" in section[1]
 
 
-WHY_KINDS = ("matches paper", "matches code", "matches both", "deviation:", "not stated:")
+PRESET_BULLET = re.compile(r"^- ((?:`\w+`(?:, )?)+) ", flags=re.M)
+NAMED_VALUE = re.compile(r"`([a-z_]+(?:\.[a-z_]+)+): ([^`]+)`")
 
 
-def cell_states(cell: str, value) -> bool:
-    """Whether a paper/code cell states `value`: a number among its numbers, a word among its words."""
-    if value is None:
-        return re.search(r"\bnull\b", cell) is not None
-    if isinstance(value, bool):
-        return re.search(rf"\b{str(value).lower()}\b", cell) is not None
-    if isinstance(value, (int, float)):
-        numbers = [float(n) for n in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e-?\d+)?", cell)]
-        return any(abs(n - value) <= 1e-12 + 1e-9 * abs(value) for n in numbers)
-    return re.search(rf"\b{re.escape(str(value))}\b", cell) is not None
+def sources_bullets(doc: str) -> dict[str, list[str]]:
+    """{bullet text: presets it names} of the "Sources of every preset value" list of the Presets section."""
+    section = presets_section(doc).split("### Sources of every preset value", 1)[1]
+    starts = list(PRESET_BULLET.finditer(section))
+    out = {}
+    for here, after in zip(starts, [*starts[1:], None]):
+        text = section[here.start() : after.start() if after else len(section)].split("\n\n")[0]
+        out[text] = re.findall(r"`(\w+)`", here[1])
+    return out
 
 
-def test_every_preset_value_has_its_source_row(doc):
-    """Each preset's table names every value the YAML sets, and its "ours" cell is that value."""
-    sources = source_tables(doc)
-    assert sorted(sources) == sorted(PRESETS)
-    for name in PRESETS:
-
-        def leaves(tree: dict, prefix: str = "") -> dict:
-            out = {}
-            for key, value in tree.items():
-                out.update(
-                    leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
-                )
-            return out
-
-        values = leaves(preset_dict(name))
-        assert set(sources[name]) == set(values), (
-            f"{name}: rows without a preset value {sorted(set(sources[name]) - set(values))}, "
-            f"values without a row {sorted(set(values) - set(sources[name]))}"
-        )
-        for field, row in sources[name].items():
-            assert yaml.safe_load(row["ours"]) == values[field], (
-                f"{name}.{field}: ours {row['ours']}, YAML {values[field]!r}"
-            )
-
-
-def test_a_value_said_to_match_is_the_value_its_source_states(doc):
-    for name, rows in source_tables(doc).items():
-        for field, row in rows.items():
-            why = row["why"]
-            assert why.startswith(WHY_KINDS), (
-                f"{name}.{field}: 'why' must start with one of {WHY_KINDS}: {why!r}"
-            )
-            value = yaml.safe_load(row["ours"])
-            claimed = {
-                "matches paper": ["paper"],
-                "matches code": ["authors' code"],
-                "matches both": ["paper", "authors' code"],
-            }
-            for kind, columns in claimed.items():
-                if why.startswith(kind):
-                    for column in columns:
-                        assert cell_states(row[column], value), (
-                            f"{name}.{field}: says it {kind}, but the {column} cell {row[column]!r} does not state {value!r}"
-                        )
-
-
-def test_cell_states_reads_numbers_words_and_null():
-    assert cell_states("5e-7 (PPO paper §5.1)", 5e-7) and not cell_states("5e-7 (PPO paper §5.1)", 5e-6)
-    assert cell_states("1.65e-6 (PPO paper §5.1)", 1.65e-6) and cell_states("0.1, then a decay", 0.1)
-    assert not cell_states("used, bound not stated (PPO paper §5.4)", 5.0)  # "5.4" is read as 5.4
-    assert cell_states("false (`use_advantage_norm` off)", False) and not cell_states("false", True)
-    assert cell_states("null: commented out", None) and cell_states("ppo (`pg_clip`)", "ppo")
+def test_every_preset_has_its_sources_and_each_named_value_is_the_presets(doc):
+    """Each preset has a sources bullet; every `field: value` it names is what the preset sets."""
+    bullets = sources_bullets(doc)
+    named = [name for names in bullets.values() for name in names]
+    assert sorted(named) == sorted(PRESETS), f"sources bullets name {named}"
+    wrong, checked = [], 0
+    for text, names in bullets.items():
+        for m in NAMED_VALUE.finditer(text):
+            values = {name: lookup(preset_dict(name), m[1]) for name in names}
+            setting = {name: v for name, v in values.items() if v is not MISSING}
+            checked += 1
+            if not setting:
+                wrong.append(f"{'/'.join(names)}: {m[1]} is set by none of them")
+            for name, value in setting.items():
+                if value != yaml.safe_load(m[2]):
+                    wrong.append(f"{name}: {m[1]} is {value!r}, the doc says {m[2]}")
+    assert checked >= 20, "expected the bullets to name preset values; is the pattern right?"
+    assert not wrong, "\n".join(wrong)

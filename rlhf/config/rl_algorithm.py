@@ -4,7 +4,6 @@ its own field here, independent of the others (docs/algorithms.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -12,9 +11,10 @@ from rlhf.config.checks import refuse, require, validate_groups, warn
 from rlhf.config.fields import AdvantageEstimator, KLEstimator, PolicyLossName
 from rlhf.config.keys import When, setting
 from rlhf.config.llm_judge import LLMJudgeConfig
+from rlhf.config.registry_reads import attributes_read
 from rlhf.config.remote import RemoteRewardConfig
 from rlhf.core.advantages import ESTIMATORS
-from rlhf.core.losses import POLICY_LOSS_SOURCES
+from rlhf.core.losses import POLICY_LOSSES
 
 
 @dataclass
@@ -75,27 +75,24 @@ class KLConfig:
             )
 
 
-def read_by(registry: Callable[[], dict[str, Any]], attribute: str, example: str) -> When:
-    """The condition of a key that a registered estimator or policy loss reads through its `sources`
-    ({parameter: config attribute}): the group's choice (`estimator`, `loss`) is one that reads
-    `attribute`. Read from the registry when checked, so one registered later is counted."""
+def read_by(choice: Literal["estimator", "loss"], attribute: str, example: str) -> When:
+    """The condition of a key of the advantage or policy group: the group's `choice` (its estimator or
+    loss) is one whose registered `settings` function reads `attribute` (registry_reads.py). Read
+    from the registry when checked, so one registered later counts."""
+
+    def registry() -> dict[str, Any]:
+        return ESTIMATORS if choice == "estimator" else POLICY_LOSSES
 
     def reads(name: Any) -> bool:
-        return attribute in registry().get(name, {}).values()
+        if name not in registry():
+            return False
+        group = AdvantageConfig() if choice == "estimator" else PolicyLossConfig()
+        return attribute in attributes_read(registry()[name].settings, group)
 
     def says(key: str) -> str:
         return f"{key} is one that reads it ({', '.join(n for n in registry() if reads(n))})"
 
-    choice = "estimator" if registry is _estimator_sources else "loss"
     return When(choice, reads, says=says, fix=f"--{{key}} {example}", example=example)
-
-
-def _estimator_sources() -> dict[str, Any]:
-    return {name: spec.sources for name, spec in ESTIMATORS.items()}
-
-
-def _loss_sources() -> dict[str, Any]:
-    return POLICY_LOSS_SOURCES
 
 
 @dataclass
@@ -103,15 +100,15 @@ class AdvantageConfig:
     # "gae" (critic) | "grpo" | "dr_grpo" | "rloo" (groups, no critic) | "reinforce_pp" (no critic);
     # any estimator registered in rlhf.core.advantages (docs/algorithms.md §27)
     estimator: AdvantageEstimator = "gae"
-    gamma: float = setting(1.0, "[0, 1]", when=read_by(_estimator_sources, "gamma", "gae"))  # discount
-    lam: float = setting(0.95, "[0, 1]", when=read_by(_estimator_sources, "lam", "gae"))  # GAE lambda
+    gamma: float = setting(1.0, "[0, 1]", when=read_by("estimator", "gamma", "gae"))  # discount
+    lam: float = setting(0.95, "[0, 1]", when=read_by("estimator", "lam", "gae"))  # GAE lambda
     whiten: bool = True  # advantage normalization per minibatch (PPO paper §5.3.1)
     # clip whitened advantages to [-clip, clip] (the PPO paper tries 0.12, 0.5, 0.8)
     clip: float | None = setting(None, "> 0")
     # grpo: added to the group std before dividing
-    group_eps: float = setting(1e-6, ">= 0", when=read_by(_estimator_sources, "group_eps", "grpo"))
+    group_eps: float = setting(1e-6, ">= 0", when=read_by("estimator", "group_eps", "grpo"))
     # grpo: divide by the group std (false: the mean-centred reward only)
-    std_normalize: bool = setting(True, when=read_by(_estimator_sources, "std_normalize", "grpo"))
+    std_normalize: bool = setting(True, when=read_by("estimator", "std_normalize", "grpo"))
 
 
 @dataclass
@@ -135,14 +132,14 @@ class PolicyLossConfig:
     # online_dpo: the pairs' preference loss (docs/algorithms.md §45)
     dpo: OnlineDPOConfig = setting(factory=OnlineDPOConfig, when=When("loss", "online_dpo"))
     # PPO ratio clip: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] (below 1: a lower bound above 0)
-    clip_eps: float = setting(0.2, "(0, 1)", when=read_by(_loss_sources, "clip_eps", "ppo"))
+    clip_eps: float = setting(0.2, "(0, 1)", when=read_by("loss", "clip_eps", "ppo"))
     # the upper bound's epsilon; None: clip_eps. DAPO's clip-higher 0.28 (DAPO paper §3.1; docs/algorithms.md §35)
-    clip_eps_high: float | None = setting(None, "> 0", when=read_by(_loss_sources, "clip_eps_high", "ppo"))
+    clip_eps_high: float | None = setting(None, "> 0", when=read_by("loss", "clip_eps_high", "ppo"))
     # dual-clip constant c > 1 for negative advantages; None: off
-    dual_clip: float | None = setting(None, "> 1", when=read_by(_loss_sources, "dual_clip", "ppo"))
+    dual_clip: float | None = setting(None, "> 1", when=read_by("loss", "dual_clip", "ppo"))
     # cispo: its weight's lower bound 1 - this; None: none (MiniMax-M1 §3.1; docs/algorithms.md §42)
     cispo_clip_eps_low: float | None = setting(
-        None, "(0, 1]", when=read_by(_loss_sources, "cispo_clip_eps_low", "cispo")
+        None, "(0, 1]", when=read_by("loss", "cispo_clip_eps_low", "cispo")
     )
     # Clip-Cov / KL-Cov on the ppo loss (Cui et al. 2025 §4.3; docs/algorithms.md §43): "none" | "clip_cov"
     # (detach the gradient of a random cov_ratio of the tokens whose covariance lies in
@@ -160,13 +157,13 @@ class PolicyLossConfig:
     # KL-Cov's penalty coefficient (the paper's code: 1)
     kl_cov_coef: float = setting(1.0, ">= 0", when=When("cov_control", "kl_cov"))
     # importance-sampling denominator: "old" (behaviour policy) | "ref" (PPO paper §5.3.2)
-    ratio_against: Literal["old", "ref"] = setting("old", when=read_by(_loss_sources, "ratio_against", "ppo"))
+    ratio_against: Literal["old", "ref"] = setting("old", when=read_by("loss", "ratio_against", "ppo"))
     # APA lambda (= 1/c_sq of the APA code, which uses c_sq = 10)
-    apa_lam: float = setting(0.1, "> 0", when=read_by(_loss_sources, "apa_lam", "apa"))
+    apa_lam: float = setting(0.1, "> 0", when=read_by("loss", "apa_lam", "apa"))
     # AWR temperature (the APA code's c_log = 1/lam = 0.5)
-    awr_lam: float = setting(2.0, "> 0", when=read_by(_loss_sources, "awr_lam", "awr"))
+    awr_lam: float = setting(2.0, "> 0", when=read_by("loss", "awr_lam", "awr"))
     # AWR weight clip; None: off
-    awr_max_weight: float | None = setting(20.0, "> 0", when=read_by(_loss_sources, "awr_max_weight", "awr"))
+    awr_max_weight: float | None = setting(20.0, "> 0", when=read_by("loss", "awr_max_weight", "awr"))
     # entropy bonus (PPO paper §5.3.2: sensitive, off by default)
     entropy_coef: float = setting(0.0, ">= 0")
     # with a target: the term is entropy_coef * max(|H - target| - entropy_clip, 0) instead of

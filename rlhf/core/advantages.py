@@ -10,29 +10,51 @@ rewards."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from rlhf.core.keywords import call_with_keywords
 from rlhf.core.stats import as_bool_mask, check_same_shape, fill_masked, masked_whiten
 
 EstimatorOutput = tuple[Tensor, Tensor]
 
 
 # (token_rewards, mask, values, group, **keyword parameters with defaults) -> (advantages, returns):
-# each estimator names its own keyword parameters, so the registry holds them as Callable[...]
+# each estimator names its own keyword parameters (the public `estimate_advantages(name, ..., **params)`)
 EstimatorFn = Callable[..., EstimatorOutput]
+
+
+class AdvantageSettings(Protocol):
+    """The typed config group a registered estimator reads its keyword parameters from: the fields
+    of rlhf.config.AdvantageConfig that the built-in estimators read (core sits below config, so it
+    names them here; mypy checks that AdvantageConfig has each, where the trainer passes it)."""
+
+    @property
+    def gamma(self) -> float: ...
+    @property
+    def lam(self) -> float: ...
+    @property
+    def group_eps(self) -> float: ...
+    @property
+    def std_normalize(self) -> bool: ...
+
+
+# The config group -> the estimator's keyword parameters, e.g. gae's
+# ``lambda c: {"gamma": c.gamma, "lam": c.lam}``: the one declaration of which settings it reads
+# (the config layer refuses the others with it, rlhf/config/registry_reads.py).
+EstimatorSettingsFn = Callable[[AdvantageSettings], dict[str, object]]
 
 
 @dataclass(frozen=True)
 class EstimatorSpec:
-    fn: EstimatorFn
+    fn: EstimatorFn  # the tensor function
     needs_values: bool  # reads a critic's values: the run builds and trains a critic
     needs_group: bool  # compares the rows of one prompt: rollout.samples_per_prompt >= 2
-    sources: Mapping[str, str]  # {keyword parameter: config attribute that sets it}
+    settings: EstimatorSettingsFn  # its keyword parameters from the config group
 
 
 ESTIMATORS: dict[str, EstimatorSpec] = {}
@@ -43,14 +65,15 @@ def register_estimator(
     *,
     needs_values: bool,
     needs_group: bool,
-    sources: Mapping[str, str] | None = None,
+    settings: EstimatorSettingsFn = lambda _: {},
     replace: bool = False,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator adding an advantage estimator under `name` (``estimate_advantages(name, ...)``).
+    """Decorator adding an advantage estimator to ``ESTIMATORS`` under `name`
+    (``estimate_advantages(name, ...)``).
 
     The function takes ``(token_rewards, mask, values, group, **params)`` with keyword parameters
-    that have defaults and returns ``(advantages, returns)``. `sources` maps some of them to the
-    attribute of a config object that sets them (``estimator_params``).
+    that have defaults and returns ``(advantages, returns)``. `settings` reads its keyword
+    parameters from the config group (`AdvantageSettings`); those it leaves out keep their defaults.
     """
 
     def decorator(fn: EstimatorFn) -> EstimatorFn:
@@ -58,10 +81,7 @@ def register_estimator(
             raise ValueError(
                 f"an advantage estimator named {name!r} is already registered; pass replace=True"
             )
-        unknown = sorted(set(sources or {}) - set(_keyword_params(fn)))
-        if unknown:
-            raise ValueError(f"estimator {name!r}: sources name parameter(s) {unknown} it does not take")
-        ESTIMATORS[name] = EstimatorSpec(fn, needs_values, needs_group, dict(sources or {}))
+        ESTIMATORS[name] = EstimatorSpec(fn, needs_values, needs_group, settings)
         return fn
 
     return decorator
@@ -75,10 +95,10 @@ def estimator_spec(name: str) -> EstimatorSpec:
     return ESTIMATORS[name]
 
 
-def estimator_params(name: str, source: object) -> dict[str, object]:
-    """The keyword parameters of estimator `name`, read from the attributes of `source` (e.g.
-    ``estimator_params("gae", config.advantage)`` -> ``{"gamma": ..., "lam": ...}``)."""
-    return {param: getattr(source, attribute) for param, attribute in estimator_spec(name).sources.items()}
+def estimator_params(name: str, settings: AdvantageSettings) -> dict[str, object]:
+    """The keyword parameters of estimator `name` read from the typed config group, e.g.
+    ``estimator_params("gae", config.advantage)`` -> ``{"gamma": ..., "lam": ...}``."""
+    return estimator_spec(name).settings(settings)
 
 
 def estimate_advantages(
@@ -90,7 +110,8 @@ def estimate_advantages(
     **params: object,
 ) -> EstimatorOutput:
     """``(advantages, returns)`` ``[B, T]`` by estimator `name` ("gae", "grpo", "dr_grpo", "rloo",
-    "reinforce_pp", or one added with ``register_estimator``); 0 at masked positions.
+    "reinforce_pp", or one added with ``register_estimator``); 0 at masked positions. A keyword the
+    estimator does not take is refused (ValueError).
 
     gae           needs values: Generalized Advantage Estimation (Schulman et al. 2016)
     grpo          needs groups: (R - group mean) / (group std + eps)   (Shao et al. 2024, DeepSeekMath)
@@ -99,12 +120,6 @@ def estimate_advantages(
     reinforce_pp  discounted return-to-go, whitened over the batch      (Hu 2025, REINFORCE++)
     """
     spec = estimator_spec(name)
-    unknown = sorted(set(params) - set(_keyword_params(spec.fn)))
-    if unknown:
-        raise ValueError(
-            f"advantage estimator {name!r} got unknown parameter(s) {unknown}; "
-            f"it accepts {_keyword_params(spec.fn) or 'none'}"
-        )
     if token_rewards.dim() != 2:
         raise ValueError(f"token_rewards must be [B, T], got shape {tuple(token_rewards.shape)}")
     if spec.needs_values and values is None:
@@ -116,13 +131,8 @@ def estimate_advantages(
             raise ValueError(
                 f"group must have shape [B] = [{token_rewards.shape[0]}], got {tuple(group.shape)}"
             )
-    return spec.fn(token_rewards, mask, values, group, **params)
-
-
-def _keyword_params(fn: EstimatorFn) -> list[str]:
-    """Names of the keyword parameters after the four inputs."""
-    params = list(inspect.signature(fn).parameters.values())[4:]
-    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    what = f"advantage estimator {name!r}"
+    return call_with_keywords(what, spec.fn, token_rewards, mask, values, group, **params)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +178,9 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
     return advantages, returns
 
 
-@register_estimator("gae", needs_values=True, needs_group=False, sources={"gamma": "gamma", "lam": "lam"})
+@register_estimator(
+    "gae", needs_values=True, needs_group=False, settings=lambda c: {"gamma": c.gamma, "lam": c.lam}
+)
 def gae_estimator(
     token_rewards: Tensor,
     mask: Tensor,
@@ -232,7 +244,7 @@ def _broadcast(per_row: Tensor, mask: Tensor, present: Tensor) -> EstimatorOutpu
     "grpo",
     needs_values=False,
     needs_group=True,
-    sources={"eps": "group_eps", "std_normalize": "std_normalize"},
+    settings=lambda c: {"eps": c.group_eps, "std_normalize": c.std_normalize},
 )
 def grpo_estimator(
     token_rewards: Tensor,
@@ -285,7 +297,9 @@ def rloo_estimator(
 # ---------------------------------------------------------------------------------------------
 # REINFORCE++
 # ---------------------------------------------------------------------------------------------
-@register_estimator("reinforce_pp", needs_values=False, needs_group=False, sources={"gamma": "gamma"})
+@register_estimator(
+    "reinforce_pp", needs_values=False, needs_group=False, settings=lambda c: {"gamma": c.gamma}
+)
 def reinforce_pp_estimator(
     token_rewards: Tensor,
     mask: Tensor,

@@ -18,7 +18,9 @@ from rlhf.core.losses import MAX_LOG_RATIO, LossOutput, _approx_kl_old_new, _req
 from rlhf.core.stats import as_bool_mask, check_same_shape, fill_masked, masked_max, masked_mean, masked_min
 
 
-@register_policy_loss("cispo", sources={"clip_eps_high": "clip_eps_high", "clip_eps": "cispo_clip_eps_low"})
+@register_policy_loss(
+    "cispo", settings=lambda c: {"clip_eps_high": c.clip_eps_high, "clip_eps": c.cispo_clip_eps_low}
+)
 def cispo_loss(
     logp: Tensor,
     old_logp: Tensor | None,

@@ -18,7 +18,9 @@ from rlhf.core.losses import MAX_LOG_RATIO, LossOutput, _approx_kl_old_new, _req
 from rlhf.core.stats import as_bool_mask, check_same_shape, fill_masked
 
 
-@register_policy_loss("gspo", sources={"clip_eps": "clip_eps", "clip_eps_high": "clip_eps_high"}, unit="rows")
+@register_policy_loss(
+    "gspo", settings=lambda c: {"clip_eps": c.clip_eps, "clip_eps_high": c.clip_eps_high}, unit="rows"
+)
 def gspo_loss(
     logp: Tensor,
     old_logp: Tensor | None,

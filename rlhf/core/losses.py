@@ -10,13 +10,14 @@ gradient (docs/algorithms.md#18-token-mean-accumulation-over-micro-batches);
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
 
+from rlhf.core.keywords import call_with_keywords
 from rlhf.core.stats import (
     as_bool_mask,
     check_same_shape,
@@ -71,68 +72,93 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k1", mask: Tenso
 
 
 # (logp, old_logp, ref_logp, advantages, mask, **keyword parameters with defaults) -> (loss, stats):
-# each loss names its own keyword parameters, so the registry holds them as Callable[...]
+# each loss names its own keyword parameters (the public `policy_loss(name, ..., **params)`)
 PolicyLossFn = Callable[..., LossOutput]
 
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-# Per registered loss: {keyword parameter: attribute of a config object that feeds it}, e.g. apa's
-# lam <- apa_lam. The one place that says which settings a loss reads (see policy_loss_params).
-POLICY_LOSS_SOURCES: dict[str, dict[str, str]] = {}
-# Per registered loss: the unit its mean is over, "tokens" (a token mean: ppo, apa, awr, cispo) or
-# "rows" (a mean over the rows with a valid token: gspo). The trainer divides a minibatch's summed
-# loss by the global count of that unit, so any micro-batch split gives the same value and gradient
+class PolicyLossSettings(Protocol):
+    """The typed config group a registered loss reads its keyword parameters from: the fields of
+    rlhf.config.PolicyLossConfig that the built-in losses read (core sits below config, so it names
+    them here; mypy checks that PolicyLossConfig has each, where the trainer passes it)."""
+
+    @property
+    def clip_eps(self) -> float: ...
+    @property
+    def clip_eps_high(self) -> float | None: ...
+    @property
+    def dual_clip(self) -> float | None: ...
+    @property
+    def ratio_against(self) -> str: ...
+    @property
+    def apa_lam(self) -> float: ...
+    @property
+    def awr_lam(self) -> float: ...
+    @property
+    def awr_max_weight(self) -> float | None: ...
+    @property
+    def cispo_clip_eps_low(self) -> float | None: ...
+
+
+# The config group -> the loss's keyword parameters, e.g. apa's ``lambda c: {"lam": c.apa_lam}``.
+# The one declaration of which settings a loss reads: the config layer counts the attributes it
+# reads (rlhf/config/registry_reads.py) to refuse a setting that the chosen loss would ignore.
+PolicyLossSettingsFn = Callable[[PolicyLossSettings], dict[str, object]]
+
+# The unit a loss's mean is over, "tokens" (a token mean: ppo, apa, awr, cispo) or "rows" (a mean
+# over the rows with a valid token: gspo). The trainer divides a minibatch's summed loss by the
+# global count of that unit, so any micro-batch split gives the same value and gradient
 # (docs/algorithms.md §18).
 LossUnit = Literal["tokens", "rows"]
-POLICY_LOSS_UNITS: dict[str, LossUnit] = {}
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    fn: PolicyLossFn  # the tensor function
+    settings: PolicyLossSettingsFn  # its keyword parameters from the config group
+    unit: LossUnit  # what its mean is over (`loss_unit_count`)
+
+
+POLICY_LOSSES: dict[str, PolicyLossSpec] = {}
 
 
 def register_policy_loss(
-    name: str, *, sources: Mapping[str, str] | None = None, replace: bool = False, unit: LossUnit = "tokens"
+    name: str,
+    *,
+    settings: PolicyLossSettingsFn = lambda _: {},
+    unit: LossUnit = "tokens",
+    replace: bool = False,
 ) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator adding a policy loss to the registry under `name` (``policy_loss(name, ...)``).
+    """Decorator adding a policy loss to ``POLICY_LOSSES`` under `name` (``policy_loss(name, ...)``).
 
     The function takes ``(logp, old_logp, ref_logp, advantages, mask, **params)`` with keyword
-    parameters that have defaults, and returns ``(loss, stats)``. `sources` maps some of those
-    parameters to the attribute of a config object that sets them (``policy_loss_params``); the
-    others keep their defaults. `unit`: what its mean is over, "tokens" or "rows" (`loss_unit_count`).
+    parameters that have defaults, and returns ``(loss, stats)``. `settings` reads its keyword
+    parameters from the config group (`PolicyLossSettings`); those it leaves out keep their
+    defaults. `unit`: what its mean is over, "tokens" or "rows" (`loss_unit_count`).
     """
-    sources = dict(sources or {})
     if unit not in ("tokens", "rows"):
         raise ValueError(f"policy loss {name!r}: unit must be 'tokens' or 'rows', got {unit!r}")
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         if name in POLICY_LOSSES and not replace:
             raise ValueError(f"a policy loss named {name!r} is already registered; pass replace=True")
-        accepted, takes_any = _keyword_params(fn)
-        unknown = sorted(set(sources) - set(accepted))
-        if unknown and not takes_any:
-            raise ValueError(
-                f"policy loss {name!r}: sources name parameter(s) {unknown} it does not take; "
-                f"it accepts {accepted or 'none'}"
-            )
-        POLICY_LOSSES[name] = fn
-        POLICY_LOSS_SOURCES[name] = sources
-        POLICY_LOSS_UNITS[name] = unit
+        POLICY_LOSSES[name] = PolicyLossSpec(fn, settings, unit)
         return fn
 
     return decorator
 
 
-def policy_loss_params(name: str, source: object) -> dict[str, object]:
-    """The keyword parameters of policy loss `name`, read from the attributes of `source` as its
-    registration declares (e.g. ``policy_loss_params("awr", config.policy)`` ->
-    ``{"lam": config.policy.awr_lam, "max_weight": config.policy.awr_max_weight}``)."""
-    _check_registered(name)
-    params = {}
-    for param, attribute in POLICY_LOSS_SOURCES.get(name, {}).items():
-        if not hasattr(source, attribute):
-            raise ValueError(
-                f"policy loss {name!r} reads its {param!r} from {attribute!r}, "
-                f"which {type(source).__name__} does not have"
-            )
-        params[param] = getattr(source, attribute)
-    return params
+def policy_loss_spec(name: str) -> PolicyLossSpec:
+    """Policy loss `name`'s registration; an unknown name is refused with the registered ones."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}: choose one of {', '.join(sorted(POLICY_LOSSES))}")
+    return POLICY_LOSSES[name]
+
+
+def policy_loss_params(name: str, settings: PolicyLossSettings) -> dict[str, object]:
+    """The keyword parameters of policy loss `name` read from the typed config group, e.g.
+    ``policy_loss_params("awr", config.policy)`` ->
+    ``{"lam": config.policy.awr_lam, "max_weight": config.policy.awr_max_weight}``."""
+    return policy_loss_spec(name).settings(settings)
 
 
 def policy_loss(
@@ -144,22 +170,17 @@ def policy_loss(
     mask: Tensor,
     **params: object,
 ) -> LossOutput:
-    """Policy loss `name` from the registry ("ppo", "apa", "awr", or one added with the decorator)."""
-    _check_registered(name)
-    fn = POLICY_LOSSES[name]
-    accepted, takes_any = _keyword_params(fn)
-    unknown = sorted(set(params) - set(accepted))
-    if unknown and not takes_any:
-        raise ValueError(
-            f"policy loss {name!r} got unknown parameter(s) {unknown}; it accepts {accepted or 'none'}"
-        )
-    return fn(logp, old_logp, ref_logp, advantages, mask, **params)
+    """Policy loss `name` from the registry ("ppo", "apa", "awr", or one added with the decorator);
+    a keyword the loss does not take is refused (ValueError)."""
+    fn = policy_loss_spec(name).fn
+    return call_with_keywords(
+        f"policy loss {name!r}", fn, logp, old_logp, ref_logp, advantages, mask, **params
+    )
 
 
 def policy_loss_unit(name: str) -> LossUnit:
     """The unit policy loss `name` is a mean over: "tokens" or "rows" (its registration's `unit`)."""
-    _check_registered(name)
-    return POLICY_LOSS_UNITS.get(name, "tokens")
+    return policy_loss_spec(name).unit
 
 
 def loss_unit_count(mask: Tensor, unit: LossUnit) -> float:
@@ -170,19 +191,6 @@ def loss_unit_count(mask: Tensor, unit: LossUnit) -> float:
     if unit == "rows":
         return float(valid.any(dim=-1).sum())
     raise ValueError(f"unknown loss unit {unit!r}: 'tokens' or 'rows'")
-
-
-def _check_registered(name: str) -> None:
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}: choose one of {', '.join(sorted(POLICY_LOSSES))}")
-
-
-def _keyword_params(fn: PolicyLossFn) -> tuple[list[str], bool]:
-    """(names of the keyword parameters after the five tensors, whether it takes **kwargs)."""
-    signature_params = list(inspect.signature(fn).parameters.values())
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature_params)
-    accepted = [p.name for p in signature_params[5:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return accepted, takes_any
 
 
 def _require(tensor: Tensor | None, name: str, loss: str, why: str) -> Tensor:
@@ -200,11 +208,11 @@ def _approx_kl_old_new(old_logp: Tensor | None, logp: Tensor, valid: Tensor) -> 
 
 @register_policy_loss(
     "ppo",
-    sources={
-        "clip_eps": "clip_eps",
-        "clip_eps_high": "clip_eps_high",
-        "dual_clip": "dual_clip",
-        "ratio_against": "ratio_against",
+    settings=lambda c: {
+        "clip_eps": c.clip_eps,
+        "clip_eps_high": c.clip_eps_high,
+        "dual_clip": c.dual_clip,
+        "ratio_against": c.ratio_against,
     },
 )
 def ppo_loss(
@@ -294,7 +302,7 @@ def ppo_loss(
     return loss, stats
 
 
-@register_policy_loss("apa", sources={"lam": "apa_lam"})
+@register_policy_loss("apa", settings=lambda c: {"lam": c.apa_lam})
 def apa_loss(
     logp: Tensor,
     old_logp: Tensor | None,
@@ -329,7 +337,7 @@ def apa_loss(
     return loss, stats
 
 
-@register_policy_loss("awr", sources={"lam": "awr_lam", "max_weight": "awr_max_weight"})
+@register_policy_loss("awr", settings=lambda c: {"lam": c.awr_lam, "max_weight": c.awr_max_weight})
 def awr_loss(
     logp: Tensor,
     old_logp: Tensor | None,

@@ -1,5 +1,5 @@
-"""policy.loss choices are the loss registry's names, and every parameter a registered loss reads
-is a field of PolicyLossConfig."""
+"""policy.loss choices are the loss registry's names; the PolicyLossConfig fields a registered loss
+reads are those its `settings` function reads, and a field the chosen loss does not read is refused."""
 
 from __future__ import annotations
 
@@ -8,21 +8,26 @@ import dataclasses
 import pytest
 
 from rlhf.config import ConfigError, PolicyLossConfig, RLConfig, load_config
-from rlhf.core import (
-    POLICY_LOSS_SOURCES,
-    POLICY_LOSS_UNITS,
-    POLICY_LOSSES,
-    policy_loss_params,
-    register_policy_loss,
-)
+from rlhf.config.registry_reads import attributes_read
+from rlhf.core import POLICY_LOSSES, policy_loss_params, register_policy_loss
+
+READS = {
+    "ppo": {"clip_eps", "clip_eps_high", "dual_clip", "ratio_against"},
+    "apa": {"apa_lam"},
+    "awr": {"awr_lam", "awr_max_weight"},
+    "gspo": {"clip_eps", "clip_eps_high"},
+    "cispo": {"clip_eps_high", "cispo_clip_eps_low"},
+    "online_dpo": set(),
+}
 
 
-@pytest.mark.parametrize("name", ["ppo", "apa", "awr", "gspo", "cispo"])
-def test_every_parameter_of_a_built_in_loss_is_a_policy_loss_config_field(name):
-    fields = {f.name: f.default for f in dataclasses.fields(PolicyLossConfig)}
-    assert set(POLICY_LOSS_SOURCES[name].values()) <= set(fields)
-    params = policy_loss_params(name, PolicyLossConfig())
-    assert params == {param: fields[attribute] for param, attribute in POLICY_LOSS_SOURCES[name].items()}
+@pytest.mark.parametrize("name", sorted(READS))
+def test_every_setting_a_built_in_loss_reads_is_a_policy_loss_config_field(name):
+    fields = {f.name for f in dataclasses.fields(PolicyLossConfig)}
+    assert attributes_read(POLICY_LOSSES[name].settings, PolicyLossConfig()) == READS[name]
+    assert READS[name] <= fields
+    config = PolicyLossConfig(clip_eps=0.11, apa_lam=0.44, awr_lam=5.5, cispo_clip_eps_low=0.66)
+    assert set(policy_loss_params(name, config).values()) == {getattr(config, f) for f in READS[name]}
 
 
 def test_an_unknown_loss_names_the_registry_choices():
@@ -33,14 +38,16 @@ def test_an_unknown_loss_names_the_registry_choices():
     )
 
 
-def test_a_loss_registered_later_is_a_valid_choice():
-    @register_policy_loss("test_later", sources={"clip_eps": "clip_eps"})
+def test_a_loss_registered_later_is_a_valid_choice_and_its_settings_say_which_keys_apply():
+    @register_policy_loss("test_later", settings=lambda c: {"clip_eps": c.clip_eps})
     def later(logp, old_logp, ref_logp, advantages, mask, *, clip_eps: float = 0.2):  # type: ignore[no-untyped-def]
         return logp.sum(), {}
 
     try:
         config = load_config(RLConfig, overrides={"policy": {"loss": "test_later", "clip_eps": 0.3}})
         assert policy_loss_params(config.policy.loss, config.policy) == {"clip_eps": 0.3}
+        with pytest.raises(ConfigError, match=r"policy.apa_lam .*policy.loss is one that reads it \(apa\)"):
+            load_config(RLConfig, overrides={"policy": {"loss": "test_later", "apa_lam": 0.3}})
         with pytest.raises(
             ConfigError,
             match="one of 'ppo', 'apa', 'awr', 'cispo', 'gspo', 'online_dpo', 'test_later', got 'dpo'",
@@ -48,8 +55,6 @@ def test_a_loss_registered_later_is_a_valid_choice():
             load_config(RLConfig, overrides={"policy": {"loss": "dpo"}})
     finally:
         POLICY_LOSSES.pop("test_later")
-        POLICY_LOSS_SOURCES.pop("test_later")
-        POLICY_LOSS_UNITS.pop("test_later")
     with pytest.raises(ConfigError, match="got 'test_later'"):
         load_config(RLConfig, overrides={"policy": {"loss": "test_later"}})
 

@@ -377,7 +377,7 @@ def test_registry_extension_and_errors() -> None:
             scale=0.5,
         )
         assert loss.item() == 1.0
-        with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['lam'\]; it accepts \['scale'\]"):
+        with pytest.raises(ValueError, match="'test_reinforce' got a parameter it does not take: .*'lam'"):
             policy_loss(
                 "test_reinforce", torch.zeros(1, 1), None, None, torch.zeros(1, 1), torch.ones(1, 1), lam=1.0
             )
@@ -389,7 +389,7 @@ def test_registry_extension_and_errors() -> None:
     ):
         policy_loss("grpo", **data)
     with pytest.raises(
-        ValueError, match=r"'apa' got unknown parameter\(s\) \['clip_eps'\]; it accepts \['lam'\]"
+        ValueError, match="policy loss 'apa' got a parameter it does not take: .*keyword argument 'clip_eps'"
     ):
         policy_loss("apa", **data, clip_eps=0.2)
     with pytest.raises(ValueError, match="dual_clip must be > 1"):

@@ -230,7 +230,8 @@ def model_ids(answer: object) -> list[str] | None:
     if not isinstance(data, list):
         return None
     ids = [entry.get("id") for entry in data if isinstance(entry, dict)]
-    return ids if len(ids) == len(data) and all(isinstance(i, str) for i in ids) else None
+    named = [i for i in ids if isinstance(i, str)]
+    return named if len(named) == len(data) else None
 
 
 def reply_text(answer: object, server: str) -> str:

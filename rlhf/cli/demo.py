@@ -32,7 +32,14 @@ ABLATE = (
         action="append",
         default=[],
         metavar="NAME",
-        help="ablate a later paper's switch too: clip_cov | kl_cov | rollout_correction",
+        help="ablate a later paper's switch too: gspo | cispo | clip_cov | kl_cov | rollout_correction",
+    ),
+    flag(
+        "--add-arm",
+        action="append",
+        default=[],
+        metavar="PRESET",
+        help="run another preset beside the variants, paired by seed (e.g. online_dpo)",
     ),
     flag("--config", help="YAML file of demo settings (world, model, steps, iterations)"),
 )
@@ -76,4 +83,5 @@ def run_ablate_command(args, rest, ctx) -> int:
             config_file=args.config,
             overrides=rest,
             extra_tricks=tuple(args.add_trick),
+            arms=tuple(args.add_arm),
         )

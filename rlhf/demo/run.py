@@ -152,15 +152,20 @@ def demo_rl_overrides(cfg: DemoConfig, algorithm: str) -> dict:
     )
     preset = load_config(RLConfig, preset=algorithm)
     if not preset.uses_critic:
-        layers = {k: v for k, v in layers.items() if k not in CRITIC_GROUPS}
-        model = {
-            k: v for k, v in layers.get("model", {}).items() if not k.startswith(("critic", "value_coef"))
-        }
-        layers = {**layers, "model": model} if "model" in layers else layers
+        layers = without_critic(layers)
     rollout = layers.setdefault("rollout", {})
     n = rollout.get("samples_per_prompt", preset.rollout.samples_per_prompt)
     responses = rollout.get("batch_size", preset.rollout.batch_size)
     rollout["batch_size"] = max(1, responses // n)
+    return layers
+
+
+def without_critic(layers: dict) -> dict:
+    """`layers` less the settings only a run with a critic takes (a critic-free preset refuses them)."""
+    layers = {k: v for k, v in layers.items() if k not in CRITIC_GROUPS}
+    if "model" in layers:
+        model = layers["model"]
+        layers["model"] = {k: v for k, v in model.items() if not k.startswith(("critic", "value_coef"))}
     return layers
 
 

@@ -6,7 +6,8 @@ client (`JsonClient`: timeouts, retries with backoff, 4xx named), `concurrency` 
 key is read from the variable `key_env` names and only sent, never written. A reply's last
 `Rating: N` / `Score: N` (pointwise) or `Verdict: A|B|tie` (pairwise) is parsed; a reply without
 one is unparsable: counted, the first few logged (`rlhf.llm_judge`), dropped by the caller; a batch
-with more than `max_unparsable` of them stops the run (JudgeServerError, exit 2).
+with more than `max_unparsable` of them stops the run (JudgeServerError, exit 2). Before any model
+loads, `check_server` probes the server: GET {url}/models must list the model (exit 2 otherwise).
 """
 
 from __future__ import annotations
@@ -126,6 +127,34 @@ class LLMJudge:
             )
         return "check the server's log"
 
+    def check_server(self) -> None:
+        """Before any model loads: GET URL/models must list `model` (exit 2 naming the URL, the model
+        and the ids served); a server without that path answers one chat completion of a token instead.
+        A server that is down or answers outside the schema stops here, as the first request would."""
+        listed = self.client.request("GET", "/models", absent=(404, 405, 501))
+        if listed is None:  # no model list: the chat path itself must answer
+            body = {"model": self.settings.model, "max_tokens": 1, "temperature": 0.0,
+                    "messages": [{"role": "user", "content": "Reply with OK."}]}  # fmt: skip
+            reply_text(self.client.request("POST", "/chat/completions", body), self.client.server)
+            return
+        served = model_ids(listed)
+        if served is None:
+            raise JudgeServerError(
+                f"{self.client.server} answered GET /models with {json.dumps(listed)[:300]}, not a model list "
+                '{"data": [{"id": "..."}]}. Fix: --judge-url must be an OpenAI-compatible server\'s base URL '
+                "(e.g. http://HOST:PORT/v1; the judge posts to URL/chat/completions).",
+                f"{self.key}.url",
+            )
+        model = self.settings.model
+        if model not in served and f"{model}:latest" not in served:  # Ollama serves NAME as NAME:latest
+            shown = ", ".join(served[:20]) + (f" (and {len(served) - 20} more)" if len(served) > 20 else "")
+            raise JudgeServerError(
+                f"--judge-model {model!r} is not served by {self.client.server}, which lists "
+                f"{shown or 'no model'} (GET /models). Fix: --judge-model "
+                f"{served[0] if served else 'NAME'} (an id it lists), or load {model} on the server.",
+                f"{self.key}.model",
+            )
+
     def ask(self, contents: Sequence[str]) -> list[str]:
         """Each content's reply text ("" when the server sent none), `concurrency` requests at a time."""
         workers = min(self.settings.concurrency, max(1, len(contents)))
@@ -192,6 +221,17 @@ class LLMJudge:
                 f"raise --{self.key}.max_tokens if replies are cut short, or use a model that follows the format.",
                 f"{self.key}.max_unparsable",
             )
+
+
+def model_ids(answer: object) -> list[str] | None:
+    """The ids of a GET /models answer ({"data": [{"id": ...}, ...]}, the OpenAI schema); None
+    when it has another shape."""
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(data, list):
+        return None
+    ids = [entry.get("id") for entry in data if isinstance(entry, dict)]
+    named = [i for i in ids if isinstance(i, str)]
+    return named if len(named) == len(data) else None
 
 
 def reply_text(answer: object, server: str) -> str:

@@ -124,9 +124,12 @@ class JsonClient:
         self.port = parts.port
         self.base_path = parts.path.rstrip("/")
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> object:
+    def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, *, absent: tuple[int, ...] = ()
+    ) -> object:
         """The JSON answer of one request, retried with exponential backoff on what may pass (refused,
-        reset, timed out, HTTP 429/5xx); `error` naming the URL otherwise or at the last try."""
+        reset, timed out, HTTP 429/5xx); `error` naming the URL otherwise or at the last try. None
+        when the server answers a status in `absent` (a path it does not serve, for a probe)."""
         attempts = self.retries + 1
         data = None if body is None else json.dumps(body).encode()
         for attempt in range(attempts):
@@ -137,6 +140,8 @@ class JsonClient:
             else:
                 if status == 200:
                     return self._json(raw, method, path)
+                if status in absent:
+                    return None
                 failure = f"HTTP {status}: {_error_text(raw)}"
                 if status not in RETRIED_STATUS:
                     raise self.error(

@@ -57,7 +57,7 @@ def run_eval(config: EvalConfig) -> dict:
     check_result_path(config)  # before any work: --out is a new file or an earlier eval.json
     tokenizer = prepare_tokenizer(load_tokenizer(config.policy, gguf_file=config.gguf_file))
     _check_tokenizers(config, tokenizer)
-    judge_client = llm_judge(config)  # its API key read before any model loads
+    judge_client = llm_judge(config)  # its API key read, its server probed, before any model loads
     pairs = _read_label_pairs(config, tokenizer) if data.pairs else None  # a bad file stops before models
     prompts_run = _prepare_prompts(config, tokenizer, precision) if data.prompts else None
     texts, pair_logps, kl_logps, policy_rollouts = _answer_with_each_model(

@@ -16,8 +16,13 @@ BATCH = 32  # pairs per round of requests (the unparsable share is checked per r
 
 
 def llm_judge(config: EvalConfig) -> LLMJudge | None:
-    """The judge client (its API key read now, before any model loads), or None without --judge-url."""
-    return LLMJudge(config.llm_judge, "pairwise", key="llm_judge") if config.llm_judge.url else None
+    """The judge client (its API key read and its server probed now, before any model loads,
+    `LLMJudge.check_server`), or None without --judge-url."""
+    if not config.llm_judge.url:
+        return None
+    judge = LLMJudge(config.llm_judge, "pairwise", key="llm_judge")
+    judge.check_server()
+    return judge
 
 
 def judge_pairs(judge: LLMJudge, prompts: list[str], policy: list[str], baseline: list[str]) -> dict:

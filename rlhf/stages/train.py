@@ -158,11 +158,12 @@ def kl_first(shown: dict[str, Any]) -> dict[str, Any]:
 def check_reward_server(config: RLConfig) -> None:
     """A --reward-url server answers GET /health before any model loads (exit 2 naming the URL
     otherwise); a note when it will score the texts with a tokenizer other than the policy's. An LLM
-    judge's key variable is read now too (exit 2 naming it when unset)."""
+    judge likewise: its key variable read (exit 2 naming it when unset), its server probed
+    (`LLMJudge.check_server`: up, and serving --judge-model)."""
     if config.reward.llm_judge.url:
         from rlhf.rl.llm_judge import LLMJudge
 
-        LLMJudge(config.reward.llm_judge, "pointwise")
+        LLMJudge(config.reward.llm_judge, "pointwise").check_server()
     if not config.reward.remote.url:
         return
     from rlhf.rl.remote_reward import RemoteReward

@@ -1,11 +1,13 @@
 """`--judge-url` from the command line against a loopback OpenAI-schema server: `rlhf train` scored
 by the judge alone (the key's variable named in config.yaml, the key nowhere in the run directory),
-`rlhf eval`'s position-swapped win rate in eval.json, the summary and report.html, and a template
-with a bad placeholder as exit 2 naming the file."""
+`rlhf eval`'s position-swapped win rate in eval.json, the summary and report.html, a template
+with a bad placeholder as exit 2 naming the file, and the server checked before any model loads
+(down, or not serving --judge-model: exit 2 naming the URL and the fix)."""
 
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -78,3 +80,24 @@ def test_a_template_with_a_bad_placeholder_exits_2_naming_the_file(files, server
     err = capsys.readouterr().err
     assert f"--judge-template {template} holds the placeholder {{answer}}" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_judge_server_is_checked_before_any_model_loads(files, server, tmp_path, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("JUDGE_KEY", KEY)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{free.getsockname()[1]}/v1"
+    train = ["train", "--policy", files["base"], "--prompts", files["prompts"], "--out", str(tmp_path / "run"),
+             "--judge-key-env", "JUDGE_KEY", "--reward.llm_judge.retries", "0", *TINY_GRPO]  # fmt: skip
+    evaluate = ["eval", "--policy", files["base"], "--baseline", files["base"], "--prompts", files["test"],
+                "--out", str(tmp_path / "eval.json"), "--judge-key-env", "JUDGE_KEY", "--llm_judge.retries", "0"]  # fmt: skip
+    for command in (train, evaluate):
+        assert main([*command, "--judge-url", down, "--judge-model", "judge-7b"]) == 2
+        err = capsys.readouterr().err
+        assert f"the judge server {down} did not answer GET /models" in err
+        assert "Fix: start the server and check --judge-url" in err
+        assert main([*command, "--judge-url", server.url, "--judge-model", "judge-70b"]) == 2
+        err = capsys.readouterr().err
+        assert f"--judge-model 'judge-70b' is not served by the judge server {server.url}" in err
+        assert "which lists judge-7b, m" in err and "Traceback" not in err and KEY not in err
+    assert not (tmp_path / "run" / "config.yaml").exists() and not (tmp_path / "eval.json").exists()

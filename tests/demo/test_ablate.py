@@ -1,6 +1,8 @@
 """`rlhf ablate` on a 2-iteration tiny setting: each variant differs from the full preset in exactly
-the switch it names; the numbers are the closed forms of stats.py; a resumed ablation skips the
-stage and every finished run."""
+the switch it names (a later paper's loss, Clip-Cov, rollout correction only when named, skipped
+with the reason where they cannot act); an arm runs another preset (online DPO) at the ablation's
+scale; the numbers are the closed forms of stats.py; a resumed ablation skips the stage and every
+finished run."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ import pytest
 import torch
 
 from rlhf.cli import main
-from rlhf.config import to_dict
+from rlhf.config import PRESETS, ConfigError, RLConfig, deep_merge, load_config, to_dict
 from rlhf.demo.ablate import TRICKS, run_ablation, variants
 from rlhf.demo.ablate import runner as ablate_runner
-from rlhf.demo.ablate.runner import ABLATABLE_PRESETS, ABLATE_RL
+from rlhf.demo.ablate.arms import ARM_SOURCES, arm_variants, run_layers
+from rlhf.demo.ablate.runner import ABLATABLE_PRESETS, ABLATE_RL, run_one_variant
 from rlhf.demo.ablate.stats import gold_at_kl, mean_ci, verdict
-from rlhf.demo.ablate.tricks import OPTIONAL_TRICKS, resolved
+from rlhf.demo.ablate.tricks import NO_MISMATCH, OPTIONAL_TRICKS, resolved
+from rlhf.demo.run import demo_config, prepare_stage
 
 TINY = [
     "--sft_steps", "4", "--rm_steps", "4", "--iterations", "2", "--eval_every", "1", "--eval_prompts", "4",
@@ -35,25 +39,96 @@ def leaves(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+BF16 = {**ABLATE_RL, "dtype": "bfloat16"}  # a sampler/trainer gap: rollout correction acts
+
+
 @pytest.mark.parametrize("preset", ABLATABLE_PRESETS)
 def test_each_variant_differs_from_the_full_preset_in_exactly_its_switch(preset):
-    found, skipped = variants(preset, ABLATE_RL, extra=OPTIONAL_TRICKS)
+    found, skipped = variants(preset, BF16, extra=OPTIONAL_TRICKS)
     assert found[0].name == "full" and found[0].overrides == {}
-    full = leaves(to_dict(resolved(preset, ABLATE_RL, found[0])))
+    full = leaves(to_dict(resolved(preset, BF16, found[0])))
     by_name = {t.name: t for t in TRICKS}
     for variant in found[1:]:
-        differs = {
-            k for k, v in leaves(to_dict(resolved(preset, ABLATE_RL, variant))).items() if full[k] != v
-        }
+        differs = {k for k, v in leaves(to_dict(resolved(preset, BF16, variant))).items() if full[k] != v}
         assert differs == by_name[variant.trick].fields(), variant.name
         prefix = "no_" if variant.name.startswith("no_") else "with_"
         assert variant.name == prefix + variant.trick
     named = {v.trick for v in found[1:]} | {s["trick"] for s in skipped}
     assert named == set(by_name)  # every trick is a variant or skipped with its reason
-    if preset in ("apa", "awr"):  # Clip-Cov / KL-Cov act on the ppo loss's tokens
-        assert {s["trick"] for s in skipped} >= {"clip_cov", "kl_cov"}
+    if preset in ("apa", "awr"):  # GSPO / CISPO replace the ppo loss, Clip-Cov / KL-Cov act on its tokens
+        reasons = {s["trick"]: s["reason"] for s in skipped}
+        assert set(reasons) >= {"gspo", "cispo", "clip_cov", "kl_cov"}
+        assert reasons["gspo"] == f"acts on the ppo loss only, and {preset} trains {preset}"
     else:
-        assert {"with_clip_cov", "with_kl_cov", "with_rollout_correction"} <= {v.name for v in found}
+        new = {"with_gspo", "with_cispo", "with_clip_cov", "with_kl_cov", "with_rollout_correction"}
+        assert new <= {v.name for v in found}
+        config = {v.name: resolved(preset, BF16, v).policy for v in found}
+        gspo, cispo = config["with_gspo"], config["with_cispo"]
+        assert (gspo.loss, gspo.clip_eps, gspo.clip_eps_high) == ("gspo", 3e-4, 4e-4)  # GSPO paper §5.1
+        assert (cispo.loss, cispo.clip_eps_high, cispo.cispo_clip_eps_low) == ("cispo", 4.0, None)
+
+
+def test_rollout_correction_is_skipped_where_sampler_and_trainer_agree():
+    found, skipped = variants("ppo_max", {**ABLATE_RL, "dtype": "float32"}, extra=("rollout_correction",))
+    assert "with_rollout_correction" not in {v.name for v in found}
+    assert {"trick": "rollout_correction", "reason": NO_MISMATCH} in skipped
+    assert "float32" in NO_MISMATCH and "Fix: --rl.dtype bfloat16" in NO_MISMATCH
+
+
+def test_an_arm_runs_its_own_preset_at_the_ablation_scale():
+    assert set(ARM_SOURCES) == set(PRESETS)  # every preset can be an arm, with its reference
+    settings = deep_merge(ABLATE_RL, {"critic": {"pretrain_iterations": 1}})  # a critic key, as TINY's
+    (arm,) = arm_variants("ppo_max", settings, ("online_dpo", "online_dpo"))
+    assert (arm.name, arm.preset, arm.trick) == ("arm_online_dpo", "online_dpo", None)
+    assert "Guo et al. 2024 §3" in arm.source
+    algorithm, layers = run_layers("ppo_max", settings, arm)
+    config = load_config(RLConfig, preset=algorithm, overrides=layers)
+    base = load_config(RLConfig, preset="ppo_max", overrides=settings)
+    assert config.policy.loss == "online_dpo" and not config.uses_critic and config.kl.beta == 0.0
+    assert config.rollout.samples_per_prompt == 2  # its own groups, as many responses as the base's
+    assert config.rollout.batch_size * 2 == base.rollout.batch_size * base.rollout.samples_per_prompt
+    assert config.policy_optim.lr == ABLATE_RL["policy_optim"]["lr"]  # the ablation's scale
+    assert config.rollout.max_new_tokens == base.rollout.max_new_tokens
+    (grpo,) = arm_variants("ppo_max", settings, ("grpo",))  # any preset: GRPO's groups of 8
+    assert (
+        load_config(
+            RLConfig, preset="grpo", overrides=run_layers("ppo_max", settings, grpo)[1]
+        ).rollout.batch_size
+        == 8
+    )
+    with pytest.raises(ConfigError, match=r"--add-arm 'dpo' is not a preset\. Fix: one of vanilla_ppo"):
+        arm_variants("ppo_max", settings, ("dpo",))
+    with pytest.raises(ConfigError, match=r"--add-arm ppo_max is the ablated preset itself"):
+        arm_variants("ppo_max", settings, ("ppo_max",))
+    with pytest.raises(ConfigError, match=r"^--add-arm online_dpo: .*kl\.beta is 0\.1.*Fix: --kl\.beta 0"):
+        arm_variants("ppo_max", deep_merge(settings, {"kl": {"beta": 0.1}}), ("online_dpo",))
+
+
+@pytest.mark.slow  # a stage and two runs: ~8 s
+def test_one_cell_of_an_arm_and_of_a_new_loss(tmp_path):
+    """The grid's cells of arm_online_dpo and with_gspo, one seed each, over a stage built once."""
+    torch.set_num_threads(1)
+    cfg = demo_config(None, [*TINY, "--iterations", "1"])
+    stage = prepare_stage(cfg, tmp_path, say=lambda *a: None, quiet=True)
+    settings = deep_merge(ABLATE_RL, cfg.rl)
+    cfg.rl = {}
+    cells = [
+        *arm_variants("ppo_max", settings, ("online_dpo",)),
+        variants("ppo_max", settings, extra=("gspo",))[0][-1],
+    ]
+    marks = {
+        "arm_online_dpo": ("loss: online_dpo", "online_dpo/margin"),
+        "with_gspo": ("loss: gspo", "policy/loss"),
+    }
+    for variant in cells:
+        _, summary = run_one_variant(cfg, stage, "ppo_max", settings, variant, 0, tmp_path)
+        assert [t["iteration"] for t in summary["trajectory"]] == [0, 1]  # the SFT policy, then after one
+        run_dir = tmp_path / "runs" / f"{variant.name}-seed0"
+        written, metric = marks[variant.name]
+        assert written in (run_dir / "config.yaml").read_text()
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        (record,) = [json.loads(x) for x in lines if '"iteration"' in x and '"event"' not in x]
+        assert math.isfinite(record[metric]) and math.isfinite(record["policy/loss"])
 
 
 def test_the_optional_tricks_are_ablated_only_when_named():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import time
 
 import pytest
@@ -212,3 +213,44 @@ def test_the_pairwise_template_shows_both_answers(server):
         "B",
         "tie",
     ]
+
+
+def test_the_server_check_reads_the_model_list(server, monkeypatch):
+    monkeypatch.setenv("JUDGE_TEST_KEY", "sk-secret-123")
+    client(server.url).check_server()  # judge-7b is listed: one GET, nothing asked
+    assert [(r["path"], r["body"]) for r in server.requests] == [("/v1/models", None)]
+    with pytest.raises(JudgeServerError) as raised:
+        client(server.url, model="judge-70b", key_env="JUDGE_TEST_KEY").check_server()
+    said = str(raised.value)
+    assert "--judge-model 'judge-70b' is not served by the judge server " + server.url in said
+    assert "lists judge-7b, m (GET /models)" in said and "Fix: --judge-model judge-7b" in said
+    assert server.requests[-1]["headers"]["Authorization"] == "Bearer sk-secret-123"
+    assert "sk-secret" not in said
+
+
+def test_a_server_without_a_model_list_answers_one_short_completion(server):
+    server.models, server.reply = None, lambda content: "OK"
+    try:
+        client(server.url).check_server()
+        get, post = server.requests
+        assert get["path"] == "/v1/models" and post["path"] == "/v1/chat/completions"
+        assert post["body"]["max_tokens"] == 1 and post["body"]["model"] == "judge-7b"
+        server.failures[:] = [(404, b'{"error": "no"}'), (404, b'{"error": "not found"}')]
+        with pytest.raises(JudgeServerError, match=r"refused POST /chat/completions with HTTP 404.*base URL"):
+            client(server.url).check_server()
+    finally:
+        server.models = ("judge-7b", "m")
+
+
+def test_a_server_down_or_off_schema_is_named_by_the_check(server):
+    server.failures[:] = [(200, b'{"models": ["judge-7b"]}')]
+    with pytest.raises(JudgeServerError, match=r"answered GET /models with .* not a model list"):
+        client(server.url).check_server()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{free.getsockname()[1]}/v1"
+    with pytest.raises(JudgeServerError) as raised:
+        client(down, retries=1).check_server()
+    said = str(raised.value)
+    assert f"the judge server {down} did not answer GET /models after 2 attempts" in said
+    assert "Fix: start the server and check --judge-url" in said

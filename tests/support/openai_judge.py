@@ -1,7 +1,9 @@
 """A loopback server speaking the OpenAI chat completions schema, as an LLM judge (vLLM, Ollama, a
-hosted API) would: POST /v1/chat/completions -> {"choices": [{"message": {"content": REPLY}}]}.
+hosted API) would: POST /v1/chat/completions -> {"choices": [{"message": {"content": REPLY}}]}, and
+GET /v1/models -> {"data": [{"id": ...}]} of `models` (None: 404, a server without the list).
 `reply(content) -> str` makes each reply from the request's user message; `failures` are answered
-first, one per request, as (status, body bytes); every request's body and headers are recorded."""
+first, one per request, as (status, body bytes); every request's body (None for a GET) and headers
+are recorded."""
 
 from __future__ import annotations
 
@@ -32,8 +34,13 @@ def longer_wins(content: str) -> str:
 
 
 class OpenAIJudge:
-    def __init__(self, reply: Callable[[str], str] = length_rater, delay: float = 0.0) -> None:
-        self.reply, self.delay = reply, delay
+    def __init__(
+        self,
+        reply: Callable[[str], str] = length_rater,
+        delay: float = 0.0,
+        models: tuple[str, ...] | None = ("judge-7b", "m"),
+    ) -> None:
+        self.reply, self.delay, self.models = reply, delay, models
         self.failures: list[tuple[int, bytes]] = []
         self.requests: list[dict] = []
         self.lock = threading.Lock()
@@ -65,6 +72,18 @@ class OpenAIJudge:
                     }
                     self.send(200, json.dumps(answer).encode())
 
+            def do_GET(self) -> None:
+                with judge.lock:
+                    judge.requests.append({"path": self.path, "body": None, "headers": dict(self.headers)})
+                    failure = judge.failures.pop(0) if judge.failures else None
+                if failure is not None:
+                    self.send(*failure)
+                elif self.path != "/v1/models" or judge.models is None:
+                    self.send(404, b'{"error": "not found"}')
+                else:
+                    listed = {"object": "list", "data": [{"id": m, "object": "model"} for m in judge.models]}
+                    self.send(200, json.dumps(listed).encode())
+
             def send(self, status: int, data: bytes) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -79,7 +98,7 @@ class OpenAIJudge:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def contents(self) -> list[str]:
-        return [r["body"]["messages"][-1]["content"] for r in self.requests]
+        return [r["body"]["messages"][-1]["content"] for r in self.requests if r["body"] is not None]
 
     def close(self) -> None:
         self.server.shutdown()

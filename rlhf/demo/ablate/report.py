@@ -51,6 +51,7 @@ def aggregate(*, preset, variants: list[Variant], skipped, results, sft, kl_budg
             "trick": v.trick,
             "source": v.source,
             "switch": v.overrides,
+            "preset": v.preset or preset,  # an arm's own (arms.py)
             "runs": runs,
             "collapse": f"{sum(n['collapse'] for n in runs)}/{len(runs)}",
             "reached_kl_budget": f"{sum(n['reached_kl_budget'] for n in runs)}/{len(runs)}",

@@ -2,6 +2,7 @@
 the preset (tricks.py) over seeds, in parallel worker processes, resumable.
 
     world/ sft/ rm/  stage.json               the demo's stage 1-2 and the settings it was built with
+    (arms.py: other presets run beside the variants, `--add-arm`)
     runs/<variant>-seed<k>/                   one RL run; result.json once it has finished
     ablation.json report.html ablation.md     the table over seeds, its forest plot (report.py)
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from rlhf.config import PRESETS, ConfigError, RLConfig, deep_merge, from_dict, load_config, to_dict
+from rlhf.demo.ablate.arms import arm_variants, run_layers
 from rlhf.demo.ablate.report import aggregate, markdown_table, print_ablation, write_ablation_report
 from rlhf.demo.ablate.tricks import OPTIONAL_TRICKS, Variant, variants
 from rlhf.demo.run import DEMO_RL, DemoConfig, demo_config, load_stage, prepare_stage, run_one
@@ -47,6 +49,7 @@ def run_ablation(
     overrides: list[str] | None = None,
     quiet: bool = False,
     extra_tricks: tuple[str, ...] = (),
+    arms: tuple[str, ...] = (),
 ) -> int:
     _check_args(preset, seeds, jobs, kl_budget, extra_tricks)
     cfg = demo_config(config_file, overrides or [])
@@ -57,8 +60,13 @@ def run_ablation(
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
+    all_variants, skipped = variants(
+        preset, settings, extra=extra_tricks
+    )  # settings checked: before the stage
+    all_variants += arm_variants(preset, settings, arms)
+    for s in skipped:
+        say(f"skipped {s['trick']}: {s['reason']}")
     stage = _stage(cfg, out_dir, say, quiet)
-    all_variants, skipped = variants(preset, settings, extra=extra_tricks)
     run_key = {
         "preset": preset,
         "settings": settings,
@@ -197,10 +205,12 @@ def _run_job(args) -> dict:
 
 def run_one_variant(cfg, stage, preset: str, settings: dict, variant: Variant, seed: int, out_dir: Path):
     """(report run, result) of one RL run of `variant`: the demo's run_one with the variant's switch
-    over the ablation's settings, and the gold/KL numbers the ablation reads."""
+    over the ablation's settings (an arm: its own preset, arms.py), and the gold/KL numbers the
+    ablation reads."""
+    algorithm, layers = run_layers(preset, settings, variant)
     run, summary = run_one(
         cfg,
-        preset,
+        algorithm,
         seed,
         out_dir,
         stage.tokenizer,
@@ -209,7 +219,7 @@ def run_one_variant(cfg, stage, preset: str, settings: dict, variant: Variant, s
         stage.eval_texts,
         stage.eval_ids,
         quiet=True,
-        rl_overrides=deep_merge(settings, variant.overrides),
+        rl_overrides=layers,
         name=variant.name,
     )
     summary["trajectory"] = [

@@ -162,18 +162,23 @@ class JsonClient:
         timeout = self.timeout
         connection = kind(self.host, self.port, timeout=timeout)
         expired = threading.Event()
+        # the connected socket, kept: an answer that closes its connection (HTTP/1.0, "Connection:
+        # close") takes the socket over and leaves connection.sock None while its body is read
+        sockets: list[socket.socket] = []
 
         def expire() -> None:
             expired.set()
-            if connection.sock is not None:
-                with contextlib.suppress(OSError):
-                    connection.sock.shutdown(socket.SHUT_RDWR)
+            for sock in (connection.sock, *sockets):
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
 
         timer = threading.Timer(timeout, expire)
         timer.daemon = True
         timer.start()
         try:
             connection.connect()
+            sockets.append(connection.sock)
             if expired.is_set():  # the connect itself took the whole time
                 raise TimeoutError
             connection.request(method, self.base_path + path, body=data, headers=self.headers)

@@ -8,10 +8,10 @@ import hashlib
 
 import pytest
 
-from tests.support.reliability_testing import assert_user_error, rlhf, rlhf_in_process, train_args
+from tests.support.reliability_testing import assert_user_error, rlhf_in_process, train_args
 
-# each refusal runs in this process (rlhf_in_process): it ends before any work; one case starts a
-# subprocess, as a user's shell would
+# each refusal runs in this process (rlhf_in_process): it ends before any work (`rlhf sft` in a
+# subprocess, as a user's shell starts it: test_data_messages.py, test_model_directory_safety.py)
 
 
 def digest(directory) -> dict[str, str]:
@@ -38,10 +38,11 @@ def test_train_out_equal_to_an_input_model_is_refused(flag, files, capsys):
     assert digest(files[flag]) == before
 
 
-@pytest.mark.slow
-def test_out_naming_an_existing_file_is_refused_and_the_file_kept(files, tmp_path):
+def test_out_naming_an_existing_file_is_refused_and_the_file_kept(files, tmp_path, capsys):
     target = tmp_path / "notes.txt"
     target.write_text("mine")
-    result = rlhf("sft", "--model", files["policy"], "--data", files["sft"], "--out", target)
+    result = rlhf_in_process(
+        capsys, "sft", "--model", files["policy"], "--data", files["sft"], "--out", target
+    )
     assert_user_error(result, "is an existing file", "Fix:")
     assert target.read_text() == "mine"

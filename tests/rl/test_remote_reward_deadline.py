@@ -18,11 +18,11 @@ from rlhf.rl.remote_reward import RemoteReward, RewardServerError, check_scores
 
 
 class Trickler:
-    """A loopback server that reads each request, then sends `answer` one byte every `pause` seconds
-    (stops when the client hangs up or after `limit` seconds)."""
+    """A loopback server that reads each request, sends `head` at once, then `answer` one byte every
+    `pause` seconds (stops when the client hangs up or after `limit` seconds)."""
 
-    def __init__(self, answer: bytes, pause: float = 0.05, limit: float = 10.0):
-        self.answer, self.pause, self.limit = answer, pause, limit
+    def __init__(self, answer: bytes, pause: float = 0.05, limit: float = 10.0, head: bytes = b""):
+        self.answer, self.pause, self.limit, self.head = answer, pause, limit, head
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.accepted = 0
@@ -44,6 +44,7 @@ class Trickler:
             connection.settimeout(1.0)
             try:
                 connection.recv(65536)
+                connection.sendall(self.head)
                 end = time.monotonic() + self.limit
                 for byte in self.answer:
                     if self.closed.is_set() or time.monotonic() > end:
@@ -63,6 +64,9 @@ SLOW_BODY = (
     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY
 )
 SLOW_HEADERS = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: y\r\n" * 40 + b"Content-Length: 2\r\n\r\n{}"
+# an HTTP/1.0 answer (as Python's http.server gives) closes its connection: http.client hands the
+# socket over to the response, whose body is then read after connection.sock is gone
+CLOSING_HEAD = b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY)
 
 
 def client(url: str, **settings) -> RemoteReward:
@@ -70,9 +74,12 @@ def client(url: str, **settings) -> RemoteReward:
     return RemoteReward(RemoteRewardConfig(url=url, **settings), word_tokenizer(["a b"]), sleep=sleeps.append)
 
 
-@pytest.mark.parametrize("answer", [SLOW_BODY, SLOW_HEADERS], ids=["body", "headers"])
-def test_a_server_trickling_its_answer_times_out_within_the_deadline(answer):
-    server = Trickler(answer)  # 0.05 s a byte: each read is quick, the whole answer takes > 10 s
+@pytest.mark.parametrize(
+    ("head", "answer"), [(b"", SLOW_BODY), (b"", SLOW_HEADERS), (CLOSING_HEAD, BODY)],
+    ids=["body", "headers", "headers-at-once-then-body-of-a-closing-answer"],
+)  # fmt: skip
+def test_a_server_trickling_its_answer_times_out_within_the_deadline(head, answer):
+    server = Trickler(answer, head=head)  # 0.05 s a byte: each read is quick, the whole answer takes > 10 s
     try:
         start = time.monotonic()
         with pytest.raises(RewardServerError) as raised:

@@ -153,7 +153,7 @@ def demo_rl_overrides(cfg: DemoConfig, algorithm: str) -> dict:
     preset = load_config(RLConfig, preset=algorithm)
     if not preset.uses_critic:
         layers = without_critic(layers)
-    rollout = layers.setdefault("rollout", {})
+    rollout = layers["rollout"] = dict(layers.get("rollout", {}))  # a copy: DEMO_RL's stays as it is
     n = rollout.get("samples_per_prompt", preset.rollout.samples_per_prompt)
     responses = rollout.get("batch_size", preset.rollout.batch_size)
     rollout["batch_size"] = max(1, responses // n)

@@ -185,6 +185,17 @@ def test_compare_only_trains_just_the_named_runs_with_the_same_figures(demo_dir,
             assert mine_kl["mean"] == pytest.approx(theirs_kl["mean"], rel=1e-5), (algorithm, key)
 
 
+def test_each_run_samples_as_many_responses_whatever_ran_before():
+    from rlhf.demo.run import DEMO_RL, DemoConfig, demo_rl_overrides
+
+    prompts = {
+        a: demo_rl_overrides(DemoConfig(), a)["rollout"]["batch_size"]
+        for a in ("grpo", "online_dpo", "ppo_max")
+    }
+    assert prompts == {"grpo": 16, "online_dpo": 32, "ppo_max": 64}  # 64 responses each
+    assert DEMO_RL["rollout"]["batch_size"] == 64
+
+
 def test_compare_only_refuses_a_name_that_is_not_a_run(tmp_path):
     from rlhf.config import ConfigError
 

@@ -54,6 +54,11 @@ def test_held_out_prompts_never_reach_training_and_empty_turns_are_dropped(prepa
     assert every == {prepare.prompt_of(r) for r in rows()}  # every prompt lands in one split
     assert all(r["chosen"].split("Assistant: ")[-1] for name in files for r in files[name])
     assert files["sft"] == files["rm_train"][:20] and files["ppo_prompts"] == files["rm_train"]
+    pool = files[
+        "judge_pool"
+    ]  # every training pair once, judge 1's and judge 2's interleaved by prompt group
+    assert sorted(map(str, pool)) == sorted(map(str, files["rm_train"] + files["rm2_train"]))
+    assert {prepare.prompt_of(r) for r in pool[: len(pool) // 2]} & judge2  # a prefix is no one judge's file
 
 
 def test_the_split_is_fixed_by_the_seed(prepare):

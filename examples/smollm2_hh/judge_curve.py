@@ -29,20 +29,12 @@ sys.path.insert(0, str(HERE))
 from summarize import judge_figures  # noqa: E402  (its neighbour: the figures of a judge's rm_eval.json)
 
 # setting -> the flags that differ from run.sh's judge (LoRA r 16 at 2e-4, one epoch, lm_coef 1)
+LORA = ["--lora.enabled", "true", "--lora.r", "16", "--lora.alpha", "32", "--optim.lr", "2e-4"]
 SETTINGS = {
-    "lora": ["--lora.enabled", "true", "--optim.lr", "2e-4", "--train.epochs", "1"],
+    "lora": [*LORA, "--train.epochs", "1"],
     "full": ["--lora.enabled", "false", "--optim.lr", "2e-5", "--train.epochs", "1"],
-    "lora_2ep": ["--lora.enabled", "true", "--optim.lr", "2e-4", "--train.epochs", "2"],
-    "lora_lm0": [
-        "--lora.enabled",
-        "true",
-        "--optim.lr",
-        "2e-4",
-        "--train.epochs",
-        "1",
-        "--train.lm_coef",
-        "0",
-    ],
+    "lora_2ep": [*LORA, "--train.epochs", "2"],
+    "lora_lm0": [*LORA, "--train.epochs", "1", "--train.lm_coef", "0"],
 }
 POINT_KEYS = ("train_wall_s", "eval_wall_s", "commands")  # point.json: what rm_eval.json does not hold
 DEFAULT_POINTS = ["lora:200", "lora:400", "lora:800", "lora:all", "full:400", "lora_2ep:400", "lora_lm0:400"]
@@ -54,7 +46,7 @@ def judge_command(rlhf: list[str], out: Path, pairs: Path, run: Path, setting: s
             "--train.batch_size", "8", "--train.micro_batch_size", "8",
             "--data.max_prompt_tokens", str(args.prompt_tokens), "--data.max_response_tokens", "32",
             "--data.system_prompt", "none", "--data.test_fraction", "0.02",
-            "--lora.r", "16", "--lora.alpha", "32", "--optim.warmup_steps", "3", "--optim.warmup_fraction", "0",
+            "--optim.warmup_steps", "3", "--optim.warmup_fraction", "0",
             "--train.log_every", "1", "--train.eval_every", "1000", *SETTINGS[setting]]  # fmt: skip
 
 

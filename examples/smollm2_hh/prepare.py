@@ -12,6 +12,8 @@ the held-out pairs or of the evaluation prompts is seen in training:
     rm2_train.jsonl    training pairs of judge 2, the second reward model: disjoint from rm_train
                        (no prompt shared with it, nor with SFT, PPO or the held-out files)
     ppo_prompts.jsonl  PPO prompts (HH rows: `rlhf train` takes the prompt)
+    judge_pool.jsonl   every training pair (rm_train and rm2_train) in the split's random prompt-group
+                       order: its first N rows are the N pairs of a judge of judge_curve.py
 
 The training prompt groups go to rm_train and rm2_train in turn (to the one with fewer rows), so the
 two judges are trained on about as many pairs; SFT and PPO take rm_train's.
@@ -57,6 +59,7 @@ def split(rows: list[dict], seed: int, heldout: int, eval_prompts: int, sft: int
     keys = sorted(groups)
     random.Random(seed).shuffle(keys)
     files: dict[str, list[dict]] = {"rm_heldout": [], "eval_prompts": [], "train": [], "rm2_train": []}
+    pool: list[dict] = []  # the training groups in the order they were drawn
     for key in keys:  # whole prompt groups, so no prompt crosses from held-out to training
         target = (
             "rm_heldout"
@@ -66,12 +69,15 @@ def split(rows: list[dict], seed: int, heldout: int, eval_prompts: int, sft: int
             else min(("train", "rm2_train"), key=lambda name: len(files[name]))
         )
         files[target].extend(groups[key][:1] if target == "eval_prompts" else groups[key])
+        if target in ("train", "rm2_train"):
+            pool.extend(groups[key])
     train = files.pop("train")
     return {
         **files,
         "sft": train[:sft],
         "rm_train": train,
         "ppo_prompts": train,
+        "judge_pool": pool,
     }
 
 

@@ -54,6 +54,11 @@ def test_held_out_prompts_never_reach_training_and_empty_turns_are_dropped(prepa
     assert every == {prepare.prompt_of(r) for r in rows()}  # every prompt lands in one split
     assert all(r["chosen"].split("Assistant: ")[-1] for name in files for r in files[name])
     assert files["sft"] == files["rm_train"][:20] and files["ppo_prompts"] == files["rm_train"]
+    pool = files[
+        "judge_pool"
+    ]  # every training pair once, judge 1's and judge 2's interleaved by prompt group
+    assert sorted(map(str, pool)) == sorted(map(str, files["rm_train"] + files["rm2_train"]))
+    assert {prepare.prompt_of(r) for r in pool[: len(pool) // 2]} & judge2  # a prefix is no one judge's file
 
 
 def test_the_split_is_fixed_by_the_seed(prepare):
@@ -153,3 +158,28 @@ def test_summary_reads_the_held_out_label_verdict_and_names_paths_relative_to_th
     )
     assert "per_pair" not in verdict
     assert summarize.relative("/elsewhere/rm", run) == "rm"
+
+
+def test_every_judge_setting_of_the_curve_is_a_valid_rm_config(tmp_path):
+    from types import SimpleNamespace
+
+    from rlhf.config import ConfigError, RewardConfig, parse_overrides
+
+    curve = load("judge_curve")
+    for setting in curve.SETTINGS:
+        command = curve.judge_command(
+            ["rlhf"],
+            tmp_path,
+            tmp_path / "p.jsonl",
+            tmp_path / "r",
+            setting,
+            SimpleNamespace(prompt_tokens=96),
+        )
+        dotted = command[2:]
+        for named, key in (("--model", "--model"), ("--data", "--data.path"), ("--out", "--out")):
+            dotted[dotted.index(named)] = key
+        config = load_config(RewardConfig, overrides=parse_overrides(dotted))
+        assert config.lora.enabled == (setting != "full") and config.train.batch_size == 8
+        assert config.train.lm_coef == (0 if setting == "lora_lm0" else 1)
+    with pytest.raises(ConfigError, match="lora.r"):  # the check the settings pass: LoRA keys only with LoRA
+        load_config(RewardConfig, overrides=parse_overrides(["--lora.enabled", "false", "--lora.r", "16"]))

@@ -34,8 +34,7 @@ from rlhf.models.packing import enable_packing, first_fit
 from rlhf.models.precision import Precision
 from rlhf.stages.sft import EncodedSFT, sft_positions, sft_step
 from rlhf.train.learner import Learner, Training
-from rlhf.train.micro_batches import MicroBatching
-from rlhf.train.micro_batches import split_rows
+from rlhf.train.micro_batches import MicroBatching, split_rows
 from rlhf.train.supervised.model_call import ModelCall
 
 

@@ -51,7 +51,7 @@ def test_the_experience_of_episodes_carries_nothing_on_environment_tokens(make_t
 def policy_loss_of(policy, experience) -> torch.Tensor:
     """The policy's loss terms on the whole batch as one micro-batch (rlhf/rl/roles/policy.py)."""
     micro = MicroBatch(experience, 1.0, list(range(experience.batch_size)))
-    return policy.policy_terms(micro, StepStats())[0]
+    return policy.policy_terms(micro, StepStats())
 
 
 class Logits:

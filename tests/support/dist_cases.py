@@ -583,8 +583,8 @@ def partial_passes() -> dict:
     step: rank 0's first uses `a` and `b`, rank 1's `b` alone; the last (the reducing one) uses `b`
     alone on both; `c` is never used. The gradients before the step and the parameters after it."""
     from rlhf.config import OptimConfig
-    from rlhf.parallel.peers import current_peers
     from rlhf.parallel.parallel_plan import ParallelPlan
+    from rlhf.parallel.peers import current_peers
     from rlhf.train.learner import Learner, Training
     from rlhf.train.supervised.model_call import ModelCall
 

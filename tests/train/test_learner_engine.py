@@ -14,8 +14,7 @@ from torch import nn
 from rlhf.config import OptimConfig
 from rlhf.parallel.peers import share_of
 from rlhf.train.learner import Learner, Training
-from rlhf.train.micro_batches import MicroBatching
-from rlhf.train.micro_batches import RowList, micro_batches, split_rows
+from rlhf.train.micro_batches import MicroBatching, RowList, micro_batches, split_rows
 
 
 class FakePeers:

@@ -16,9 +16,8 @@ from rlhf.data.length_grouping import packed_groups
 from rlhf.models.packing import enable_packing, first_fit
 from rlhf.models.tiny import tiny_causal_lm
 from rlhf.train.learner import Learner, Training
-from rlhf.train.micro_batches import MicroBatching
 from rlhf.train.lm_loss import model_token_nll
-from rlhf.train.micro_batches import RowList, split_rows
+from rlhf.train.micro_batches import MicroBatching, RowList, split_rows
 from rlhf.train.supervised.model_call import ModelCall, call_model
 from tests.support.train_testing import WORDS, metric_rows, rl_config
 from tests.train.test_token_budget import assert_same_metrics, records

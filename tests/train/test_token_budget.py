@@ -15,8 +15,7 @@ from rlhf.config import OptimConfig
 from rlhf.data.length_grouping import token_budget_groups
 from rlhf.parallel.peers import share_of
 from rlhf.train.learner import Learner, Training
-from rlhf.train.micro_batches import MicroBatching
-from rlhf.train.micro_batches import micro_batches, split_rows
+from rlhf.train.micro_batches import MicroBatching, micro_batches, split_rows
 from tests.support.train_testing import metric_rows, rl_config
 from tests.train.test_learner_engine import FakePeers, Rows, rows_of
 

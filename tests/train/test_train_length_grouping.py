@@ -20,8 +20,8 @@ from rlhf.stages import sft as sft_module
 from rlhf.stages.rm import EncodedPair, evaluate_pairs, pair_forward, pair_step, ranking_loss
 from rlhf.stages.sft import EncodedSFT, evaluate_nll, sft_step
 from rlhf.train.learner import Learner, Training
-from rlhf.train.micro_batches import MicroBatching
 from rlhf.train.lm_loss import model_token_nll
+from rlhf.train.micro_batches import MicroBatching
 from tests.support.train_testing import rl_config
 
 ATOL = 1e-6
@@ -270,7 +270,12 @@ def test_sort_by_length_switch_reaches_every_role(make_trainer):
         trainer = make_trainer(rl_config("ppo_max", runtime={"sort_by_length": value}))
         r = trainer.runtime.roles
         # the learners' own cutting, the frozen roles' Scoring
-        holders = (r.policy, r.critic, r.reference.scoring, r.reward_model.scoring)
+        holders = (
+            r.policy.learner.batching,
+            r.critic.learner.batching,
+            r.reference.scoring,
+            r.reward_model.scoring,
+        )
         assert all(h.by_length is value for h in holders)
 
 

@@ -192,7 +192,7 @@ def run_supervised(
     model given or loaded is the one the run started from (`config.model`).
 
         run_dir, tokenizer <- start_run; model <- build_model; rows <- load, split, encode
-        learner <- Learner(ModelCall(model), optim, steps, peers, dist.strategy)   [ddp: replicated]
+        learner <- Learner(ModelCall(model), Optimizer, MicroBatching, ParallelPlan)   [ddp: replicated]
         [resume: the newest checkpoint's weights, optimizer, schedule, stage state; its N steps'
          batches drawn and dropped; its RNG states; metrics.jsonl cut after step N - 1]
         [fsdp2: sharded per layer from rank 0's state; dist.offload: in CPU memory]

@@ -35,7 +35,7 @@ PHASES = [
     ("rlhf.models.loading", "load_causal_lm", "load model"),
     ("rlhf.stages.sft", "sft_step", "forward+backward"),
     ("rlhf.stages.sft", "evaluate_nll", "evaluate"),
-    ("rlhf.train.learner", "clip_and_step", "optimizer step"),
+    ("rlhf.train.optimizer", "clip_and_step", "optimizer step"),
     ("rlhf.train.supervised", "export_causal_lm", "export"),
     ("rlhf.stages.dpo.DPOStage", "build_model", "build model (+ reference copy)"),
     ("rlhf.stages.dpo.DPOStage", "cache_reference", "reference log-probs"),

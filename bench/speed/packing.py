@@ -33,7 +33,8 @@ from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.packing import enable_packing, first_fit
 from rlhf.models.precision import Precision
 from rlhf.stages.sft import EncodedSFT, sft_positions, sft_step
-from rlhf.train.learner import Learner, split_rows
+from rlhf.train.learner import Learner, Training
+from rlhf.train.micro_batches import MicroBatching, split_rows
 from rlhf.train.supervised.model_call import ModelCall
 
 
@@ -55,8 +56,10 @@ def run(
     model = copy.deepcopy(model)
     if packing:
         enable_packing(model)
-    learner = Learner(ModelCall(model), OptimConfig(lr=1e-6), len(steps), micro_batch_size=micro,
-                      by_length=True, packing=packing)  # fmt: skip
+    learner = Learner.build(
+        ModelCall(model),
+        Training(OptimConfig(lr=1e-6), len(steps), MicroBatching(micro, True, None, packing)),
+    )
     nll = 0.0
     synchronize(precision.device)
     start = time.perf_counter()

@@ -45,7 +45,7 @@ from rlhf.data.loading import load_examples
 from rlhf.data.tokenize import TruncationStats, encode_prompt, encode_response, encode_sft
 from rlhf.models.loading import load_tokenizer
 from rlhf.models.packing import first_fit
-from rlhf.train.learner import split_rows
+from rlhf.train.micro_batches import split_rows
 
 # the HH pairs and the tokenizer: flags, else these environment variables (no machine paths here)
 DATA_ENV, TOKENIZER_ENV = "RLHF_BENCH_PAIRS", "RLHF_BENCH_MODEL"

@@ -398,7 +398,7 @@ def memory_model(trainer) -> dict:
         for p in roles.reference.model.parameters()
         if p.untyped_storage().data_ptr() not in policy_ptrs
     )
-    optimizers = [learner.optimizer for learner in roles.learners()]  # a shared critic: the policy's
+    optimizers = [role.learner.optimizer.adamw for role in roles.learners()]  # a shared critic: the policy's
     trainable = [p for opt in optimizers for g in opt.param_groups for p in g["params"]]
     state = [t for opt in optimizers for s in opt.state.values() for t in s.values() if hasattr(t, "numel")]
     mib = 2**20
@@ -406,7 +406,7 @@ def memory_model(trainer) -> dict:
         "weights_unique": round(sum(seen.values()) / mib, 1),
         "reference_own_weights": round(reference_own / mib, 1),
         "policy_trainable_params": sum(
-            p.numel() for g in roles.policy.optimizer.param_groups for p in g["params"]
+            p.numel() for g in roles.policy.learner.optimizer.adamw.param_groups for p in g["params"]
         ),
         "gradients": round(_bytes(trainable) / mib, 1),
         "optimizer_state": round(_bytes(state) / mib, 1),

@@ -122,7 +122,7 @@ def smollm2_run(model_dir: Path, algorithm: str, iterations: int) -> dict:
         trainer.iteration += 1
         seconds.append(time.perf_counter() - started)
     trainer.logger.close()
-    trained = [p for r in roles.learners() for p in r.trainable()]
+    trained = [p for r in roles.learners() for p in r.learner.trainable()]
     return {
         "algorithm": algorithm,
         "model": "SmolLM2-135M",

@@ -7,7 +7,7 @@
 #       --ignore value/explained_variance critic_pretrain/explained_var; done
 set -euo pipefail
 REPO=$(cd "$1" && pwd); DEMO=$(cd "$2" && pwd); OUT=$3
-PY=${PY:-$(dirname "$0")/../.venv/bin/python}
+PY=${PY:-$(dirname "$0")/../../.venv/bin/python}
 PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 COMMON=(--policy "$DEMO/sft" --reward-model "$DEMO/rm" --prompts "$DEMO/world/prompts_train.jsonl"

@@ -9,7 +9,8 @@ policy's step alone, as the trainer runs it; `--roles policy,critic` the critic'
 
 Each traced file is listed under what a reader does with it (`KINDS`): the **step** files hold the
 minibatch step's own logic, the five a reader follows for the policy (the trainer, the role, the
-engine, core/losses, core/stats; the critic's role a sixth when `--roles` names it); the **seam**
+engine, core/losses, core/stats; the critic's role a sixth when `--roles` names it); the **engine**
+files are the parts the learner composes (micro-batches, passes, optimizer, step stats); the **seam**
 (runtime/local.py) routes each learner's `train_step` by name and computes nothing of the step (with
 the critic, it schedules the two learners' steps side by side); the **model** files are the
 forwards (log-probs, entropy, values); the **containers** hold the minibatch and the roles' lookup;
@@ -41,6 +42,15 @@ KINDS = {
         "core/losses.py",
         "core/stats.py",
         "rl/roles/critic.py",
+    ),
+    # the engine's parts the learner (train/learner.py) composes, one concept each: the micro-batches,
+    # a step's passes, the optimizer and the step's statistics
+    "engine": (
+        "train/micro_batches.py",
+        "train/accumulation.py",
+        "train/optimizer.py",
+        "train/step_stats.py",
+        "parallel/data_parallel.py",
     ),
     "seam": ("runtime/local.py", "parallel/threads.py", "runtime/flops.py"),
     "model": (

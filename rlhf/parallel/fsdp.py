@@ -173,7 +173,7 @@ def _optimizer_state_from_rank0(
     layout = peers.gather(
         {n: {k: (tuple(v.shape), v.dtype) for k, v in state.items()} for n, state in moments.items() if state}
     )[0]
-    # built on the meta device without it (rlhf/train/learner.py `build_optimizer`)
+    # built on the meta device without it (rlhf/train/optimizer.py `build_optimizer`)
     for group in optimizer.param_groups:
         group["fused"] = peers.device.type in ("cpu", "cuda")
     for name, keys in layout.items():

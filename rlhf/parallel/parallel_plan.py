@@ -10,7 +10,6 @@ run has loaded the whole state (rlhf/runtime/distributed.py). Outside one there 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from rlhf.config import DistConfig
 from rlhf.parallel.peers import Peers, current_peers
@@ -19,17 +18,10 @@ from rlhf.parallel.peers import Peers, current_peers
 @dataclass(frozen=True)
 class ParallelPlan:
     peers: Peers
-    strategy: str  # "ddp" | "fsdp2"
+    strategy: str  # "ddp" | "fsdp2"; else ranks without a strategy (whose optimizer step is refused)
     bf16_compute: bool = False  # fsdp2: the layers gathered in bf16 (dtype bfloat16)
     offload: bool = False  # dist.offload: the shards and AdamW state in CPU memory
     sync_once: bool = False  # dist.grad_sync step: gradients reduced once per optimizer step
-
-    def learner_options(self) -> dict[str, Any]:
-        """The keyword arguments of rlhf.train.learner.Learner that carry this plan."""
-        return {
-            "peers": self.peers, "strategy": self.strategy, "bf16_compute": self.bf16_compute,
-            "offload": self.offload, "sync_once": self.sync_once,
-        }  # fmt: skip
 
 
 def parallel_plan(dist: DistConfig, bf16_compute: bool = False) -> ParallelPlan | None:

@@ -16,7 +16,7 @@ from rlhf.data.length_grouping import micro_batch_groups
 from rlhf.models.decoding import is_fsdp_sharded
 from rlhf.models.precision import Precision
 from rlhf.models.sequences import Sequences
-from rlhf.train.learner import split_rows
+from rlhf.train.micro_batches import split_rows
 
 
 @dataclass
@@ -103,12 +103,12 @@ class Experience:
         return (self.attention_mask[:, : self.prompt_length].sum(1) + self.response_mask.sum(1)).tolist()
 
     def take(self, index: list[int]) -> Experience:
-        """Rows `index` (`select`): the engine's view of a batch (rlhf/train/learner.py `Rows`)."""
+        """Rows `index` (`select`): the engine's view of a batch (rlhf/train/micro_batches.py `Rows`)."""
         return self.select(torch.tensor(index, dtype=torch.long))
 
     def filler(self) -> Experience:
         """Its first row with the response mask zeroed: a micro-batch that runs every forward and
-        backward a real one runs and weighs nothing (a data-parallel rank's padding, rlhf/train/learner.py)."""
+        backward a real one runs and weighs nothing (a data-parallel rank's padding, rlhf/train/micro_batches.py)."""
         row = self.select(torch.tensor([0]))
         row.response_mask = torch.zeros_like(row.response_mask)
         return row

@@ -90,7 +90,7 @@ def open_run_logger(
 
 
 def warmup_iterations(config: RLConfig) -> int:
-    """The RL iterations during which the policy's learning rate still warms up (rlhf/train/learner.py)."""
+    """The RL iterations during which the policy's learning rate still warms up (rlhf/train/optimizer.py)."""
     steps, _ = optimizer_steps(config)
     o = config.policy_optim
     warmup = max(0, o.warmup_steps, math.ceil(o.warmup_fraction * steps))

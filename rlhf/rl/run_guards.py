@@ -54,7 +54,7 @@ class RunGuards:
         self, stats: dict[str, float], iteration: int, warn: Callable[..., object]
     ) -> None:
         """Warn (`warn(message, step=, code=)`) when optimizer steps were skipped for NaN/inf gradients
-        (rlhf/train/learner.py); stop when a learner skipped all of them in 3 updates in a row."""
+        (rlhf/train/optimizer.py); stop when a learner skipped all of them in 3 updates in a row."""
         for prefix, role in (("policy", "policy"), ("value", "critic")):
             skipped = stats.get(f"{prefix}/skipped_step_fraction", 0.0)
             if skipped:

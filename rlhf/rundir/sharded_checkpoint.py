@@ -30,8 +30,8 @@ def trained_learners(roles) -> dict:
     """The roles whose parameters and optimizer state the shards hold: {name: learner} (a shared
     critic is part of the policy's module; a critic-free run has none)."""
     if roles.separate_critic is None:
-        return {"policy": roles.policy}
-    return {"policy": roles.policy, "critic": roles.separate_critic}
+        return {"policy": roles.policy.learner}
+    return {"policy": roles.policy.learner, "critic": roles.separate_critic.learner}
 
 
 def has_shards(path: Path) -> bool:
@@ -45,7 +45,7 @@ def shard_state(learners: dict) -> dict[str, torch.Tensor]:
     for role, learner in learners.items():
         for name, param in learner.module.named_parameters():
             state[f"{role}/model/{name}"] = param.detach()
-            for key, value in learner.optimizer.state.get(param, {}).items():
+            for key, value in learner.optimizer.adamw.state.get(param, {}).items():
                 state[f"{role}/optim/{name}/{key}"] = value
     return state
 
@@ -113,7 +113,7 @@ def load_learner_shards(learners: dict, path: Path) -> None:
                 if saved_key.startswith(prefix):
                     tensor = torch.empty(meta.size, dtype=meta.properties.dtype, device=param.device)
                     state[saved_key] = tensor
-                    moments.append((learner.optimizer, param, saved_key[len(prefix) :], tensor))
+                    moments.append((learner.optimizer.adamw, param, saved_key[len(prefix) :], tensor))
     with torch.no_grad(), warnings.catch_warnings():
         # without collectives: each rank that loads reads every chunk of the whole tensors (under
         # fsdp2 rank 0 alone loads, the other ranks' models are on the meta device until sharded);

@@ -6,7 +6,7 @@ model in float32) kept a copy of weights that never change. `save_trained` write
 `NAME.trained.safetensors`: every parameter with `requires_grad` (LoRA adapters, a value head, or
 all of a fully trained model), with a fingerprint of the frozen ones in its metadata, so that a
 resume on other base weights stops with a message instead of training on a model that never was.
-The optimizer's state already covers the trained parameters only (rlhf.train.learner).
+The optimizer's state already covers the trained parameters only (rlhf.train.optimizer).
 """
 
 from __future__ import annotations

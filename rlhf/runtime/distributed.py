@@ -52,8 +52,8 @@ class DistributedRuntime(LocalRuntime):
         # the learners were built with their strategy (ddp: replicated; fsdp2: sharded at the first
         # use, `shard_roles`; rlhf/parallel/parallel_plan.py): built outside this group, they would not
         # sum their gradients over its ranks
-        for learner in self.learners:
-            if learner.peers is None:
+        for role in self.learners:
+            if role.learner.peers is None:
                 raise RuntimeError(
                     "the roles were built outside the process group: build them after joining it "
                     "(rlhf.rl.roles.assemble.assemble_roles gives each learner its data-parallel strategy)"
@@ -74,8 +74,8 @@ class DistributedRuntime(LocalRuntime):
         r = self.roles
         precision = r.policy.precision
         bf16 = precision is not None and precision.uses_autocast  # dtype bfloat16: gathered in bf16
-        for learner in self.learners:
-            learner.shard()  # as planned when it was built (rlhf/parallel/parallel_plan.py)
+        for role in self.learners:
+            role.learner.shard()  # as planned when it was built (rlhf/parallel/parallel_plan.py)
         frozen = {
             "reference": r.reference.own_module,
             "reward_model": r.reward_model and r.reward_model.model,
@@ -142,12 +142,12 @@ class DistributedRuntime(LocalRuntime):
         policy = self.roles.policy
         draws = {"sampling": sampling, "generator": generator}
         if self.sharded and self.rollout_gather == "per_layer":  # a layer at a time, ranks in lockstep
-            with fsdp.gathered_per_layer(policy.module):
+            with fsdp.gathered_per_layer(policy.learner.module):
                 mine = policy.generate(
                     prompts, return_logprobs, share=share, all_ranks_done=self.peers.all, **draws
                 )
         else:
-            with fsdp.unsharded([policy.module]):  # fsdp2: gathered once, not per decoding step
+            with fsdp.unsharded([policy.learner.module]):  # fsdp2: gathered once, not per decoding step
                 mine = policy.generate(prompts, return_logprobs, share=share, **draws)
         return join_rollouts(
             self.peers, mine, share, generator, sampling.do_sample, policy.tokenizer.pad_token_id

@@ -265,9 +265,9 @@ class LocalRuntime:
         one learner, `runtime.overlap_critic` off, a model off the CPU, or a single core."""
         if len(learners) != 2 or not self.config.overlap_critic:
             return None
-        if any(learner.peers is not None for learner in learners):
+        if any(role.learner.peers is not None for role in learners):
             return None  # built data-parallel (in a process group): two threads' all-reduces would mix
-        if not on_cpu(*(learner.module for learner in learners)):
+        if not on_cpu(*(role.learner.module for role in learners)):
             return None
         return side_by_side_threads()
 

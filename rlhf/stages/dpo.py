@@ -28,8 +28,9 @@ from rlhf.models.precision import Precision
 from rlhf.models.reference import ReferenceModel
 from rlhf.parallel.fsdp import shard_from_rank0
 from rlhf.stages.rm import EncodedPair, encode_pairs, pair_positions
-from rlhf.train.learner import MicroBatch, RowList, step_metrics
 from rlhf.train.lm_loss import sequence_logprobs
+from rlhf.train.micro_batches import MicroBatch, RowList
+from rlhf.train.optimizer import step_metrics
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import StageInputs, SupervisedRun, SupervisedStage, placed, run_supervised
 from rlhf.train.supervised.model_call import ModelCall, call_model
@@ -196,7 +197,7 @@ class DPOStage(SupervisedStage):
             return value * micro.weight, figures  # the mean over the step's pairs
 
         batch = RowList(rows, pair_positions)
-        sums, grad_norm = run.learner.step(batch, [loss], len, len(rows), sums=("loss", *STATS))
+        sums, grad_norm = run.learner.step(batch, loss, len, len(rows), sums=("loss", *STATS))
         out = {f"train/{k}": v / len(rows) for k, v in sums.items()}
         return {**out, "train/pairs": len(rows), **step_metrics("train", grad_norm)}
 

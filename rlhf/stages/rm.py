@@ -30,8 +30,10 @@ from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
 from rlhf.models.scalar_head import ScalarHeadModel, last_token_index
 from rlhf.rundir.export import export_models
-from rlhf.train.learner import Learner, MicroBatch, RowList, forward_passes, split_rows, step_metrics
+from rlhf.train.learner import Learner
 from rlhf.train.lm_loss import hidden_token_nll
+from rlhf.train.micro_batches import MicroBatch, RowList, forward_passes, split_rows
+from rlhf.train.optimizer import step_metrics
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import StageInputs, SupervisedRun, SupervisedStage, placed, run_supervised
 from rlhf.train.supervised.model_call import call_model
@@ -131,7 +133,7 @@ def pair_step(
         }
 
     sums, grad_norm = learner.step(
-        RowList(rows, pair_positions), [loss], sums=("rank", "lm", "correct", "margin")
+        RowList(rows, pair_positions), loss, sums=("rank", "lm", "correct", "margin")
     )
     lm_mean = sums["lm"] / chosen_tokens
     metrics = {
@@ -171,7 +173,7 @@ def evaluate_pairs(
     tokens: int | None = None,
 ) -> dict:
     """Accuracy (r_w > r_l), margins, ranking loss and the LM perplexity on held-out pairs, every
-    pair here (rlhf/train/learner.py `forward_passes`). `by_length`: pairs batched by length (less
+    pair here (rlhf/train/micro_batches.py `forward_passes`). `by_length`: pairs batched by length (less
     padding); `tokens`: pairs batched by a token budget (`train.micro_batch_tokens`); the margins
     stay in the order of `rows`."""
     model.eval()

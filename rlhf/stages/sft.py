@@ -18,8 +18,10 @@ from rlhf.data.tokenize import TruncationStats, encode_sft
 from rlhf.models.device import model_device, to_device
 from rlhf.models.loading import load_causal_lm
 from rlhf.models.precision import Precision
-from rlhf.train.learner import Learner, MicroBatch, RowList, step_metrics
+from rlhf.train.learner import Learner
 from rlhf.train.lm_loss import model_token_nll
+from rlhf.train.micro_batches import MicroBatch, RowList
+from rlhf.train.optimizer import step_metrics
 from rlhf.train.setup import with_lora
 from rlhf.train.supervised import StageInputs, SupervisedRun, SupervisedStage, placed, run_supervised
 from rlhf.train.supervised.model_call import call_model
@@ -78,7 +80,7 @@ def sft_step(
         nll, _ = _batch_nll(learner.call, micro.rows, pad_id, precision)
         return nll / total, {"nll": nll.detach()}  # the token mean over the whole batch
 
-    sums, grad_norm = learner.step(RowList(rows, sft_positions), [loss], sums=("nll",))
+    sums, grad_norm = learner.step(RowList(rows, sft_positions), loss, sums=("nll",))
     return sums["nll"], total, grad_norm
 
 

@@ -51,7 +51,7 @@ def require_finite_tokens(
 
 
 class SkippedStepStreak:
-    """Stops a run whose learner skipped every optimizer step (NaN/inf gradients, rlhf/train/learner.py)
+    """Stops a run whose learner skipped every optimizer step (NaN/inf gradients, rlhf/train/optimizer.py)
     in `patience` updates (RL iterations) or steps (supervised) in a row: its weights no longer change,
     so going on only burns compute. The fix names the settings that scale the loss (`loss_scale_fix`)."""
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlhf.rl.roles.policy import value_micro_loss
-from rlhf.train.learner import MicroBatch, StepStats
+from rlhf.train.micro_batches import MicroBatch
+from rlhf.train.step_stats import StepStats
 from tests.rl.test_resume import Interrupted, interrupt_at
 from tests.support.train_testing import metric_rows, rl_config
 
@@ -50,7 +51,7 @@ def test_the_experience_of_episodes_carries_nothing_on_environment_tokens(make_t
 def policy_loss_of(policy, experience) -> torch.Tensor:
     """The policy's loss terms on the whole batch as one micro-batch (rlhf/rl/roles/policy.py)."""
     micro = MicroBatch(experience, 1.0, list(range(experience.batch_size)))
-    return policy.policy_terms(micro, StepStats())[0]
+    return policy.policy_terms(micro, StepStats())
 
 
 class Logits:
@@ -89,7 +90,7 @@ def test_the_value_loss_puts_no_gradient_on_values_at_environment_tokens(make_tr
     critic, kept = trainer.runtime.roles.critic, []
 
     def forward(sequences):
-        values = critic.train_forward(sequences)
+        values = critic.learner.train_forward(sequences)
         values.retain_grad()
         kept.append(values)
         return values
@@ -121,8 +122,8 @@ def test_no_value_at_environment_positions_moves_a_loss(make_trainer, loss):
             torch.manual_seed(0)
             after = policy_loss_of(policy, b)
             assert torch.equal(before, after)
-            value_a = value_micro_loss(critic.train_forward, a, 0.2, StepStats(), 1.0)
-            value_b = value_micro_loss(critic.train_forward, b, 0.2, StepStats(), 1.0)
+            value_a = value_micro_loss(critic.learner.train_forward, a, 0.2, StepStats(), 1.0)
+            value_b = value_micro_loss(critic.learner.train_forward, b, 0.2, StepStats(), 1.0)
             assert torch.equal(value_a, value_b)
 
 

@@ -51,7 +51,7 @@ def test_fsdp2_on_one_nccl_rank_gives_the_local_metrics_in_float32(preset, one_n
     local.train()
     sharded = sharded_trainer(preset, tmp_path / "sharded", "float32")
     sharded.train()
-    assert sharded.runtime.roles.policy.per_layer
+    assert sharded.runtime.roles.policy.learner.per_layer
     for got, expected in zip(records(tmp_path / "sharded"), records(tmp_path / "local"), strict=True):
         for key, value in expected.items():
             if isinstance(value, float):
@@ -61,7 +61,7 @@ def test_fsdp2_on_one_nccl_rank_gives_the_local_metrics_in_float32(preset, one_n
 def test_fsdp2_on_one_nccl_rank_trains_in_bf16(one_nccl_rank, tmp_path):
     trainer = sharded_trainer("ppo_max", tmp_path / "run", "bfloat16")
     last = trainer.train()
-    assert trainer.runtime.roles.policy.per_layer
+    assert trainer.runtime.roles.policy.learner.per_layer
     assert all(math.isfinite(v) for v in last.values() if isinstance(v, float))
     assert (tmp_path / "run" / "model.safetensors").exists()
 
@@ -73,7 +73,9 @@ def test_fsdp2_with_offload_gives_the_same_metrics_with_its_state_in_cpu_memory(
     plain.train()
     offloaded = sharded_trainer("ppo_max", tmp_path / "offload", "float32", offload=True)
     offloaded.train()
-    assert all(p.to_local().device.type == "cpu" for p in offloaded.runtime.roles.policy.module.parameters())
+    assert all(
+        p.to_local().device.type == "cpu" for p in offloaded.runtime.roles.policy.learner.module.parameters()
+    )
     for got, expected in zip(records(tmp_path / "offload"), records(tmp_path / "plain"), strict=True):
         for key, value in expected.items():
             if isinstance(value, float):

@@ -33,7 +33,7 @@ def test_outside_a_process_group_there_is_no_plan_and_the_runtime_refuses_such_r
     config = rl_config("ppo_max")
     assert parallel_plan(config.dist) is None
     roles = roles_of(config)
-    assert roles.policy.peers is None and roles.critic.peers is None
+    assert roles.policy.learner.peers is None and roles.critic.learner.peers is None
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         with pytest.raises(RuntimeError, match="built outside the process group"):
@@ -48,10 +48,10 @@ def test_ddp_learners_are_replicated_when_built_and_the_runtime_leaves_them_as_t
     monkeypatch.setattr("rlhf.runtime.local.side_by_side_threads", lambda: 1)  # as on 2 or more cores
     config = rl_config("ppo_max", {"dist": {"strategy": "ddp"}})
     roles = roles_of(config)
-    policy, critic = roles.policy, roles.critic
+    policy, critic = roles.policy.learner, roles.critic.learner
     built = (policy.replicated, critic.replicated)
     assert all(r is not None for r in built) and policy.peers.world_size == 1
-    assert policy.uses_every_parameter  # no value head on the policy: DDP skips the unused walk
+    assert policy.replicated.find_unused_parameters is False  # no value head on the policy: no unused walk
     DistributedRuntime(roles, config.runtime, strategy="ddp")
     assert (policy.replicated, critic.replicated) == built  # nothing set after construction
     # never side by side on two threads: both all-reduce on the one process group
@@ -67,14 +67,22 @@ def test_learners_built_outside_a_group_may_step_side_by_side(monkeypatch):
 def test_fsdp2_learners_are_sharded_as_planned_at_the_first_use_and_once(one_rank):
     config = rl_config("ppo_max", {"dist": {"strategy": "fsdp2", "grad_sync": "step"}})
     roles = roles_of(config)
-    policy = roles.policy
+    policy = roles.policy.learner
     assert policy.shard_pending and policy.sharded is None and policy.replicated is None
-    assert policy.sharding == {"bf16_compute": False, "offload": False, "sync_once": True}
+    assert policy.plan is not None and (
+        policy.plan.bf16_compute,
+        policy.plan.offload,
+        policy.plan.sync_once,
+    ) == (
+        False,
+        False,
+        True,
+    )
     runtime = DistributedRuntime(roles, config.runtime, strategy="fsdp2")
     assert policy.sharded is None  # not before the first use (a resume loads the whole state first)
     runtime.shard_roles()
-    assert policy.sharded is not None and policy.per_layer and policy.sync_once
-    assert not policy.shard_pending and roles.critic.sharded is not None
+    assert policy.sharded is not None and policy.per_layer and policy.data_parallel.sync_once
+    assert not policy.shard_pending and roles.critic.learner.sharded is not None
     sharded = policy.sharded
     policy.shard()
     assert policy.sharded is sharded
@@ -83,5 +91,7 @@ def test_fsdp2_learners_are_sharded_as_planned_at_the_first_use_and_once(one_ran
 def test_only_the_hosted_learners_get_the_plan(one_rank):
     config = rl_config("ppo_max", {"dist": {"strategy": "ddp"}})
     roles = roles_of(config, hosted=frozenset({"policy"}))
-    assert roles.policy.replicated is not None
-    assert roles.critic.peers is None and roles.critic.replicated is None  # served by another group
+    assert roles.policy.learner.replicated is not None
+    assert (
+        roles.critic.learner.peers is None and roles.critic.learner.replicated is None
+    )  # served by another group

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rlhf.config import OptimConfig
-from rlhf.train.learner import Accumulation, Learner
+from rlhf.train.accumulation import Accumulation
+from rlhf.train.learner import Learner, Training
 from tests.support.dist_cases import PASS_INPUTS, ThreeLayers, first_pass_loss, last_pass_loss, partial_passes
 from tests.support.ranks import run_ranks
 
@@ -16,7 +17,7 @@ from tests.support.ranks import run_ranks
 @pytest.mark.slow
 def test_ddp_sums_every_pass_of_a_step_and_leaves_an_unused_parameter_without_gradient():
     module = ThreeLayers()
-    learner = Learner(module, OptimConfig(lr=0.1, weight_decay=0.5), 1)
+    learner = Learner.build(module, Training(OptimConfig(lr=0.1, weight_decay=0.5), 1))
     total = sum(
         first_pass_loss(module, x, rank == 0) + last_pass_loss(module, x)
         for rank, x in enumerate(PASS_INPUTS)

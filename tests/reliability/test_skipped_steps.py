@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import rlhf.train.learner as learner
+import rlhf.train.optimizer as optimizer
 from rlhf.config import DPOConfig, RewardConfig, RLConfig, SFTConfig, load_config
 from rlhf.train.guards import loss_scale_fix
 from tests.support.reliability_testing import assert_user_error, rlhf_in_process
@@ -28,7 +28,7 @@ def test_the_fix_names_the_settings_that_scale_each_stage_loss():
 def test_a_dpo_run_with_every_step_skipped_stops_after_three_naming_beta(
     files, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(learner, "is_finite_norm", lambda norm: False)  # every step's gradients non-finite
+    monkeypatch.setattr(optimizer, "is_finite_norm", lambda norm: False)  # every step's gradients non-finite
     out = tmp_path / "dpo"
     result = rlhf_in_process(capsys, "dpo", "--model", files["policy"], "--data", files["pairs"], "--out", out,
                              "--train.max_steps", "6", "--train.batch_size", "2", "--sinks", "jsonl",

@@ -194,9 +194,9 @@ def test_the_kl_loss_is_the_k3_mean_of_the_policy_against_the_reference(make_tra
 
 def _policy_gradients(trainer, experience) -> dict[str, torch.Tensor]:
     policy = trainer.runtime.roles.policy
-    policy.optimizer_step = lambda: 0.0
+    policy.learner.optimizer_step = lambda: 0.0
     policy.train_step(experience, policy.loss_denominator(experience))
-    return {n: q.grad.clone() for n, q in policy.module.named_parameters() if q.grad is not None}
+    return {n: q.grad.clone() for n, q in policy.learner.module.named_parameters() if q.grad is not None}
 
 
 def test_fixed_length_aggregation_divides_the_token_sum_by_rows_times_max_new_tokens(make_trainer, tmp_path):

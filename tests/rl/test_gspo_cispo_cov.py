@@ -15,9 +15,11 @@ SMALL = {"rollout": {"batch_size": 4, "samples_per_prompt": 2}, "train": {"minib
 
 def _step(policy, batches, **totals) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """The gradients `train_step` leaves on `batches` (its optimizer not stepping) and its stats."""
-    policy.optimizer_step = lambda: 0.0
+    policy.learner.optimizer_step = lambda: 0.0
     stats = [policy.train_step(batch, **totals) for batch in batches]
-    return {n: q.grad.clone() for n, q in policy.module.named_parameters() if q.grad is not None}, stats
+    return {
+        n: q.grad.clone() for n, q in policy.learner.module.named_parameters() if q.grad is not None
+    }, stats
 
 
 def _experience(trainer):

@@ -38,9 +38,10 @@ def test_ties_and_pairs_that_lost_a_row_are_dropped_and_counted():
 
 
 def _gradients(policy, experience) -> tuple[dict[str, torch.Tensor], dict]:
-    policy.optimizer_step = lambda: 0.0  # the gradients kept, no step
+    policy.learner.optimizer_step = lambda: 0.0  # the gradients kept, no step
     stats = policy.train_step(experience)
-    return {n: q.grad.clone() for n, q in policy.module.named_parameters() if q.grad is not None}, stats
+    grads = policy.learner.module.named_parameters()
+    return {n: q.grad.clone() for n, q in grads if q.grad is not None}, stats
 
 
 def test_the_step_is_dpos_loss_on_the_sampled_pairs_for_any_micro_batch_split(make_trainer):
@@ -67,7 +68,7 @@ def test_the_step_is_dpos_loss_on_the_sampled_pairs_for_any_micro_batch_split(ma
             loss = loss - torch.nn.functional.logsigmoid(0.5 * h)
     loss = loss / len(pairs)
     loss.backward()
-    expected = {n: q.grad for n, q in closed.module.named_parameters() if q.grad is not None}
+    expected = {n: q.grad for n, q in closed.learner.module.named_parameters() if q.grad is not None}
     for size in (3, 1):  # an uneven split and one row per micro-batch
         config = rl_config("online_dpo", SMALL, train={"micro_batch_size": size})
         policy = make_trainer(config, run_dir=trainer.run_dir.parent / f"split{size}").runtime.roles.policy

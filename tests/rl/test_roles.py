@@ -32,10 +32,10 @@ def test_learners_are_the_roles_that_step(make_trainer):
 
 def _gradients_after(role, batches, total_tokens) -> dict[str, torch.Tensor]:
     """The gradients `role.train_step` leaves when its optimizer does not step (so they add up)."""
-    role.optimizer_step = lambda: 0.0
+    role.learner.optimizer_step = lambda: 0.0
     for batch in batches:
         role.train_step(batch, total_tokens)
-    return {n: q.grad.clone() for n, q in role.module.named_parameters() if q.grad is not None}
+    return {n: q.grad.clone() for n, q in role.learner.module.named_parameters() if q.grad is not None}
 
 
 @pytest.mark.parametrize("role_name", ["policy", "critic"])
@@ -98,8 +98,8 @@ def test_each_trained_role_is_one_module_forward(make_trainer):
             response_values(critic.model, seqs.input_ids, seqs.attention_mask, seqs.prompt_length)
         )
     # every parameter the optimizer steps belongs to the module whose forward computes the loss
-    module_params = {id(q) for q in policy.module.parameters()}
-    assert all(id(q) in module_params for q in policy.trainable())
+    module_params = {id(q) for q in policy.learner.module.parameters()}
+    assert all(id(q) in module_params for q in policy.learner.trainable())
 
 
 def test_a_ddp_wrapped_policy_forward_trains_like_the_plain_one(make_trainer, tmp_path):

@@ -19,7 +19,7 @@ from rlhf.rl.experience import Experience, concat_experiences, forward_in_chunks
 from rlhf.rl.metrics import distinct_n
 from rlhf.rl.prompts import PromptStream
 from rlhf.rundir import checkpoint as ckpt
-from rlhf.train.learner import build_optimizer, clip_and_step, lr_multiplier
+from rlhf.train.optimizer import build_optimizer, clip_and_step, lr_multiplier
 
 
 # -- checkpoints -------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def entropy_target_gradient(make_trainer, micro_batch_size: int, target_shift: f
         policy={"entropy_coef": coef, "entropy_target": target, "entropy_clip": clip},
     )
     role = trainer.runtime.roles.policy
-    role.optimizer_step = lambda: 0.0  # keep the gradients
+    role.learner.optimizer_step = lambda: 0.0  # keep the gradients
     stats = role.train_step(exp, exp.num_tokens)
     got = {
         n: (q.grad if q.grad is not None else torch.zeros_like(q)) for n, q in role.model.named_parameters()
@@ -332,8 +332,8 @@ def test_max_grad_norm_clips_policy_and_critic(max_norm, make_trainer):
     )
     trainer = make_trainer(config)
     policy_norms, critic_norms = (
-        record_steps(trainer.runtime.roles.policy.optimizer),
-        record_steps(trainer.runtime.roles.critic.optimizer),
+        record_steps(trainer.runtime.roles.policy.learner.optimizer.adamw),
+        record_steps(trainer.runtime.roles.critic.learner.optimizer.adamw),
     )
     metrics = trainer.step()
     assert len(policy_norms) == len(critic_norms) == config.train.minibatches
@@ -370,8 +370,8 @@ def test_epochs_and_minibatches_set_the_optimizer_step_count(epochs, minibatches
     )
     trainer = make_trainer(config)
     policy_norms, critic_norms = (
-        record_steps(trainer.runtime.roles.policy.optimizer),
-        record_steps(trainer.runtime.roles.critic.optimizer),
+        record_steps(trainer.runtime.roles.policy.learner.optimizer.adamw),
+        record_steps(trainer.runtime.roles.critic.learner.optimizer.adamw),
     )
     trainer.train()
     assert len(policy_norms) == 2 * epochs * minibatches

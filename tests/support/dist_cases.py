@@ -112,16 +112,16 @@ def ppo_run(run_dir: str, preset: str, layers: list[dict], ptx_file: str | None 
     last = trainer.train()
     roles = trainer.runtime.roles
     written = metric_rows(run_dir) if trainer.runtime.writer else None
-    policy, critic = whole_params(trainer.runtime, roles.policy.module), {}
+    policy, critic = whole_params(trainer.runtime, roles.policy.learner.module), {}
     if roles.critic:
         critic = whole_params(trainer.runtime, roles.critic.model)
     return {
         "last": {k: v for k, v in last.items() if not k.startswith(("time/", "throughput/"))},
         "policy": policy,
         "critic": critic,
-        "sharded": roles.policy.sharded is not None,
-        "offload_policies": offload_policies(roles.policy.module),  # fsdp2: each unit's
-        "replicated": roles.policy.replicated is not None,  # ddp: DistributedDataParallel
+        "sharded": roles.policy.learner.sharded is not None,
+        "offload_policies": offload_policies(roles.policy.learner.module),  # fsdp2: each unit's
+        "replicated": roles.policy.learner.replicated is not None,  # ddp: DistributedDataParallel
         "tokens": trainer.buffer[-1].input_ids.clone(),
         "written": written,
     }
@@ -179,8 +179,8 @@ def sharding_accounting(run_dir: str) -> dict:
     with watch:
         trainer.train()
     roles = {
-        "policy": r.policy.module,
-        "critic": r.critic.module,
+        "policy": r.policy.learner.module,
+        "critic": r.critic.learner.module,
         "reference": r.reference.own_module,
         "reward_model": r.reward_model.model,
     }
@@ -192,8 +192,10 @@ def sharding_accounting(run_dir: str) -> dict:
             "local": sum(p.to_local().numel() for p in params),
             "sharded": all(isinstance(p, DTensor) for p in params),
         }
-    for name, learner in (("policy", r.policy), ("critic", r.critic)):
-        moments = [v for state in learner.optimizer.state.values() for v in state.values() if v.dim() > 0]
+    for name, learner in (("policy", r.policy.learner), ("critic", r.critic.learner)):
+        moments = [
+            v for state in learner.optimizer.adamw.state.values() for v in state.values() if v.dim() > 0
+        ]
         out[name]["moments_local"] = sum(m.to_local().numel() for m in moments)
     return out
 
@@ -228,8 +230,8 @@ def meta_loading_accounting(paths: dict[str, str]) -> dict:
         runtime = runtime_for(roles, config)
         runtime.shard_roles()
     modules = {
-        "policy": roles.policy.module,
-        "critic": roles.critic.module,
+        "policy": roles.policy.learner.module,
+        "critic": roles.critic.learner.module,
         "reference": roles.reference.own_module,
         "reward_model": roles.reward_model.model,
     }
@@ -581,14 +583,17 @@ def partial_passes() -> dict:
     step: rank 0's first uses `a` and `b`, rank 1's `b` alone; the last (the reducing one) uses `b`
     alone on both; `c` is never used. The gradients before the step and the parameters after it."""
     from rlhf.config import OptimConfig
+    from rlhf.parallel.parallel_plan import ParallelPlan
     from rlhf.parallel.peers import current_peers
-    from rlhf.train.learner import Learner
+    from rlhf.train.learner import Learner, Training
     from rlhf.train.supervised.model_call import ModelCall
 
     peers = current_peers()
     module = ThreeLayers()
     call = ModelCall(module)  # one call per loss, as the supervised stages' (train/supervised/model_call.py)
-    learner = Learner(call, OptimConfig(lr=0.1, weight_decay=0.5), 1, peers=peers, strategy="ddp")
+    learner = Learner.build(
+        call, Training(OptimConfig(lr=0.1, weight_decay=0.5), 1, parallel=ParallelPlan(peers, "ddp"))
+    )
     x = PASS_INPUTS[peers.rank]
     passes = learner.passes(2)
     with passes.next_pass():
@@ -618,7 +623,9 @@ def supervised_accounting(stage: str, run_dir: str, data_path: str) -> dict:
     def counted_step(learner):
         norm = phase("step", learner_step)(learner)
         params = list(model.parameters())
-        moments = [v for state in learner.optimizer.state.values() for v in state.values() if v.dim() > 0]
+        moments = [
+            v for state in learner.optimizer.adamw.state.values() for v in state.values() if v.dim() > 0
+        ]
         between.append({
             "whole": sum(p.numel() for p in params),
             "local": sum(p.to_local().numel() for p in params),

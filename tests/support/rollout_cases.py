@@ -48,8 +48,8 @@ def watched_rollout_run(run_dir: str, gather: str, max_new_tokens: int = 20) -> 
     )
     trainer = trainer_of(config, Path(run_dir), num_layers=2)
     runtime, policy = trainer.runtime, trainer.runtime.roles.policy
-    blocks = transformer_blocks(policy.module)
-    watch = GatheredParameters(policy.module)
+    blocks = transformer_blocks(policy.learner.module)
+    watch = GatheredParameters(policy.learner.module)
     layer_calls = [0]  # decoder-layer forwards while sampling
 
     def count(*_):
@@ -81,7 +81,7 @@ def watched_rollout_run(run_dir: str, gather: str, max_new_tokens: int = 20) -> 
     runtime.generate, policy.generate = generate, generate_own
     with watch:
         last = trainer.train()
-    root_only = sum(p.numel() for p in policy.module.parameters()) - sum(
+    root_only = sum(p.numel() for p in policy.learner.module.parameters()) - sum(
         p.numel() for b in blocks for p in b.parameters()
     )
     return {
@@ -91,7 +91,7 @@ def watched_rollout_run(run_dir: str, gather: str, max_new_tokens: int = 20) -> 
         "own_rows_ended_at": own,  # per rollout: the step at which this rank's rows had all ended
         "layer_calls": layer_calls[0],
         "most_gathered": watch.most,
-        "policy_elements": sum(p.numel() for p in policy.module.parameters()),
+        "policy_elements": sum(p.numel() for p in policy.learner.module.parameters()),
         "root_elements": root_only,
         "largest_layer_elements": max(sum(p.numel() for p in b.parameters()) for b in blocks),
     }

@@ -13,7 +13,8 @@ from torch import nn
 
 from rlhf.config import OptimConfig
 from rlhf.parallel.peers import share_of
-from rlhf.train.learner import Learner, RowList, micro_batches, split_rows
+from rlhf.train.learner import Learner, Training
+from rlhf.train.micro_batches import MicroBatching, RowList, micro_batches, split_rows
 
 
 class FakePeers:
@@ -108,7 +109,7 @@ def test_a_step_is_the_token_mean_of_every_row_however_it_is_split(rows, size, b
     ((model(x).squeeze(-1) ** 2) * mask).sum().div(mask.sum()).backward()
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    learner = Learner(model, OptimConfig(), 1, micro_batch_size=size, by_length=by_length)
+    learner = Learner.build(model, Training(OptimConfig(), 1, MicroBatching(size, by_length)))
     learner.optimizer_step = lambda: 0.0  # the gradients stay for the test to read
     seen = []
 
@@ -119,7 +120,7 @@ def test_a_step_is_the_token_mean_of_every_row_however_it_is_split(rows, size, b
         return micro.weight * mean, {"tokens": m.sum()}
 
     sums, _ = learner.step(
-        Rows(x, mask), [loss], lambda r: float(r.mask.sum()), float(mask.sum()), sums=("tokens",)
+        Rows(x, mask), loss, lambda r: float(r.mask.sum()), float(mask.sum()), sums=("tokens",)
     )
     for got, want in zip((p.grad for p in model.parameters()), expected):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)

@@ -1,4 +1,4 @@
-"""Sequence packing in the micro-batch engine (`train.packing`, rlhf/train/learner.py `split_rows`,
+"""Sequence packing in the micro-batch engine (`train.packing`, rlhf/train/micro_batches.py `split_rows`,
 rlhf/data/length_grouping.py `packed_groups`): rows cut by packed tokens under the budget, the step's
 gradient equal to the padded path's, and every logged metric of sft, rm, dpo and train (ppo_max)
 unchanged at rel 1e-4 (as tests/train/test_token_budget.py checks for the token budget)."""
@@ -15,8 +15,9 @@ from rlhf.config import ConfigError, OptimConfig, SFTConfig, load_config
 from rlhf.data.length_grouping import packed_groups
 from rlhf.models.packing import enable_packing, first_fit
 from rlhf.models.tiny import tiny_causal_lm
-from rlhf.train.learner import Learner, RowList, split_rows
+from rlhf.train.learner import Learner, Training
 from rlhf.train.lm_loss import model_token_nll
+from rlhf.train.micro_batches import MicroBatching, RowList, split_rows
 from rlhf.train.supervised.model_call import ModelCall, call_model
 from tests.support.train_testing import WORDS, metric_rows, rl_config
 from tests.train.test_token_budget import assert_same_metrics, records
@@ -73,7 +74,9 @@ def batch_of(rows: list[torch.Tensor]):
 
 
 def step_gradient(model, **learner) -> tuple[list[torch.Tensor], dict, list[int]]:
-    engine = Learner(ModelCall(model), OptimConfig(), 1, micro_batch_size=2, by_length=True, **learner)
+    engine = Learner.build(
+        ModelCall(model), Training(OptimConfig(), 1, MicroBatching(2, by_length=True, **learner))
+    )
     engine.optimizer_step = lambda: 0.0  # the gradients stay for the test to read
     rows = sft_rows()
     total = float(sum(max(len(r) - 1, 0) for r in rows))
@@ -86,7 +89,7 @@ def step_gradient(model, **learner) -> tuple[list[torch.Tensor], dict, list[int]
         return nll / total, {"nll": float(nll.detach()), "tokens": count}
 
     sums, _ = engine.step(
-        rows, [loss], lambda r: sum(max(len(x) - 1, 0) for x in r), total, sums=("nll", "tokens")
+        rows, loss, lambda r: sum(max(len(x) - 1, 0) for x in r), total, sums=("nll", "tokens")
     )
     return [p.grad.clone() for p in model.parameters()], sums, widths
 
@@ -221,7 +224,7 @@ def test_train_metrics_are_unchanged_by_packing(packed_passes, make_trainer, tmp
         # longer responses (most end at EOS earlier): rows of very different lengths
         config = rl_config("ppo_max", train={"packing": packing}, rollout={"max_new_tokens": 16})
         trainer = make_trainer(config, run_dir=tmp_path / name)
-        assert all(role.packing == packing for role in trainer.runtime.roles.learners())
+        assert all(role.learner.batching.packing == packing for role in trainer.runtime.roles.learners())
         trainer.train()
         logs.append(metric_rows(tmp_path / name))
     assert packed_somewhere(packed_passes)

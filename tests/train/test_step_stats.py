@@ -1,4 +1,4 @@
-"""StepStats (rlhf/train/learner.py): an optimizer step's stats as token-weighted means over its
+"""StepStats (rlhf/train/step_stats.py): an optimizer step's stats as token-weighted means over its
 micro-batches, `_max`/`_min` keys by max/min; the micro-batches' tensors are read from the device
 once, at `result` (on a GPU every read is a host-device sync), and the figures are those of Python
 floats exactly."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlhf.train.learner import StepStats, merged_step_stats
+from rlhf.train.step_stats import StepStats, merged_step_stats
 
 # what reads a tensor's value on the host (`float(t)`, `t.item()`, `t.tolist()` of a scalar, `bool(t)`)
 READS = {"aten._local_scalar_dense.default", "aten.item.default"}

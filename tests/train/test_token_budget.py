@@ -1,4 +1,4 @@
-"""Token-budget micro-batches (`train.micro_batch_tokens`, rlhf/train/learner.py `split_rows`): rows
+"""Token-budget micro-batches (`train.micro_batch_tokens`, rlhf/train/micro_batches.py `split_rows`): rows
 sorted longest first and cut so that rows x longest row fits the budget (a longer row alone); the
 step's gradient is the row-count path's token mean, and every logged metric of sft, rm, dpo and
 train is unchanged at rel 1e-4."""
@@ -14,7 +14,8 @@ from torch import nn
 from rlhf.config import OptimConfig
 from rlhf.data.length_grouping import token_budget_groups
 from rlhf.parallel.peers import share_of
-from rlhf.train.learner import Learner, micro_batches, split_rows
+from rlhf.train.learner import Learner, Training
+from rlhf.train.micro_batches import MicroBatching, micro_batches, split_rows
 from tests.support.train_testing import metric_rows, rl_config
 from tests.train.test_learner_engine import FakePeers, Rows, rows_of
 
@@ -66,7 +67,7 @@ def token_rows(rows: int, width: int = 6) -> Rows:
 def step_gradient(batch: Rows, **learner) -> tuple[list[torch.Tensor], dict, list]:
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    engine = Learner(model, OptimConfig(), 1, **learner)
+    engine = Learner.build(model, Training(OptimConfig(), 1, MicroBatching(**learner)))
     engine.optimizer_step = lambda: 0.0  # the gradients stay for the test to read
     seen = []
 
@@ -77,7 +78,7 @@ def step_gradient(batch: Rows, **learner) -> tuple[list[torch.Tensor], dict, lis
         return micro.weight * mean, {"tokens": m.sum(), "rows": float(m.shape[0])}
 
     total = float(batch.mask.sum())
-    sums, _ = engine.step(batch, [loss], lambda r: float(r.mask.sum()), total, sums=("tokens", "rows"))
+    sums, _ = engine.step(batch, loss, lambda r: float(r.mask.sum()), total, sums=("tokens", "rows"))
     return [p.grad.clone() for p in model.parameters()], sums, seen
 
 
@@ -126,7 +127,7 @@ def assert_same_metrics(base: list[dict], other: list[dict]) -> None:
 def cuts(monkeypatch) -> list[list[int]]:
     """The sizes of the micro-batches every budgeted split cut (a run that never used its budget
     would compare the row-count path with itself)."""
-    import rlhf.train.learner as engine
+    import rlhf.train.micro_batches as engine
 
     seen: list[list[int]] = []
     real = engine.token_budget_groups
@@ -207,7 +208,10 @@ def test_train_metrics_are_unchanged_by_a_budget(budget, cuts, make_trainer, tmp
         config = rl_config("ppo_max", train={"micro_batch_tokens": tokens})
         trainer = make_trainer(config, run_dir=tmp_path / name)
         if tokens:
-            assert all(role.micro_batch_tokens == tokens for role in trainer.runtime.roles.learners())
+            assert all(
+                role.learner.batching.micro_batch_tokens == tokens
+                for role in trainer.runtime.roles.learners()
+            )
         trainer.train()
         logs.append(metric_rows(tmp_path / name))
     assert cuts and any(len(sizes) > 1 for sizes in cuts)
@@ -266,7 +270,7 @@ def test_a_shared_critic_scores_by_the_budget_through_the_policy_module(make_tra
     config = rl_config("ppo_max", train={"micro_batch_tokens": 30}, model={"critic_mode": "shared"})
     trainer = make_trainer(config, run_dir=tmp_path / "shared")
     critic = trainer.runtime.roles.critic
-    assert critic.runs_through is trainer.runtime.roles.policy.module
+    assert critic.runs_through is trainer.runtime.roles.policy.learner.module
     experience, _ = trainer.make_experience()
     assert torch.isfinite(experience.old_values).all()
     trainer.logger.close()

@@ -17,7 +17,7 @@ from rlhf.train.guards import (
     require_finite_scores,
     require_finite_tokens,
 )
-from rlhf.train.learner import build_optimizer, clip_and_step, step_metrics
+from rlhf.train.optimizer import build_optimizer, clip_and_step, step_metrics
 from tests.support.train_testing import rl_config
 
 

@@ -5,7 +5,7 @@ own result in the rows' order."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -19,8 +19,9 @@ from rlhf.stages import rm as rm_module
 from rlhf.stages import sft as sft_module
 from rlhf.stages.rm import EncodedPair, evaluate_pairs, pair_forward, pair_step, ranking_loss
 from rlhf.stages.sft import EncodedSFT, evaluate_nll, sft_step
-from rlhf.train.learner import Learner
+from rlhf.train.learner import Learner, Training
 from rlhf.train.lm_loss import model_token_nll
+from rlhf.train.micro_batches import MicroBatching
 from tests.support.train_testing import rl_config
 
 ATOL = 1e-6
@@ -46,7 +47,7 @@ def assert_same_grads(got: dict, expected: dict) -> None:
 
 def unstepped(model: torch.nn.Module, micro_batch_size: int, by_length: bool) -> Learner:
     """A learner of `model` whose optimizer step leaves the gradients for the test to read."""
-    learner = Learner(model, OptimConfig(), 1, micro_batch_size=micro_batch_size, by_length=by_length)
+    learner = Learner.build(model, Training(OptimConfig(), 1, MicroBatching(micro_batch_size, by_length)))
     learner.optimizer_step = lambda: 0.0
     return learner
 
@@ -181,12 +182,12 @@ def step_grads(role, minibatch: Experience) -> dict[str, torch.Tensor]:
     taken = {}
 
     def record() -> float:
-        taken.update(grads_of(role.module))
+        taken.update(grads_of(role.learner.module))
         return 0.0
 
-    role.optimizer_step = record
+    role.learner.optimizer_step = record
     role.train_step(minibatch, minibatch.num_tokens)
-    del role.optimizer_step
+    del role.learner.optimizer_step
     return taken
 
 
@@ -196,11 +197,11 @@ def test_ppo_minibatch_gradient_is_the_same_with_sorted_micro_batches(rows, make
     experience = rollout_experience(trainer)
     minibatch = experience.select(torch.arange(8) if rows == "all" else torch.tensor([4]))
     for role in trainer.runtime.roles.learners():
-        role.micro_batch_size = 8  # the reference: the whole minibatch in one forward
+        batching = role.learner.batching
+        role.learner.batching = replace(batching, micro_batch_size=8)  # the whole minibatch in one forward
         expected = step_grads(role, minibatch)
-        role.micro_batch_size = 3
         for by_length in (False, True):
-            role.by_length = by_length
+            role.learner.batching = replace(batching, micro_batch_size=3, by_length=by_length)
             assert_same_grads(step_grads(role, minibatch), expected)
 
 
@@ -269,7 +270,12 @@ def test_sort_by_length_switch_reaches_every_role(make_trainer):
         trainer = make_trainer(rl_config("ppo_max", runtime={"sort_by_length": value}))
         r = trainer.runtime.roles
         # the learners' own cutting, the frozen roles' Scoring
-        holders = (r.policy, r.critic, r.reference.scoring, r.reward_model.scoring)
+        holders = (
+            r.policy.learner.batching,
+            r.critic.learner.batching,
+            r.reference.scoring,
+            r.reward_model.scoring,
+        )
         assert all(h.by_length is value for h in holders)
 
 

@@ -41,6 +41,8 @@ from rlhf.rundir.sharded_checkpoint import (
     write_shards_and_state,
 )
 from rlhf.rundir.weights import load_trained, save_trained
+from rlhf.train.learner import Training
+from rlhf.train.micro_batches import MicroBatching
 from rlhf.train.setup import with_compile, with_lora, with_packing
 
 
@@ -115,9 +117,9 @@ class Roles:
         return [self.learner(name) for name in self.learner_names(train_policy) if self.hosts(name)]
 
     def learning_rates(self) -> dict[str, float]:
-        rates = {"policy/lr": self.policy.lr} if self.hosts("policy") else {}
+        rates = {"policy/lr": self.policy.learner.lr} if self.hosts("policy") else {}
         if self.separate_critic and self.hosts("critic"):
-            rates["value/lr"] = self.separate_critic.lr
+            rates["value/lr"] = self.separate_critic.learner.lr
         return rates
 
     @overload
@@ -226,8 +228,8 @@ class Roles:
     def release_optimizer_state(self) -> None:
         """Free the trained roles' AdamW moments (a finished sharded run, its checkpoint written)."""
         # the policy and a separate critic hosted here (`learners()`: a shared critic's is the policy's)
-        for learner in self._trained(separate_only=True).values():
-            learner.release_optimizer_state()
+        for role in self._trained(separate_only=True).values():
+            role.learner.release_optimizer_state()
 
 
 def optimizer_steps(config: RLConfig) -> tuple[int, int]:
@@ -270,29 +272,29 @@ def assemble_roles(
         return plan if hosted is None or role in hosted else None
 
     sampling = rollout_sampling_config(c)
+    # the update's micro-batches: rows by length, or by a token budget, or cut for packed forwards
+    batching = MicroBatching(rows, c.runtime.sort_by_length, c.train.micro_batch_tokens, c.train.packing)
     policy_role = Policy(
         policy,
         tokenizer,
         loss=c.policy,
         sampling=sampling,
-        optim=c.policy_optim,
-        # a shared critic's pre-training steps the policy's optimizer (the value head only)
-        total_steps=rl_steps + (pretrain_steps if joint_value else 0),
-        micro_batch_size=rows,
+        training=Training(
+            c.policy_optim,
+            # a shared critic's pre-training steps the policy's optimizer (the value head only)
+            rl_steps + (pretrain_steps if joint_value else 0),
+            batching,
+            parallel("policy"),
+            device,
+        ),
         joint_value=joint_value,
         precision=precision,
-        sort_by_length=c.runtime.sort_by_length,
-        micro_batch_tokens=c.train.micro_batch_tokens,  # the update's micro-batches by a token budget
-        packing=c.train.packing,  # cut for packed forwards
-        device=device,
         sample_seed=c.seed + 1,
-        parallel=parallel("policy"),
     )
     # a chat model's response also ends at its template's end-of-turn token (data.chat_template)
     policy_role.stop_ids = stop_token_ids(tokenizer, c.data.chat_template)
-    critic = _critic_role(
-        c, policy_role, critic_model, joint_value, rl_steps + pretrain_steps, precision, parallel
-    )
+    critic_training = Training(c.critic_optim, rl_steps + pretrain_steps, batching, parallel("critic"))
+    critic = _critic_role(c, policy_role, critic_model, joint_value, critic_training, precision)
     # the frozen roles' forwards cut as the update's micro-batches are
     scoring = Scoring(rows, precision, c.runtime.sort_by_length, c.train.micro_batch_tokens)
     return Roles(
@@ -300,7 +302,10 @@ def assemble_roles(
         tokenizer=tokenizer,
         policy=policy_role,
         reference=Reference(
-            reference, policy_module=policy_role.module, temperature=sampling.temperature, scoring=scoring
+            reference,
+            policy_module=policy_role.learner.module,
+            temperature=sampling.temperature,
+            scoring=scoring,
         ),
         critic=critic,
         reward_model=None if reward_model is None else RewardModel(reward_model, scoring=scoring),
@@ -350,27 +355,15 @@ def _critic_role(
     policy_role: Policy,
     critic_model: ScalarHeadModel | None,
     joint_value: JointValue | None,
-    total_steps: int,
+    training: Training,
     precision: Precision,
-    parallel: Callable[[str], ParallelPlan | None],
 ) -> Critic | SharedCritic | None:
     """The critic role: the policy's value head (shared), a model of its own (separate), or none."""
     if joint_value is not None:
         return SharedCritic(policy_role)
     if critic_model is None:
         return None
-    return Critic(
-        critic_model.eval(),
-        value_clip=c.critic.value_clip,
-        optim=c.critic_optim,
-        total_steps=total_steps,
-        micro_batch_size=c.train.micro_batch_size,
-        precision=precision,
-        sort_by_length=c.runtime.sort_by_length,
-        micro_batch_tokens=c.train.micro_batch_tokens,
-        packing=c.train.packing,
-        parallel=parallel("critic"),
-    )
+    return Critic(critic_model.eval(), value_clip=c.critic.value_clip, training=training, precision=precision)
 
 
 def _place_models(

@@ -7,20 +7,19 @@
     value loss       + value_coef * clipped value loss (`critic_mode shared`) docs/algorithms.md §15
     PPO-ptx          + ptx_coef * the SFT loss on other rows                 docs/algorithms.md §17
     online DPO       the pairs' DPO loss, rows weighed on the whole minibatch docs/algorithms.md §45
-Micro-batches, token weights, clipping and the NaN guard: the learner's engine (rlhf/train/learner.py)."""
+It holds its learner (rlhf/train/learner.py): micro-batches, token weights, clipping, the NaN guard."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, cast
 
 import torch
 from torch import nn
 
-from rlhf.config import OptimConfig, PolicyLossConfig
+from rlhf.config import PolicyLossConfig
 from rlhf.core import (
     covariance_selection,
     entropy_target_gate,
@@ -37,12 +36,14 @@ from rlhf.data.collate import PtxBatches, left_pad
 from rlhf.models.precision import Precision
 from rlhf.models.sampling import Rollout, RowShare, SamplingConfig
 from rlhf.models.sequences import Sequences
-from rlhf.parallel.parallel_plan import ParallelPlan
 from rlhf.parallel.peers import Peers
 from rlhf.rl.experience import Experience, scored_in_chunks, valid_tokens
 from rlhf.rl.online_dpo import pair_weighted
 from rlhf.rl.roles.forward import JointForward, PolicyForward, ValueForward
-from rlhf.train.learner import Learner, MicroBatch, StepStats, step_metrics
+from rlhf.train.learner import Learner, Training
+from rlhf.train.micro_batches import MicroBatch
+from rlhf.train.optimizer import step_metrics
+from rlhf.train.step_stats import StepStats
 
 
 @dataclass
@@ -65,7 +66,10 @@ class JointValue:
     value_clip: float | None
 
 
-class Policy(Learner):
+class Policy:
+    """The causal LM `model` and its `learner` (AdamW, micro-batches and data parallelism as
+    `training` says), sampling with `sampling`, trained on `loss`."""
+
     prefix = "policy"
 
     def __init__(
@@ -75,20 +79,13 @@ class Policy(Learner):
         *,
         loss: PolicyLossConfig,
         sampling: SamplingConfig,
-        optim: OptimConfig,
-        total_steps: int,
-        micro_batch_size: int,
+        training: Training,
         joint_value: JointValue | None = None,
         precision: Precision | None = None,
-        sort_by_length: bool = True,
-        micro_batch_tokens: int | None = None,
-        packing: bool = False,
-        device: torch.device | None = None,
         sample_seed: int = 0,
-        parallel: ParallelPlan | None = None,
     ) -> None:
         self.model = model  # the causal LM (a PEFT model when LoRA is on)
-        self.home = device  # where its batches go (None: its parameters' device)
+        self.home = training.device  # where its batches go (None: its parameters' device)
         self.tokenizer = tokenizer
         self.loss = loss
         self.sampling = sampling
@@ -98,15 +95,10 @@ class Policy(Learner):
         self.ptx: PtxObjective | None = None
         self.stop_ids: list[int] | None = None  # ids that end a response (None: the tokenizer's EOS)
         # the module every forward goes through (what a sharded policy gathers): the policy's forward,
-        # with the value head on its trunk when the critic is shared (`self.module(..., part="value")`)
+        # with the value head on its trunk when the critic is shared (`learner.module(..., part="value")`)
         trained = self.forward if joint_value is None else JointForward(self.forward, joint_value.forward)
         # a value head is left out of the policy's passes (uses_every_parameter: ddp's unused walk)
-        # `parallel`: the data-parallel strategy it trains under (rlhf/parallel/parallel_plan.py)
-        super().__init__(
-            trained, optim, total_steps, micro_batch_size=micro_batch_size, by_length=sort_by_length,
-            micro_batch_tokens=micro_batch_tokens, packing=packing,
-            uses_every_parameter=joint_value is None, **(parallel.learner_options() if parallel else {}),
-        )  # fmt: skip
+        self.learner = Learner.build(trained, training, uses_every_parameter=joint_value is None)
         # the rollouts' random draws, on the device where it samples: the policy's own state, saved
         # in checkpoints ("sample"), never passed in by a caller
         self.generator = torch.Generator(self.device).manual_seed(sample_seed)
@@ -137,7 +129,7 @@ class Policy(Learner):
         ids, mask = left_pad(prompts, tok.pad_token_id)
         if share is not None:
             ids, mask = ids[share.start : share.stop], mask[share.start : share.stop]
-        module = cast("PolicyForward | JointForward", self.module)  # what __init__ trains
+        module = cast("PolicyForward | JointForward", self.learner.module)  # what __init__ trains
         return module.sample(
             ids.to(device),
             mask.to(device),
@@ -155,7 +147,8 @@ class Policy(Learner):
         """Log-probs [B, T] of the response tokens at `temperature` (None: the sampling temperature;
         0 at padding)."""
         temperature = self.sampling.temperature if temperature is None else temperature
-        return scored_in_chunks(lambda s: self.module(s, temperature)[0], sequences, self, self.module)
+        module = self.learner.module
+        return scored_in_chunks(lambda s: module(s, temperature)[0], sequences, self.learner.batching, module)
 
     # -- training ------------------------------------------------------------------------------
     def train_step(
@@ -181,12 +174,24 @@ class Policy(Learner):
             rows_total = (
                 loss_unit_count(minibatch.response_mask, "rows") if total_rows is None else total_rows
             )
-        losses = [partial(self.policy_terms, stats=stats, entropy_gate=gate, rows_total=rows_total)]
-        if self.joint_value is not None:  # a pass of its own: the policy's graph freed before it
-            losses.append(partial(self.value_term, stats=stats))
-        then = [partial(self.ptx_term, stats)] if self.with_ptx else []
-        _, grad_norm = self.step(minibatch, losses, valid_tokens, total, then=then)
-        return {**stats.result(self.peers), **step_metrics("policy", grad_norm), **pair_metrics}
+        learner = self.learner
+        micros = learner.micro_batches(minibatch, valid_tokens, total)
+        joint = self.joint_value is not None
+        passes = learner.passes(len(micros) * (2 if joint else 1) + (1 if self.with_ptx else 0))
+        for micro in micros:
+            with passes.next_pass():
+                learner.backward(self.policy_terms(micro, stats, gate, rows_total), micro)
+            if joint:  # a pass of its own: the policy's graph freed before it
+                with passes.next_pass():
+                    learner.backward(self.value_term(micro, stats), micro)
+        learner.drop_weightless_gradients(total)
+        if self.with_ptx:  # PPO-ptx: a pass on other rows, after the minibatch's
+            with passes.next_pass():
+                ptx_loss = self.ptx_term(stats)
+                if ptx_loss is not None:
+                    ptx_loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
+        grad_norm = learner.optimizer_step()
+        return {**stats.result(learner.peers), **step_metrics("policy", grad_norm), **pair_metrics}
 
     def policy_terms(
         self,
@@ -194,7 +199,7 @@ class Policy(Learner):
         stats: StepStats,
         entropy_gate: float | None = None,
         rows_total: float | None = None,
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
+    ) -> torch.Tensor:
         """This micro-batch's weighted policy loss, entropy term and KL-in-loss, its stats recorded:
         the bonus -entropy_coef * H (PPO paper §5.3.2), or entropy_coef * gate * H, whose gradient
         summed over the micro-batches is that of entropy_coef * max(|H - target| - clip, 0) (PPO
@@ -207,7 +212,7 @@ class Policy(Learner):
                 0.0 if micro.filler else loss_unit_count(rows.response_mask, "rows") / max(rows_total, 1.0)
             )
         entropy_weight = -p.entropy_coef if entropy_gate is None else p.entropy_coef * entropy_gate
-        logp, entropy = self.train_forward(  # a training pass (under ddp: through DDP)
+        logp, entropy = self.learner.train_forward(  # a training pass (under ddp: through DDP)
             rows.sequences,
             self.sampling.temperature,
             with_entropy=True,
@@ -230,15 +235,19 @@ class Policy(Learner):
             )
             stats.add({"kl_loss": kl.detach()}, weight, "policy")
             loss = loss + p.kl_loss_coef * kl
-        return weight * loss, {}
+        return weight * loss
 
-    def value_term(self, micro: MicroBatch, stats: StepStats) -> tuple[torch.Tensor, dict[str, Any]]:
+    def value_term(self, micro: MicroBatch, stats: StepStats) -> torch.Tensor:
         """The shared critic's value loss, clipped around the rollout's values when `critic.value_clip`
         is set, times `model.value_coef` (docs/algorithms.md#15-value-loss)."""
-        v, values = self.joint_value, partial(self.train_forward, part="value")
+        v, learner = self.joint_value, self.learner
         assert v is not None  # a loss of the policy's step with a joint value only
+
+        def values(sequences: Sequences) -> torch.Tensor:
+            return learner.train_forward(sequences, part="value")  # type: ignore[no-any-return]
+
         loss = value_micro_loss(values, micro.rows, v.value_clip, stats, micro.weight)
-        return micro.weight * v.coef * loss, {}
+        return micro.weight * v.coef * loss
 
     @torch.no_grad()
     def entropy_gate(self, minibatch: Experience, total_tokens: float, stats: StepStats) -> float | None:
@@ -250,13 +259,13 @@ class Policy(Learner):
         parts: list[tuple[float, float]] = []
 
         def entropy(micro: MicroBatch) -> dict[str, Any]:
-            h = self.module(
+            h = self.learner.module(
                 micro.rows.sequences, self.sampling.temperature, with_entropy=True, entropy_grad=False
             )[1]
             parts.append((micro.weight, float(masked_mean(h, micro.rows.response_mask))))
             return {}
 
-        self.forward_passes(minibatch, entropy, valid_tokens, total_tokens)
+        self.learner.forward_passes(minibatch, entropy, valid_tokens, total_tokens)
         mean_entropy = sum(w * h for w, h in parts) / max(sum(w for w, _ in parts), 1e-12)
         term = entropy_target_loss(torch.tensor(mean_entropy), p.entropy_target, p.entropy_clip)
         stats.add({"entropy_target_loss": term}, 1.0, "policy")
@@ -269,7 +278,7 @@ class Policy(Learner):
         p = self.loss
         if p.cov_control == "none":
             return minibatch
-        draw = torch.Generator().manual_seed(1_000_003 * int(self.scheduler.last_epoch) + 17)
+        draw = torch.Generator().manual_seed(1_000_003 * self.learner.optimizer.steps_taken + 17)
         chosen = covariance_selection(
             minibatch.old_logp, minibatch.advantages, minibatch.response_mask, p.cov_control, p.cov_ratio,
             low=p.clip_cov_low, high=p.clip_cov_high, generator=draw,
@@ -284,20 +293,21 @@ class Policy(Learner):
             return float(minibatch.batch_size * self.sampling.max_new_tokens)
         return minibatch.num_tokens
 
-    def ptx_term(self, stats: StepStats) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    def ptx_term(self, stats: StepStats) -> torch.Tensor | None:
         """PPO-ptx: the SFT objective, `coef`-weighted, beside the RL loss (a pass of its own); under
         data parallelism this rank's rows, the token mean over every rank's (None: no row here)."""
         ptx = self.ptx
         assert ptx is not None  # a pass of the step with PPO-ptx on only (`with_ptx`)
         batch = {k: v.to(self.device) for k, v in ptx.batches.draw(ptx.generator).items()}
-        if self.peers is not None:
-            batch = rank_rows(batch, self.peers, self.lockstep)
-        nll, count = self.train_forward(lm_batch=batch) if len(batch["input_ids"]) else (None, 0)
-        total = count if self.peers is None else self.peers.sum(count)
+        learner = self.learner
+        if learner.peers is not None:
+            batch = rank_rows(batch, learner.peers, learner.lockstep)
+        nll, count = learner.train_forward(lm_batch=batch) if len(batch["input_ids"]) else (None, 0)
+        total = count if learner.peers is None else learner.peers.sum(count)
         if nll is None:  # fewer PPO-ptx rows than ranks, none here
-            return None, {}
+            return None
         stats.add({"loss": nll.detach() / max(count, 1)}, count / max(total, 1), "ptx")
-        return ptx.coef * nll / max(total, 1), {}
+        return ptx.coef * nll / max(total, 1)  # type: ignore[no-any-return]
 
     @property
     def with_ptx(self) -> bool:
@@ -308,14 +318,14 @@ class Policy(Learner):
         self.ptx = PtxObjective(batches, coef, torch.Generator().manual_seed(seed))
 
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
+        state = self.learner.state_dict()
         state["sample_generator"] = self.generator.get_state()
         if self.ptx is not None:
             state["ptx_generator"] = self.ptx.generator.get_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+        self.learner.load_state_dict(state)
         self.generator.set_state(state["sample_generator"])
         if self.ptx is not None and "ptx_generator" in state:
             self.ptx.generator.set_state(state["ptx_generator"])

@@ -30,6 +30,7 @@ from rlhf.models.grad_checkpointing import gradient_checkpointing
 from rlhf.models.precision import Precision, cast_parameters
 from rlhf.monitor import MetricsLogger, print_summary
 from rlhf.monitor.progress import announce
+from rlhf.parallel.parallel_plan import ParallelPlan
 from rlhf.parallel.peers import Peers, current_peers
 from rlhf.rundir import checkpoint as ckpt
 from rlhf.rundir.directory import SilentLogger, open_metrics_logger
@@ -39,6 +40,8 @@ from rlhf.rundir.footprint import footprint_line
 from rlhf.train.context_check import check_rows_fit
 from rlhf.train.guards import SkippedStepStreak, loss_scale_fix
 from rlhf.train.learner import Learner
+from rlhf.train.micro_batches import MicroBatching
+from rlhf.train.optimizer import Optimizer
 from rlhf.train.setup import start_run, with_compile, with_packing
 from rlhf.train.supervised.checkpoint import (
     latest_checkpoint,
@@ -135,7 +138,7 @@ class SupervisedStage:
 
     def train_step(self, run: SupervisedRun, rows: list[Any]) -> dict[str, Any]:
         """One optimizer step on `rows` (`run.learner.step`): its metrics, the step's own among them
-        (`rlhf.train.learner.step_metrics("train", ...)`)."""
+        (`rlhf.train.optimizer.step_metrics("train", ...)`)."""
         raise NotImplementedError
 
     def evaluate(self, run: SupervisedRun, rows: list[Any], step: int | None = None) -> dict[str, Any]:
@@ -189,7 +192,7 @@ def run_supervised(
     model given or loaded is the one the run started from (`config.model`).
 
         run_dir, tokenizer <- start_run; model <- build_model; rows <- load, split, encode
-        learner <- Learner(ModelCall(model), optim, steps, peers, dist.strategy)   [ddp: replicated]
+        learner <- Learner(ModelCall(model), Optimizer, MicroBatching, ParallelPlan)   [ddp: replicated]
         [resume: the newest checkpoint's weights, optimizer, schedule, stage state; its N steps'
          batches drawn and dropped; its RNG states; metrics.jsonl cut after step N - 1]
         [fsdp2: sharded per layer from rank 0's state; dist.offload: in CPU memory]
@@ -274,20 +277,18 @@ def _learner(
 ) -> Learner:
     """The model's learner: AdamW over `steps`, the run's data-parallel strategy, the stage's micro-batches."""
     c = stage.config
-    return Learner(
-        ModelCall(model),  # the one call every forward goes through (rlhf/train/supervised/model_call.py)
-        c.optim,
-        steps,
-        peers=peers,
-        strategy=c.dist.strategy,
-        uses_every_parameter=stage.uses_every_parameter,
-        bf16_compute=precision.uses_autocast,
-        offload=c.dist.offload,
-        micro_batch_size=c.train.micro_batch_size,
+    call = ModelCall(model)  # the one call every forward goes through (rlhf/train/supervised/model_call.py)
+    batching = MicroBatching(
+        c.train.micro_batch_size,
         by_length=c.train.group_by_length != "none",  # micro-batches of rows of similar length
         micro_batch_tokens=c.train.micro_batch_tokens,  # or cut by a token budget
         packing=c.train.packing,  # micro-batches cut for packed forwards
     )
+    plan = None
+    if peers is not None:
+        plan = ParallelPlan(peers, c.dist.strategy, precision.uses_autocast, c.dist.offload)
+    optimizer = Optimizer(call.parameters(), c.optim, steps)
+    return Learner(call, optimizer, batching, plan, uses_every_parameter=stage.uses_every_parameter)
 
 
 def truncation_metrics(stats: TruncationStats) -> dict[str, float | None]:

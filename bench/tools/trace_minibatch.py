@@ -12,7 +12,8 @@ minibatch step's own logic, the five a reader follows for the policy (the traine
 engine, core/losses, core/stats; the critic's role a sixth when `--roles` names it); the **engine**
 files are the parts the learner composes (micro-batches, passes, optimizer, step stats); the **seam**
 (runtime/local.py) routes each learner's `train_step` by name and computes nothing of the step (with
-the critic, it schedules the two learners' steps side by side); the **model** files are the
+the critic, it schedules the two learners' steps side by side); the **dispatch** (core/keywords.py)
+calls the registered loss by name; the **model** files are the
 forwards (log-probs, entropy, values); the **containers** hold the minibatch and the roles' lookup;
 the **guards** run after the steps (the skipped-step streak, the mean of the steps' stats).
 
@@ -53,6 +54,8 @@ KINDS = {
         "parallel/data_parallel.py",
     ),
     "seam": ("runtime/local.py", "parallel/threads.py", "runtime/flops.py"),
+    # the loss registry's call of the registered function with the caller's keywords
+    "dispatch": ("core/keywords.py",),
     "model": (
         "models/scalar_head.py",
         "rl/roles/forward.py",

@@ -19,7 +19,7 @@ export OUT="${HH_OUT:-runs/hh_gpu}" RLHF="${RLHF:-python3 -m rlhf}"
 export EXTRA="${EXTRA:---train.device cuda}" PROMPT_TOKENS="${PROMPT_TOKENS:-192}"
 export RESPONSE_TOKENS="${RESPONSE_TOKENS:-128}" SFT_EXAMPLES="${SFT_EXAMPLES:-400}" EPOCHS="${EPOCHS:-1}"
 export RM_HELDOUT="${RM_HELDOUT:-300}" PPO_ITERATIONS="${PPO_ITERATIONS:-60}"
-export RM_LORA="${RM_LORA:-false}" RM_LR="${RM_LR:-2e-5}"  # full-fine-tuning judges (0.56 / 0.61 held-out on an H200)
+export RM_LORA="${RM_LORA:-false}" RM_LR="${RM_LR:-2e-5}" PPO_VS_DPO="${PPO_VS_DPO:-true}"  # full judges (0.56 / 0.61 held-out on an H200)
 export EVAL_N="${EVAL_N:-100}" EVAL_TOKENS="${EVAL_TOKENS:-64}"
 export PPO_EXTRA="${PPO_EXTRA:---dtype float32 --rollout.batch_size 32 --rollout.max_new_tokens 64 --train.minibatches 4 --critic.pretrain_iterations 4}"
 PROBE="${PROBE:-1}"                           # 0: skip the bf16 critic probe (bench/studies/critic_nan_gpu.py)

@@ -30,9 +30,11 @@ RM_STEPS="${RM_STEPS:-}"                    # ... x 8 pairs, each judge
 DPO_STEPS="${DPO_STEPS:-}"                  # ... x 8 pairs (the first judge's pairs)
 DPO_LR="${DPO_LR:-5e-4}"                    # LoRA learning rate of DPO (constant after 2 warmup steps)
 RM_HELDOUT="${RM_HELDOUT:-300}"             # held-out pairs scored by rm-eval and the label verdict (all)
-RM_LORA="${RM_LORA:-true}"                  # judges as LoRA adapters (r 16) + a full value head: ~0.6x a full step
-RM_LR="${RM_LR:-2e-4}"                      # judges' rate: 10x the full fine-tuning 2e-5 (LoRA rates, README.md)
+RM_LORA="${RM_LORA:-false}"                 # judges fully fine-tuned (true: LoRA r 16 + a full value head, which
+                                            # stays at chance here: README.md, "How many pairs the judge needs")
+RM_LR="${RM_LR:-2e-5}"                      # judges' rate (with RM_LORA=true: 2e-4, 10x, as for every LoRA stage)
 PPO_ITERATIONS="${PPO_ITERATIONS:-24}"      # x 8 prompts
+PPO_VS_DPO="${PPO_VS_DPO:-false}"           # true: also compare PPO-max with DPO (one more eval, ~5 min)
 EVAL_N="${EVAL_N:-100}"                     # held-out prompts of each win rate
 EVAL_TOKENS="${EVAL_TOKENS:-32}"            # response budget of the win rates
 EXTRA="${EXTRA:-}"                           # flags added to sft, rm, rm2, dpo and train (e.g. the GPU ones)
@@ -76,10 +78,12 @@ stage dpo "$OUT/dpo/model.safetensors" $RLHF dpo --model "$OUT/sft" --data "$OUT
 
 # 4. reward models from the SFT model (ranking loss + LM loss on the chosen, PPO paper §4): judge 1,
 #    which PPO optimizes, and judge 2 on disjoint pairs, which neither PPO nor DPO was trained against
+rm_lora=(--lora.enabled "$RM_LORA")
+[ "$RM_LORA" = true ] && rm_lora+=(--lora.r 16 --lora.alpha 32)
 rm_stage() {  # rm_stage NAME PAIRS
   stage "$1" "$OUT/$1/model.safetensors" $RLHF rm --model "$OUT/sft" --data "$OUT/data/$2" \
     --out "$OUT/$1" $(steps "$RM_STEPS") --train.batch_size 8 --train.micro_batch_size 8 "${budgets[@]}" \
-    --lora.enabled "$RM_LORA" --lora.r 16 --lora.alpha 32 --optim.lr "$RM_LR" --optim.warmup_steps 3 --optim.warmup_fraction 0 --train.log_every 1 --train.eval_every 1000 $EXTRA
+    "${rm_lora[@]}" --optim.lr "$RM_LR" --optim.warmup_steps 3 --optim.warmup_fraction 0 --train.log_every 1 --train.eval_every 1000 $EXTRA
 }
 rm_stage rm rm_train.jsonl
 
@@ -107,9 +111,9 @@ win_rate() {  # win_rate NAME POLICY BASELINE OUT_FILE
     --pairs "$OUT/data/rm_heldout.jsonl" --pairs-n "$RM_HELDOUT" --data.max_response_tokens "$RESPONSE_TOKENS" \
     --skip-invalid --out "$4"
 }
-win_rate eval-ppo-dpo ppo dpo "$OUT/ppo/eval_vs_dpo.json"
 win_rate eval-ppo-sft ppo sft "$OUT/ppo/eval.json"
 win_rate eval-dpo-sft dpo sft "$OUT/dpo/eval.json"
+[ "$PPO_VS_DPO" = true ] && win_rate eval-ppo-dpo ppo dpo "$OUT/ppo/eval_vs_dpo.json"
 
 # 8. one report.html per stage, and every figure in one JSON
 [ -n "$ONLY" ] && exit 0  # a run of some stages only: the whole run reports

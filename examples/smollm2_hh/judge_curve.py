@@ -28,16 +28,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from summarize import judge_figures  # noqa: E402  (its neighbour: the figures of a judge's rm_eval.json)
 
-# setting -> the flags that differ from run.sh's judge (LoRA r 16 at 2e-4, one epoch, lm_coef 1)
+# setting -> its flags beside the shared ones (run.sh's judge is `full`: full fine-tuning at 2e-5, one
+# epoch, lm_coef 1; `lora`: LoRA r 16 at 2e-4, run.sh's RM_LORA=true)
 LORA = ["--lora.enabled", "true", "--lora.r", "16", "--lora.alpha", "32", "--optim.lr", "2e-4"]
+FULL = ["--lora.enabled", "false", "--optim.lr", "2e-5"]
 SETTINGS = {
     "lora": [*LORA, "--train.epochs", "1"],
-    "full": ["--lora.enabled", "false", "--optim.lr", "2e-5", "--train.epochs", "1"],
+    "full": [*FULL, "--train.epochs", "1"],
+    "full_2ep": [*FULL, "--train.epochs", "2"],
     "lora_2ep": [*LORA, "--train.epochs", "2"],
     "lora_lm0": [*LORA, "--train.epochs", "1", "--train.lm_coef", "0"],
 }
 POINT_KEYS = ("train_wall_s", "eval_wall_s", "commands")  # point.json: what rm_eval.json does not hold
-DEFAULT_POINTS = ["lora:200", "lora:400", "lora:800", "lora:all", "full:400", "lora_2ep:400", "lora_lm0:400"]
+DEFAULT_POINTS = ["lora:200", "lora:400", "lora:800", "full:200", "full:400", "full:800", "full:all", "full_2ep:400", "lora_lm0:400"]
 
 
 def judge_command(rlhf: list[str], out: Path, pairs: Path, run: Path, setting: str, args) -> list[str]:
@@ -97,7 +100,7 @@ def plot(points: list[dict], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    styles = {"lora": "o-", "full": "s", "lora_2ep": "^", "lora_lm0": "v"}
+    styles = {"lora": "o-", "full": "s-", "full_2ep": "D", "lora_2ep": "^", "lora_lm0": "v"}
     for shift, setting in enumerate(SETTINGS):  # the settings at one N side by side, not on top
         rows = sorted((p for p in points if p["setting"] == setting), key=lambda p: p["pairs"])
         if not rows:

@@ -179,7 +179,8 @@ def test_every_judge_setting_of_the_curve_is_a_valid_rm_config(tmp_path):
         for named, key in (("--model", "--model"), ("--data", "--data.path"), ("--out", "--out")):
             dotted[dotted.index(named)] = key
         config = load_config(RewardConfig, overrides=parse_overrides(dotted))
-        assert config.lora.enabled == (setting != "full") and config.train.batch_size == 8
+        assert config.lora.enabled == (not setting.startswith("full")) and config.train.batch_size == 8
+        assert config.train.epochs == (2 if setting.endswith("_2ep") else 1)
         assert config.train.lm_coef == (0 if setting == "lora_lm0" else 1)
     with pytest.raises(ConfigError, match="lora.r"):  # the check the settings pass: LoRA keys only with LoRA
         load_config(RewardConfig, overrides=parse_overrides(["--lora.enabled", "false", "--lora.r", "16"]))

@@ -7,12 +7,14 @@ tests/reliability, tests/gpu and tests/tools beside them. The folders are packag
 folder is a plugin listed here, so every test sees it without sys.path edits: the trainer fixtures
 (`tok`, `prompts`, `models`, `make_trainer`) of tests/rl, tests/stages, tests/train, tests/runtime
 and others; the misuse corpus's (`misuse_corpus`, `misuse_inputs`) of tests/reliability and
-tests/tools. A folder's own fixtures stay in its conftest.py.
+tests/tools; the CLI-trained tiny models and the one-process run on them (`cli_models`,
+`one_process_run`) of tests/runtime and tests/ray_runtime. A folder's own fixtures stay in its
+conftest.py.
 """
 
 import torch
 
-pytest_plugins = ["tests.support.train_fixtures", "tests.support.misuse"]
+pytest_plugins = ["tests.support.train_fixtures", "tests.support.misuse", "tests.support.cli_runs"]
 
 # Tests use tiny models: one intra-op thread is fastest, and with other processes sharing the
 # cores, OpenMP spin-waiting makes two threads up to 100x slower.
@@ -22,10 +24,10 @@ torch.set_num_threads(1)
 # order, and a worker that runs out takes the tail of the other's queue. The longest files run first,
 # so that short tests fill in behind them instead of one worker ending the suite alone on a Ray or
 # torchrun job (`pytest --durations 20`: these files hold the slowest tests). test_distributed.py
-# leads: its module fixtures (each a spawned two-rank job) are built by every worker that runs one
-# of their tests, so its tests should all be done before the other worker starts taking work over;
-# a Ray test builds its own actors, and the Ray tests split between the workers cost one more
-# cluster.
+# leads: its module fixtures (each a two-rank job) are built by every worker that runs one of their
+# tests, so its tests should all be done before the other worker starts taking work over; a Ray test
+# builds its own actors, and the Ray tests split between the workers cost one more cluster (and one
+# more build of the session's `cli_models` and `one_process_run`).
 LONGEST_FIRST = (
     "tests/runtime/test_distributed.py",
     "tests/ray_runtime/",

@@ -80,7 +80,7 @@ def warm_start(
         loss.backward()
         optimizer.step()
     model.eval()
-    return float(loss)
+    return loss.detach().item()
 
 
 def arguments(out: str, steps: int) -> argparse.Namespace:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.scripts import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tool_agent"
@@ -20,16 +19,13 @@ EXAMPLE = ROOT / "examples" / "tool_agent"
 
 @pytest.mark.slow
 def test_the_tool_agent_example_prepares_evaluates_and_runs_against_a_base_url(tmp_path, monkeypatch):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = [sys.executable, str(EXAMPLE / "prepare.py"), "--out", str(tmp_path), "--steps", "2"]
-    subprocess.run(run, check=True, env=env, capture_output=True)
+    run_script(monkeypatch, EXAMPLE / "prepare.py", "--out", tmp_path, "--steps", "2")
     rows = (tmp_path / "heldout.jsonl").read_text().splitlines()
     (tmp_path / "few.jsonl").write_text("\n".join(rows[:3]) + "\n")
     policy = str(tmp_path / "sft")
     assert "tools" in (tmp_path / "sft" / "chat_template.jinja").read_text()
-    run = [sys.executable, str(EXAMPLE / "evaluate.py"), policy, policy, "--prompts", str(tmp_path / "few.jsonl"),
-           "--samples", "1", "--out", str(tmp_path / "result.json")]  # fmt: skip
-    subprocess.run(run, check=True, env=env, capture_output=True)
+    run_script(monkeypatch, EXAMPLE / "evaluate.py", policy, policy, "--prompts", tmp_path / "few.jsonl",
+               "--samples", "1", "--out", tmp_path / "result.json")  # fmt: skip
     first, second = json.loads((tmp_path / "result.json").read_text())["results"]
     assert first["episodes"] == second["episodes"] == 3 and 0 <= first["accuracy"] <= 1
     assert len(first["accuracy_ci95"]) == 2 and 0 <= first["tool_call_share"] <= 1
@@ -38,7 +34,6 @@ def test_the_tool_agent_example_prepares_evaluates_and_runs_against_a_base_url(t
     evaluate = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(evaluate)
     with evaluate.serving(policy, max_new_tokens=12, seed=0) as base_url:
-        run = [sys.executable, str(EXAMPLE / "calculator_agent.py"), "--base-url", base_url, "--model", "m",
-               "--prompts", str(tmp_path / "few.jsonl"), "--out", str(tmp_path / "agent.json")]  # fmt: skip
-        subprocess.run(run, check=True, env=env, capture_output=True)
+        run_script(monkeypatch, EXAMPLE / "calculator_agent.py", "--base-url", base_url, "--model", "m",
+                   "--prompts", tmp_path / "few.jsonl", "--out", tmp_path / "agent.json")  # fmt: skip
     assert json.loads((tmp_path / "agent.json").read_text())["episodes"] == 3

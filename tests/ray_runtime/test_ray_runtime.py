@@ -14,14 +14,14 @@ from safetensors.torch import load_file
 
 from rlhf.cli import main
 from tests.runtime import test_distributed_cli as dist_cli
-from tests.runtime.test_distributed_cli import metric_rows, train_args
+from tests.support.cli_runs import metric_rows, train_args
 
 pytestmark = pytest.mark.slow  # a Ray cluster and its actors take seconds to start
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[dev]' installs it)")
 
 # every role's actors take half a CPU: the four groups fit the test cluster's CPUs
-models = dist_cli.models  # the tiny SFT policy, reward model and prompts (a module fixture)
+models = dist_cli.models  # the tiny SFT policy, reward model and prompts (built once a session)
 
 HALF_A_CPU = [f"--ray.{group}.num_cpus=0.5" for group in ("policy", "critic", "reference", "reward_model")]
 
@@ -55,10 +55,9 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def local_run(models, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("local") / "run"
-    assert main(train_args(models, out)) == 0
-    return out
+def local_run(one_process_run) -> Path:
+    """`train_args`' run in this process (torchrun's ranks are held to it too: built once a session)."""
+    return one_process_run
 
 
 def assert_same_rows(expected: list[dict], got: list[dict], tolerance: float) -> None:

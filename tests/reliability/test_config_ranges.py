@@ -11,7 +11,6 @@ from tests.support.reliability_testing import (
     assert_ok,
     assert_user_error,
     iterations,
-    rlhf,
     train_args,
 )
 
@@ -88,9 +87,10 @@ def test_sft_micro_batch_zero_through_the_cli_and_its_fix(files, tmp_path, capsy
     out = tmp_path / "sft"
     args = ["sft", "--model", files["policy"], "--data", files["sft"], "--out", out, "--sinks", "jsonl",
             "--train.max_steps", "1", "--train.batch_size", "2"]  # fmt: skip
-    assert_user_error(rlhf(*args, "--train.micro_batch_size", "0"), "train.micro_batch_size must be >= 1")
+    refused = InProcess(capsys, *args, "--train.micro_batch_size", "0")
+    assert_user_error(refused, "train.micro_batch_size must be >= 1")
     assert not out.exists()
-    assert_ok(InProcess(capsys, *args, "--train.micro_batch_size", "1"))  # the fix (in-process: no start-up)
+    assert_ok(InProcess(capsys, *args, "--train.micro_batch_size", "1"))  # the fix
     assert (out / "model.safetensors").is_file()
 
 
@@ -98,7 +98,7 @@ def test_sft_micro_batch_zero_through_the_cli_and_its_fix(files, tmp_path, capsy
 def test_nothing_to_train_combination_and_its_fix(files, tmp_path, capsys):
     out = tmp_path / "rl"
     args = train_args(files, out, "--train.iterations", "1", "--rollout.stop_at_eos", "false")
-    refused = rlhf(*args, "--rollout.truncated", "drop")
+    refused = InProcess(capsys, *args, "--rollout.truncated", "drop")
     assert_user_error(refused, "rollout.stop_at_eos", "rollout.truncated", "--rollout.truncated keep")
     assert not out.exists()
     assert_ok(InProcess(capsys, *args, "--rollout.truncated", "keep"))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlhf.models.scalar_head import ScalarHeadModel
-from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
+from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error
 
 
 def eval_args(files, judge, out, *extra):
@@ -28,7 +28,7 @@ def test_nan_judge_is_named_with_its_rows_and_another_judge_works(files, tmp_pat
     judge.save_pretrained(broken)
     out = tmp_path / "eval.json"
     stderr = assert_user_error(
-        rlhf(*eval_args(files, broken, out)), f"judge {broken}", "prompts 1, 2, 3, 4", "--judge"
+        InProcess(capsys, *eval_args(files, broken, out)), f"judge {broken}", "prompts 1, 2, 3, 4", "--judge"
     )
     assert "non-finite" in stderr
     assert not out.exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error, rlhf, write_jsonl
+from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error, write_jsonl
 
 
 def digest(path: Path) -> str:
@@ -27,11 +27,10 @@ def sft(capsys, files, out: Path, *extra) -> InProcess:
 
 
 @pytest.mark.slow
-def test_config_naming_a_directory_is_a_user_error(files, tmp_path):
+def test_config_naming_a_directory_is_a_user_error(files, tmp_path, capsys):
     folder = tmp_path / "configs"
     folder.mkdir()
-    result = rlhf("sft", "--model", files["policy"], "--data", files["sft"], "--out", tmp_path / "run",
-                  "--config", folder)  # fmt: skip
+    result = sft(capsys, files, tmp_path / "run", "--config", folder)
     assert_user_error(result, str(folder), "is a directory", "Fix:", "--config DIR/FILE.yaml")
     assert not (tmp_path / "run").exists() and list(folder.iterdir()) == []
 

@@ -9,13 +9,15 @@ import shutil
 import pytest
 import torch
 
-from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error, rlhf
+from tests.support.reliability_testing import InProcess, assert_ok, assert_user_error
 
 SFT_ONE_STEP = ["--train.max_steps", "1", "--train.batch_size", "2", "--sinks", "jsonl"]
 
 
-def sft(model, files, out, *flags):
-    return rlhf("sft", "--model", model, "--data", files["sft"], "--out", out, *SFT_ONE_STEP, *flags)
+def sft(capsys, model, files, out, *flags) -> InProcess:
+    return InProcess(
+        capsys, "sft", "--model", model, "--data", files["sft"], "--out", out, *SFT_ONE_STEP, *flags
+    )
 
 
 @pytest.fixture()
@@ -35,13 +37,13 @@ def custom_code_model(files, tmp_path):
 
 
 @pytest.mark.slow
-def test_custom_code_is_refused_until_the_flag_is_given(custom_code_model, files, tmp_path):
+def test_custom_code_is_refused_until_the_flag_is_given(custom_code_model, files, tmp_path, capsys):
     model, sentinel = custom_code_model
-    refused = sft(model, files, tmp_path / "refused")
+    refused = sft(capsys, model, files, tmp_path / "refused")
     assert_user_error(refused, str(model / "config.json"), "auto_map", "--trust-remote-code")
     assert not sentinel.exists()
     assert not (tmp_path / "refused" / "metrics.jsonl").exists()
-    assert_ok(sft(model, files, tmp_path / "trusted", "--trust-remote-code"))
+    assert_ok(sft(capsys, model, files, tmp_path / "trusted", "--trust-remote-code"))
     assert sentinel.exists()  # the flag is what lets the code run
 
 
@@ -72,7 +74,7 @@ class _Payload:
 
 
 @pytest.mark.slow
-def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(files, tmp_path):
+def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(files, tmp_path, capsys):
     model = tmp_path / "malicious"
     shutil.copytree(files["policy"], model)
     from safetensors.torch import load_file
@@ -82,7 +84,7 @@ def test_a_malicious_pickle_is_refused_without_advising_weights_only_false(files
     torch.save({**state, "payload": _Payload(sentinel)}, model / "pytorch_model.bin")
     (model / "model.safetensors").unlink()
     stderr = assert_user_error(
-        sft(model, files, tmp_path / "out", "--allow-pickle"), str(model), "safetensors"
+        sft(capsys, model, files, tmp_path / "out", "--allow-pickle"), str(model), "safetensors"
     )
     assert "weights_only" not in stderr
     assert not sentinel.exists()

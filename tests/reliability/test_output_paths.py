@@ -11,7 +11,7 @@ import pytest
 from tests.support.reliability_testing import assert_user_error, rlhf_in_process, train_args
 
 # each refusal runs in this process (rlhf_in_process): it ends before any work (`rlhf sft` in a
-# subprocess, as a user's shell starts it: test_data_messages.py, test_model_directory_safety.py)
+# subprocess, as a user's shell starts it: tests/project/test_dependencies.py)
 
 
 def digest(directory) -> dict[str, str]:

@@ -16,11 +16,11 @@ from tests.support.reliability_testing import (
     assert_user_error,
     file_bytes,
     iterations,
-    rlhf,
+    logged_warnings,
     train_args,
 )
 
-pytestmark = pytest.mark.slow  # each test trains a tiny run and starts `rlhf` in a subprocess (~5 s)
+pytestmark = pytest.mark.slow  # each test trains a tiny run and resumes it (over 2 s)
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def records_of(out) -> dict[str, bytes]:
     return {name: (out / name).read_bytes() for name in ("config.yaml", "metrics.jsonl", "run_inputs.json")}
 
 
-def test_a_changed_reference_model_is_refused_then_allowed_with_the_override(run, capsys):
+def test_a_changed_reference_model_is_refused_then_allowed_with_the_override(run, capsys, caplog):
     from rlhf.models.loading import load_tokenizer
     from rlhf.models.tiny import tiny_causal_lm
 
@@ -51,7 +51,8 @@ def test_a_changed_reference_model_is_refused_then_allowed_with_the_override(run
     )
     before, models_before = records_of(out), file_bytes(policy)
 
-    refused = rlhf("train", "--resume", out, "--train.iterations", "2")
+    caplog.clear()
+    refused = InProcess(capsys, "train", "--resume", out, "--train.iterations", "2")
     message = assert_user_error(
         refused,
         "model.policy",
@@ -60,7 +61,7 @@ def test_a_changed_reference_model_is_refused_then_allowed_with_the_override(run
         "--resume-allow-changed-models",
         "Fix:",
     )
-    assert message.count("\n") == 1  # one message
+    assert message.count("\n") == 1 and logged_warnings(caplog) == []  # one message
     assert records_of(out) == before and file_bytes(policy) == models_before and iterations(out) == [0]
 
     allowed = InProcess(
@@ -88,7 +89,7 @@ def test_a_hand_edited_config_is_refused_and_a_resume_without_change_keeps_it(ru
     edited = original.replace(b"\nseed: 0\n", b"\nseed: 7\n")
     assert edited != original
     config.write_bytes(edited)
-    result = rlhf("train", "--resume", out, "--train.iterations", "2")
+    result = InProcess(capsys, "train", "--resume", out, "--train.iterations", "2")
     assert_user_error(result, str(config), "seed (the run wrote 0, the file now says 7)", "Fix:")
     assert config.read_bytes() == edited and iterations(out) == [0]  # the user's file as they left it
 

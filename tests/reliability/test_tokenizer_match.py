@@ -12,8 +12,8 @@ from tests.support.reliability_testing import (
     WORDS,
     InProcess,
     assert_user_error,
+    logged_warnings,
     other_tokenizer_reward_model,
-    rlhf,
     train_args,
 )
 
@@ -36,13 +36,13 @@ def other_rm(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_train_with_a_reward_model_of_another_tokenizer_is_refused(files, other_rm, tmp_path):
+def test_train_with_a_reward_model_of_another_tokenizer_is_refused(files, other_rm, tmp_path, capsys, caplog):
     out = tmp_path / "run"
-    result = rlhf(*train_args({**files, "rm": other_rm}, out, "--train.iterations", "1"))
+    result = InProcess(capsys, *train_args({**files, "rm": other_rm}, out, "--train.iterations", "1"))
     message = assert_user_error(
         result, f"--policy {files['policy']}", f"--reward-model {other_rm}", "vocabularies differ", "Fix:"
     )
-    assert message.count("\n") == 1
+    assert message.count("\n") == 1 and logged_warnings(caplog) == []  # one message
     assert not (out / "metrics.jsonl").exists()  # stopped before any work
 
 

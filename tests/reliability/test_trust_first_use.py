@@ -192,7 +192,7 @@ def test_resume_with_fewer_iterations_than_done_is_refused_and_changes_nothing(f
         InProcess(capsys, *train_args(files, run, "--train.iterations", "2", "--checkpoint.every", "1"))
     )
     before = file_bytes(run)
-    result = rlhf("train", "--resume", run, "--train.iterations", "1")
+    result = InProcess(capsys, "train", "--resume", run, "--train.iterations", "1")
     assert_user_error(result, "train.iterations 1 is fewer than the 2 iterations the run already did", "Fix:")
     assert file_bytes(run) == before and iterations(run) == [0, 1]
     assert_ok(InProcess(capsys, "train", "--resume", run, "--train.iterations", "2"))  # all done: a no-op
@@ -218,7 +218,7 @@ def test_dpo_resume_checks_the_model_it_started_from(files, tmp_path, capsys):
     assert "model" in json.loads((run / "run_inputs.json").read_text())["models"]
     (model / "config.json").write_text((model / "config.json").read_text() + "\n")
     assert_user_error(
-        rlhf("dpo", "--resume", run),
+        rlhf("dpo", "--resume", run),  # a subprocess: `rlhf dpo` as a shell starts it
         "rlhf dpo --resume",
         "config.json changed",
         "--resume-allow-changed-models",

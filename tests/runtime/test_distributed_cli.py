@@ -3,7 +3,6 @@ written once; a rank that dies ends the job with a message naming it."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -16,47 +15,20 @@ import pytest
 import torch
 
 from rlhf.cli import main
-from tests.support.cli_data import pair_rows, save_tiny_base, sft_rows, write_jsonl
+from tests.support.cli_runs import metric_rows, train_args
 
 pytestmark = pytest.mark.slow  # every test here takes over 2 s (`make test-fast` leaves them out)
 
 torch.set_num_threads(1)
 
-WORDS = "a b c d e f g h i j k l m n o p q r s t".split()
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 300  # seconds for a whole torchrun job
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, str]:
-    """A tiny SFT policy and reward model trained by the CLI, and the prompts file."""
-    root = tmp_path_factory.mktemp("dist_cli")
-    save_tiny_base(root / "base", WORDS)
-    pairs = pair_rows(WORDS)
-    sft, pairs_file = (
-        write_jsonl(root / "sft.jsonl", sft_rows(WORDS)),
-        write_jsonl(root / "pairs.jsonl", pairs),
-    )
-    short = ["--train.max_steps", "3", "--train.batch_size", "4", "--sinks", "jsonl"]
-    assert (
-        main(["sft", "--model", str(root / "base"), "--data", sft, "--out", str(root / "sft"), *short]) == 0
-    )
-    assert (
-        main(["rm", "--model", str(root / "sft"), "--data", pairs_file, "--out", str(root / "rm"), *short])
-        == 0
-    )
-    prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": r["prompt"]} for r in pairs[:12]])
-    return {"sft": str(root / "sft"), "rm": str(root / "rm"), "prompts": prompts}
-
-
-def train_args(models: dict, out: Path, *extra: str) -> list[str]:
-    return [
-        "train", "--preset", "ppo_max", "--policy", models["sft"], "--reward-model", models["rm"],
-        "--prompts", models["prompts"], "--out", str(out), "--train.iterations", "3",
-        "--rollout.batch_size", "6", "--rollout.max_new_tokens", "4", "--train.micro_batch_size", "2",
-        "--train.minibatches", "2", "--critic.pretrain_iterations", "1", "--policy_optim.lr", "0.001",
-        "--log.sinks", "jsonl", *extra,
-    ]  # fmt: skip
+def models(cli_models) -> dict[str, str]:
+    """The tiny SFT policy and reward model trained by the CLI, and the prompts file (once a session)."""
+    return cli_models
 
 
 def torchrun(args: list[str], **popen) -> subprocess.Popen:
@@ -72,22 +44,12 @@ def torchrun(args: list[str], **popen) -> subprocess.Popen:
     )
 
 
-def metric_rows(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [
-        {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
-        for r in rows
-        if "event" not in r
-    ]
-
-
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_torchrun_two_ranks_give_the_one_process_metrics(strategy, models, tmp_path):
-    assert main(train_args(models, tmp_path / "one")) == 0
+def test_torchrun_two_ranks_give_the_one_process_metrics(strategy, models, one_process_run, tmp_path):
     job = torchrun(train_args(models, tmp_path / "two", "--dist.strategy", strategy))
     out, err = job.communicate(timeout=TIMEOUT)
     assert job.returncode == 0, err[-3000:]
-    one, two = metric_rows(tmp_path / "one"), metric_rows(tmp_path / "two")
+    one, two = metric_rows(one_process_run), metric_rows(tmp_path / "two")
     assert [r.get("iteration", r.get("pretrain")) for r in two] == [0, 0, 1, 2]  # each record once
     for expected, got in zip(one, two):
         assert got.keys() == expected.keys()
@@ -98,7 +60,9 @@ def test_torchrun_two_ranks_give_the_one_process_metrics(strategy, models, tmp_p
     if strategy == "fsdp2":  # the export is gathered whole; the checkpoint holds each rank's shards
         from safetensors.torch import load_file
 
-        exported, reference = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("two", "one"))
+        exported, reference = (
+            load_file(str(run / "model.safetensors")) for run in (tmp_path / "two", one_process_run)
+        )
         assert exported.keys() == reference.keys()
         for name, tensor in reference.items():
             torch.testing.assert_close(exported[name], tensor, atol=1e-5, rtol=0, msg=name)
@@ -106,11 +70,10 @@ def test_torchrun_two_ranks_give_the_one_process_metrics(strategy, models, tmp_p
         assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
-def test_a_sharded_run_loads_on_rank_0_and_resumes_there(models, tmp_path):
+def test_a_sharded_run_loads_on_rank_0_and_resumes_there(models, one_process_run, tmp_path):
     """fsdp2 under torchrun: rank 1 builds its models on the meta device and receives its shards
     from rank 0, which alone reads the weights and, on --resume, the checkpoint's shards (DCP): the
     resumed 2-rank run gives the uninterrupted one-process run's metrics."""
-    assert main(train_args(models, tmp_path / "one")) == 0
     first = train_args(models, tmp_path / "two", "--dist.strategy", "fsdp2")
     first[first.index("--train.iterations") + 1] = "1"
     job = torchrun(first)
@@ -118,7 +81,7 @@ def test_a_sharded_run_loads_on_rank_0_and_resumes_there(models, tmp_path):
     job = torchrun(["train", "--resume", str(tmp_path / "two"), "--train.iterations", "3"])
     out, err = job.communicate(timeout=TIMEOUT)
     assert job.returncode == 0, err[-3000:]
-    one, two = metric_rows(tmp_path / "one"), metric_rows(tmp_path / "two")
+    one, two = metric_rows(one_process_run), metric_rows(tmp_path / "two")
     assert [r.get("iteration", r.get("pretrain")) for r in two] == [0, 0, 1, 2]
     for expected, got in zip(one, two):
         for key, value in expected.items():

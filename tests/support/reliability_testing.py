@@ -4,6 +4,7 @@ and read what it left behind."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -81,6 +82,12 @@ def assert_user_error(result, *named: str) -> str:
     for text in named:
         assert text in result.stderr, (text, result.stderr[-3000:])
     return result.stderr
+
+
+def logged_warnings(caplog) -> list[str]:
+    """The warnings `caplog` holds: what a subprocess would also print on stderr (Python's last-resort
+    handler), which an in-process run's captured stderr lacks (pytest captures the log)."""
+    return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
 
 
 def assert_ok(result) -> None:

@@ -40,7 +40,17 @@ SETTINGS = {
     "lora_lm0": [*LORA, "--train.epochs", "1", "--train.lm_coef", "0"],
 }
 POINT_KEYS = ("train_wall_s", "eval_wall_s", "commands")  # point.json: what rm_eval.json does not hold
-DEFAULT_POINTS = ["lora:200", "lora:400", "lora:800", "full:200", "full:400", "full:800", "full:all", "full_2ep:400", "lora_lm0:400"]
+DEFAULT_POINTS = [
+    "lora:200",
+    "lora:400",
+    "lora:800",
+    "full:200",
+    "full:400",
+    "full:800",
+    "full:all",
+    "full_2ep:400",
+    "lora_lm0:400",
+]
 
 
 def judge_command(rlhf: list[str], out: Path, pairs: Path, run: Path, setting: str, args) -> list[str]:

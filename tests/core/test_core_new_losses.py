@@ -13,6 +13,11 @@ from rlhf.core import loss_unit_count, policy_loss, policy_loss_unit
 GARBAGE = 1e4  # at padded positions: any change there must change nothing
 
 
+def scalar(t: torch.Tensor) -> float:
+    """A tensor's value as a float, outside autograd (a loop's weights are constants)."""
+    return float(t.detach())
+
+
 def batch(seed: int = 0, rows: int = 4, width: int = 5, spread: float = 0.3):
     g = torch.Generator().manual_seed(seed)
     logp = -torch.rand(rows, width, generator=g, dtype=torch.float64) * 2 - 0.1
@@ -52,10 +57,10 @@ def test_gspo_value_and_gradient_match_a_plain_loop(spread: float, eps_high: flo
     ref = logp.clone().requires_grad_(True)
     expected = gspo_loop(ref, old, adv, mask, 3e-4, 3e-4 if eps_high is None else eps_high)
     expected.backward()
-    assert float(loss) == pytest.approx(float(expected.detach()), rel=1e-12, abs=1e-15)
+    assert scalar(loss) == pytest.approx(scalar(expected), rel=1e-12, abs=1e-15)
     assert torch.allclose(mine.grad, ref.grad, rtol=1e-10, atol=1e-14)
     assert mine.grad[mask == 0].abs().max() == 0
-    assert 0 <= float(stats["clip_fraction"]) <= 1
+    assert 0 <= scalar(stats["clip_fraction"]) <= 1
 
 
 def test_gspo_gives_every_token_of_a_row_the_same_weight() -> None:
@@ -65,7 +70,7 @@ def test_gspo_gives_every_token_of_a_row_the_same_weight() -> None:
     n_rows = 3
     for i in range(3):
         idx = mask[i] != 0
-        a_i = float(adv[i][idx].mean())
+        a_i = scalar(adv[i][idx].mean())
         assert torch.allclose(logp.grad[i][idx], torch.full((int(idx.sum()),), -a_i / (int(idx.sum()) * n_rows),
                                                             dtype=torch.float64))  # fmt: skip
 
@@ -73,12 +78,12 @@ def test_gspo_gives_every_token_of_a_row_the_same_weight() -> None:
 def test_gspo_batch_of_one_and_fully_masked() -> None:
     logp, old, adv, mask = batch(rows=1)
     loss, _ = policy_loss("gspo", logp, old, None, adv, mask)
-    assert float(loss) == pytest.approx(float(gspo_loop(logp, old, adv, mask, 3e-4, 3e-4)), rel=1e-12)
+    assert scalar(loss) == pytest.approx(scalar(gspo_loop(logp, old, adv, mask, 3e-4, 3e-4)), rel=1e-12)
     empty = torch.zeros_like(mask)
     logp.requires_grad_(True)
     loss, stats = policy_loss("gspo", logp, old, None, adv, empty)
     loss.backward()
-    assert float(loss.detach()) == 0 and logp.grad.abs().max() == 0 and float(stats["ratio_mean"]) == 0
+    assert scalar(loss) == 0 and logp.grad.abs().max() == 0 and scalar(stats["ratio_mean"]) == 0
 
 
 def cispo_loop(logp, old, adv, mask, eps_low, eps_high):
@@ -87,7 +92,7 @@ def cispo_loop(logp, old, adv, mask, eps_low, eps_high):
         for t in range(logp.shape[1]):
             if mask[i, t] == 0:
                 continue
-            r = math.exp(float(logp[i, t] - old[i, t]))
+            r = math.exp(scalar(logp[i, t] - old[i, t]))  # the weight is a constant (stop-gradient)
             w = min(r, 1 + eps_high) if eps_low is None else min(max(r, 1 - eps_low), 1 + eps_high)
             total = total - w * adv[i, t] * logp[i, t]
             n += 1
@@ -103,11 +108,11 @@ def test_cispo_value_and_gradient_match_a_plain_loop(eps_low: float | None) -> N
     ref = logp.clone().requires_grad_(True)
     expected = cispo_loop(ref, old, adv, mask, eps_low, 0.5)
     expected.backward()  # w is a float in the loop: no gradient through it, as CISPO's stop-gradient
-    assert float(loss) == pytest.approx(float(expected), rel=1e-12)
+    assert scalar(loss) == pytest.approx(scalar(expected), rel=1e-12)
     assert torch.allclose(mine.grad, ref.grad, rtol=1e-10, atol=1e-14)
     assert mine.grad[mask == 0].abs().max() == 0
-    assert float(stats["clip_fraction_high"]) > 0  # spread 3: some ratios above 1.5
-    assert (float(stats["clip_fraction_low"]) > 0) == (eps_low is not None)
+    assert scalar(stats["clip_fraction_high"]) > 0  # spread 3: some ratios above 1.5
+    assert (scalar(stats["clip_fraction_low"]) > 0) == (eps_low is not None)
 
 
 def test_cispo_keeps_every_token_in_the_gradient_where_ppo_drops_clipped_ones() -> None:
@@ -118,18 +123,18 @@ def test_cispo_keeps_every_token_in_the_gradient_where_ppo_drops_clipped_ones() 
     assert logp.grad[0, 0] == 0  # PPO: clipped, no gradient
     logp.grad = None
     policy_loss("cispo", logp, old, None, adv, mask, clip_eps_high=0.28)[0].backward()
-    assert float(logp.grad[0, 0]) == pytest.approx(-1.28 / 2)  # CISPO: the capped weight, kept
+    assert scalar(logp.grad[0, 0]) == pytest.approx(-1.28 / 2)  # CISPO: the capped weight, kept
 
 
 def test_cispo_needs_its_upper_bound_batch_of_one_and_fully_masked() -> None:
     logp, old, adv, mask = batch(rows=1)
     with pytest.raises(ValueError, match="clip_eps_high"):
         policy_loss("cispo", logp, old, None, adv, mask)
-    assert float(policy_loss("cispo", logp, old, None, adv, mask, clip_eps_high=4.0)[0]) == pytest.approx(
-        float(cispo_loop(logp, old, adv, mask, None, 4.0)), rel=1e-12
+    assert scalar(policy_loss("cispo", logp, old, None, adv, mask, clip_eps_high=4.0)[0]) == pytest.approx(
+        scalar(cispo_loop(logp, old, adv, mask, None, 4.0)), rel=1e-12
     )
     loss, _ = policy_loss("cispo", logp, old, None, adv, torch.zeros_like(mask), clip_eps_high=4.0)
-    assert float(loss) == 0
+    assert scalar(loss) == 0
 
 
 def test_losses_declare_their_unit_and_counts_follow_it() -> None:
@@ -150,17 +155,17 @@ def test_clip_cov_detaches_and_kl_cov_penalises_the_selected_tokens_only() -> No
     detached = logp.clone().requires_grad_(True)
     loss, stats = policy_loss("ppo", detached, old, None, adv, mask, cov_detach=chosen)
     loss.backward()
-    assert float(loss) == pytest.approx(float(base), rel=1e-12)  # the value kept, the gradient cut
+    assert scalar(loss) == pytest.approx(scalar(base), rel=1e-12)  # the value kept, the gradient cut
     keep = (chosen == 0) | (mask == 0)
     assert torch.equal(detached.grad[keep], plain.grad[keep])
     assert detached.grad[1, 2] == 0 and detached.grad[2, 0] == 0
-    assert float(stats["cov_fraction"]) == pytest.approx(2 / int(mask.sum()))
+    assert scalar(stats["cov_fraction"]) == pytest.approx(2 / int(mask.sum()))
     penalised = logp.clone().requires_grad_(True)
     loss, _ = policy_loss("ppo", penalised, old, None, adv, mask, cov_kl=chosen, cov_kl_coef=0.5)
     loss.backward()
     n = int(mask.sum())
-    extra = 0.5 * (abs(float(logp[1, 2] - old[1, 2])) + abs(float(logp[2, 0] - old[2, 0]))) / n
-    assert float(loss) == pytest.approx(float(base) + extra, rel=1e-12)
+    extra = 0.5 * (abs(scalar(logp[1, 2] - old[1, 2])) + abs(scalar(logp[2, 0] - old[2, 0]))) / n
+    assert scalar(loss) == pytest.approx(scalar(base) + extra, rel=1e-12)
     for i, t in ((1, 2), (2, 0)):
-        sign = math.copysign(1.0, float(logp[i, t] - old[i, t]))
-        assert float(penalised.grad[i, t]) == pytest.approx(float(plain.grad[i, t]) + 0.5 * sign / n)
+        sign = math.copysign(1.0, scalar(logp[i, t] - old[i, t]))
+        assert scalar(penalised.grad[i, t]) == pytest.approx(scalar(plain.grad[i, t]) + 0.5 * sign / n)

@@ -34,7 +34,7 @@ RM_LORA="${RM_LORA:-false}"                 # judges fully fine-tuned (true: LoR
                                             # stays at chance here: README.md, "How many pairs the judge needs")
 RM_LR="${RM_LR:-2e-5}"                      # judges' rate (with RM_LORA=true: 2e-4, 10x, as for every LoRA stage)
 PPO_ITERATIONS="${PPO_ITERATIONS:-24}"      # x 8 prompts
-PPO_VS_DPO="${PPO_VS_DPO:-false}"           # true: also compare PPO-max with DPO (one more eval, ~5 min)
+PPO_VS_DPO="${PPO_VS_DPO:-false}"           # true: also compare PPO-max with DPO (one more eval, ~6 min)
 EVAL_N="${EVAL_N:-100}"                     # held-out prompts of each win rate
 EVAL_TOKENS="${EVAL_TOKENS:-32}"            # response budget of the win rates
 EXTRA="${EXTRA:-}"                           # flags added to sft, rm, rm2, dpo and train (e.g. the GPU ones)

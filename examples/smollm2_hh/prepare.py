@@ -19,7 +19,8 @@ The training prompt groups go to rm_train and rm2_train in turn (to the one with
 two judges are trained on about as many pairs; SFT and PPO take rm_train's.
 
 The files keep the HH format ({"chosen", "rejected"} dialogues): every stage reads it. split.json
-records the counts and the seed. Rows with an empty last Assistant turn are dropped.
+records the counts and the seed. Rows that are no pair are dropped: an empty last Assistant turn, or
+two dialogues that differ before it (HH holds both kinds; so the held-out file's pairs are all valid).
 """
 
 from __future__ import annotations
@@ -52,9 +53,20 @@ def has_both_responses(row: dict) -> bool:
     )
 
 
+def shares_its_prompt(row: dict) -> bool:
+    """Both dialogues are the same up to their last Assistant turn (`rlhf rm-eval` skips a row that
+    is not: its two responses answer different conversations)."""
+    rejected = row["rejected"]
+    return prompt_of(row) == rejected[: rejected.rfind(ASSISTANT)]
+
+
+def is_pair(row: dict) -> bool:
+    return has_both_responses(row) and shares_its_prompt(row)
+
+
 def split(rows: list[dict], seed: int, heldout: int, eval_prompts: int, sft: int) -> dict[str, list[dict]]:
     groups: dict[str, list[dict]] = {}
-    for row in filter(has_both_responses, rows):
+    for row in filter(is_pair, rows):
         groups.setdefault(prompt_of(row), []).append(row)
     keys = sorted(groups)
     random.Random(seed).shuffle(keys)
@@ -103,11 +115,12 @@ def main() -> None:
     assert not held & (trained | judge2), "a held-out prompt is in training"
     assert not trained & judge2, "a prompt of judge 2's pairs is in the first reward model's"
     counts = {name: len(records) for name, records in files.items()}
-    dropped = len(rows) - sum(map(has_both_responses, rows))
+    empty = len(rows) - sum(map(has_both_responses, rows))
     summary = {
         "data": str(args.data),
         "rows": len(rows),
-        "empty_responses_dropped": dropped,
+        "empty_responses_dropped": empty,
+        "differing_prompts_dropped": len(rows) - empty - sum(map(is_pair, rows)),
         "seed": args.seed,
     }
     summary["files"] = counts

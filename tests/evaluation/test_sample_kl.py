@@ -100,3 +100,65 @@ def test_an_empty_response_sums_to_zero(tiny):
     rollout.response_mask[0] = 0  # a row with nothing to score
     rollout.attention_mask[0, rollout.prompt_length :] = 0
     assert float(response_logprob_sums(policy, [rollout])[0]) == 0.0
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_length_sorted_batches_return_each_prompts_greedy_answer_in_file_order(tiny, batch_size):
+    """sample_responses batches prompts by length and hands the rollouts back in file order,
+    `batch_size` rows each: every row is its prompt's greedy answer decoded alone, with its
+    log-probs and EOS flag, in `generate`'s layout."""
+    from rlhf.models.sampling import generate
+
+    tok, policy, _, prompts = tiny
+    greedy = SamplingConfig(max_new_tokens=5, do_sample=False)
+    rollouts, texts = sample_responses(policy, tok, prompts, greedy, seed=0, batch_size=batch_size)
+    assert [len(r.input_ids) for r in rollouts] == [
+        min(batch_size, len(prompts) - s) for s in range(0, len(prompts), batch_size)
+    ]
+    rows = [(r, i) for r in rollouts for i in range(len(r.input_ids))]
+    assert len(rows) == len(prompts) == len(texts)
+    for k, (rollout, row) in enumerate(rows):
+        alone = generate(
+            policy, torch.tensor([prompts[k]]), torch.ones(1, len(prompts[k]), dtype=torch.long), greedy,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, return_logprobs=False,
+        )  # fmt: skip
+        prompt, response = unpadded(tok, rollout, row)
+        assert prompt == prompts[k]
+        assert response == alone.response_ids[0][alone.response_mask[0].bool()].tolist()
+        assert bool(rollout.ended_with_eos[row]) == bool(alone.ended_with_eos[0])
+        real = rollout.attention_mask[row, rollout.prompt_length :]
+        assert torch.equal(real.float(), rollout.response_mask[row])  # one turn: real == response
+        assert real.tolist() == sorted(real.tolist(), reverse=True)  # right-padded responses
+        ended = int(alone.ended_with_eos[0])
+        assert texts[k] == tok.decode(response[: len(response) - ended], skip_special_tokens=True).strip()
+
+
+def test_rows_regrouped_keep_their_sampler_logprobs():
+    """rollout_of_rows moves each row's tokens, masks and sampler log-probs unchanged into a new
+    left/right padding (a row of a narrower batch lands flush right in the prompt block)."""
+    from rlhf.evaluation.judging import _row_parts, rollout_of_rows
+    from rlhf.models.sampling import Rollout
+
+    wide = Rollout(
+        input_ids=torch.tensor([[0, 5, 6, 7, 8, 0], [9, 9, 9, 4, 0, 0]]),
+        attention_mask=torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]]),
+        prompt_length=3,
+        response_mask=torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]),
+        ended_with_eos=torch.tensor([False, True]),
+        logprobs=torch.tensor([[-0.5, -0.25, 0.0], [-2.0, 0.0, 0.0]]),
+        decode_steps=2,
+    )
+    narrow = Rollout(
+        input_ids=torch.tensor([[3, 2]]), attention_mask=torch.tensor([[1, 1]]), prompt_length=1,
+        response_mask=torch.tensor([[1.0]]), ended_with_eos=torch.tensor([True]),
+        logprobs=torch.tensor([[-1.0]]), decode_steps=1,
+    )  # fmt: skip
+    joined = rollout_of_rows(
+        [_row_parts(narrow, 0), _row_parts(wide, 0), _row_parts(wide, 1)], pad_token_id=0
+    )
+    assert joined.prompt_length == 3 and joined.decode_steps == 2
+    assert joined.input_ids.tolist() == [[0, 0, 3, 2, 0], [0, 5, 6, 7, 8], [9, 9, 9, 4, 0]]
+    assert joined.attention_mask.tolist() == [[0, 0, 1, 1, 0], [0, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert joined.response_mask.tolist() == [[1.0, 0.0], [1.0, 1.0], [1.0, 0.0]]
+    assert joined.logprobs.tolist() == [[-1.0, 0.0], [-0.5, -0.25], [-2.0, 0.0]]
+    assert joined.ended_with_eos.tolist() == [True, False, True]

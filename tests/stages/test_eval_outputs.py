@@ -116,6 +116,7 @@ def test_rm_eval_without_out_refuses_to_replace_a_result_of_another_data_file(se
 
 
 def test_the_report_shows_every_judges_win_rate(setup, tmp_path):
+    from rlhf.monitor.html_parts import fmt
     from rlhf.monitor.run_report import _evaluation
 
     assert main(eval_args(setup, "--out", str(tmp_path / "both.json"), judges=("judge1", "judge2"))) == 0
@@ -123,5 +124,6 @@ def test_the_report_shows_every_judges_win_rate(setup, tmp_path):
     html = _evaluation(both)
     second = both["judges"][str(setup["root"] / "judge2")]["comparison"]
     assert f"judge {setup['root'] / 'judge2'}</b>: win rate of the policy" in html
-    assert f"{second['win_rate']:.3f} [{second['win_rate_ci95'][0]:.3f}" in html
+    low, high = second["win_rate_ci95"]  # as the report writes numbers (3 significant digits)
+    assert f"{fmt(second['win_rate'], 3)} [{fmt(low, 3)}, {fmt(high, 3)}]" in html
     assert "prompt_seen" in html  # the samples' column of the prompt as the models saw it

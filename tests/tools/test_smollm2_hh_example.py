@@ -35,10 +35,12 @@ def prepare():
 def rows() -> list[dict]:
     out = [hh(f"question {i % 40}", f"yes {i}", f"no {i}") for i in range(100)]  # 40 prompts, 2-3 pairs each
     out.append(hh("question 7", "", "no answer"))  # an empty chosen turn: dropped
-    return out
+    other = hh("question 8", "yes", "no")  # two conversations (the rejected one's prompt differs): dropped
+    other["rejected"] = other["rejected"].replace("question 8", "question elsewhere")
+    return [*out, other]
 
 
-def test_held_out_prompts_never_reach_training_and_empty_turns_are_dropped(prepare):
+def test_held_out_prompts_never_reach_training_and_non_pairs_are_dropped(prepare):
     files = prepare.split(rows(), seed=0, heldout=10, eval_prompts=5, sft=20)
     train_prompts = {prepare.prompt_of(r) for r in files["rm_train"]}
     for name in ("rm_heldout", "eval_prompts"):
@@ -53,6 +55,8 @@ def test_held_out_prompts_never_reach_training_and_empty_turns_are_dropped(prepa
     every = {prepare.prompt_of(r) for name in names for r in files[name]}
     assert every == {prepare.prompt_of(r) for r in rows()}  # every prompt lands in one split
     assert all(r["chosen"].split("Assistant: ")[-1] for name in files for r in files[name])
+    assert all(prepare.is_pair(r) for name in files for r in files[name])
+    assert not any("question elsewhere" in r["rejected"] for name in files for r in files[name])
     assert files["sft"] == files["rm_train"][:20] and files["ppo_prompts"] == files["rm_train"]
     pool = files[
         "judge_pool"

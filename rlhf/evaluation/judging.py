@@ -18,6 +18,7 @@ import torch
 from rlhf.data.collate import left_pad
 from rlhf.models.device import model_device
 from rlhf.models.precision import Precision
+from rlhf.models.rollout_rows import concat_rollouts, select_rollout, trim_rollout
 from rlhf.models.sampling import Rollout, SamplingConfig, generate
 from rlhf.train.guards import require_finite_scores
 
@@ -72,51 +73,18 @@ def decode_responses(tokenizer, rollout: Rollout) -> list[str]:
     return texts
 
 
-def _row_parts(rollout: Rollout, row: int) -> dict:
-    """One rollout row without its padding: prompt ids, and the response block up to its last real token."""
-    prompt = rollout.prompt_ids[row][rollout.prompt_mask[row].bool()]
-    real = rollout.attention_mask[row, rollout.prompt_length :].nonzero()
-    width = int(real.max()) + 1 if len(real) else 0
-    return {
-        "prompt": prompt,
-        "response": rollout.response_ids[row, :width],
-        "real": rollout.attention_mask[row, rollout.prompt_length :][:width],
-        "response_mask": rollout.response_mask[row, :width],
-        "logprobs": rollout.logprobs[row, :width] if rollout.logprobs is not None else None,
-        "ended_with_eos": rollout.ended_with_eos[row],
-        "decode_steps": rollout.decode_steps,
-    }
-
-
-def rollout_of_rows(rows: list[dict], pad_token_id: int) -> Rollout:
-    """A rollout of `_row_parts` rows (prompts left-padded, responses right-padded to the longest):
-    the layout `generate` returns, the rows' tokens, masks and log-probs unchanged."""
-    prompt_len = max(len(r["prompt"]) for r in rows)
-    width = max(len(r["response"]) for r in rows)
-    device = rows[0]["prompt"].device
-    ids = torch.full((len(rows), prompt_len + width), pad_token_id, dtype=torch.long, device=device)
-    attention = torch.zeros_like(ids)
-    response_mask = torch.zeros(len(rows), width, device=device)
-    with_logprobs = rows[0]["logprobs"] is not None
-    logprobs = torch.zeros(len(rows), width, device=device) if with_logprobs else None
-    for i, r in enumerate(rows):
-        p, t = len(r["prompt"]), len(r["response"])
-        ids[i, prompt_len - p : prompt_len] = r["prompt"]
-        attention[i, prompt_len - p : prompt_len] = 1
-        ids[i, prompt_len : prompt_len + t] = r["response"]
-        attention[i, prompt_len : prompt_len + t] = r["real"]
-        response_mask[i, :t] = r["response_mask"]
-        if logprobs is not None:
-            logprobs[i, :t] = r["logprobs"]
-    return Rollout(
-        input_ids=ids,
-        attention_mask=attention,
-        prompt_length=prompt_len,
-        response_mask=response_mask,
-        ended_with_eos=torch.stack([r["ended_with_eos"] for r in rows]),
-        logprobs=logprobs,
-        decode_steps=max(r["decode_steps"] for r in rows),
-    )
+def in_file_order(
+    batches: list[Rollout], order: list[int], batch_size: int, pad_token_id: int
+) -> list[Rollout]:
+    """Rollouts of the prompts in file order, `batch_size` rows each, from `batches` whose rows are
+    the prompts `order` (in that order); each batch trimmed of its all-padding columns."""
+    joined = concat_rollouts(batches, pad_token_id)
+    row_of = torch.empty(len(order), dtype=torch.long)
+    row_of[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+    return [
+        trim_rollout(select_rollout(joined, row_of[start : start + batch_size]))
+        for start in range(0, len(order), batch_size)
+    ]
 
 
 @torch.inference_mode()
@@ -145,30 +113,25 @@ def sample_responses(
     order = list(range(len(prompt_ids)))
     if len(order) > batch_size:
         order.sort(key=lambda i: len(prompt_ids[i]))
-    rows: list[dict | None] = [None] * len(prompt_ids)
+    batches = []
     for start in range(0, len(order), batch_size):
         index = order[start : start + batch_size]
         ids, mask = left_pad([prompt_ids[i] for i in index], tokenizer.pad_token_id)
         with _autocast(precision):
-            rollout = generate(
-                policy,
-                ids,
-                mask,
-                sampling,
-                eos_token_id=tokenizer.eos_token_id if stop_ids is None else list(stop_ids),
-                pad_token_id=tokenizer.pad_token_id,
-                generator=generator,
+            batches.append(
+                generate(
+                    policy,
+                    ids,
+                    mask,
+                    sampling,
+                    eos_token_id=tokenizer.eos_token_id if stop_ids is None else list(stop_ids),
+                    pad_token_id=tokenizer.pad_token_id,
+                    generator=generator,
+                )
             )
-        for row, i in enumerate(index):
-            rows[i] = _row_parts(rollout, row)
         if on_batch is not None:
             on_batch(len(index))
-    rollouts = [
-        rollout_of_rows(
-            [r for r in rows[start : start + batch_size] if r is not None], tokenizer.pad_token_id
-        )
-        for start in range(0, len(rows), batch_size)
-    ]
+    rollouts = in_file_order(batches, order, batch_size, tokenizer.pad_token_id)
     texts = [text for rollout in rollouts for text in decode_responses(tokenizer, rollout)]
     return rollouts, texts
 

@@ -31,3 +31,17 @@ class Sequences:
     def rows(self, index: slice | torch.Tensor) -> Sequences:
         """The rows `index` (the layout's widths unchanged)."""
         return Sequences(self.input_ids[index], self.attention_mask[index], self.prompt_length)
+
+
+def trimmed(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Rows in the rollout layout without their all-padding columns: the leading prompt columns
+    that are padding in every row and the trailing response columns likewise. Positions come from
+    the attention mask, so no real token's computation changes."""
+    prompt_cols = attention_mask[:, :prompt_length]
+    lead = int((prompt_cols.sum(0) == 0).long().cumprod(0).sum())
+    used = attention_mask[:, prompt_length:].sum(0) > 0
+    width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
+    end = prompt_length + width
+    return input_ids[:, lead:end], attention_mask[:, lead:end], prompt_length - lead

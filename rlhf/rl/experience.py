@@ -15,7 +15,7 @@ import torch
 from rlhf.data.length_grouping import micro_batch_groups
 from rlhf.models.decoding import is_fsdp_sharded
 from rlhf.models.precision import Precision
-from rlhf.models.sequences import Sequences
+from rlhf.models.sequences import Sequences, trimmed
 from rlhf.train.micro_batches import split_rows
 
 
@@ -181,20 +181,6 @@ def distinct_groups(batches: list[Experience]) -> torch.Tensor:
         joined.append(b.group - int(b.group.min()) + offset if len(b.group) else b.group)
         offset = int(joined[-1].max()) + 1 if len(b.group) else offset
     return torch.cat(joined)
-
-
-def trimmed(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Rows in the rollout layout without their all-padding columns: the leading prompt columns
-    that are padding in every row and the trailing response columns likewise. Positions come from
-    the attention mask, so no real token's computation changes."""
-    prompt_cols = attention_mask[:, :prompt_length]
-    lead = int((prompt_cols.sum(0) == 0).long().cumprod(0).sum())
-    used = attention_mask[:, prompt_length:].sum(0) > 0
-    width = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
-    end = prompt_length + width
-    return input_ids[:, lead:end], attention_mask[:, lead:end], prompt_length - lead
 
 
 def map_row_chunks(

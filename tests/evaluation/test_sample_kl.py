@@ -133,10 +133,11 @@ def test_length_sorted_batches_return_each_prompts_greedy_answer_in_file_order(t
         assert texts[k] == tok.decode(response[: len(response) - ended], skip_special_tokens=True).strip()
 
 
-def test_rows_regrouped_keep_their_sampler_logprobs():
-    """rollout_of_rows moves each row's tokens, masks and sampler log-probs unchanged into a new
-    left/right padding (a row of a narrower batch lands flush right in the prompt block)."""
-    from rlhf.evaluation.judging import _row_parts, rollout_of_rows
+def test_rows_regrouped_in_file_order_keep_their_sampler_logprobs():
+    """in_file_order moves each row's tokens, masks and sampler log-probs unchanged into the file's
+    order and a new left/right padding (a row of a narrower batch lands flush right in the prompt
+    block), each output batch cut to its own widths."""
+    from rlhf.evaluation.judging import in_file_order
     from rlhf.models.sampling import Rollout
 
     wide = Rollout(
@@ -153,12 +154,14 @@ def test_rows_regrouped_keep_their_sampler_logprobs():
         response_mask=torch.tensor([[1.0]]), ended_with_eos=torch.tensor([True]),
         logprobs=torch.tensor([[-1.0]]), decode_steps=1,
     )  # fmt: skip
-    joined = rollout_of_rows(
-        [_row_parts(narrow, 0), _row_parts(wide, 0), _row_parts(wide, 1)], pad_token_id=0
-    )
-    assert joined.prompt_length == 3 and joined.decode_steps == 2
+    # the batches hold prompts 1, 2 (wide) and 0 (narrow): file order is narrow, wide 0, wide 1
+    (joined,) = in_file_order([wide, narrow], order=[1, 2, 0], batch_size=3, pad_token_id=0)
+    assert joined.prompt_length == 3 and joined.decode_steps == 3  # decode steps add up
     assert joined.input_ids.tolist() == [[0, 0, 3, 2, 0], [0, 5, 6, 7, 8], [9, 9, 9, 4, 0]]
     assert joined.attention_mask.tolist() == [[0, 0, 1, 1, 0], [0, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
     assert joined.response_mask.tolist() == [[1.0, 0.0], [1.0, 1.0], [1.0, 0.0]]
     assert joined.logprobs.tolist() == [[-1.0, 0.0], [-0.5, -0.25], [-2.0, 0.0]]
     assert joined.ended_with_eos.tolist() == [True, False, True]
+    first, second = in_file_order([wide, narrow], order=[1, 2, 0], batch_size=1, pad_token_id=0)[:2]
+    assert first.input_ids.tolist() == [[3, 2]] and first.logprobs.tolist() == [[-1.0]]  # its own widths
+    assert second.input_ids.tolist() == [[5, 6, 7, 8]] and second.prompt_length == 2

@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from rlhf.config import ConfigError
+from rlhf.models.rollout_rows import concat_rollouts, select_rollout
 from rlhf.models.sampling import Rollout
 from rlhf.rl.dapo import (
     Scored,
-    concat_rollouts,
     fill_with_informative,
     overlong_buffer_tokens,
-    select_rollout,
     shaped_scores,
 )
 from tests.support.train_testing import MAX_NEW_TOKENS, metric_rows, rl_config
